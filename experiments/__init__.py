@@ -1,0 +1,1 @@
+"""Registered experiments: one file each; every module here calls `minfer_cli.experiment.register` at import."""

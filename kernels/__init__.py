@@ -1,0 +1,1 @@
+"""numba.cuda device code: one kernel family per module, each holding its kernels and their launchers."""

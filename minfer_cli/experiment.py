@@ -1,0 +1,190 @@
+"""The experiment protocol and its registry.
+
+An experiment lives in one file under `experiments/`, subclasses `Experiment` and calls `register()` on an
+instance at import time (no GPU work at import). `load_all()` imports every module of the `experiments` package,
+so the registry is kept in one place: the files themselves.
+
+What the harness (`minfer_cli/measure/`) needs from an experiment, per configuration ("arm") and workload:
+  * `input_set_bytes(workload)`: device bytes of one input set, to size the L2-defeating ring;
+  * `make_input_set(workload, rng)`: one set of fresh random device inputs (never zeros);
+  * `make_output(workload)`: the device output buffer(s);
+  * `prepare(config, workload)`: compile/specialise the variant and return a `launch(inputs, output, stream)`
+    callable that enqueues exactly one sample on `stream` (no host synchronisation);
+  * `poison(output)`: fill the output with NaN (or a sentinel for integer outputs) before the correctness gate;
+  * `check(config, workload, inputs, output)`: the relative error of `output` against an independent
+    reference computed from `inputs`;
+  * `tolerance(config)`: the largest relative error that passes;
+  * `cost(workload)`: FLOPs and the fewest bytes moved by one sample, for TFLOP/s, GB/s and % of the ceiling.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from minfer_cli.errors import UsageError
+from minfer_cli.knobs import Config, Knob, parse_arm_text, resolve_config
+
+Launch = Callable[[Any, Any, Any], None]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named problem shape, e.g. ``Workload("1GiB", {"nbytes": 1 << 30})`` or a GEMM's nt/od/id."""
+
+    name: str
+    shape: dict[str, int]
+    doc: str = ""
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.shape.items())
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one sample: floating-point operations and the fewest bytes that must move through DRAM."""
+
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a sample measures. Kernels: time in µs, lower is better. Whole-model runs: tok/s, higher is better."""
+
+    name: str = "time"
+    unit: str = "µs"
+    higher_is_better: bool = False
+
+
+TIME_US = Metric()
+
+
+class Experiment(ABC):
+    """One kernel family under test. Subclasses set the class attributes and implement the methods."""
+
+    name: str
+    purpose: str
+    knobs: tuple[Knob, ...] = ()
+    workloads: tuple[Workload, ...] = ()
+    metric: Metric = TIME_US
+
+    @property
+    def default_workload(self) -> Workload:
+        return self.workloads[0]
+
+    def workload(self, name: str | None) -> Workload:
+        """The workload called ``name`` (default: the first declared); UsageError listing the valid ones."""
+        if name is None:
+            return self.default_workload
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        valid = ", ".join(w.name for w in self.workloads)
+        raise UsageError(f"experiment {self.name} has no workload {name!r}; its workloads are: {valid}")
+
+    def config(self, arm_text: str | None) -> Config:
+        """Full knob configuration from an ``--arm`` text (None or "" means every knob at its default)."""
+        settings = parse_arm_text(arm_text) if arm_text else {}
+        return resolve_config(self.knobs, settings, f"experiment {self.name}")
+
+    def default_config(self) -> Config:
+        return {k.name: k.default for k in self.knobs}
+
+    @abstractmethod
+    def input_set_bytes(self, workload: Workload) -> int: ...
+
+    @abstractmethod
+    def make_input_set(self, workload: Workload, rng) -> Any: ...
+
+    @abstractmethod
+    def make_output(self, workload: Workload) -> Any: ...
+
+    @abstractmethod
+    def prepare(self, config: Config, workload: Workload) -> Launch: ...
+
+    @abstractmethod
+    def poison(self, output: Any) -> None: ...
+
+    @abstractmethod
+    def check(self, config: Config, workload: Workload, inputs: Any, output: Any) -> float: ...
+
+    def tolerance(self, config: Config) -> float:
+        return 0.0
+
+    @abstractmethod
+    def cost(self, workload: Workload) -> Cost: ...
+
+    ceiling: str = "copy"
+    """Which measured ceiling the roofline uses: "copy" (bandwidth-bound) or "matrix" (f16 tensor-core rate)."""
+
+
+@dataclass
+class Registry:
+    experiments: dict[str, Experiment] = field(default_factory=dict)
+
+    def add(self, experiment: Experiment) -> Experiment:
+        if experiment.name in self.experiments:
+            raise ValueError(f"experiment {experiment.name!r} is registered twice")
+        self.experiments[experiment.name] = experiment
+        return experiment
+
+
+_REGISTRY = Registry()
+_loaded = False
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add ``experiment`` to the registry; called once at the bottom of each file in `experiments/`."""
+    return _REGISTRY.add(experiment)
+
+
+def load_all() -> dict[str, Experiment]:
+    """Import every module of the `experiments` package (once) and return the registry, name -> experiment."""
+    global _loaded
+    if not _loaded:
+        import experiments
+
+        for info in pkgutil.iter_modules(experiments.__path__):
+            importlib.import_module(f"experiments.{info.name}")
+        _loaded = True
+    return dict(_REGISTRY.experiments)
+
+
+def get(name: str) -> Experiment:
+    """The experiment called ``name``; UsageError listing the registered ones when there is none."""
+    registry = load_all()
+    if name not in registry:
+        valid = ", ".join(sorted(registry)) or "(none)"
+        raise UsageError(f"no experiment named {name!r}; registered experiments: {valid}")
+    return registry[name]
+
+
+def owners_of(knob_names: Iterable[str]) -> list[Experiment]:
+    """Experiments that own every knob in ``knob_names``."""
+    wanted = set(knob_names)
+    return [e for e in load_all().values() if wanted <= {k.name for k in e.knobs}]
+
+
+def pick_for_arms(arm_texts: list[str]) -> Experiment:
+    """The one experiment owning every knob the arms name (used when `minfer ab` is given no experiment).
+
+    Raises UsageError when no experiment owns them (listing every experiment's knobs) or when several do
+    (naming them and asking for one).
+    """
+    names: set[str] = set()
+    for text in arm_texts:
+        names |= set(parse_arm_text(text))
+    owners = owners_of(names)
+    if len(owners) == 1:
+        return owners[0]
+    if not owners:
+        listing = "; ".join(f"{e.name}: {', '.join(k.name for k in e.knobs) or '(none)'}" for e in load_all().values())
+        raise UsageError(f"no experiment owns knob(s) {', '.join(sorted(names))}; knobs by experiment: {listing}")
+    raise UsageError(
+        f"knob(s) {', '.join(sorted(names))} belong to several experiments ({', '.join(e.name for e in owners)}); "
+        "name one, e.g. `minfer ab " + owners[0].name + " --arm ...`"
+    )

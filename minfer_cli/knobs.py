@@ -1,0 +1,104 @@
+"""Knobs (named, typed parameters of a kernel variant), arm parsing, and every MINFER_* environment variable.
+
+A knob is declared once by the experiment that owns it, e.g. ``Knob("VEC", (1, 2, 4), 4, "4-byte elements per
+load/store per thread")``. An *arm* is a set of knob settings written ``K=V[,K=V...]`` on the command line; knobs
+an arm does not name take their defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from minfer_cli.errors import UsageError
+
+# Every environment variable minfer reads, declared here and nowhere else.
+ENV_LEDGER = "MINFER_LEDGER"  # ledger directory (default: ledger/records under the project root)
+ENV_VARS = {
+    ENV_LEDGER: "directory of the YAML ledger records (default: ./ledger/records of the project)",
+}
+
+
+def env(name: str) -> str | None:
+    """Value of a declared MINFER_* variable, or None when unset. Raises KeyError for an undeclared name."""
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not a declared minfer environment variable")
+    value = os.environ.get(name)
+    return value if value else None
+
+
+KnobValue = int | str
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A named compile-time or launch parameter of a kernel variant.
+
+    name: upper-case identifier (``TM``, ``KS``, ``VEC``); values: the allowed values, all int or all str;
+    default: one of ``values``; doc: one line saying what the knob changes.
+    """
+
+    name: str
+    values: tuple[KnobValue, ...]
+    default: KnobValue
+    doc: str
+
+    def __post_init__(self) -> None:
+        if self.default not in self.values:
+            raise ValueError(f"knob {self.name}: default {self.default!r} is not one of {self.values!r}")
+        if len({type(v) for v in self.values}) != 1:
+            raise ValueError(f"knob {self.name}: values must all be int or all be str, got {self.values!r}")
+
+    def parse(self, text: str) -> KnobValue:
+        """Convert the text of ``K=V`` into an allowed value, or raise UsageError listing the allowed ones."""
+        allowed = ", ".join(str(v) for v in self.values)
+        value: KnobValue = text.strip()
+        if isinstance(self.values[0], int):
+            try:
+                value = int(text)
+            except ValueError:
+                raise UsageError(f"{self.name}={text!r} is not an integer; allowed values: {allowed}") from None
+        if value not in self.values:
+            raise UsageError(f"{self.name}={text} is not allowed; allowed values: {allowed}")
+        return value
+
+
+Config = dict[str, KnobValue]
+
+
+def parse_arm_text(text: str) -> dict[str, str]:
+    """Split ``K=V[,K=V...]`` into {K: V} (values still text). Raises UsageError for malformed input."""
+    if not text or not text.strip():
+        raise UsageError("empty --arm; expected K=V[,K=V...], e.g. --arm VEC=4 or --arm TM=128,KS=64")
+    pairs: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UsageError(f"malformed arm {text!r}: {part!r} is not K=V; expected K=V[,K=V...], e.g. TM=128,KS=64")
+        if key in pairs:
+            raise UsageError(f"malformed arm {text!r}: knob {key} is set twice")
+        pairs[key] = value
+    return pairs
+
+
+def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: str) -> Config:
+    """Full configuration: every knob of ``knobs`` at its default, overridden by ``settings`` (text values).
+
+    Raises UsageError naming the valid knobs of ``owner`` for an unknown knob, and the allowed values for a
+    value outside the allowed set.
+    """
+    by_name = {k.name: k for k in knobs}
+    config: Config = {k.name: k.default for k in by_name.values()}
+    for key, text in settings.items():
+        if key not in by_name:
+            valid = ", ".join(by_name) or "(none)"
+            raise UsageError(f"unknown knob {key} for {owner}; its knobs are: {valid}")
+        config[key] = by_name[key].parse(text)
+    return config
+
+
+def format_config(config: Mapping[str, KnobValue]) -> str:
+    """``K=V,K=V`` in declaration order: the same syntax ``--arm`` takes."""
+    return ",".join(f"{k}={v}" for k, v in config.items())
