@@ -1,0 +1,35 @@
+"""Test modes. numba reads NUMBA_ENABLE_CUDASIM once, at import, so one pytest process runs one mode:
+
+* simulator session (``NUMBA_ENABLE_CUDASIM=1 pytest -m "not gpu and not compile"``): logic, CLI, and every
+  kernel through numba's CUDA simulator at small shapes;
+* device session (``pytest -m "compile or gpu"``): `compile` tests build PTX for sm_90a with NVVM (no GPU
+  needed); `gpu` tests run on a real GPU at real shapes and are skipped where none is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def _gpu_present() -> bool:
+    if SIMULATOR:
+        return False
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = _gpu_present()
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a real NVIDIA GPU (none present, or simulator mode)"))
+        if "compile" in item.keywords and SIMULATOR:
+            item.add_marker(pytest.mark.skip(reason="compile checks need real NVVM, not the CUDA simulator"))
