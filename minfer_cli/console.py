@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from typing import Callable, Iterator, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kernels.errors import KernelConstraintError
 from minfer_cli.errors import MinferError
@@ -52,20 +51,23 @@ def guard(func: F) -> F:
 
 
 @contextlib.contextmanager
-def progress(transient: bool = True) -> Iterator[Progress]:
-    """A rich progress bar on stderr (so that stdout stays clean for tables and exports)."""
+def progress(title: str) -> Iterator[Callable[[str, float], None]]:
+    """A rich progress bar on stderr (stdout stays clean for tables and exports); yields report(text, fraction)."""
     bar = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
-        TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
         console=err,
-        transient=transient,
-        disable=not sys.stderr.isatty(),
+        transient=True,
+        disable=not err.is_terminal,
     )
     with bar:
-        yield bar
+        task = bar.add_task(title, total=1.0)
+
+        def report(text: str, fraction: float) -> None:
+            bar.update(task, description=f"{title}: {text}", completed=max(0.0, min(1.0, fraction)))
+
+        yield report
 
 
 def verdict_text(verdict: str) -> str:

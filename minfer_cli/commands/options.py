@@ -1,0 +1,38 @@
+"""Options shared by the timing commands, declared once, and the ledger write that never loses a measurement."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+import yaml
+
+from minfer_cli.console import err, error_line, out
+from minfer_cli.errors import LedgerError
+
+WORKLOAD = typer.Option(None, "--workload", "-w", help="Workload name (default: the experiment's first); see `minfer experiments list`.")
+FLUSH = typer.Option(False, "--flush", help="Also write a 2x L2 buffer between samples (outside the timed events).")
+WARMUP = typer.Option(1.0, "--warmup", min=0.0, help="Warm-up seconds per arm before sampling (clocks settle; JIT is never timed).")
+LEDGER = typer.Option(None, "--ledger", help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of the project).")
+NOTE = typer.Option("", "--note", help="Free-text note stored in the ledger record.")
+TITLE = typer.Option(None, "--title", help="Record title (default: experiment and arms).")
+SEED = typer.Option(None, "--seed", help="Seed of the random inputs (default: fresh each run).")
+JSON = typer.Option(False, "--json", help="Also print the record as JSON on stdout.")
+
+
+def write_record(record: dict, ledger: Optional[str]) -> int:
+    """Append `record` to the ledger and say where; on failure print the whole record so nothing is lost.
+
+    Returns 0 on success, 3 when the record could not be written (the caller exits with it).
+    """
+    from minfer_cli import ledger as ledger_core
+
+    try:
+        directory = ledger_core.ledger_dir(ledger)
+        written = ledger_core.append(directory, record)
+    except LedgerError as exc:
+        error_line(f"{exc} — the measurement was not lost: the full record follows; save it under ledger/records/")
+        err.print(yaml.safe_dump(record, sort_keys=False, allow_unicode=True), markup=False, highlight=False)
+        return 3
+    out.print(f"ledger: record #{written.id} written to {written.path}")
+    return 0

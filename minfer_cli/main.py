@@ -1,0 +1,66 @@
+"""The `minfer` typer app: global options and the commands from `minfer_cli/commands/`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from minfer_cli import __version__
+from minfer_cli.commands import ab, calibrate, doctor, experiments, ledger, run
+from minfer_cli.console import error_line, out
+from minfer_cli.errors import EnvironmentProblem
+
+app = typer.Typer(
+    name="minfer",
+    help=(
+        "minfer: a command-line lab for GPU inference kernels. Experiments with named knobs, timed against "
+        "L2-defeating inputs, interleaved A/B comparisons with real statistics, and a YAML ledger of "
+        "LANDED / REVERTED / NEUTRAL verdicts.\n\n"
+        "Example: minfer ab copy --arm VEC=1 --arm VEC=4"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+NUMPY_MAX = (2, 5)  # numba-cuda 0.30 calls np.row_stack, removed in numpy 2.5 (see pyproject.toml)
+
+
+def check_numpy() -> None:
+    """Refuse to start with a numpy that numba-cuda 0.30 cannot import its CUDA target with."""
+    import numpy
+
+    major, minor = (int(x) for x in numpy.__version__.split(".")[:2])
+    if (major, minor) >= NUMPY_MAX:
+        raise EnvironmentProblem(
+            f"numpy {numpy.__version__} is installed, but numba-cuda 0.30 needs numpy < 2.5 (it calls np.row_stack, "
+            "removed in 2.5); fix: pip install 'numpy<2.5'"
+        )
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"minfer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Print minfer's version and exit."
+    ),
+) -> None:
+    try:
+        check_numpy()
+    except EnvironmentProblem as exc:
+        error_line(str(exc))
+        raise typer.Exit(code=exc.exit_code) from None
+
+
+app.command(name="doctor")(doctor.doctor)
+app.add_typer(experiments.app)
+app.command(name="run")(run.run)
+app.command(name="ab")(ab.ab)
+app.command(name="calibrate")(calibrate.calibrate)
+app.add_typer(ledger.app)

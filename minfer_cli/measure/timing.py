@@ -1,0 +1,211 @@
+"""Timing one arm: L2-defeating input rings, CUDA-event samples, replayed CUDA graphs for short kernels.
+
+Method (`../shared/CONVENTIONS.md` §4):
+* inputs rotate through a ring of input sets whose total size is at least 4x the device's L2, so no sample reads
+  inputs that the previous one left in L2; a working set already larger than that uses two copies; an optional
+  flush mode writes a buffer of 2x L2 between samples, outside the timed events;
+* each sample is timed with CUDA events on a dedicated stream. The preferred method captures
+  [start event, B launches over B successive ring sets, end event] into a CUDA graph and replays it: the events
+  sit inside the graph, so host launch latency (about 49 µs per numba launch) is never inside the timed region.
+  B > 1 ("batch") when one launch is shorter than `SHORT_KERNEL_US`; the sample is the graph time divided by B.
+  Where capture fails the harness falls back to eager launches behind a GPU sleep kernel ("eager") and says so;
+* warm-up is time-budgeted (JIT compilation, first touch and clock ramp-up are never timed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+SHORT_KERNEL_US = 20.0
+BATCH_TARGET_US = 200.0
+MAX_RING_SETS = 1024
+RING_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """How inputs rotate: `sets` input sets of `set_bytes` each; mode "ring" (>= 4x L2 in total), "two-copies"
+    (one set is already >= 4x L2) or "ring+flush" (sets too small to fill 4x L2 within MAX_RING_SETS)."""
+
+    sets: int
+    set_bytes: int
+    l2_bytes: int
+    mode: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.sets * self.set_bytes
+
+
+def plan_ring(set_bytes: int, l2_bytes: int, flush: bool = False) -> RingPlan:
+    """Number of input sets so that together they are at least RING_FACTOR x L2 (see RingPlan)."""
+    if set_bytes <= 0:
+        raise ValueError(f"an input set must have a positive size, got {set_bytes} bytes")
+    target = RING_FACTOR * max(l2_bytes, 1)
+    if set_bytes >= target:
+        return RingPlan(2, set_bytes, l2_bytes, "two-copies+flush" if flush else "two-copies")
+    sets = math.ceil(target / set_bytes)
+    if sets > MAX_RING_SETS:
+        return RingPlan(MAX_RING_SETS, set_bytes, l2_bytes, "ring+flush")
+    return RingPlan(max(sets, 2), set_bytes, l2_bytes, "ring+flush" if flush else "ring")
+
+
+@dataclass(frozen=True)
+class TimingMethod:
+    """What ran: method "graph" or "eager", launches per sample (batch), ring plan."""
+
+    method: str
+    batch: int
+    ring: RingPlan
+    note: str = ""
+
+    def describe(self) -> str:
+        ring = self.ring
+        text = (
+            f"{self.method}, {self.batch} launch(es) per sample, inputs: {ring.mode} "
+            f"({ring.sets} x {ring.set_bytes / 2**20:.1f} MiB vs L2 {ring.l2_bytes / 2**20:.0f} MiB)"
+        )
+        return text + (f"; {self.note}" if self.note else "")
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result, what: str):
+    """cuda.bindings calls return (CUresult, *values); raise RuntimeError on a non-success code."""
+    err = result[0]
+    drv = _driver()
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+
+class ArmTimer:
+    """Times one prepared arm: `sample()` returns the time of one launch in µs.
+
+    launch(inputs, output, stream) enqueues one sample; ring: the input sets; flush_buffer: a device buffer of
+    2x L2 written between samples when flush mode is on (None otherwise).
+    """
+
+    def __init__(self, launch: Callable, ring: list, output: Any, stream, plan: RingPlan, flush_buffer=None):
+        self.launch, self.ring, self.output, self.stream = launch, ring, output, stream
+        self.plan, self.flush_buffer = plan, flush_buffer
+        self.position = 0
+        self.batch = 1
+        self.method = "graph"
+        self.note = ""
+        self._graphs: list = []
+        self._graph_index = 0
+
+    # -- one launch on the next ring set ------------------------------------------------------------------------
+    def _launch_next(self) -> None:
+        self.launch(self.ring[self.position], self.output, self.stream)
+        self.position = (self.position + 1) % len(self.ring)
+
+    def _flush(self) -> None:
+        if self.flush_buffer is not None:
+            from numba.cuda.cudadrv.driver import device_memset
+
+            device_memset(self.flush_buffer, 0x5A, self.flush_buffer.nbytes, stream=self.stream)
+
+    def warm(self, seconds: float) -> None:
+        """Launch over the ring for at least `seconds` (and at least once per set); not timed."""
+        end = time.monotonic() + seconds
+        for _ in range(len(self.ring)):
+            self._launch_next()
+        self.stream.synchronize()
+        while time.monotonic() < end:
+            for _ in range(min(len(self.ring), 16)):
+                self._launch_next()
+            self.stream.synchronize()
+
+    # -- eager: events around launches, a GPU sleep in front so host latency is hidden ---------------------------
+    def _eager_sample(self, batch: int) -> float:
+        from numba import cuda
+
+        from kernels.spin import spin
+
+        start, end = cuda.event(), cuda.event()
+        self._flush()
+        spin(100 + 60 * batch, stream=self.stream)
+        start.record(self.stream)
+        for _ in range(batch):
+            self._launch_next()
+        end.record(self.stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / batch
+
+    # -- graph: [start event, batch launches, end event] captured once per ring window, then replayed ------------
+    def _capture(self, batch: int) -> None:
+        from numba import cuda
+
+        drv = _driver()
+        handle = drv.CUstream(int(self.stream.handle))
+        windows = max(1, len(self.ring) // batch)
+        graphs = []
+        for _ in range(windows):
+            start, end = cuda.event(), cuda.event()
+            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                   "cuStreamBeginCapture")
+            try:
+                _check(drv.cuEventRecordWithFlags(drv.CUevent(int(start.handle)), handle,
+                                                  drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL), "event record")
+                for _ in range(batch):
+                    self._launch_next()
+                _check(drv.cuEventRecordWithFlags(drv.CUevent(int(end.handle)), handle,
+                                                  drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL), "event record")
+            finally:
+                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
+            exe = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            graphs.append((graph, exe, start, end))
+        self._graphs = graphs
+
+    def _graph_sample(self) -> float:
+        drv = _driver()
+        graph, exe, start, end = self._graphs[self._graph_index]
+        self._graph_index = (self._graph_index + 1) % len(self._graphs)
+        self._flush()
+        _check(drv.cuGraphLaunch(exe, drv.CUstream(int(self.stream.handle))), "cuGraphLaunch")
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / self.batch
+
+    def calibrate(self) -> None:
+        """Pick the method and the batch size: one launch's time decides whether launches are batched."""
+        single = float(np.median([self._eager_sample(1) for _ in range(5)]))
+        batch = 1
+        if single < SHORT_KERNEL_US:
+            batch = int(min(max(2, math.ceil(BATCH_TARGET_US / max(single, 0.5))), max(1, len(self.ring) // 2)))
+        self.batch = batch
+        try:
+            self._capture(batch)
+            self.method = "graph"
+            for _ in range(len(self._graphs)):
+                self._graph_sample()
+        except Exception as exc:  # capture unsupported here: eager launches behind a GPU sleep
+            self.method = "eager"
+            self.note = f"graph capture failed ({exc}); eager launches behind a GPU sleep kernel"
+            self._graphs = []
+
+    def sample(self) -> float:
+        """Time of one launch in µs (a batch divided by its size when batched)."""
+        if self.method == "graph":
+            return self._graph_sample()
+        return self._eager_sample(self.batch)
+
+    def describe(self) -> TimingMethod:
+        return TimingMethod(self.method, self.batch, self.plan, self.note)
+
+    def release(self) -> None:
+        drv = _driver()
+        for graph, exe, _, _ in self._graphs:
+            drv.cuGraphExecDestroy(exe)
+            drv.cuGraphDestroy(graph)
+        self._graphs = []

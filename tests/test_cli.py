@@ -1,0 +1,133 @@
+"""CLI behaviour without a GPU: help, listings, and every bad-input case as one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from minfer_cli import experiment as registry_mod
+from minfer_cli.experiment import Experiment, Workload
+from minfer_cli.knobs import Knob
+from minfer_cli.main import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_version_and_help():
+    assert invoke("--version").output.startswith("minfer ")
+    for cmd in (["--help"], ["run", "--help"], ["ab", "--help"], ["calibrate", "--help"], ["doctor", "--help"],
+                ["experiments", "list", "--help"], ["ledger", "show", "--help"]):
+        r = invoke(*cmd)
+        assert r.exit_code == 0, (cmd, r.output)
+    assert "Example" in invoke("ab", "--help").output
+
+
+def test_experiments_list_shows_copy_knobs_and_workloads():
+    r = invoke("experiments", "list", "--json")
+    assert r.exit_code == 0
+    import json
+
+    data = {e["name"]: e for e in json.loads(r.output)}
+    copy = data["copy"]
+    assert copy["knobs"][0]["name"] == "VEC" and copy["knobs"][0]["values"] == [1, 2, 4]
+    assert any(w["name"] == "1GiB" for w in copy["workloads"])
+    assert invoke("experiments", "list").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["ab", "copy", "--arm", "BOGUS=1", "--arm", "VEC=4"], "unknown knob BOGUS for experiment copy; its knobs are: VEC"),
+        (["ab", "copy", "--arm", "VEC=3", "--arm", "VEC=4"], "VEC=3 is not allowed; allowed values: 1, 2, 4"),
+        (["ab", "copy", "--arm", "VEC=x", "--arm", "VEC=4"], "is not an integer; allowed values: 1, 2, 4"),
+        (["ab", "copy", "--arm", "VEC", "--arm", "VEC=4"], "is not K=V"),
+        (["ab", "copy", "--arm", "VEC=1,VEC=2", "--arm", "VEC=4"], "set twice"),
+        (["ab", "copy", "--arm", "VEC=4", "--arm", "VEC=4"], "the two arms are identical"),
+        (["ab", "copy", "--arm", "VEC=4"], "give exactly two --arm options"),
+        (["ab", "--arm", "TM=64", "--arm", "TM=128"], "no experiment owns knob(s) TM"),
+        (["ab", "nosuch", "--arm", "VEC=1", "--arm", "VEC=4"], "no experiment named 'nosuch'"),
+        (["run", "copy", "--workload", "huge"], "has no workload 'huge'"),
+    ],
+)
+def test_bad_input_is_one_line(args, needle):
+    r = invoke(*args)
+    assert r.exit_code != 0
+    assert needle in r.output, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+
+
+class _Twin(Experiment):
+    """A second owner of VEC, to make the knob ambiguous."""
+
+    name = "twin"
+    purpose = "test double"
+    knobs = (Knob("VEC", (1, 4), 4, "test"),)
+    workloads = (Workload("w", {"n": 1}),)
+
+    def input_set_bytes(self, workload): return 4
+    def make_input_set(self, workload, rng): return None
+    def make_output(self, workload): return None
+    def prepare(self, config, workload): return lambda i, o, s: None
+    def poison(self, output): return None
+    def check(self, config, workload, inputs, output): return 0.0
+    def cost(self, workload): return registry_mod.Cost(0, 4)
+
+
+def test_ambiguous_knob_asks_for_a_name(monkeypatch):
+    registry_mod.load_all()
+    twin = _Twin()
+    monkeypatch.setitem(registry_mod._REGISTRY.experiments, "twin", twin)
+    r = invoke("ab", "--arm", "VEC=1", "--arm", "VEC=4")
+    assert r.exit_code != 0
+    assert "belong to several experiments (copy, twin)" in r.output and "name one" in r.output
+
+
+def test_experiment_is_picked_from_the_knobs_when_unambiguous():
+    exp = registry_mod.pick_for_arms(["VEC=1", "VEC=4"])
+    assert exp.name == "copy"
+
+
+def test_timing_commands_refuse_the_simulator_with_one_sentence():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
+        pytest.skip("simulator-session test")
+    for args in (["run", "copy"], ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4"], ["calibrate", "copy"]):
+        r = invoke(*args)
+        assert r.exit_code == 2
+        assert "minfer doctor" in r.output and "simulator" in r.output
+
+
+def test_without_a_gpu_commands_name_doctor():
+    """In a fresh process without the simulator, on a machine with no GPU: one sentence naming `minfer doctor`."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    probe = subprocess.run([sys.executable, "-c", "from numba import cuda; print(cuda.is_available())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() == "True":
+        pytest.skip("a GPU is present here")
+    r = subprocess.run([sys.executable, "-m", "minfer_cli", "run", "copy"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "minfer doctor" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    d = subprocess.run([sys.executable, "-m", "minfer_cli", "doctor"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert d.returncode == 1 and "GPU" in d.stdout and "FAIL" in d.stdout
+
+
+def test_numpy_pin_is_checked_at_start(monkeypatch):
+    import numpy
+
+    monkeypatch.setattr(numpy, "__version__", "2.5.0")
+    r = invoke("experiments", "list")
+    assert r.exit_code != 0 and "numpy < 2.5" in r.output

@@ -1,0 +1,344 @@
+"""The YAML ledger (`minfer_cli.ledger`) and `minfer ledger show`: plain logic, no GPU."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from minfer_cli import ledger
+from minfer_cli.commands import ledger as ledger_command
+from minfer_cli.errors import LedgerError
+
+
+def make_record(title: str = "VEC=4 vs VEC=2", experiment: str = "copy", verdict: str = "LANDED", **extra) -> dict:
+    record = {
+        "schema": 1,
+        "title": title,
+        "timestamp": "2026-11-29T23:10:00Z",
+        "kind": "ab",
+        "experiment": experiment,
+        "workload": {"name": "1GiB", "shape": {"nbytes": 1 << 30}},
+        "metric": {"name": "time", "unit": "µs", "higher_is_better": False},
+        "arms": [
+            {"label": "A", "knobs": {"VEC": 2}, "status": "ok", "stats": {"median": 812.5, "p10": 800.0, "p90": 830.0, "n": 40}},
+            {"label": "B", "knobs": {"VEC": 4}, "status": "ok", "error": None, "parity_error": 0.0,
+             "stats": {"median": 790.25, "p10": 780.0, "p90": 801.0, "n": 40}, "gbps": 2718.3},
+        ],
+        "comparison": {"delta": -0.0274, "ci_low": -0.031, "ci_high": -0.022, "p_value": 0.0001, "rounds": 20},
+        "bar": 0.02,
+        "verdict": verdict,
+        "environment": {"device": "NVIDIA H200"},
+        "software": {"numba-cuda": "0.30.0"},
+        "git": {"commit": "6b580ad0123456789abcdef0123456789abcdef0", "dirty": False},
+        "command": "minfer ab copy --arm VEC=2 --arm VEC=4",
+        "notes": "",
+    }
+    record.update(extra)
+    return record
+
+
+def single_arm_record() -> dict:
+    record = make_record(title="copy run", verdict="MEASURED", kind="run", comparison=None)
+    record["arms"] = [{"label": "cupy", "knobs": {}, "status": "ok", "stats": None}]
+    record["git"] = {"commit": None, "dirty": None}
+    return record
+
+
+def _append_many(directory: str, worker: int, count: int, start) -> None:
+    start.wait()
+    for i in range(count):
+        ledger.append(directory, make_record(title=f"worker {worker} record {i}"))
+
+
+# ------------------------------------------------------------------------------------------------ append
+
+
+def test_concurrent_appends_get_distinct_ids(tmp_path):
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    start = context.Event()
+    workers = [context.Process(target=_append_many, args=(str(tmp_path), w, 10, start)) for w in range(8)]
+    for process in workers:
+        process.start()
+    start.set()
+    for process in workers:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    contents = ledger.load(tmp_path)
+    assert contents.problems == []
+    assert [r["id"] for r in contents.records] == list(range(1, 81))
+    titles = {r["title"] for r in contents.records}
+    assert titles == {f"worker {w} record {i}" for w in range(8) for i in range(10)}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_append_names_file_and_does_not_change_the_callers_record(tmp_path):
+    record = make_record(title="Ünïcode: VEC=4 vs VEC=2 (copy, 1 GiB) " + "x" * 80)
+    before = copy.deepcopy(record)
+    result = ledger.append(tmp_path, record)
+    assert record == before
+    assert result.id == 1
+    assert result.path.name.startswith("0001-unicode-vec-4-vs-vec-2-copy-1-gib-")
+    assert len(result.path.name) <= len("0001-") + 48 + len(".yaml")
+    stored = yaml.safe_load(result.path.read_text(encoding="utf-8"))
+    assert list(stored)[:2] == ["schema", "id"] and stored["id"] == 1
+    assert stored["metric"]["unit"] == "µs"
+    assert ledger.get(tmp_path, 1) == stored
+
+
+def test_append_converts_numpy_scalars(tmp_path):
+    np = pytest.importorskip("numpy")
+    record = make_record(bar=np.float64(0.02))
+    record["arms"][0]["stats"]["n"] = np.int64(40)
+    record["git"]["dirty"] = np.bool_(True)
+    result = ledger.append(tmp_path, record)
+    stored = ledger.get(tmp_path, result.id)
+    assert stored["bar"] == 0.02 and type(stored["arms"][0]["stats"]["n"]) is int and stored["git"]["dirty"] is True
+
+
+def test_append_never_overwrites(tmp_path):
+    existing = tmp_path / "0003-x.yaml"
+    existing.write_text("hand: written\n")
+    result = ledger.append(tmp_path, make_record())
+    assert result.id == 4
+    assert existing.read_text() == "hand: written\n"
+
+
+def test_append_refuses_invalid_record(tmp_path):
+    record = make_record(verdict="GREAT")
+    del record["metric"]
+    with pytest.raises(LedgerError, match="missing metric.*verdict 'GREAT'"):
+        ledger.append(tmp_path, record)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_append_to_unwritable_path_names_it(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    target = blocker / "records"
+    with pytest.raises(LedgerError) as info:
+        ledger.append(target, make_record())
+    message = str(info.value)
+    assert str(target) in message and "directory" in message.lower()
+
+
+# ------------------------------------------------------------------------------------------------ load
+
+
+def test_unsafe_tag_is_refused_not_executed(tmp_path):
+    ledger.append(tmp_path, make_record())
+    marker = tmp_path / "executed"
+    (tmp_path / "0002-evil.yaml").write_text(f"!!python/object/apply:os.system ['touch {marker}']\n")
+    contents = ledger.load(tmp_path)
+    assert not marker.exists()
+    assert [r["id"] for r in contents.records] == [1]
+    assert len(contents.problems) == 1
+    assert contents.problems[0].file == "0002-evil.yaml" and "refused" in contents.problems[0].reason
+
+
+def test_broken_files_are_reported_by_name_while_the_rest_load(tmp_path):
+    for i in range(3):
+        ledger.append(tmp_path, make_record(title=f"good {i}"))
+    text = yaml.safe_dump(dict(make_record(), id=4), sort_keys=False, allow_unicode=True)
+    (tmp_path / "0004-truncated.yaml").write_text(text[: len(text) // 2])
+    incomplete = dict(make_record(), id=5)
+    del incomplete["arms"], incomplete["verdict"]
+    (tmp_path / "0005-incomplete.yaml").write_text(yaml.safe_dump(incomplete))
+    (tmp_path / "0006-mismatch.yaml").write_text(yaml.safe_dump(dict(make_record(), id=7)))
+    (tmp_path / "0008-a.yaml").write_text(yaml.safe_dump(dict(make_record(), id=8)))
+    (tmp_path / "0008-b.yaml").write_text(yaml.safe_dump(dict(make_record(), id=8)))
+    (tmp_path / "notes.yaml").write_text("a: 1\n")
+
+    contents = ledger.load(tmp_path)
+    assert [r["id"] for r in contents.records] == [1, 2, 3]
+    problems = dict(contents.problems)
+    assert set(problems) == {"0004-truncated.yaml", "0005-incomplete.yaml", "0006-mismatch.yaml",
+                             "0008-a.yaml", "0008-b.yaml", "notes.yaml"}
+    assert problems["0004-truncated.yaml"]  # YAML error or missing keys, depending on where the cut falls
+    assert "missing arms" in problems["0005-incomplete.yaml"] and "verdict" in problems["0005-incomplete.yaml"]
+    assert "id 6" in problems["0006-mismatch.yaml"] and "id 7" in problems["0006-mismatch.yaml"]
+    assert "duplicate id 8" in problems["0008-a.yaml"]
+    with pytest.raises(LedgerError, match="0005-incomplete.yaml"):
+        ledger.get(tmp_path, 5)
+    # A broken file's id is still taken.
+    assert ledger.append(tmp_path, make_record()).id == 9
+
+
+def test_validate_reports_types_and_allowed_values():
+    assert ledger.validate(dict(make_record(), id=1)) == []
+    assert ledger.validate(dict(single_arm_record(), id=1)) == []
+    record = dict(make_record(), id=1, kind="fast", timestamp="yesterday", bar="2%")
+    record["arms"][1]["status"] = "maybe"
+    record["git"]["dirty"] = "no"
+    problems = " | ".join(ledger.validate(record))
+    for expected in ("kind 'fast'", "timestamp 'yesterday'", "bar must be a number", "arms[1].status 'maybe'",
+                     "git.dirty must be a bool or null"):
+        assert expected in problems
+    assert ledger.validate(["not", "a", "mapping"]) == ["a record must be a mapping, got list"]
+
+
+def test_missing_directory_is_an_empty_ledger(tmp_path):
+    contents = ledger.load(tmp_path / "nowhere")
+    assert contents.records == [] and contents.problems == []
+    with pytest.raises(LedgerError, match="no records yet"):
+        ledger.get(tmp_path / "nowhere", 1)
+
+
+def test_get_names_the_id_range(tmp_path):
+    for _ in range(3):
+        ledger.append(tmp_path, make_record())
+    with pytest.raises(LedgerError, match=r"1\.\.3"):
+        ledger.get(tmp_path, 99)
+
+
+def test_query_filters():
+    records = [dict(make_record(experiment=e, verdict=v), id=i) for i, (e, v) in
+               enumerate([("copy", "LANDED"), ("gemm", "NEUTRAL"), ("copy", "NEUTRAL"), ("copy", "LANDED")], 1)]
+    assert [r["id"] for r in ledger.query(records, experiment="copy")] == [1, 3, 4]
+    assert [r["id"] for r in ledger.query(records, experiment="copy", verdict="LANDED", last=1)] == [4]
+    assert [r["id"] for r in ledger.query(records, last=2)] == [3, 4]
+    with pytest.raises(LedgerError, match="valid verdicts"):
+        ledger.query(records, verdict="GOOD")
+
+
+def test_ledger_dir_resolution(tmp_path, monkeypatch):
+    project = tmp_path / "proj"
+    (project / "sub" / "deeper").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "minfer"\n')
+    monkeypatch.delenv("MINFER_LEDGER", raising=False)
+    monkeypatch.chdir(project / "sub" / "deeper")
+    assert ledger.ledger_dir(None) == project / "ledger" / "records"
+    monkeypatch.setenv("MINFER_LEDGER", str(tmp_path / "from-env"))
+    assert ledger.ledger_dir(None) == tmp_path / "from-env"
+    assert ledger.ledger_dir(tmp_path / "explicit") == tmp_path / "explicit"
+    monkeypatch.delenv("MINFER_LEDGER")
+    (project / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    assert ledger.ledger_dir(None) == project / "sub" / "deeper" / "ledger" / "records"
+
+
+# ------------------------------------------------------------------------------------------------ exports
+
+
+def test_frame_columns_and_values():
+    records = [dict(make_record(), id=1), dict(single_arm_record(), id=2)]
+    frame = ledger.to_frame(records)
+    assert list(frame.columns) == list(ledger.COLUMNS)
+    first, second = frame.iloc[0], frame.iloc[1]
+    assert (first["arm_a"], first["arm_b"], first["a_median"], first["unit"]) == ("VEC=2", "VEC=4", 812.5, "µs")
+    assert first["delta_pct"] == pytest.approx(-2.74) and first["bar_pct"] == pytest.approx(2.0)
+    assert first["dirty"] is False or first["dirty"] == False  # noqa: E712 (pandas BooleanDtype scalar)
+    assert second["arm_a"] == "cupy"
+    assert pd.isna(second["arm_b"]) and pd.isna(second["delta_pct"]) and pd.isna(second["commit"])
+
+
+def test_exports_round_trip(tmp_path):
+    records = [dict(make_record(title="a, \"quoted\" title"), id=1), dict(single_arm_record(), id=2)]
+    frame = ledger.to_frame(records)
+    csv_back = pd.read_csv(io.StringIO(ledger.export(records, "csv")), dtype=ledger.COLUMNS)
+    pd.testing.assert_frame_equal(csv_back, frame)
+    json_text = ledger.export(records, "json")
+    json_back = pd.read_json(io.StringIO(json_text), orient="records", dtype=False).astype(ledger.COLUMNS)
+    pd.testing.assert_frame_equal(json_back, frame)
+    assert json.loads(json_text)[1]["arm_b"] is None
+    markdown = ledger.export(records, "md")
+    header = markdown.splitlines()[0]
+    assert header.startswith("|") and all(column in header for column in ledger.COLUMNS)
+    assert "nan" not in markdown.lower().replace("nanos", "")
+    with pytest.raises(LedgerError, match="valid formats"):
+        ledger.export(records, "xlsx")
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.fixture
+def cli():
+    root = typer.Typer()
+    root.add_typer(ledger_command.app)
+
+    @root.callback()
+    def main() -> None:
+        """minfer (test app)."""
+
+    runner = CliRunner()
+    return lambda *args: runner.invoke(root, ["ledger", *args])
+
+
+@pytest.fixture
+def filled(tmp_path):
+    directory = tmp_path / "records"
+    ledger.append(directory, make_record(title="first"))
+    ledger.append(directory, make_record(title="second", experiment="gemm", verdict="NEUTRAL"))
+    ledger.append(directory, single_arm_record())
+    (directory / "0009-broken.yaml").write_text("title: [unclosed\n")
+    return directory
+
+
+def test_cli_show_lists_records(cli, filled):
+    result = cli("show", "--ledger", str(filled))
+    assert result.exit_code == 0, result.output
+    # The test console is 80 columns wide, so the arms column may wrap: look for its parts.
+    for expected in ("copy", "gemm", "VEC=2 →", "VEC=4", "-2.7% [-3.1, -2.2]", "LANDED", "NEUTRAL", "MEASURED"):
+        assert expected in result.stdout
+    assert "skipped 0009-broken.yaml" in result.stderr
+
+
+def test_cli_show_filters(cli, filled):
+    result = cli("show", "--ledger", str(filled), "--verdict", "neutral")
+    assert result.exit_code == 0, result.output
+    assert "gemm" in result.stdout and "LANDED" not in result.stdout
+
+
+def test_cli_show_one(cli, filled):
+    result = cli("show", "2", "--ledger", str(filled))
+    assert result.exit_code == 0, result.output
+    assert "second" in result.stdout and "minfer ab copy --arm VEC=2 --arm VEC=4" in result.stdout
+    result = cli("show", "2", "--ledger", str(filled), "--format", "json")
+    assert json.loads(result.stdout)["title"] == "second"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["show", "99"], "no record 99"),
+        (["show", "9"], "0009-broken.yaml"),
+        (["show", "--verdict", "BOGUS"], "valid verdicts: LANDED, REVERTED, NEUTRAL, INVALID, MEASURED"),
+        (["show", "--format", "xml"], "valid formats: table, md, csv, json"),
+        (["show", "1", "--last", "2"], "not both"),
+    ],
+)
+def test_cli_errors_are_one_line(cli, filled, args, message):
+    result = cli(*args, "--ledger", str(filled))
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+
+
+def test_cli_csv_parses(cli, filled):
+    result = cli("show", "--ledger", str(filled), "--format", "csv")
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(io.StringIO(result.stdout), dtype=ledger.COLUMNS)
+    assert frame["id"].tolist() == [1, 2, 3]
+    assert frame["experiment"].tolist() == ["copy", "gemm", "copy"]
+
+
+def test_cli_empty_ledger(cli, tmp_path):
+    result = cli("show", "--ledger", str(tmp_path / "empty"))
+    assert result.exit_code == 0
+    assert "no records yet" in result.stdout and "empty" in result.stdout
+
+
+def test_cli_help_shows_an_example(cli):
+    result = cli("show", "--help")
+    assert result.exit_code == 0
+    assert "minfer ledger show --experiment copy" in result.stdout and "--verdict" in result.stdout
