@@ -6,7 +6,10 @@ launches being timed, so that host launch latency does not fall between the star
 
 from __future__ import annotations
 
+import warnings
+
 from numba import cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 
 @cuda.jit
@@ -20,4 +23,6 @@ def spin(microseconds: int, stream=0) -> None:
     "nanosleep": the sleep is approximate, bounded by [0, 2t]). Raises ValueError for a negative duration."""
     if microseconds < 0:
         raise ValueError(f"spin duration must be >= 0 µs, got {microseconds}")
-    _spin[1, 1, stream](microseconds)
+    with warnings.catch_warnings():  # one thread is the point: silence numba's low-occupancy warning
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        _spin[1, 1, stream](microseconds)

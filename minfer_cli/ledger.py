@@ -65,7 +65,7 @@ COLUMNS: dict[str, str] = {
     "dirty": "boolean",
 }
 
-_RECORD_NAME = re.compile(r"^(\d{4,})-[a-z0-9-]*\.yaml$")
+_RECORD_NAME = re.compile(r"^(\d{4,})-.*\.yaml$")  # `append` writes slugs of [a-z0-9-]; reading takes any
 _RESERVATION_NAME = re.compile(r"^\.(\d{4,})\.reserve$")
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 _SLUG_MAX = 48
@@ -435,7 +435,7 @@ def load(directory: str | Path) -> LedgerContents:
     problems: list[Problem] = []
     for name in names:
         if not _RECORD_NAME.match(name):
-            problems.append(Problem(name, "file name is not NNNN-slug.yaml (id, dash, lowercase slug)"))
+            problems.append(Problem(name, "file name is not NNNN-slug.yaml (an id of 4+ digits, a dash, a slug)"))
             continue
         record, reason = _read_one(directory / name)
         if reason is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import typer
@@ -32,7 +33,8 @@ def write_record(record: dict, ledger: Optional[str]) -> int:
         written = ledger_core.append(directory, record)
     except LedgerError as exc:
         error_line(f"{exc} — the measurement was not lost: the full record follows; save it under ledger/records/")
-        err.print(yaml.safe_dump(record, sort_keys=False, allow_unicode=True), markup=False, highlight=False)
+        plain = json.loads(json.dumps(record, default=str))  # numpy scalars and the like become plain values
+        err.print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True), markup=False, highlight=False)
         return 3
     out.print(f"ledger: record #{written.id} written to {written.path}")
     return 0

@@ -120,8 +120,14 @@ def software_versions() -> dict:
 
 
 def git_state(cwd: Path | None = None) -> dict:
-    """{commit, dirty} of the git checkout holding the project; both None outside a checkout."""
+    """{commit, dirty} of the git checkout holding the project. In a copy without .git (a GPU host that received
+    the working tree) MINFER_GIT_COMMIT / MINFER_GIT_DIRTY say what it was copied from; otherwise both None."""
+    from minfer_cli.knobs import ENV_GIT_COMMIT, ENV_GIT_DIRTY, env
+
     root = cwd or Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists() and env(ENV_GIT_COMMIT):
+        dirty = env(ENV_GIT_DIRTY)
+        return {"commit": env(ENV_GIT_COMMIT), "dirty": None if dirty is None else dirty == "1"}
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
