@@ -1,0 +1,132 @@
+"""Harness logic that needs no timing: ring planning, the correctness gate, and the `ab` command's outputs
+(verdict rendering, ledger write, --fail-on-regression, a ledger that cannot be written) with a faked measurement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from minfer_cli import ledger
+from minfer_cli.experiment import get
+from minfer_cli.main import app
+from minfer_cli.measure import environment as envmod
+from minfer_cli.measure import harness
+from minfer_cli.measure.device import DeviceInfo
+from minfer_cli.measure.stats import ArmStats, Comparison
+from minfer_cli.measure.timing import RING_FACTOR, plan_ring
+
+L2 = 60 << 20
+
+
+@pytest.mark.parametrize("set_bytes", [1 << 20, 7 << 20, 59 << 20, 200 << 20])
+def test_ring_covers_four_times_l2(set_bytes):
+    plan = plan_ring(set_bytes, L2)
+    assert plan.mode == "ring"
+    assert plan.total_bytes >= RING_FACTOR * L2
+    assert (plan.sets - 1) * set_bytes < RING_FACTOR * L2 or plan.sets == 2
+
+
+def test_large_working_sets_use_two_copies_and_tiny_ones_add_a_flush():
+    assert plan_ring(1 << 30, L2).mode == "two-copies"
+    assert plan_ring(1 << 30, L2).sets == 2
+    tiny = plan_ring(4 << 10, L2)
+    assert tiny.mode == "ring+flush" and tiny.total_bytes < RING_FACTOR * L2
+    assert plan_ring(1 << 20, L2, flush=True).mode == "ring+flush"
+    with pytest.raises(ValueError):
+        plan_ring(0, L2)
+
+
+def _session(exp_name="copy", workload="tiny"):
+    from numba import cuda
+
+    exp = get(exp_name)
+    wl = exp.workload(workload)
+    rng = np.random.default_rng()
+    device = DeviceInfo("Fake GPU", "9.0", 132, L2, 227 << 10, 80 << 30, "", "13.0", "13.0")
+    return harness.Session(
+        experiment=exp, workload=wl, device=device, ceilings=None, stream=cuda.stream(),
+        plan=plan_ring(exp.input_set_bytes(wl), L2), ring=[exp.make_input_set(wl, rng) for _ in range(2)],
+        output=exp.make_output(wl), flush_buffer=None, nvml=envmod.Nvml.__new__(envmod.Nvml),
+        env_start=envmod.GpuState(), warmup_s=0.0,
+    )
+
+
+def test_gate_passes_a_correct_arm():
+    session = _session()
+    outcome, timer = harness.prepare_arm(session, "A", {"VEC": 4})
+    assert outcome.status == "ok" and outcome.parity_error == 0.0 and timer is not None
+
+
+def test_gate_marks_a_wrong_or_crashing_arm_invalid(monkeypatch):
+    session = _session()
+    exp = session.experiment
+
+    def lazy_prepare(config, workload):  # writes nothing: the NaN poison must be caught
+        return lambda inputs, output, stream: None
+
+    monkeypatch.setattr(exp, "prepare", lazy_prepare)
+    outcome, timer = harness.prepare_arm(session, "B", {"VEC": 4})
+    assert outcome.status == "invalid" and timer is None
+    assert "relative error" in outcome.error and outcome.parity_error > 0
+
+    def crashing_prepare(config, workload):
+        raise RuntimeError("ptxas: too many resources requested for launch")
+
+    monkeypatch.setattr(exp, "prepare", crashing_prepare)
+    outcome, timer = harness.prepare_arm(session, "B", {"VEC": 4})
+    assert outcome.status == "invalid" and timer is None
+    assert "too many resources" in outcome.error
+
+
+def _fake_ab(verdict: str, delta: float):
+    def measure_ab(session, configs, *, bar, **kwargs):
+        arms = []
+        for label, cfg in zip(("A", "B"), configs):
+            arm = harness.ArmOutcome(label=label, config=cfg, parity_error=0.0, tolerance=0.0)
+            med = 100.0 * (1 + delta if label == "B" else 1.0)
+            arm.stats = ArmStats(med, med * 0.99, med * 1.01, med, 50, 0)
+            arms.append(arm)
+        comp = Comparison(delta, delta - 0.002, delta + 0.002, 1e-4, 20, verdict, bar, False)
+        return harness.ABResult(session, arms, comp, verdict, bar, rounds=20, stop_reason="ci",
+                                env_end=envmod.GpuState())
+
+    return measure_ab
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(harness, "open_session", lambda exp, wl, **kw: _session())
+    return monkeypatch
+
+
+def test_ab_records_the_verdict_and_gates_on_regression(fake_gpu, tmp_path):
+    runner = CliRunner()
+    fake_gpu.setattr(harness, "measure_ab", _fake_ab("REVERTED", 0.05))
+    led = tmp_path / "records"
+    args = ["ab", "copy", "--arm", "VEC=4", "--arm", "VEC=1", "--ledger", str(led), "--note", "from a test"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "REVERTED" in r.output and "+5.00%" in r.output
+    r = runner.invoke(app, args + ["--fail-on-regression"])
+    assert r.exit_code == 1
+    contents = ledger.load(led)
+    assert [rec["verdict"] for rec in contents.records] == ["REVERTED", "REVERTED"]
+    assert contents.records[0]["notes"] == "from a test" and not contents.problems
+    assert contents.records[0]["arms"][1]["knobs"] == {"VEC": 1}
+
+    fake_gpu.setattr(harness, "measure_ab", _fake_ab("LANDED", -0.2))
+    r = runner.invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(led), "--fail-on-regression"])
+    assert r.exit_code == 0 and "LANDED" in r.output
+
+
+def test_a_ledger_that_cannot_be_written_loses_nothing(fake_gpu, tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    fake_gpu.setattr(harness, "measure_ab", _fake_ab("NEUTRAL", 0.001))
+    r = CliRunner().invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(blocker / "records")])
+    assert r.exit_code == 3
+    assert "NEUTRAL" in r.output and "the measurement was not lost" in r.output
+    dumped = r.output[r.output.index("schema: 1"):]
+    assert yaml.safe_load(dumped)["verdict"] == "NEUTRAL"
