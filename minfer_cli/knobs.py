@@ -106,3 +106,27 @@ def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: st
 def format_config(config: Mapping[str, KnobValue]) -> str:
     """``K=V,K=V`` in declaration order: the same syntax ``--arm`` takes."""
     return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str) -> list[Config]:
+    """Every configuration of a grid written as ``K=v1,v2 K2=v3`` (one text per knob); knobs not named stay at
+    their defaults. Raises UsageError for an axis that is not ``K=v[,v...]``, an unknown knob, a knob given twice
+    or a value outside its allowed set."""
+    import itertools
+
+    by_name = {k.name: k for k in knobs}
+    names: list[str] = []
+    values: list[list[KnobValue]] = []
+    for axis in axes:
+        key, sep, text = axis.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise UsageError(f"malformed grid axis {axis!r}; expected K=v1,v2,... e.g. TM=64,128,256")
+        if key not in by_name:
+            raise UsageError(f"unknown knob {key} for {owner}; its knobs are: {', '.join(by_name) or '(none)'}")
+        if key in names:
+            raise UsageError(f"knob {key} is given twice in the grid")
+        names.append(key)
+        values.append(list(dict.fromkeys(by_name[key].parse(v) for v in text.split(","))))
+    base: Config = {k.name: k.default for k in by_name.values()}
+    return [base | dict(zip(names, combo)) for combo in itertools.product(*values)]

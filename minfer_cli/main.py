@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from minfer_cli import __version__
-from minfer_cli.commands import ab, calibrate, doctor, experiments, ledger, run
+from minfer_cli.commands import ab, calibrate, doctor, experiments, ledger, run, sweep
 from minfer_cli.console import error_line, out
 from minfer_cli.errors import EnvironmentProblem
 
@@ -63,4 +63,5 @@ app.add_typer(experiments.app)
 app.command(name="run")(run.run)
 app.command(name="ab")(ab.ab)
 app.command(name="calibrate")(calibrate.calibrate)
+app.command(name="sweep")(sweep.sweep)
 app.add_typer(ledger.app)

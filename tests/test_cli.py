@@ -57,6 +57,10 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
         (["ab", "--arm", "TM=64", "--arm", "TM=128"], "no experiment owns knob(s) TM"),
         (["ab", "nosuch", "--arm", "VEC=1", "--arm", "VEC=4"], "no experiment named 'nosuch'"),
         (["run", "copy", "--workload", "huge"], "has no workload 'huge'"),
+        (["sweep", "copy", "VEC=1,5"], "VEC=5 is not allowed; allowed values: 1, 2, 4"),
+        (["sweep", "copy", "FOO=1"], "unknown knob FOO for experiment copy"),
+        (["sweep", "copy", "VEC"], "malformed grid axis"),
+        (["sweep", "copy", "VEC=1", "VEC=2"], "given twice"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):
@@ -131,3 +135,14 @@ def test_numpy_pin_is_checked_at_start(monkeypatch):
     monkeypatch.setattr(numpy, "__version__", "2.5.0")
     r = invoke("experiments", "list")
     assert r.exit_code != 0 and "numpy < 2.5" in r.output
+
+
+def test_grid_is_the_product_of_its_axes_with_defaults_elsewhere():
+    from minfer_cli.knobs import Knob, parse_grid
+
+    knobs = (Knob("TM", (64, 128, 256), 128, "t"), Knob("KS", (32, 64), 32, "k"), Knob("MMA", ("wmma", "mma_sync"), "mma_sync", "m"))
+    grid = parse_grid(knobs, ["TM=64,256", "KS=32,64"], "x")
+    assert len(grid) == 4
+    assert {(c["TM"], c["KS"]) for c in grid} == {(64, 32), (64, 64), (256, 32), (256, 64)}
+    assert all(c["MMA"] == "mma_sync" for c in grid)
+    assert parse_grid(knobs, [], "x") == [{"TM": 128, "KS": 32, "MMA": "mma_sync"}]

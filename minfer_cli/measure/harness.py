@@ -153,22 +153,43 @@ class RunResult:
     elapsed_s: float
 
 
+def _time_alone(session: Session, outcome: ArmOutcome, timer: ArmTimer, samples: int, max_time_s: float,
+                progress: Progress, label: str = "sampling") -> None:
+    """Warm up, then take `samples` samples of one arm (fewer only when `max_time_s` runs out)."""
+    t0 = time.monotonic()
+    start_timer(session, timer)
+    values, flags = [], []
+    while len(values) < samples and (len(values) < 3 or time.monotonic() - t0 < max_time_s):
+        values.append(timer.sample())
+        flags.append(session.nvml.throttled())
+        progress(label, len(values) / samples)
+    _finish(session, outcome, timer, summarize(np.array(values), np.array(flags, dtype=bool)))
+    timer.release()
+
+
 def measure_run(session: Session, config: Config, *, samples: int = 50, max_time_s: float = 30.0,
                 progress: Progress = _quiet) -> RunResult:
-    """Time one arm: at least `samples` samples (stopping early only at `max_time_s`)."""
+    """Time one arm: `samples` samples after the gate and warm-up (stopping early only at `max_time_s`)."""
     t0 = time.monotonic()
     outcome, timer = prepare_arm(session, "A", config)
     if timer is not None:
-        progress("warming up", 0.0)
-        start_timer(session, timer)
-        values, flags = [], []
-        while len(values) < samples and time.monotonic() - t0 < max_time_s:
-            values.append(timer.sample())
-            flags.append(session.nvml.throttled())
-            progress("sampling", len(values) / samples)
-        _finish(session, outcome, timer, summarize(np.array(values), np.array(flags, dtype=bool)))
-        timer.release()
+        _time_alone(session, outcome, timer, samples, max_time_s, progress)
     return RunResult(session, outcome, session.nvml.state(), time.monotonic() - t0)
+
+
+def measure_sweep(session: Session, configs: list[Config], *, samples: int = 20, max_time_s: float = 10.0,
+                  progress: Progress = _quiet) -> list[ArmOutcome]:
+    """Gate and time every configuration of a grid, one after another; a failing point is an INVALID outcome."""
+    outcomes = []
+    for i, config in enumerate(configs):
+        label = f"p{i + 1}"
+        progress(f"{label}/{len(configs)} {format_config(config)}", i / len(configs))
+        outcome, timer = prepare_arm(session, label, config)
+        if timer is not None:
+            _time_alone(session, outcome, timer, samples, max_time_s, _quiet)
+        outcomes.append(outcome)
+    progress("sweep", 1.0)
+    return outcomes
 
 
 @dataclass

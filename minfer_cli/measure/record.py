@@ -106,3 +106,18 @@ def calibration_record(result: CalibrationResult, bar: float, title: str | None 
         "trial_verdicts": [t.verdict for t in result.trials],
     }
     return rec
+
+
+def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str | None = None, notes: str = "") -> dict:
+    """One record for a whole grid: every point as an arm, ranked; `best` names the fastest valid point."""
+    exp = session.experiment
+    varied = sorted({k for a in outcomes for k in a.config if a.config[k] != outcomes[0].config[k]})
+    title = title or f"{exp.name} sweep over {', '.join(varied) or 'one point'}"
+    rec = _common(session, "sweep", title, notes, outcomes, end)
+    valid = [a for a in outcomes if a.stats is not None]
+    best = min(valid, key=lambda a: a.stats.median, default=None)
+    rec["comparison"] = None
+    rec["bar"] = 0.0
+    rec["verdict"] = "MEASURED" if best else "INVALID"
+    rec["best"] = None if best is None else {"label": best.label, "knobs": dict(best.config)}
+    return rec

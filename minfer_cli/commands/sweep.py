@@ -1,0 +1,55 @@
+"""`minfer sweep EXP K=v1,v2 ...`: a grid over knob values, each point gated and timed, ranked fastest first."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+
+from minfer_cli.commands import options, render
+from minfer_cli.console import guard, out, progress
+from minfer_cli.experiment import get
+from minfer_cli.knobs import parse_grid
+
+
+@guard
+def sweep(
+    experiment: str = typer.Argument(..., help="Experiment name (see `minfer experiments list`)."),
+    axes: List[str] = typer.Argument(None, help="Grid axes K=v1,v2,...; knobs not named keep their defaults."),
+    workload: Optional[str] = options.WORKLOAD,
+    samples: int = typer.Option(20, "--samples", "-n", min=3, help="Samples per point."),
+    max_time: float = typer.Option(10.0, "--max-time", min=1.0, help="Seconds of sampling per point at most."),
+    flush: bool = options.FLUSH,
+    warmup: float = typer.Option(0.5, "--warmup", min=0.0, help="Warm-up seconds per point."),
+    record: bool = typer.Option(False, "--record", help="Append the whole ranked grid to the ledger (best point marked)."),
+    note: str = options.NOTE,
+    title: Optional[str] = options.TITLE,
+    ledger: Optional[str] = options.LEDGER,
+    as_json: bool = options.JSON,
+) -> None:
+    """Measure every point of a knob grid with the same harness and rank them (a failing point is INVALID,
+    listed last, never a crash). This is how defaults are found; confirm a winner with `minfer ab`.
+
+    Example: minfer sweep gemm_f16 TM=64,128,256 KS=32,64
+    """
+    from minfer_cli.measure.harness import measure_sweep, open_session
+    from minfer_cli.measure.record import sweep_record
+
+    exp = get(experiment)
+    configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
+    wl = exp.workload(workload)
+    with progress(f"sweep {exp.name} {wl.name} ({len(configs)} points)") as report:
+        session = open_session(exp, wl, flush=flush, warmup_s=warmup, progress=report)
+        outcomes = measure_sweep(session, configs, samples=samples, max_time_s=max_time, progress=report)
+    ranked = sorted(outcomes, key=lambda a: (a.stats is None, a.stats.median if a.stats else 0.0))
+    out.print(render.arms_table(session, ranked))
+    for line in render.timing_lines(session, ranked[:1]):
+        out.print(line)
+    out.print(render.environment_line(session, session.nvml.state()))
+    rec = sweep_record(session, outcomes, session.nvml.state(), title, note)
+    if as_json:
+        print(json.dumps(rec, default=str))
+    code = options.write_record(rec, ledger) if record else 0
+    if code:
+        raise typer.Exit(code=code)
