@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels import copy as copy_kernels
 from kernels.copy import copy
-from minfer_cli.experiment import Cost, Experiment, Workload, register
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
 class CopyExperiment(Experiment):
@@ -62,6 +63,17 @@ class CopyExperiment(Experiment):
 
     def tolerance(self, config) -> float:
         return 0.0
+
+    def kernels(self, config, workload):
+        from numba import types
+
+        vec = int(config["VEC"])
+        element = types.uint64 if vec == 2 else types.uint32
+        array = types.Array(element, 1, "C")
+        dispatcher = copy_kernels._copy_v4 if vec == 4 else copy_kernels._copy_scalar
+        signature = (array, array)
+        dispatcher.compile(signature)
+        return [KernelInstance(f"copy[VEC={vec}]", dispatcher, signature, copy_kernels.THREADS)]
 
     def cost(self, workload: Workload) -> Cost:
         return Cost(flops=0.0, bytes=2.0 * workload.shape["nbytes"])

@@ -52,6 +52,18 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class KernelInstance:
+    """One compiled kernel of a configuration, for `minfer kernels`: a numba CUDA dispatcher, the signature it was
+    compiled for, and its launch shape (threads per block, dynamic shared memory in bytes)."""
+
+    name: str
+    dispatcher: Any
+    signature: Any
+    threads: int
+    dynamic_smem: int = 0
+
+
+@dataclass(frozen=True)
 class Metric:
     """What a sample measures. Kernels: time in µs, lower is better. Whole-model runs: tok/s, higher is better."""
 
@@ -117,6 +129,11 @@ class Experiment(ABC):
 
     @abstractmethod
     def cost(self, workload: Workload) -> Cost: ...
+
+    def kernels(self, config: Config, workload: Workload) -> list[KernelInstance]:
+        """The kernels `prepare(config, workload)` launches, compiled, with their launch shapes (for resource
+        reports). Default: none declared."""
+        return []
 
     ceiling: str = "copy"
     """Which measured ceiling the roofline uses: "copy" (bandwidth-bound) or "matrix" (f16 tensor-core rate)."""

@@ -1,0 +1,57 @@
+"""`minfer kernels`: every compiled kernel instance with its registers, shared/local memory and occupancy."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from minfer_cli.console import guard, out, progress
+from minfer_cli.experiment import get, load_all
+from minfer_cli.knobs import parse_grid
+
+
+@guard
+def kernels(
+    experiment: Optional[str] = typer.Argument(None, help="Only this experiment (default: all)."),
+    axes: List[str] = typer.Argument(None, help="Grid axes K=v1,v2,... (default: each experiment's default knobs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (the form baselines/ snapshots use)."),
+) -> None:
+    """Compile kernel instances and list registers per thread, static and dynamic shared memory, local memory per
+    thread (spills) and resident blocks per SM. A local-memory figure above 0 is flagged: it means spills.
+
+    Example: minfer kernels copy VEC=1,2,4
+    """
+    from minfer_cli.measure.device import require_timing_device
+    from minfer_cli.measure.resources import resources
+
+    require_timing_device()
+    exps = [get(experiment)] if experiment else list(load_all().values())
+    rows = []
+    with progress("compiling") as report:
+        for exp in exps:
+            configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
+            for i, config in enumerate(configs):
+                report(f"{exp.name} {i + 1}/{len(configs)}", i / len(configs))
+                try:
+                    instances = exp.kernels(config, exp.default_workload)
+                except Exception as exc:  # a variant that fails to compile is a row, not a crash
+                    rows.append({"experiment": exp.name, "name": str(config), "error": str(exc).splitlines()[0]})
+                    continue
+                rows.extend({"experiment": exp.name, **resources(k).as_dict()} for k in instances)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    t = Table(title="compiled kernels", title_justify="left")
+    for col in ("experiment", "kernel", "threads", "regs", "static smem B", "dynamic smem B", "local B", "blocks/SM"):
+        t.add_column(col, justify="left" if col in ("experiment", "kernel") else "right")
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["experiment"], r["name"], "[magenta]INVALID[/]", r["error"], "", "", "", "")
+            continue
+        local = f"[bold red]{r['local_mem']} (spills)[/]" if r["local_mem"] else "0"
+        t.add_row(r["experiment"], r["name"], str(r["threads"]), str(r["regs"]), str(r["static_smem"]),
+                  str(r["dynamic_smem"]), local, str(r["blocks_per_sm"]))
+    out.print(t)

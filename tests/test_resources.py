@@ -1,0 +1,31 @@
+"""Compiled kernel resources (GPU): no instance of any experiment's default configuration spills to local memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from minfer_cli.experiment import load_all
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(load_all()))
+def test_default_kernels_do_not_spill(name):
+    from minfer_cli.measure.resources import resources
+
+    exp = load_all()[name]
+    instances = exp.kernels(exp.default_config(), exp.default_workload)
+    for inst in instances:
+        r = resources(inst)
+        assert r.local_mem == 0, f"{r.name} uses {r.local_mem} B of local memory per thread (spills)"
+        assert r.blocks_per_sm >= 1, f"{r.name} cannot be resident at {r.threads} threads"
+
+
+@pytest.mark.gpu
+def test_copy_kernel_resources_are_read():
+    from minfer_cli.measure.resources import resources
+
+    exp = load_all()["copy"]
+    for vec in (1, 2, 4):
+        (inst,) = exp.kernels({"VEC": vec}, exp.default_workload)
+        r = resources(inst)
+        assert 0 < r.regs <= 255 and r.threads == 256
