@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 from numba import cuda
-from numba.core.errors import NumbaPerformanceWarning
 
 
 @cuda.jit
@@ -24,5 +23,5 @@ def spin(microseconds: int, stream=0) -> None:
     if microseconds < 0:
         raise ValueError(f"spin duration must be >= 0 µs, got {microseconds}")
     with warnings.catch_warnings():  # one thread is the point: silence numba's low-occupancy warning
-        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        warnings.filterwarnings("ignore", message=".*Grid size 1 will likely result in GPU under-utilization")
         _spin[1, 1, stream](microseconds)

@@ -53,7 +53,7 @@ def calibrate(
             f"suggested bar ≥ {s.suggested_bar * 100:.2g}%"
         )
     out.print(render.environment_line(session, result.trials[-1].env_end))
-    code = 0 if no_record else options.write_record(calibration_record(result, bar / 100.0, note=note), ledger)
+    code = 0 if no_record else options.write_record(calibration_record(result, bar / 100.0, notes=note), ledger)
     if s is None:
         raise typer.Exit(code=1)
     if code:

@@ -28,10 +28,11 @@ class KernelResources:
 
 def resources(instance: KernelInstance) -> KernelResources:
     """Read the figures of a compiled instance on the current device (needs a GPU)."""
-    from numba import cuda
+    from numba import cuda, types
 
-    d, sig = instance.dispatcher, instance.signature
-    kernel = d.overloads[tuple(sig)]
+    d = instance.dispatcher
+    sig = types.void(*instance.signature)  # the dispatcher's getters look the overload up by `sig.args`
+    kernel = d.overloads[sig.args]
     sm_count = cuda.get_current_device().MULTIPROCESSOR_COUNT
     blocks = kernel.max_cooperative_grid_blocks(instance.threads, instance.dynamic_smem) // sm_count
     return KernelResources(
