@@ -201,6 +201,13 @@ if SIMULATOR:
         """Simulator form of `cvta.to.shared`: there are no addresses here; the byte offset of the element."""
         return np.uint32(index * _ndarray(array).itemsize)
 
+    def syncwarp():
+        """Simulator form of `bar.warp.sync 0xffffffff`: the calling warp's 32 lanes rendezvous."""
+        _warp_exchange(_NO_OP, None)
+
+    def _NO_OP(slots):
+        return slots
+
     # ---- mma.sync m16n8k16 -------------------------------------------------------------------------------
 
     def _a_frag_matrix(slots, k0=0):
@@ -456,6 +463,18 @@ else:
 
         def codegen(context, builder, sig, args):
             return _shared_u32(builder, _any_element_pointer(context, builder, sig.args[0], args[0], args[1]))
+
+        return sig, codegen
+
+    @intrinsic
+    def syncwarp(typingctx):
+        """`bar.warp.sync 0xffffffff` (PTX ISA §9.7.13.3 "bar.warp.sync"): all 32 lanes of the warp meet here, and
+        their shared-memory writes before it are visible to each other after it."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "bar.warp.sync -1;", "~{memory}", True)
+            return context.get_dummy_value()
 
         return sig, codegen
 

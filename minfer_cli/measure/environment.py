@@ -120,14 +120,11 @@ def software_versions() -> dict:
 
 
 def git_state(cwd: Path | None = None) -> dict:
-    """{commit, dirty} of the git checkout holding the project. In a copy without .git (a GPU host that received
-    the working tree) MINFER_GIT_COMMIT / MINFER_GIT_DIRTY say what it was copied from; otherwise both None."""
+    """{commit, dirty} of the git checkout holding the project. Where git cannot tell (a copy of the working tree
+    on a GPU host), MINFER_GIT_COMMIT / MINFER_GIT_DIRTY say what it was copied from; otherwise both None."""
     from minfer_cli.knobs import ENV_GIT_COMMIT, ENV_GIT_DIRTY, env
 
     root = cwd or Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists() and env(ENV_GIT_COMMIT):
-        dirty = env(ENV_GIT_DIRTY)
-        return {"commit": env(ENV_GIT_COMMIT), "dirty": None if dirty is None else dirty == "1"}
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
@@ -138,7 +135,8 @@ def git_state(cwd: Path | None = None) -> dict:
         ).stdout
         return {"commit": commit or None, "dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        dirty = env(ENV_GIT_DIRTY)
+        return {"commit": env(ENV_GIT_COMMIT), "dirty": None if dirty is None else dirty == "1"}
 
 
 def command_line() -> str:
