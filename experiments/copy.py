@@ -75,7 +75,7 @@ class CopyExperiment(Experiment):
         dispatcher.compile(signature)
         return [KernelInstance(f"copy[VEC={vec}]", dispatcher, signature, copy_kernels.THREADS)]
 
-    def cost(self, workload: Workload) -> Cost:
+    def cost(self, workload: Workload, config=None) -> Cost:
         return Cost(flops=0.0, bytes=2.0 * workload.shape["nbytes"])
 
 

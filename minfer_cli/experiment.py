@@ -14,7 +14,7 @@ What the harness (`minfer_cli/measure/`) needs from an experiment, per configura
   * `check(config, workload, inputs, output)`: the relative error of `output` against an independent
     reference computed from `inputs`;
   * `tolerance(config)`: the largest relative error that passes;
-  * `cost(workload)`: FLOPs and the fewest bytes moved by one sample, for TFLOP/s, GB/s and % of the ceiling.
+  * `cost(workload, config)`: FLOPs and the fewest bytes moved by one sample, for TFLOP/s, GB/s and % of the ceiling.
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ class Experiment(ABC):
         return 0.0
 
     @abstractmethod
-    def cost(self, workload: Workload) -> Cost: ...
+    def cost(self, workload: Workload, config: Config) -> Cost:
+        """FLOPs and fewest bytes of one sample of ``config`` (an arm's knobs can change the bytes, e.g. TYPE)."""
 
     def kernels(self, config: Config, workload: Workload) -> list[KernelInstance]:
         """The kernels `prepare(config, workload)` launches, compiled, with their launch shapes (for resource

@@ -54,7 +54,7 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
         (["ab", "copy", "--arm", "VEC=1,VEC=2", "--arm", "VEC=4"], "set twice"),
         (["ab", "copy", "--arm", "VEC=4", "--arm", "VEC=4"], "the two arms are identical"),
         (["ab", "copy", "--arm", "VEC=4"], "give exactly two --arm options"),
-        (["ab", "--arm", "TM=64", "--arm", "TM=128"], "no experiment owns knob(s) TM"),
+        (["ab", "--arm", "ZZ=64", "--arm", "ZZ=128"], "no experiment owns knob(s) ZZ"),
         (["ab", "nosuch", "--arm", "VEC=1", "--arm", "VEC=4"], "no experiment named 'nosuch'"),
         (["run", "copy", "--workload", "huge"], "has no workload 'huge'"),
         (["sweep", "copy", "VEC=1,5"], "VEC=5 is not allowed; allowed values: 1, 2, 4"),
@@ -98,8 +98,8 @@ def test_ambiguous_knob_asks_for_a_name(monkeypatch):
 
 
 def test_experiment_is_picked_from_the_knobs_when_unambiguous():
-    exp = registry_mod.pick_for_arms(["VEC=1", "VEC=4"])
-    assert exp.name == "copy"
+    assert registry_mod.pick_for_arms(["VEC=1", "VEC=4"]).name == "copy"
+    assert registry_mod.pick_for_arms(["TYPE=Q4_K", "TYPE=Q6_K"]).name == "dequant"
 
 
 def test_timing_commands_refuse_the_simulator_with_one_sentence():

@@ -4,11 +4,12 @@ The kernels must reproduce gguf-py's float32 arithmetic bit for bit (their f16 o
 ``float16(gguf.quants.dequantize(...))`` element for element), so:
 
 * ``fmul_rn`` / ``fadd_rn`` / ``fsub_rn`` emit ``mul.rn.f32`` / ``add.rn.f32`` / ``sub.rn.f32`` (what
-  libdevice's ``__nv_f*_rn`` lower to; inline PTX here because a `register_jitable` wrapper needs a GPU to
-  compile, which `compile_ptx` on a GPU-less CI machine has not). PTX allows ``ptxas`` to fuse a plain ``mul.f32`` followed by ``add.f32`` into
-  one ``fma`` (one rounding instead of numpy's two), but never an instruction with an explicit rounding modifier
-  (PTX ISA §9.7.3 "Floating-Point Instructions": "mul/add ... with no rounding modifier may be optimized
-  aggressively by the code generator, e.g. contracted into fma"). Every product that is then added uses them.
+  libdevice's ``__nv_f*_rn`` lower to). Per the PTX ISA (§9.7.3, floating-point ``mul``/``add``), an instruction
+  without a rounding modifier may be optimised by the code generator, e.g. a ``mul.f32`` and a following
+  ``add.f32`` contracted into one ``fma`` (one rounding where numpy rounds twice); an explicit ``.rn`` forbids
+  that. Every product that is then added or subtracted uses them. They are intrinsics, not device functions,
+  because numba compiles a device function for the current device, which `compile_ptx` on a GPU-less CI
+  machine does not have.
 * ``ld_global_v4_u32`` / ``st_global_v4_u32``: 16-byte loads and stores (same semantics as
   `kernels/ptx.py`'s helpers of the same names; duplicated because that module did not import while this one was
   written; prefer one copy).

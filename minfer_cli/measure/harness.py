@@ -137,7 +137,7 @@ def start_timer(session: Session, timer: ArmTimer) -> None:
 
 
 def _finish(session: Session, outcome: ArmOutcome, timer: ArmTimer, stats: ArmStats) -> None:
-    cost = session.experiment.cost(session.workload)
+    cost = session.experiment.cost(session.workload, outcome.config)
     outcome.stats = stats
     outcome.figures = throughput(cost.flops, cost.bytes, stats.median, session.ceilings)
     outcome.timing = timer.describe()
