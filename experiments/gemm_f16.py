@@ -1,0 +1,151 @@
+"""Experiment `gemm_f16`: the prefill tensor-core GEMM ``C[nt, od] = A[nt, id] · B[od, id]^T`` (f16 in, f32 out).
+
+Knobs: the kernel's compile-time shape (kernels/gemm_f16.py KNOBS); the knob defaults are the baseline arm
+(mma_sync, 64x64x32, 2 stages, cp.async, GROUP 1), so `--arm` texts name only what they change.
+Workloads: the prefill GEMMs of Qwen2-7B at nt=2048 (plus Llama-2-7B's ffn_up, and a tiny shape with tails for the
+CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
+Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
+host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32 accumulation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import gemm_f16 as kernel
+from minfer_cli.experiment import Cost, Experiment, Workload, register
+from minfer_cli.knobs import Knob
+
+_DOCS = {
+    "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, or wmma m16n16k16",
+    "TM": "od tile per block (B rows staged per k step)",
+    "TN": "nt tile per block (A rows staged per k step)",
+    "KS": "k width of one shared-memory tile",
+    "STAGES": "depth of the shared-memory ring (STAGES-1 k tiles in flight)",
+    "STAGING": "global->shared copies: cp.async.cg (zero-fill tails) or ld.global.v4 + st.shared.v4",
+    "GROUP": "od tiles per grouped-program-order group (L2 reuse; 1 = nt-fastest order)",
+}
+
+
+def _shape(nt: int, od: int, id_: int) -> dict[str, int]:
+    return {"nt": nt, "od": od, "id": id_}
+
+
+class GemmF16Experiment(Experiment):
+    name = "gemm_f16"
+    purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
+    knobs = tuple(Knob(k, tuple(v), kernel.BASELINE[k], _DOCS[k]) for k, v in kernel.KNOBS.items()) + (
+        Knob("IMPL", ("minfer", "cublas"), "minfer",
+             "minfer's kernel, or cuBLAS through torch (f16 in, f32 out) as the vendor arm; tile knobs do not apply to cublas"),
+    )
+    workloads = (
+        Workload("ffn_up", _shape(2048, 18944, 3584), "Qwen2-7B ffn_up at nt=2048"),
+        Workload("qkv", _shape(2048, 4608, 3584), "Qwen2-7B fused q/k/v projection at nt=2048"),
+        Workload("attn_output", _shape(2048, 3584, 3584), "Qwen2-7B attention output at nt=2048"),
+        Workload("ffn_gate_up", _shape(2048, 37888, 3584), "Qwen2-7B fused ffn gate+up at nt=2048"),
+        Workload("ffn_down", _shape(2048, 3584, 18944), "Qwen2-7B ffn_down at nt=2048"),
+        Workload("llama2_ffn_up", _shape(2048, 11008, 4096), "Llama-2-7B ffn_up at nt=2048"),
+        Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
+    )
+    ceiling = "matrix"
+
+    def input_set_bytes(self, workload: Workload) -> int:
+        s = workload.shape
+        return 2 * (s["nt"] * s["id"] + s["od"] * s["id"])
+
+    def make_input_set(self, workload: Workload, rng):
+        from numba import cuda
+
+        s = workload.shape
+        a = rng.standard_normal((s["nt"], s["id"]), dtype=np.float32).astype(np.float16)
+        b = rng.standard_normal((s["od"], s["id"]), dtype=np.float32).astype(np.float16)
+        return cuda.to_device(a), cuda.to_device(b)
+
+    def make_output(self, workload: Workload):
+        from numba import cuda
+
+        s = workload.shape
+        return cuda.device_array((s["nt"], s["od"]), dtype=np.float32)
+
+    def prepare(self, config, workload):
+        if config.get("IMPL") == "cublas":
+            return _cublas_launch()
+        cfg = {k: config[k] for k in kernel.KNOBS}
+        kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
+
+        def launch(inputs, output, stream):
+            a, b = inputs
+            kernel.gemm_f16(a, b, output, config=cfg, stream=stream)
+
+        return launch
+
+    def poison(self, output) -> None:
+        from numba import cuda
+
+        output.copy_to_device(np.full(output.shape, np.nan, dtype=np.float32))
+        cuda.synchronize()
+
+    def check(self, config, workload, inputs, output) -> float:
+        a, b = inputs
+        ref = _reference(a, b)
+        out = output.copy_to_host().astype(np.float64)
+        if not np.isfinite(out).all():
+            return float("inf")
+        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+    def tolerance(self, config) -> float:
+        return 1e-3
+
+    def cost(self, workload: Workload, config=None) -> Cost:
+        s = workload.shape
+        nt, od, id_ = s["nt"], s["od"], s["id"]
+        return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * (nt * id_ + od * id_) + 4.0 * nt * od)
+
+
+def _cublas_launch():
+    """The vendor arm: `torch.mm(A, B^T, out_dtype=float32)` (cuBLAS, f16 operands, f32 accumulate and output) on
+    the harness's stream, written into the same f32 output. Torch views of the numba arrays are made on first use
+    of each input set (the correctness gate and the warm-up touch every set before any graph capture), so no
+    array-interface synchronisation happens inside a capture. Raises RuntimeError when torch with CUDA is missing
+    (the arm is then INVALID with that note) or when torch's mm has no out_dtype (torch < 2.8)."""
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("IMPL=cublas needs torch with CUDA (not importable here); the vendor arm is skipped") from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("IMPL=cublas needs torch with CUDA; torch sees no GPU")
+    views: dict[int, tuple] = {}
+
+    def launch(inputs, output, stream):
+        key = (id(inputs), id(output))
+        if key not in views:
+            a, b = inputs
+            views[key] = (torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda"),
+                          torch.as_tensor(output, device="cuda"))
+        ta, tb, to = views[key]
+        with torch.cuda.stream(torch.cuda.ExternalStream(int(stream.handle))):
+            torch.mm(ta, tb.t(), out_dtype=torch.float32, out=to)
+
+    return launch
+
+
+def _reference(a, b) -> np.ndarray:
+    """float64 host array of A·B^T from the same f16 device inputs: torch f32 on the GPU (TF32 off) when torch is
+    importable, else numpy float64 on the host (a few seconds at the real shapes)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        ta = torch.as_tensor(a, device="cuda").float()
+        tb = torch.as_tensor(b, device="cuda").float()
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return (ta @ tb.T).double().cpu().numpy()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+    return a.copy_to_host().astype(np.float64) @ b.copy_to_host().astype(np.float64).T
+
+
+register(GemmF16Experiment())

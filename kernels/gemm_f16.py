@@ -1,0 +1,496 @@
+"""Tiled tensor-core f16 GEMM for prefill: ``C[nt, od] = A[nt, id] · B[od, id]^T``, f16 in, f32 accumulate/out.
+
+A = activations (f16, row-major [nt, id]); B = a dequantized weight (f16, row-major [od, id], i.e. K-major, which
+is exactly mma's "col" B operand); C = f32 [nt, od]. One thread block computes a TN (nt) x TM (od) tile of C,
+walking k in KS-wide steps through a STAGES-deep ring of shared-memory tiles; each warp owns a sub-tile of the
+block tile. Two tensor-core paths:
+
+* ``MMA="mma_sync"``: `ldmatrix.x4` from an XOR-swizzled shared tile (16-byte chunk index ^ row bits: conflict-free
+  ldmatrix rows) into `mma.sync.m16n8k16` fragments; the epilogue writes C straight from the C fragments
+  (documented per-lane layout) with nt/od tail masks.
+* ``MMA="wmma"``: `wmma.load` from a padded shared tile (row stride KS+8 elements), `wmma.mma` 16x16x16, and the
+  epilogue through an f32 C tile in shared memory (the wmma fragment layout is opaque; the tile reuses the ring,
+  so shared memory is max(ring, TN*(TM+4)*4 bytes)), written out coalesced with the tail masks.
+
+Staging: ``STAGING="cp_async"`` issues `cp.async.cg` 16-byte copies (src-size 0 = hardware zero-fill for rows past
+nt/od and k past id: tails need no branches) and keeps STAGES-1 tiles in flight (`cp.async.wait_group STAGES-2`);
+``STAGING="sync"`` runs the same ring schedule with predicated `ld.global.v4` + `st.shared.v4`.
+
+Program order: a 1-D grid; ``GROUP`` od tiles form a group whose blocks run od-fastest, so GROUP od-tile B panels
+and the nt-tile A panels they pair with are reused from L2 (Triton tutorial 03 "L2 cache optimizations");
+GROUP=1 is nt-fastest order, where consecutive blocks share one B panel (the prefill-GEMM chapter's order).
+
+Sources: PTX ISA 9.x (mma m16n8k16 fragments, ldmatrix, cp.async, wmma); the prefill-GEMM chapter (64x64x32,
+cp.async double buffering, the "+16 elements, not +16 rows" wmma trap, the >48 KB opt-in before graph capture);
+Triton's matmul tutorial (grouped order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, types, uint32
+
+from kernels.errors import KernelConstraintError
+from kernels.ptx import (
+    SIMULATOR,
+    cp_async_16,
+    cp_async_commit_group,
+    cp_async_wait_group,
+    ld_global_v4_b32,
+    ldmatrix_x4,
+    mma_m16n8k16_f32_f16,
+    st_shared_v4_b32,
+    wmma_load_a_f16,
+    wmma_load_b_f16,
+    wmma_mma_f32_f16,
+    wmma_store_d_f32_shared,
+)
+
+# Allowed knob values. The baseline arm is MMA=mma_sync TM=64 TN=64 KS=32 STAGES=2 STAGING=cp_async GROUP=1.
+KNOBS: dict[str, tuple] = {
+    "MMA": ("mma_sync", "wmma"),
+    "TM": (64, 128, 256),  # od tile (B rows per block)
+    "TN": (64, 128),  # nt tile (A rows per block)
+    "KS": (32, 64),  # k step per shared tile
+    "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
+    "STAGING": ("cp_async", "sync"),
+    "GROUP": (1, 4, 8),  # od tiles per program-order group
+}
+BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1}
+# The default is the path meant to be fast on H200 (128x128 tile, 8 warps, 3-stage cp.async). Unmeasured so far.
+DEFAULT: dict = {"MMA": "mma_sync", "TM": 128, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8}
+
+STATIC_SMEM_LIMIT = 48 * 1024
+H200_SMEM_OPTIN = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Everything derived from one knob combination: the compile-time constants and the launch shape."""
+
+    mma: str
+    tm: int
+    tn: int
+    ks: int
+    stages: int
+    staging: str
+    group: int
+    warps: int
+    warps_m: int  # warps along od
+    warps_n: int  # warps along nt
+    row: int  # shared tile row stride in f16 elements (KS for the swizzled mma_sync layout, KS+8 for wmma)
+    smem_bytes: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def grid(self, nt: int, od: int) -> int:
+        return -(-nt // self.tn) * -(-od // self.tm)
+
+
+def resolve_config(config: dict | None) -> dict:
+    """The full knob dict: DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value."""
+    cfg = dict(DEFAULT)
+    for key, value in (config or {}).items():
+        if key not in KNOBS:
+            raise KernelConstraintError(f"gemm_f16 has no knob {key!r}; knobs: {', '.join(KNOBS)}")
+        allowed = KNOBS[key]
+        if value not in allowed:
+            # accept "64" for 64 (arm texts arrive as strings)
+            match = [a for a in allowed if str(a) == str(value)]
+            if not match:
+                raise KernelConstraintError(f"gemm_f16 {key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+            value = match[0]
+        cfg[key] = value
+    return cfg
+
+
+def geometry(config: dict | None) -> Geometry:
+    cfg = resolve_config(config)
+    tm, tn, ks, stages = cfg["TM"], cfg["TN"], cfg["KS"], cfg["STAGES"]
+    warps = 4 if tm * tn <= 64 * 128 else 8
+    warps_n = 2
+    warps_m = warps // warps_n
+    row = ks if cfg["MMA"] == "mma_sync" else ks + 8
+    smem = stages * (tm + tn) * row * 2
+    if cfg["MMA"] == "wmma":
+        smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
+    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], warps, warps_m, warps_n, row, smem)
+
+
+def all_configs():
+    """Every allowed knob combination, as dicts (3*2*2*3*2*3*2 = 432)."""
+    keys = list(KNOBS)
+    for values in itertools.product(*(KNOBS[k] for k in keys)):
+        yield dict(zip(keys, values))
+
+
+if SIMULATOR:
+
+    def _device_helper(fn):
+        return fn
+
+else:
+    from numba.cuda.extending import register_jitable
+
+    # register_jitable (an @overload), not cuda.jit(device=True): a device dispatcher asks the driver for the
+    # current device's compute capability when compiled, which breaks compile_ptx on a machine without a GPU.
+    _device_helper = register_jitable(inline="always")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Kernel factory: one Python function per knob combination, closing over the constants (numba freezes closure
+# variables as compile-time constants, so every loop below has a constant trip count and is fully unrolled;
+# fragment arrays are then promoted to registers).
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _make_kernel(g: Geometry):
+    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
+    ROW = g.row
+    THREADS = g.threads
+    WARPS_N = g.warps_n
+    WTM = TM // g.warps_m  # warp tile along od
+    WTN = TN // WARPS_N  # warp tile along nt
+    CPR = KS // 8  # 16-byte chunks per tile row
+    SWIZZLE = g.mma == "mma_sync"
+    SWS = 1 if CPR == 4 else 0  # rows per 128-byte line: 2 (KS=32) or 1 (KS=64)
+    SWM = CPR - 1
+    SA = TN * ROW  # A tile elements per stage
+    SB = TM * ROW
+    STAGE = SA + SB
+    CH_A = TN * CPR // THREADS  # 16-byte chunks per thread per stage
+    CH_B = TM * CPR // THREADS
+    CP_ASYNC = g.staging == "cp_async"
+    WAIT = STAGES - 2
+    K16 = KS // 16
+    MT = WTN // 16  # mma_sync: m16 tiles (nt) per warp
+    NT8 = WTM // 8  # mma_sync: n8 tiles (od) per warp
+    FM = WTN // 16  # wmma: 16x16 fragments along nt / od per warp
+    FN = WTM // 16
+    # Declared alignment of the dynamic shared memory (numba would declare .align 2): ldmatrix/cp.async need 16
+    # bytes, wmma 32. The CUDA simulator refuses any alignment argument, hence None there.
+    SMEM_ALIGN = None if SIMULATOR else 128
+    CROW = TM + 4  # wmma: row stride (f32 elements) of the C tile staged in shared memory for the epilogue
+    CTILE_PER_THREAD = TM * TN // THREADS
+
+    MMA_SYNC = g.mma == "mma_sync"
+    ACC_N = MT * NT8 * 4 if MMA_SYNC else FM * FN * 8  # f32 accumulators per lane
+    AF_N = MT * 4 if MMA_SYNC else FM * 8  # A fragment registers per lane
+    BF_N = NT8 * 2 if MMA_SYNC else FN * 8
+
+    def gemm_kernel(a, b, out, nt, od, kdim):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        wn0 = (warp % WARPS_N) * WTN
+        wm0 = (warp // WARPS_N) * WTM
+
+        # Grouped program order (GROUP od tiles per group, od-fastest inside a group; GROUP=1: nt-fastest).
+        pid = cuda.blockIdx.x
+        num_n = (nt + TN - 1) // TN
+        num_m = (od + TM - 1) // TM
+        in_group = GROUP * num_n
+        first_m = (pid // in_group) * GROUP
+        gsize = min(num_m - first_m, GROUP)
+        local = pid % in_group
+        n0 = (local // gsize) * TN
+        m0 = (first_m + local % gsize) * TM
+
+        acc = cuda.local.array(ACC_N, float32)  # fully unrolled indexing below: these live in registers
+        af = cuda.local.array(AF_N, uint32)
+        bf = cuda.local.array(BF_N, uint32)
+        for i in range(ACC_N):
+            acc[i] = float32(0.0)
+
+        ktiles = (kdim + KS - 1) // KS
+        # Iteration it loads k-tile `it` into ring slot it % STAGES and computes k-tile it - (STAGES-1): the
+        # first STAGES-1 iterations only fill the ring. One barrier per iteration: it makes k-tile kt visible to
+        # all warps AND guarantees every warp is done with slot (kt-1) % STAGES, which this iteration refills.
+        for it in range(ktiles + STAGES - 1):
+            kt = it - (STAGES - 1)
+            if kt >= 0:
+                if CP_ASYNC:
+                    cp_async_wait_group(WAIT)
+                cuda.syncthreads()
+            if it < ktiles:
+                k0 = it * KS
+                buf = it % STAGES
+                for rep in range(CH_A + CH_B):
+                    c = tid + rep * THREADS
+                    if rep < CH_A:
+                        r = c // CPR
+                        grow = n0 + r
+                        limit = nt
+                        base = 0
+                    else:
+                        c -= CH_A * THREADS
+                        r = c // CPR
+                        grow = m0 + r
+                        limit = od
+                        base = SA
+                    ch = c % CPR
+                    kk = k0 + ch * 8
+                    ok = grow < limit and kk < kdim
+                    gidx = grow * kdim + kk if ok else 0
+                    sch = (ch ^ ((r >> SWS) & SWM)) if SWIZZLE else ch
+                    sidx = buf * STAGE + base + r * ROW + sch * 8
+                    if CP_ASYNC:
+                        # src-size 0: nothing is read, the 16 bytes are zero-filled (rows past nt/od, k past id).
+                        if rep < CH_A:
+                            cp_async_16(smem, sidx, a, gidx, 16 if ok else 0)
+                        else:
+                            cp_async_16(smem, sidx, b, gidx, 16 if ok else 0)
+                    else:
+                        x0 = x1 = x2 = x3 = uint32(0)
+                        if ok:
+                            if rep < CH_A:
+                                x0, x1, x2, x3 = ld_global_v4_b32(a, gidx)
+                            else:
+                                x0, x1, x2, x3 = ld_global_v4_b32(b, gidx)
+                        st_shared_v4_b32(smem, sidx, x0, x1, x2, x3)
+            if CP_ASYNC:
+                cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
+            if kt >= 0:
+                sa = (kt % STAGES) * STAGE
+                sb = sa + SA
+                for kq in range(K16):
+                    if MMA_SYNC:
+                        for i in range(MT):
+                            # lane l -> row l % 16, 8-column chunk l // 16 of the m16 x k16 A tile: a0..a3
+                            r = wn0 + i * 16 + (lane & 15)
+                            ch = kq * 2 + (lane >> 4)
+                            q0, q1, q2, q3 = ldmatrix_x4(smem, sa + r * ROW + (ch ^ ((r >> SWS) & SWM)) * 8)
+                            af[i * 4] = q0
+                            af[i * 4 + 1] = q1
+                            af[i * 4 + 2] = q2
+                            af[i * 4 + 3] = q3
+                        for j in range(NT8 // 2):
+                            # two n8 tiles: lane l -> B row (l & 7) + 8 * (l >> 4), k chunk (l >> 3) & 1: b0, b1 of
+                            # n-tile 2j, then b0, b1 of n-tile 2j+1
+                            r = wm0 + j * 16 + (lane & 7) + ((lane >> 4) << 3)
+                            ch = kq * 2 + ((lane >> 3) & 1)
+                            q0, q1, q2, q3 = ldmatrix_x4(smem, sb + r * ROW + (ch ^ ((r >> SWS) & SWM)) * 8)
+                            bf[j * 4] = q0
+                            bf[j * 4 + 1] = q1
+                            bf[j * 4 + 2] = q2
+                            bf[j * 4 + 3] = q3
+                        for i in range(MT):
+                            for j in range(NT8):
+                                c = (i * NT8 + j) * 4
+                                d0, d1, d2, d3 = mma_m16n8k16_f32_f16(
+                                    af[i * 4], af[i * 4 + 1], af[i * 4 + 2], af[i * 4 + 3],
+                                    bf[j * 2], bf[j * 2 + 1],
+                                    acc[c], acc[c + 1], acc[c + 2], acc[c + 3],
+                                )
+                                acc[c] = d0
+                                acc[c + 1] = d1
+                                acc[c + 2] = d2
+                                acc[c + 3] = d3
+                    else:
+                        # The kq-th k-half starts kq*16 ELEMENTS along the row (not kq*16 rows): the wmma trap.
+                        for i in range(FM):
+                            q0, q1, q2, q3, q4, q5, q6, q7 = wmma_load_a_f16(smem, sa + (wn0 + i * 16) * ROW + kq * 16, ROW)
+                            x = i * 8
+                            af[x], af[x + 1], af[x + 2], af[x + 3] = q0, q1, q2, q3
+                            af[x + 4], af[x + 5], af[x + 6], af[x + 7] = q4, q5, q6, q7
+                        for j in range(FN):
+                            q0, q1, q2, q3, q4, q5, q6, q7 = wmma_load_b_f16(smem, sb + (wm0 + j * 16) * ROW + kq * 16, ROW)
+                            y = j * 8
+                            bf[y], bf[y + 1], bf[y + 2], bf[y + 3] = q0, q1, q2, q3
+                            bf[y + 4], bf[y + 5], bf[y + 6], bf[y + 7] = q4, q5, q6, q7
+                        for i in range(FM):
+                            for j in range(FN):
+                                c = (i * FN + j) * 8
+                                x = i * 8
+                                y = j * 8
+                                d0, d1, d2, d3, d4, d5, d6, d7 = wmma_mma_f32_f16(
+                                    af[x], af[x + 1], af[x + 2], af[x + 3], af[x + 4], af[x + 5], af[x + 6], af[x + 7],
+                                    bf[y], bf[y + 1], bf[y + 2], bf[y + 3], bf[y + 4], bf[y + 5], bf[y + 6], bf[y + 7],
+                                    acc[c], acc[c + 1], acc[c + 2], acc[c + 3],
+                                    acc[c + 4], acc[c + 5], acc[c + 6], acc[c + 7],
+                                )
+                                acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = d0, d1, d2, d3
+                                acc[c + 4], acc[c + 5], acc[c + 6], acc[c + 7] = d4, d5, d6, d7
+        if CP_ASYNC:
+            cp_async_wait_group(0)
+
+        if MMA_SYNC:
+            # C fragment: lane l holds rows g, g+8 and columns 2t, 2t+1 of each m16 x n8 tile (g = l>>2, t = l&3).
+            gr = lane >> 2
+            tc = (lane & 3) * 2
+            for i in range(MT):
+                for j in range(NT8):
+                    c = (i * NT8 + j) * 4
+                    col = m0 + wm0 + j * 8 + tc
+                    for h in range(2):
+                        rowi = n0 + wn0 + i * 16 + gr + h * 8
+                        if rowi < nt:
+                            if col < od:
+                                out[rowi, col] = acc[c + 2 * h]
+                            if col + 1 < od:
+                                out[rowi, col + 1] = acc[c + 2 * h + 1]
+        else:
+            # The wmma accumulator layout is opaque: each warp stores its fragments into a block-wide f32 C tile in
+            # shared memory (reusing the ring, hence the barrier), then the block writes it out row-contiguously
+            # (coalesced) with the tail masks. The fragment loop has tiny bodies, so it unrolls fully and the
+            # accumulators stay in registers.
+            cuda.syncthreads()
+            for i in range(FM):
+                for j in range(FN):
+                    c = (i * FN + j) * 8
+                    wmma_store_d_f32_shared(
+                        cscr, (wn0 + i * 16) * CROW + wm0 + j * 16, CROW, acc[c], acc[c + 1], acc[c + 2], acc[c + 3],
+                        acc[c + 4], acc[c + 5], acc[c + 6], acc[c + 7],
+                    )
+            cuda.syncthreads()
+            for e in range(CTILE_PER_THREAD):
+                idx = tid + e * THREADS
+                r = idx // TM
+                cc = idx % TM
+                rowi = n0 + r
+                col = m0 + cc
+                if rowi < nt and col < od:
+                    out[rowi, col] = cscr[r * CROW + cc]
+
+    return gemm_kernel
+
+
+SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.int64, types.int64, types.int64)
+
+
+def kernel_ptx(config: dict | None, cc=(9, 0)) -> str:
+    """PTX of the kernel for ``config`` (compiled with NVVM for ``cc``; needs no GPU; not under the simulator)."""
+    g = geometry(config)
+    ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE, cc=cc, launch_bounds=(g.threads,))
+    return ptx
+
+
+@dataclass
+class BuiltKernel:
+    geometry: Geometry
+    kernel: object
+
+
+_BUILT: dict[Geometry, BuiltKernel] = {}
+_BUILD_LOCK = threading.Lock()
+
+
+def _device_smem_limit() -> int:
+    if SIMULATOR:
+        return H200_SMEM_OPTIN
+    try:
+        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    except Exception:
+        return H200_SMEM_OPTIN
+
+
+def _opt_in_dynamic_smem(kernel, nbytes: int) -> None:
+    """Set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the compiled kernel (needed above 48 KB); done once,
+    when the kernel is built, so never inside a CUDA-graph capture (where setting it silently fails)."""
+    try:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        (compiled,) = kernel.overloads.values()
+        cufunc = compiled._codelibrary.get_cufunc()
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+    except Exception as exc:  # the numba-cuda internals used here are not public API
+        raise KernelConstraintError(
+            f"gemm_f16: could not opt in to {nbytes} bytes of dynamic shared memory "
+            f"(cuKernelSetAttribute MAX_DYNAMIC_SHARED_SIZE_BYTES failed: {exc!r})"
+        ) from exc
+
+
+def build(config: dict | None = None) -> BuiltKernel:
+    """Compile (once per knob combination; cached) and return the kernel for ``config``. Refuses a combination
+    whose shared memory exceeds the device's opt-in limit; opts in above 48 KB."""
+    g = geometry(config)
+    with _BUILD_LOCK:
+        built = _BUILT.get(g)
+        if built is not None:
+            return built
+        limit = _device_smem_limit()
+        if g.smem_bytes > limit:
+            raise KernelConstraintError(
+                f"gemm_f16 config needs {g.smem_bytes} bytes of shared memory per block; the device allows {limit} "
+                f"(lower TM/TN/KS/STAGES)"
+            )
+        if SIMULATOR:
+            kernel = cuda.jit(_make_kernel(g))
+        else:
+            kernel = cuda.jit(SIGNATURE, launch_bounds=(g.threads,))(_make_kernel(g))
+            if g.smem_bytes > STATIC_SMEM_LIMIT:
+                _opt_in_dynamic_smem(kernel, g.smem_bytes)
+        built = _BUILT[g] = BuiltKernel(g, kernel)
+        return built
+
+
+def _is_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        try:
+            return bool(flags["C_CONTIGUOUS"])
+        except (KeyError, TypeError):
+            pass
+    return bool(getattr(x, "is_c_contiguous", lambda: True)())
+
+
+def check_inputs(a, b, out=None) -> tuple[int, int, int]:
+    """Validate the operands; return (nt, od, id). One-line KernelConstraintError saying what is expected."""
+    for name, x in (("a", a), ("b", b)):
+        if getattr(x, "ndim", None) != 2:
+            raise KernelConstraintError(f"gemm_f16: {name} must be a 2-D f16 device array, got ndim {getattr(x, 'ndim', None)}")
+        if np.dtype(x.dtype) != np.float16:
+            raise KernelConstraintError(f"gemm_f16: {name} must be float16, got {x.dtype}")
+        if not _is_contiguous(x):
+            raise KernelConstraintError(f"gemm_f16: {name} must be C-contiguous (row-major), got strides {x.strides}")
+    nt, kdim = a.shape
+    od, kb = b.shape
+    if kb != kdim:
+        raise KernelConstraintError(f"gemm_f16: inner dimensions differ: a is [nt={nt}, id={kdim}], b is [od={od}, id={kb}]")
+    if kdim % 32:
+        raise KernelConstraintError(f"gemm_f16: id must be a multiple of 32, got id={kdim}")
+    if nt == 0 or od == 0 or kdim == 0:
+        raise KernelConstraintError(f"gemm_f16: empty operand (nt={nt}, od={od}, id={kdim})")
+    if out is not None:
+        if tuple(out.shape) != (nt, od) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out):
+            raise KernelConstraintError(
+                f"gemm_f16: out must be a C-contiguous float32 [{nt}, {od}] array, got {out.dtype} {tuple(out.shape)}"
+            )
+    return nt, od, kdim
+
+
+def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0):
+    """Enqueue ``C[nt, od] = A[nt, id] · B[od, id]^T`` on ``stream`` and return C.
+
+    a: f16 device array [nt, id], row-major (activations). b: f16 device array [od, id], row-major (a dequantized
+    weight, K-major). out: optional f32 device array [nt, od], row-major; allocated when None. Products are
+    accumulated in f32 on the tensor cores (mma.sync m16n8k16 or wmma m16n16k16).
+    config: knob dict (see KNOBS; missing knobs take DEFAULT): MMA, TM, TN, KS, STAGES, STAGING, GROUP.
+
+    Constraints (KernelConstraintError, a ValueError, one line): both operands 2-D, float16, C-contiguous; inner
+    dimensions equal; ``id % 32 == 0`` (16-byte cp.async chunks never straddle a row; all GGUF block sizes are
+    multiples of 32); out f32 [nt, od]; a knob combination whose shared memory exceeds the device's opt-in limit
+    is refused. nt and od may be any size (tails are zero-filled by cp.async src-size 0 / predicated loads and
+    masked in the epilogue).
+
+    Algorithm: tiled tensor-core GEMM with a multi-stage cp.async ring (CUTLASS/Triton style); see the module
+    docstring for sources.
+    """
+    nt, od, kdim = check_inputs(a, b, out)
+    built = build(config)
+    g = built.geometry
+    if out is None:
+        out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    built.kernel[g.grid(nt, od), g.threads, stream, g.smem_bytes](
+        a.reshape(nt * kdim), b.reshape(od * kdim), out, nt, od, kdim
+    )
+    return out

@@ -1,0 +1,196 @@
+"""kernels/gemm_f16.py: numbers in the CUDA simulator (tiny shapes with tails, several knob combinations), the
+compiled code of every knob value (`compile`), and real shapes against torch on a GPU (`gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels import gemm_f16 as G
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+B = G.BASELINE
+
+
+def _run(config, nt, od, id_, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))  # poisoned: every element must be written
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isfinite(got).all(), "some outputs were never written"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+# ---- simulator: numbers ------------------------------------------------------------------------------------
+
+SIM_CASES = [
+    ("baseline, tails", B, (33, 70, 256)),
+    ("wmma", dict(B, MMA="wmma"), (33, 70, 64)),
+    ("sync staging", dict(B, STAGING="sync"), (33, 70, 64)),
+    ("wmma + sync staging", dict(B, MMA="wmma", STAGING="sync"), (33, 70, 64)),
+    ("KS=64, 3 stages, k tail", dict(B, KS=64, STAGES=3), (17, 9, 96)),
+    ("4 stages, GROUP=4, 2x3 tiles", dict(B, STAGES=4, GROUP=4), (70, 140, 64)),
+    ("default: 128x128, 8 warps", G.DEFAULT, (33, 70, 64)),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,shape", [c[1:] for c in SIM_CASES], ids=[c[0] for c in SIM_CASES])
+def test_simulator_matches_float64(config, shape):
+    assert _run(config, *shape) < 1e-3
+
+
+# ---- constraints (host-side; any session) ------------------------------------------------------------------
+
+
+def _dev(x):
+    return cuda.to_device(np.ascontiguousarray(x)) if x.flags["C_CONTIGUOUS"] else cuda.to_device(x)
+
+
+@sim
+@pytest.mark.parametrize(
+    "a_shape,b_shape,dtype,match",
+    [
+        ((4, 48), (8, 48), np.float16, "multiple of 32"),
+        ((4, 64), (8, 32), np.float16, "inner dimensions differ"),
+        ((4, 64), (8, 64), np.float32, "must be float16"),
+    ],
+)
+def test_bad_inputs_are_refused(a_shape, b_shape, dtype, match):
+    a = cuda.to_device(np.ones(a_shape, dtype))
+    b = cuda.to_device(np.ones(b_shape, np.float16))
+    with pytest.raises(KernelConstraintError, match=match):
+        G.gemm_f16(a, b)
+
+
+@sim
+def test_non_contiguous_and_bad_out_are_refused():
+    a = np.ones((4, 128), np.float16)[:, ::2]
+    with pytest.raises(KernelConstraintError, match="C-contiguous"):
+        G.check_inputs(a, np.ones((8, 64), np.float16))
+    with pytest.raises(KernelConstraintError, match="out must be"):
+        G.check_inputs(np.ones((4, 64), np.float16), np.ones((8, 64), np.float16), np.ones((4, 8), np.float16))
+
+
+def test_unknown_knob_and_value_are_refused():
+    with pytest.raises(KernelConstraintError, match="no knob"):
+        G.resolve_config({"TK": 64})
+    with pytest.raises(KernelConstraintError, match="not allowed"):
+        G.resolve_config({"TM": 96})
+    assert G.resolve_config({"TM": "256"})["TM"] == 256
+
+
+def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(G, "_device_smem_limit", lambda: 48 * 1024)
+    cfg = dict(G.BASELINE, TM=256, TN=128, KS=64, STAGES=4)
+    with pytest.raises(KernelConstraintError, match="shared memory"):
+        G.build(cfg)
+
+
+def test_every_combination_fits_the_h200():
+    sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
+    assert len(sizes) == 432
+    assert max(sizes) <= G.H200_SMEM_OPTIN
+
+
+def test_launch_geometry_follows_the_tile_knobs():
+    g64, g128 = G.geometry(B), G.geometry(dict(B, TM=128, TN=128))
+    assert g64.grid(2048, 18944) == 32 * 296 and g128.grid(2048, 18944) == 16 * 148
+    assert (g64.threads, g128.threads) == (128, 256)
+    assert G.geometry(dict(B, STAGES=3)).smem_bytes > G.geometry(B).smem_bytes
+    assert G.geometry(dict(B, KS=64)).smem_bytes > G.geometry(B).smem_bytes
+
+
+# ---- compile: every knob value changes the code, and the right instructions are there -------------------------
+
+_PTX_CACHE: dict = {}
+
+
+def _ptx(config) -> str:
+    key = tuple(sorted(G.resolve_config(config).items()))
+    if key not in _PTX_CACHE:
+        _PTX_CACHE[key] = G.kernel_ptx(config)
+    return _PTX_CACHE[key]
+
+
+def _assert_instructions(config, ptx):
+    cfg = G.resolve_config(config)
+    if cfg["MMA"] == "mma_sync":
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+        assert "wmma." not in ptx
+    else:
+        assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32" in ptx
+        assert "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16" in ptx
+        assert "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16" in ptx
+        assert "mma.sync.aligned.m16n8k16" not in ptx and "ldmatrix" not in ptx
+    if cfg["STAGING"] == "cp_async":
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
+        assert f"cp.async.wait_group {cfg['STAGES'] - 2};" in ptx
+    else:
+        assert "cp.async" not in ptx
+        assert "ld.global.v4.b32" in ptx and "st.shared.v4.b32" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx, "fragments or accumulators spilled to local memory"
+
+
+PER_KNOB = [(k, v) for k, values in G.KNOBS.items() for v in values]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("knob,value", PER_KNOB, ids=[f"{k}={v}" for k, v in PER_KNOB])
+def test_each_knob_value_compiles_and_changes_the_code(knob, value):
+    config = dict(B, **{knob: value})
+    ptx = _ptx(config)
+    _assert_instructions(config, ptx)
+    if value != B[knob]:
+        assert ptx != _ptx(B), f"{knob}={value} compiles to the same PTX as the baseline"
+
+
+REPRESENTATIVE = [
+    G.DEFAULT,
+    dict(G.DEFAULT, TM=256),
+    dict(G.DEFAULT, TM=256, KS=64, STAGES=4),
+    dict(G.DEFAULT, MMA="wmma", TM=256, KS=64, STAGES=4, STAGING="sync"),
+    dict(G.DEFAULT, MMA="wmma", TN=64, STAGING="sync", GROUP=1),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: " ".join(f"{k}={v}" for k, v in c.items()))
+def test_representative_combinations_compile(config):
+    _assert_instructions(config, _ptx(config))
+
+
+# ---- gpu: real shapes against torch -------------------------------------------------------------------------
+
+
+def _torch_rel(a, b, out) -> float:
+    try:
+        import torch
+    except ImportError:
+        ref = a.astype(np.float64) @ b.astype(np.float64).T
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ref = (torch.from_numpy(a).cuda().float() @ torch.from_numpy(b).cuda().float().T).double().cpu().numpy()
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [G.DEFAULT, B, dict(B, MMA="wmma")], ids=["default", "baseline", "wmma"])
+@pytest.mark.parametrize("shape", [(2048, 18944, 3584), (33, 70, 256), (2047, 4609, 3584)], ids=str)
+def test_gpu_matches_torch(config, shape):
+    nt, od, id_ = shape
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
+    b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
+    got = out.copy_to_host()
+    assert np.isfinite(got).all()
+    assert _torch_rel(a, b, got) < 1e-3

@@ -1,0 +1,338 @@
+"""kernels/ptx.py tensor-core helpers, each tested three ways with the same tiny kernels:
+
+* simulator session: the Python fallbacks' numbers, checked against per-lane expectations written here
+  independently from the PTX ISA fragment tables (not from the fallbacks' own code);
+* `compile`: the kernel compiled with NVVM for sm_90 contains the instruction (a silent fallback is a failure);
+* `gpu`: the same numbers on a real GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, float32, types
+
+from kernels import ptx as P
+from kernels.ptx import SIMULATOR
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+
+# ---- per-lane layouts, straight from the PTX ISA tables ("Matrix fragments for mma.m16n8k16 with floating
+# point type"; "ldmatrix"): g = lane >> 2, t = lane & 3; a .f16x2 register holds the lower index in bits 0..15.
+
+
+def _pack(lo, hi) -> int:
+    bits = np.array([lo, hi], dtype=np.float16).view(np.uint16)
+    return int(bits[0]) | (int(bits[1]) << 16)
+
+
+def _a_regs(a):  # a: 16x16 (m, k)
+    out = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        out[lane] = [_pack(a[g, 2 * t], a[g, 2 * t + 1]), _pack(a[g + 8, 2 * t], a[g + 8, 2 * t + 1]),
+                     _pack(a[g, 2 * t + 8], a[g, 2 * t + 9]), _pack(a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9])]
+    return out
+
+
+def _b_regs(b):  # b: 16x8 (k, n)
+    out = np.zeros((32, 2), np.uint32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        out[lane] = [_pack(b[2 * t, g], b[2 * t + 1, g]), _pack(b[2 * t + 8, g], b[2 * t + 9, g])]
+    return out
+
+
+def _c_regs(c):  # c: 16x8 f32
+    out = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        out[lane] = [c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]]
+    return out
+
+
+def _c_from_regs(regs):
+    c = np.zeros((16, 8), np.float64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = regs[lane]
+    return c
+
+
+def _rel(out, ref) -> float:
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+# ---- kernels ---------------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def _k_mma(areg, breg, creg, dreg):
+    lane = cuda.threadIdx.x
+    d0, d1, d2, d3 = P.mma_m16n8k16_f32_f16(
+        areg[lane * 4], areg[lane * 4 + 1], areg[lane * 4 + 2], areg[lane * 4 + 3],
+        breg[lane * 2], breg[lane * 2 + 1],
+        creg[lane * 4], creg[lane * 4 + 1], creg[lane * 4 + 2], creg[lane * 4 + 3],
+    )
+    dreg[lane * 4] = d0
+    dreg[lane * 4 + 1] = d1
+    dreg[lane * 4 + 2] = d2
+    dreg[lane * 4 + 3] = d3
+
+
+@cuda.jit
+def _k_ldmatrix(src, rowsel, out):
+    sm = cuda.shared.array(256, types.float16)  # 32 rows of 8 halves (16 bytes each)
+    lane = cuda.threadIdx.x
+    for i in range(8):
+        sm[lane * 8 + i] = src[lane * 8 + i]
+    cuda.syncthreads()
+    r0, r1, r2, r3 = P.ldmatrix_x4(sm, rowsel[lane] * 8)
+    t0, t1, t2, t3 = P.ldmatrix_x4_trans(sm, rowsel[lane] * 8)
+    out[lane * 8] = r0
+    out[lane * 8 + 1] = r1
+    out[lane * 8 + 2] = r2
+    out[lane * 8 + 3] = r3
+    out[lane * 8 + 4] = t0
+    out[lane * 8 + 5] = t1
+    out[lane * 8 + 6] = t2
+    out[lane * 8 + 7] = t3
+
+
+WS = 40  # shared row stride in elements for the wmma test: 32 k + 8 padding
+WS_TILE = 16 * WS  # (a global constant: numba does not fold 16 * WS inside the kernel)
+
+
+@cuda.jit
+def _k_wmma(a, b, out_shared, out_global):
+    """D = A[:, :16]·B[:16] + A[:, 16:]·B[16:] + C from 16x32 A (row-major) and 16x32 B^T rows ([n][k]), both
+    staged with row stride WS: the second k-half is at +16 ELEMENTS."""
+    sa = cuda.shared.array(WS_TILE, types.float16)
+    sb = cuda.shared.array(WS_TILE, types.float16)
+    sc = cuda.shared.array(256, types.float32)
+    lane = cuda.threadIdx.x
+    for e in range(16):
+        idx = lane * 16 + e  # 0..511 over a 16x32 tile
+        r = idx // 32
+        k = idx % 32
+        sa[r * WS + k] = a[idx]
+        sb[r * WS + k] = b[idx]
+    cuda.syncthreads()
+    acc = cuda.local.array(8, float32)  # the accumulator layout is opaque: start from zero
+    for e in range(8):
+        acc[e] = float32(0.0)
+    for kh in range(2):
+        fa = P.wmma_load_a_f16(sa, kh * 16, WS)
+        fb = P.wmma_load_b_f16(sb, kh * 16, WS)
+        d = P.wmma_mma_f32_f16(
+            fa[0], fa[1], fa[2], fa[3], fa[4], fa[5], fa[6], fa[7],
+            fb[0], fb[1], fb[2], fb[3], fb[4], fb[5], fb[6], fb[7],
+            acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+        )
+        for e in range(8):
+            acc[e] = d[e]
+    P.wmma_store_d_f32_shared(sc, 0, 16, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
+    P.wmma_store_d_f32_global(out_global, 0, 16, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
+    P.syncwarp()
+    for e in range(8):
+        out_shared[lane * 8 + e] = sc[lane * 8 + e]
+
+
+@cuda.jit
+def _k_cp_async(src, sizes, dst_chunk, out):
+    sm = cuda.shared.array(64, types.uint16)
+    lane = cuda.threadIdx.x
+    for i in range(2):
+        sm[lane * 2 + i] = 0xFFFF  # sentinel: every byte must be overwritten (data or zero-fill)
+    cuda.syncthreads()
+    if lane < 8:
+        P.cp_async_16(sm, dst_chunk[lane] * 8, src, lane * 8, sizes[lane])
+    P.cp_async_commit_group()
+    P.cp_async_wait_group(0)
+    cuda.syncthreads()
+    for i in range(2):
+        out[lane * 2 + i] = sm[lane * 2 + i]
+
+
+@cuda.jit
+def _k_scalar(src, out_f16, out_u32):
+    sm = cuda.shared.array(8, types.uint32)
+    lane = cuda.threadIdx.x
+    if lane == 0:
+        x0, x1, x2, x3 = P.ld_global_v4_b32(src, 8)  # halves 8..15
+        P.st_shared_v4_b32(sm, 4, x0, x1, x2, x3)
+        packed = P.pack_f16x2(src[0], src[1])
+        lo, hi = P.unpack_f16x2(packed)
+        out_f16[0] = lo
+        out_f16[1] = hi
+        out_u32[0] = packed
+        for i in range(4):
+            out_u32[1 + i] = sm[4 + i]
+
+
+# ---- checks (shared by the simulator and GPU tests) ------------------------------------------------------
+
+
+def check_mma(rng) -> None:
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    dreg = cuda.to_device(np.full(128, np.nan, np.float32))
+    _k_mma[1, 32](cuda.to_device(_a_regs(a).ravel()), cuda.to_device(_b_regs(b).ravel()),
+                  cuda.to_device(_c_regs(c).ravel()), dreg)
+    d = _c_from_regs(dreg.copy_to_host().reshape(32, 4))
+    ref = a.astype(np.float64) @ b.astype(np.float64) + c
+    assert _rel(d, ref) < 1e-3
+
+
+def check_ldmatrix(rng) -> None:
+    src = rng.standard_normal(256).astype(np.float16)
+    rowsel = rng.permutation(32).astype(np.int32)  # lane l gives row rowsel[l] as row l%8 of matrix l//8
+    out = cuda.to_device(np.zeros(256, np.uint32))
+    _k_ldmatrix[1, 32](cuda.to_device(src), cuda.to_device(rowsel), out)
+    got = out.copy_to_host().reshape(32, 8)
+    rows = src.reshape(32, 8)
+    mats = [np.stack([rows[rowsel[8 * i + r]] for r in range(8)]) for i in range(4)]
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i in range(4):
+            assert got[lane, i] == _pack(mats[i][g, 2 * t], mats[i][g, 2 * t + 1]), (lane, i)
+            assert got[lane, 4 + i] == _pack(mats[i][2 * t, g], mats[i][2 * t + 1, g]), (lane, i, "trans")
+
+
+def check_wmma(rng) -> None:
+    a = rng.standard_normal((16, 32)).astype(np.float16)
+    bt = rng.standard_normal((16, 32)).astype(np.float16)  # [n][k]
+    out_s = cuda.to_device(np.full(256, np.nan, np.float32))
+    out_g = cuda.to_device(np.full(256, np.nan, np.float32))
+    _k_wmma[1, 32](cuda.to_device(a.ravel()), cuda.to_device(bt.ravel()), out_s, out_g)
+    ref = a.astype(np.float64) @ bt.astype(np.float64).T
+    assert _rel(out_s.copy_to_host().reshape(16, 16), ref) < 1e-3
+    assert _rel(out_g.copy_to_host().reshape(16, 16), ref) < 1e-3
+
+
+def check_cp_async(rng) -> None:
+    src = rng.standard_normal(64).astype(np.float16)
+    sizes = np.array([16, 0, 8, 16, 2, 16, 0, 14], np.int32)
+    dst_chunk = np.array([7, 6, 5, 4, 3, 2, 1, 0], np.int32)  # reversed: dst and src addressing are independent
+    out = cuda.to_device(np.zeros(64, np.uint16))
+    _k_cp_async[1, 32](cuda.to_device(src), cuda.to_device(sizes), cuda.to_device(dst_chunk), out)
+    got = out.copy_to_host().view(np.uint8)
+    src_bytes = src.view(np.uint8)
+    for lane in range(8):
+        chunk = got[dst_chunk[lane] * 16 : dst_chunk[lane] * 16 + 16]
+        n = sizes[lane]
+        assert np.array_equal(chunk[:n], src_bytes[lane * 16 : lane * 16 + n]), lane
+        assert not chunk[n:].any(), f"lane {lane}: bytes past src_size {n} must be zero-filled"
+
+
+def check_scalar(rng) -> None:
+    src = rng.standard_normal(16).astype(np.float16)
+    out_f16 = cuda.to_device(np.zeros(2, np.float16))
+    out_u32 = cuda.to_device(np.zeros(5, np.uint32))
+    _k_scalar[1, 32](cuda.to_device(src), out_f16, out_u32)
+    assert np.array_equal(out_f16.copy_to_host(), src[:2])
+    u = out_u32.copy_to_host()
+    assert u[0] == _pack(src[0], src[1])
+    assert np.array_equal(u[1:], src[8:16].view(np.uint32))
+
+
+CHECKS = {
+    "mma": check_mma,
+    "ldmatrix": check_ldmatrix,
+    "wmma": check_wmma,
+    "cp_async": check_cp_async,
+    "scalar": check_scalar,
+}
+
+
+@sim
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_fallback_numbers(name):
+    CHECKS[name](np.random.default_rng(1234))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_gpu_numbers(name):
+    CHECKS[name](np.random.default_rng(1234))
+
+
+@sim
+def test_warp_fallback_needs_whole_warps():
+    with pytest.raises(RuntimeError, match="whole warps"):
+        a = np.zeros(64, np.uint32)
+        _k_mma[1, 16](a, a, np.zeros(64, np.float32), np.zeros(64, np.float32))
+
+
+# ---- compile: the instruction is really emitted --------------------------------------------------------
+
+U32 = types.uint32[::1]
+F16 = types.float16[::1]
+F32 = types.float32[::1]
+I32 = types.int32[::1]
+
+COMPILED = {
+    "mma": (_k_mma, (U32, U32, F32, F32), ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]),
+    "ldmatrix": (_k_ldmatrix, (F16, I32, U32),
+                 ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"]),
+    "wmma": (_k_wmma, (F16, F16, F32, F32), [
+        "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16",
+        "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16",
+        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32",
+        "wmma.store.d.sync.aligned.row.m16n16k16.shared.f32",
+        "wmma.store.d.sync.aligned.row.m16n16k16.global.f32",
+        "bar.warp.sync",
+    ]),
+    "cp_async": (_k_cp_async, (F16, I32, I32, types.uint16[::1]),
+                 ["cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group 0"]),
+    "scalar": (_k_scalar, (F16, F16, U32), ["ld.global.v4.b32", "st.shared.v4.b32", "mov.b32"]),
+}
+
+
+def _ptx(kernel, sig) -> str:
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    return ptx
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_instruction_in_ptx(name):
+    kernel, sig, needles = COMPILED[name]
+    ptx = _ptx(kernel, sig)
+    for needle in needles:
+        assert needle in ptx, f"{needle!r} missing from the PTX of {name}"
+    assert "ld.local" not in ptx and "st.local" not in ptx, "fragments spilled to local memory"
+
+
+@pytest.mark.compile
+def test_wait_group_needs_a_constant():
+    from numba.core.errors import TypingError
+
+    def k(n):
+        P.cp_async_wait_group(n)
+
+    with pytest.raises(TypingError, match="compile-time integer constant"):
+        cuda.compile_ptx(k, (types.int32,), cc=(9, 0))
+
+
+@pytest.mark.compile
+def test_wait_group_constant_from_closure():
+    for n in (1, 3):
+
+        def k(x):
+            P.cp_async_wait_group(n)
+
+        assert f"cp.async.wait_group {n};" in cuda.compile_ptx(k, (types.int32,), cc=(9, 0))[0]
+
+
+@pytest.mark.compile
+def test_mma_rejects_wrong_register_types():
+    from numba.core.errors import TypingError
+
+    def k(x):
+        f = float32(0)
+        P.mma_m16n8k16_f32_f16(f, f, f, f, f, f, f, f, f, f)
+
+    with pytest.raises(TypingError, match="must be Integer"):
+        cuda.compile_ptx(k, (types.int32,), cc=(9, 0))
