@@ -508,6 +508,18 @@ def arm_text(arm: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in knobs.items()) if knobs else str(arm.get("label", ""))
 
 
+def arms_text(arms: list) -> str:
+    """The arms of a record as a table shows them: only the knobs that differ between the arms (``TM=64 → TM=128``),
+    every knob when there is one arm or when the arms are the same (A/A), more than two arms as a count."""
+    if len(arms) > 2:
+        return f"{len(arms)} points"
+    knob_sets = [dict(a.get("knobs") or {}) for a in arms]
+    differing = [k for k in knob_sets[0] if any(ks.get(k) != knob_sets[0].get(k) for ks in knob_sets)]
+    if len(arms) < 2 or not differing:
+        return " → ".join(arm_text(a) for a in arms)
+    return " → ".join(",".join(f"{k}={ks.get(k)}" for k in differing) for ks in knob_sets)
+
+
 def _pct(value: Any) -> float | None:
     return value * 100.0 if _is_number(value) and math.isfinite(value) else None
 

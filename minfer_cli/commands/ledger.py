@@ -39,7 +39,7 @@ def _records_table(records: list[dict[str, Any]]) -> Table:
     table.add_column("Δ% [CI]", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     for record in records:
-        arms = " → ".join(core.arm_text(arm) for arm in record["arms"][:2])
+        arms = core.arms_text(record["arms"])
         date = record["timestamp"][:16].replace("T", " ")
         cells = (str(record["id"]), date, record["experiment"], arms, _delta_text(record))
         table.add_row(*(Text(cell) for cell in cells), Text.from_markup(verdict_text(record["verdict"])))

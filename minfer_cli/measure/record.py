@@ -69,7 +69,10 @@ def _common(session: Session, kind: str, title: str, notes: str, arms: list[ArmO
 
 def ab_record(result: ABResult, title: str | None = None, notes: str = "") -> dict:
     session = result.session
-    title = title or f"{session.experiment.name}: {format_config(result.arms[0].config)} vs {format_config(result.arms[1].config)}"
+    a, b = result.arms[0].config, result.arms[1].config
+    differing = [k for k in a if a[k] != b.get(k)] or list(a)
+    title = title or (f"{session.experiment.name} {session.workload.name}: "
+                      f"{format_config({k: a[k] for k in differing})} vs {format_config({k: b[k] for k in differing})}")
     rec = _common(session, "ab", title, notes, result.arms, result.env_end)
     c = result.comparison
     rec["comparison"] = None if c is None else {

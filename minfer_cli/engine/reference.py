@@ -1,0 +1,140 @@
+"""The reference forward pass: plain numpy float64 on the host, from gguf-py's dequantized weights.
+
+This is the oracle the GPU engine is compared with, so it is written to be obviously correct, not fast (tiny
+models only). One decoder layer of llama / qwen2 (llama.cpp ``llm_build_llama`` / ``llm_build_qwen2``):
+
+    h  = RMSNorm(x) * attn_norm
+    q  = h Wq^T (+ bq),  k = h Wk^T (+ bk),  v = h Wv^T (+ bv)        per head, head h = rows h*hd .. h*hd+hd-1
+    q, k = RoPE(q, pos), RoPE(k, pos)        neox (qwen2): pairs (i, i + hd/2); norm (llama): pairs (2i, 2i+1);
+                                             pair i turns by pos * base^(-2i/hd)
+    a  = softmax(q k^T / sqrt(hd) + causal mask) v     query head h reads KV head h // (n_heads / n_kv_heads)
+    x  = x + a Wo^T
+    h  = RMSNorm(x) * ffn_norm
+    x  = x + (silu(h Wg^T) * (h Wu^T)) Wd^T
+    logits = (RMSNorm(x) * output_norm) Wout^T     Wout = token_embd when the output is tied
+
+RMSNorm(x) = x / sqrt(mean(x^2) + eps). Weights ``W[od, id]`` are the GGUF tensors dequantized by
+``gguf.quants.dequantize`` (float32, exactly what the dequant kernels reproduce) and widened to float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer_cli.engine.config import ModelConfig, TensorSpec
+from minfer_cli.engine.weights import ModelWeights
+
+
+def dequantize_tensor(spec: TensorSpec, raw: np.ndarray) -> np.ndarray:
+    """float64 array of numpy shape ``spec.numpy_shape`` (``[od, id]`` for a matrix) from the tensor's bytes."""
+    from gguf import quants
+
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if spec.qtype == "F32":
+        flat = raw.view(np.float32)
+    elif spec.qtype == "F16":
+        flat = raw.view(np.float16)
+    else:
+        flat = quants.dequantize(raw.reshape(spec.od, -1), spec.ggml_type)
+    return np.asarray(flat, dtype=np.float64).reshape(spec.numpy_shape)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float, style: str) -> np.ndarray:
+    """Rotate ``x[T, heads, hd]`` by position: pair i turns by ``pos * base^(-2i/hd)`` (see module docstring)."""
+    hd = x.shape[-1]
+    inv = base ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]  # [T, hd/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if style == "neox":
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    out = np.empty_like(x)
+    if style == "neox":
+        out[..., : hd // 2], out[..., hd // 2 :] = ra, rb
+    else:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal GQA attention: ``q[T, H, hd]``, ``k, v[T, KV, hd]`` -> ``[T, H * hd]`` (heads concatenated)."""
+    t, n_heads, hd = q.shape
+    group = n_heads // k.shape[1]
+    mask = np.triu(np.ones((t, t), dtype=bool), k=1)  # key j > query i is masked
+    out = np.empty((t, n_heads, hd))
+    for h in range(n_heads):
+        kv = h // group
+        s = q[:, h, :] @ k[:, kv, :].T / np.sqrt(hd)
+        s[mask] = -np.inf
+        s -= s.max(axis=1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=1, keepdims=True)
+        out[:, h, :] = p @ v[:, kv, :]
+    return out.reshape(t, n_heads * hd)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class Reference:
+    """The float64 model. ``Reference(weights)`` copies every tensor to the host and dequantizes it once."""
+
+    def __init__(self, weights: ModelWeights):
+        self.config: ModelConfig = weights.config
+        self.w = {name: dequantize_tensor(spec, weights.to_host(name)) for name, (spec, _) in weights.tensors.items()}
+
+    def _layer(self, x: np.ndarray, i: int, positions: np.ndarray) -> np.ndarray:
+        c, w, b = self.config, self.w, f"blk.{i}."
+        t = x.shape[0]
+        h = rms_norm(x, w[b + "attn_norm.weight"], c.rms_eps)
+        q, k, v = (h @ w[b + p + ".weight"].T for p in ("attn_q", "attn_k", "attn_v"))
+        if c.qkv_bias:
+            q, k, v = q + w[b + "attn_q.bias"], k + w[b + "attn_k.bias"], v + w[b + "attn_v.bias"]
+        q = rope(q.reshape(t, c.n_heads, c.head_dim), positions, c.rope_base, c.rope_style)
+        k = rope(k.reshape(t, c.n_kv_heads, c.head_dim), positions, c.rope_base, c.rope_style)
+        v = v.reshape(t, c.n_kv_heads, c.head_dim)
+        x = x + attention(q, k, v) @ w[b + "attn_output.weight"].T
+        h = rms_norm(x, w[b + "ffn_norm.weight"], c.rms_eps)
+        a = silu(h @ w[b + "ffn_gate.weight"].T) * (h @ w[b + "ffn_up.weight"].T)
+        return x + a @ w[b + "ffn_down.weight"].T
+
+    def hidden_states(self, tokens) -> list[np.ndarray]:
+        """The residual stream ``[T, hidden]`` after the embedding and after each layer (n_layers + 1 arrays)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= self.config.vocab:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence of ids in [0, {self.config.vocab})")
+        positions = np.arange(tokens.size)
+        x = self.w["token_embd.weight"][tokens]
+        states = [x]
+        for i in range(self.config.n_layers):
+            x = self._layer(x, i, positions)
+            states.append(x)
+        return states
+
+    def forward(self, tokens, last_only: bool = False) -> np.ndarray:
+        """Logits ``[T, vocab]`` for every position of ``tokens`` (ids, positions 0..T-1), or ``[vocab]`` for the
+        last one when ``last_only``."""
+        x = self.hidden_states(tokens)[-1]
+        if last_only:
+            x = x[-1:]
+        h = rms_norm(x, self.w["output_norm.weight"], self.config.rms_eps)
+        out_w = self.w["token_embd.weight"] if self.config.tied_output else self.w["output.weight"]
+        logits = h @ out_w.T
+        return logits[0] if last_only else logits
+
+    def greedy(self, tokens, steps: int) -> list[int]:
+        """``steps`` greedy tokens after ``tokens``, each from a full re-forward of the whole sequence so far."""
+        seq = [int(t) for t in tokens]
+        new = []
+        for _ in range(steps):
+            nxt = int(np.argmax(self.forward(seq, last_only=True)))
+            seq.append(nxt)
+            new.append(nxt)
+        return new

@@ -1,0 +1,287 @@
+"""Model weights on the device: generated from a seed (`synth_weights`) or read from a GGUF file (`load_gguf`).
+
+Each tensor is a 1-D uint8 device array holding exactly its bytes as a GGUF file stores them (rows of whole
+blocks; see `config` for the shape order), so the dequantization and GEMV kernels read either source alike.
+
+Generated weights (`synth_weights`): every byte from `kernels.synth` (a counter hash of (seed, tensor index in
+`tensor_specs` order, word index)), with scale fields chosen so that activations stay finite and of order one
+through every layer of the forward pass:
+
+* every matrix, ``token_embd`` and ``output`` included: dequantized std ~ 1/sqrt(id), mean ~ 0 (so a
+  normalised input of rms 1 gives outputs of rms ~1, attention scores of std ~1, logits of std ~1). Q4_K:
+  ``w = d*sc*q - dmin*m`` with random 6-bit sc, m and 4-bit q has std ~256 d when dmin ~ 7.5 d (then the mean
+  31.5*(7.5 d - dmin) is zero); Q6_K: ``w = d*sc*(q-32)`` with random int8 sc, 6-bit q has std ~1330 d.
+  d is drawn from [0.8, 1.2] x its target (f16, subnormal for the widest 7B matrices: valid and finite).
+* norm weights (F32): uniform in [0.9, 1.1]; biases (F32): uniform in [-0.1, 0.1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from minfer_cli.engine.config import (
+    ARCHITECTURES,
+    FILE_TYPE_NAMES,
+    FILE_TYPES,
+    ROPE_STYLE,
+    ModelConfig,
+    TensorSpec,
+    size_label,
+    tensor_names,
+    tensor_specs,
+)
+from minfer_cli.engine.errors import ModelError
+
+Progress = Optional[Callable[[str, float], None]]
+
+Q4_K_STD_PER_D = 256.0
+Q6_K_STD_PER_D = 1330.0
+Q4_K_DMIN_PER_D = 7.5
+D_JITTER = (0.8, 1.2)
+NORM_CENTER, NORM_SPREAD = 1.0, 0.1
+BIAS_CENTER, BIAS_SPREAD = 0.0, 0.1
+
+
+@dataclass
+class ModelWeights:
+    """A model's config and its tensors: ``tensors[name] = (TensorSpec, 1-D uint8 device array of the bytes)``,
+    in file order. ``file_type``: ``general.file_type`` (15 = Q4_K_M) or None; ``source``: "synth:SEED" or the
+    file path; ``seed``: the generating seed or None."""
+
+    config: ModelConfig
+    tensors: dict = field(default_factory=dict)
+    file_type: Optional[int] = None
+    source: str = ""
+    seed: Optional[int] = None
+
+    def spec(self, name: str) -> TensorSpec:
+        return self.tensors[name][0]
+
+    def device(self, name: str):
+        """The tensor's bytes as a 1-D uint8 device array."""
+        return self.tensors[name][1]
+
+    def to_host(self, name: str) -> np.ndarray:
+        """The tensor's bytes copied to a 1-D uint8 numpy array."""
+        return self.tensors[name][1].copy_to_host()
+
+    def size_bytes(self) -> int:
+        """Sum of the tensors' byte sizes (llama-bench's "size", which it prints in GiB)."""
+        return sum(spec.n_bytes for spec, _ in self.tensors.values())
+
+    def n_params(self) -> int:
+        """Sum of the tensors' element counts (llama-bench's "params")."""
+        return sum(spec.n_elements for spec, _ in self.tensors.values())
+
+    def type_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for spec, _ in self.tensors.values():
+            counts[spec.qtype] = counts.get(spec.qtype, 0) + 1
+        return counts
+
+    def describe(self) -> str:
+        """llama-bench's model column: "{arch} {size} {file type}", e.g. "qwen2 7B Q4_K - Medium"."""
+        ftype = FILE_TYPE_NAMES.get(self.file_type, "?") if self.file_type is not None else "?"
+        return f"{self.config.arch} {size_label(self.n_params())} {ftype}"
+
+
+def synth_params(spec: TensorSpec) -> dict:
+    """Keyword arguments of `kernels.synth.synth` for ``spec`` (see the module docstring for the targets)."""
+    if spec.qtype == "F32":
+        if spec.name.endswith(".bias"):
+            return {"center": BIAS_CENTER, "spread": BIAS_SPREAD}
+        return {"center": NORM_CENTER, "spread": NORM_SPREAD}
+    std = 1.0 / math.sqrt(spec.id)
+    lo, hi = D_JITTER
+    if spec.qtype == "Q4_K":
+        d = std / Q4_K_STD_PER_D
+        m = d * Q4_K_DMIN_PER_D
+        return {"d_range": (lo * d, hi * d), "m_range": (lo * m, hi * m)}
+    if spec.qtype == "Q6_K":
+        d = std / Q6_K_STD_PER_D
+        return {"d_range": (lo * d, hi * d)}
+    raise ModelError(f"tensor {spec.name}: no generator for type {spec.qtype}; generated types: Q4_K, Q6_K, F32")
+
+
+def target_std(spec: TensorSpec) -> float:
+    """The dequantized std `synth_params` aims at: 1/sqrt(id) for matrices; that of the uniform F32 range."""
+    if spec.qtype == "F32":
+        spread = BIAS_SPREAD if spec.name.endswith(".bias") else NORM_SPREAD
+        return spread / math.sqrt(3.0)
+    return 1.0 / math.sqrt(spec.id)
+
+
+def _require_device() -> None:
+    from minfer_cli.measure.device import probe
+
+    probe()  # NoGpuError (one sentence naming `minfer doctor`) when neither a GPU nor the simulator is usable
+
+
+def synth_weights(config: ModelConfig, seed: int, progress: Progress = None, mix: str = "Q4_K_M") -> ModelWeights:
+    """Generate every tensor of ``config`` on the device from ``seed`` (same seed, same bytes, on any device or
+    the simulator). Types follow ``mix`` (`config.tensor_specs`). ``progress(text, fraction)`` is called per
+    tensor. Returns after the device has finished (synchronised). Raises NoGpuError without a device."""
+    from numba import cuda
+
+    from kernels.synth import synth, tensor_key
+
+    specs = tensor_specs(config, mix)
+    _require_device()
+    weights = ModelWeights(config, file_type=FILE_TYPES[mix], source=f"synth:{seed}", seed=int(seed))
+    total = sum(s.n_bytes for s in specs)
+    done = 0
+    stream = cuda.stream()
+    for index, spec in enumerate(specs):
+        raw = cuda.device_array(spec.n_bytes, dtype=np.uint8, stream=stream)
+        synth(raw, spec.qtype, tensor_key(int(seed), index), stream=stream, **synth_params(spec))
+        weights.tensors[spec.name] = (spec, raw)
+        done += spec.n_bytes
+        if progress:
+            progress(spec.name, done / total)
+    stream.synchronize()
+    return weights
+
+
+# ----------------------------------------------------------------------------------------------- GGUF reading
+
+_META = {
+    "n_layers": "block_count",
+    "hidden": "embedding_length",
+    "ffn": "feed_forward_length",
+    "n_heads": "attention.head_count",
+    "n_kv_heads": "attention.head_count_kv",
+    "rope_base": "rope.freq_base",
+    "rms_eps": "attention.layer_norm_rms_epsilon",
+    "context_length": "context_length",
+}
+_META_DEFAULTS = {"rope_base": 10000.0}  # llama.cpp's default when a llama file omits rope.freq_base
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _open_reader(path: Path):
+    from gguf import GGUFReader
+    from gguf.constants import GGUF_MAGIC
+
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if len(head) < 4 or int.from_bytes(head, "little") != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic)")
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError) as exc:
+        raise ModelError(f"{path} is a truncated or corrupt GGUF file ({_one_line(exc)})") from None
+
+
+def _field(reader, key: str, path: Path, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is not None:
+            return default
+        raise ModelError(f"{path} lacks the metadata key {key}")
+    try:
+        return f.contents()
+    except Exception as exc:  # a malformed value: one sentence
+        raise ModelError(f"{path}: metadata key {key} cannot be read ({_one_line(exc)})") from None
+
+
+def read_config(reader, path: Path) -> ModelConfig:
+    """The ModelConfig described by an open GGUFReader's metadata and tensor list (see `load_gguf`)."""
+    arch = _field(reader, "general.architecture", path)
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    values = {}
+    for attr, key in _META.items():
+        values[attr] = _field(reader, f"{arch}.{key}", path, _META_DEFAULTS.get(attr))
+    names = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in names:
+        raise ModelError(f"{path} lacks the tensor token_embd.weight")
+    embd_shape = [int(d) for d in names["token_embd.weight"].shape]
+    vocab = _field(reader, f"{arch}.vocab_size", path, embd_shape[-1])
+    n_heads = int(values["n_heads"])
+    head_dim = _field(reader, f"{arch}.attention.key_length", path, int(values["hidden"]) // max(n_heads, 1))
+    config = ModelConfig(
+        arch=str(arch),
+        name=str(_field(reader, "general.name", path, path.stem)),
+        n_layers=int(values["n_layers"]),
+        hidden=int(values["hidden"]),
+        ffn=int(values["ffn"]),
+        n_heads=n_heads,
+        n_kv_heads=int(values["n_kv_heads"]),
+        head_dim=int(head_dim),
+        vocab=int(vocab),
+        rope_base=float(values["rope_base"]),
+        rms_eps=float(values["rms_eps"]),
+        context_length=int(values["context_length"]),
+        qkv_bias="blk.0.attn_q.bias" in names,
+        rope_style=ROPE_STYLE[arch],
+        tied_output="output.weight" not in names,
+    )
+    try:
+        return config.validate()
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from None
+
+
+def load_gguf(path, progress: Progress = None) -> ModelWeights:
+    """Read a llama or qwen2 GGUF file (memory-mapped by gguf's GGUFReader) and copy its tensors to the device.
+
+    Hyper-parameters come from ``{arch}.*`` metadata (block_count, embedding_length, feed_forward_length,
+    attention.head_count, attention.head_count_kv, rope.freq_base (default 1e4), attention.
+    layer_norm_rms_epsilon, context_length; vocab_size and attention.key_length when present, else from
+    token_embd's shape and hidden / heads). QKV bias = attn_q.bias present; tied output = no output.weight.
+    Every tensor `config.tensor_names` lists must be present with that shape, in a type `kernels.quant`
+    dequantizes (any of ``kernels.quant.SUPPORTED``); other tensors in the file are ignored.
+
+    Raises ModelError (one sentence) for: a missing file, not a GGUF file, a truncated or corrupt one, an
+    unsupported architecture, a missing metadata key or tensor, a wrong shape, an unsupported tensor type.
+    """
+    from numba import cuda
+
+    from kernels.quant import SUPPORTED
+
+    path = Path(path)
+    reader = _open_reader(path)
+    config = read_config(reader, path)
+    by_name = {t.name: t for t in reader.tensors}
+    file_type = reader.fields.get("general.file_type")
+    weights = ModelWeights(config, file_type=int(file_type.contents()) if file_type else None, source=str(path))
+    wanted = tensor_names(config)
+    specs = []
+    for name, shape in wanted:
+        t = by_name.get(name)
+        if t is None:
+            raise ModelError(f"{path} lacks the tensor {name}")
+        qname = t.tensor_type.name
+        if qname not in SUPPORTED:
+            raise ModelError(
+                f"{path}: tensor {name} has type {qname}, which minfer cannot dequantize; supported: "
+                f"{', '.join(SUPPORTED)}"
+            )
+        got = tuple(int(d) for d in t.shape)
+        if got != shape:
+            raise ModelError(f"{path}: tensor {name} has GGUF shape {got}, but the metadata implies {shape}")
+        spec = TensorSpec(name, shape, qname)
+        if t.data.nbytes != spec.n_bytes:
+            raise ModelError(f"{path} is truncated: tensor {name} has {t.data.nbytes} of its {spec.n_bytes} bytes")
+        specs.append((spec, t))
+    _require_device()
+    total = sum(s.n_bytes for s, _ in specs)
+    done = 0
+    for spec, t in specs:
+        host = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+        weights.tensors[spec.name] = (spec, cuda.to_device(host))
+        done += spec.n_bytes
+        if progress:
+            progress(spec.name, done / total)
+    return weights
