@@ -1,5 +1,5 @@
 """`python -m minfer_cli` runs the same app as the `minfer` console script."""
 
-from minfer_cli.main import app
+from minfer_cli.main import cli
 
-app()
+cli()

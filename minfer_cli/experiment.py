@@ -99,8 +99,9 @@ class Experiment(ABC):
         raise UsageError(f"experiment {self.name} has no workload {name!r}; its workloads are: {valid}")
 
     def config(self, arm_text: str | None) -> Config:
-        """Full knob configuration from an ``--arm`` text (None or "" means every knob at its default)."""
-        settings = parse_arm_text(arm_text) if arm_text else {}
+        """Full knob configuration from an ``--arm`` text (None means every knob at its default; an empty text is
+        a UsageError, since it usually means a shell variable that was not set)."""
+        settings = parse_arm_text(arm_text) if arm_text is not None else {}
         return resolve_config(self.knobs, settings, f"experiment {self.name}")
 
     def default_config(self) -> Config:
@@ -152,6 +153,7 @@ class Registry:
 
 
 _REGISTRY = Registry()
+_BROKEN: dict[str, str] = {}
 _loaded = False
 
 
@@ -161,20 +163,36 @@ def register(experiment: Experiment) -> Experiment:
 
 
 def load_all() -> dict[str, Experiment]:
-    """Import every module of the `experiments` package (once) and return the registry, name -> experiment."""
+    """Import every module of the `experiments` package (once) and return the registry, name -> experiment.
+
+    A module that fails to import does not take the others down: it is recorded in `broken()` (module name ->
+    the error's first line), listed by `minfer experiments list`, and `get` names it.
+    """
     global _loaded
     if not _loaded:
         import experiments
 
         for info in pkgutil.iter_modules(experiments.__path__):
-            importlib.import_module(f"experiments.{info.name}")
+            try:
+                importlib.import_module(f"experiments.{info.name}")
+            except Exception as exc:  # one broken experiment file must not break the CLI
+                text = str(exc).strip().splitlines()
+                _BROKEN[info.name] = f"{type(exc).__name__}: {text[0] if text else ''}"
         _loaded = True
     return dict(_REGISTRY.experiments)
+
+
+def broken() -> dict[str, str]:
+    """Experiment modules that failed to import: module name -> error (empty when all loaded)."""
+    load_all()
+    return dict(_BROKEN)
 
 
 def get(name: str) -> Experiment:
     """The experiment called ``name``; UsageError listing the registered ones when there is none."""
     registry = load_all()
+    if name not in registry and name in _BROKEN:
+        raise UsageError(f"experiment file experiments/{name}.py failed to load ({_BROKEN[name]})")
     if name not in registry:
         valid = ", ".join(sorted(registry)) or "(none)"
         raise UsageError(f"no experiment named {name!r}; registered experiments: {valid}")

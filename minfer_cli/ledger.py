@@ -103,7 +103,8 @@ def ledger_dir(explicit: str | Path | None = None) -> Path:
 
     Order: ``explicit`` (the ``--ledger`` option) > the MINFER_LEDGER environment variable > ``ledger/records``
     under the project root (the nearest ancestor of the working directory holding a pyproject.toml whose
-    [project] name is "minfer") > ``ledger/records`` under the working directory. The directory need not exist.
+    [project] name is "minfer") > the project this module was installed from (an editable install) > ``ledger/records``
+    under the working directory. The directory need not exist.
     """
     if explicit:
         return Path(explicit).expanduser()
@@ -111,10 +112,25 @@ def ledger_dir(explicit: str | Path | None = None) -> Path:
     if from_env:
         return Path(from_env).expanduser()
     cwd = Path.cwd()
-    for folder in (cwd, *cwd.parents):
+    installed = Path(__file__).resolve().parents[1]
+    for folder in (cwd, *cwd.parents, installed):
         if _is_minfer_project(folder / "pyproject.toml"):
             return folder / "ledger" / "records"
     return cwd / "ledger" / "records"
+
+
+def check_writable(directory: str | Path) -> None:
+    """Raise LedgerError (before any measurement) when a record could not be written to ``directory``: it is a
+    file, it exists but is not writable, or neither it nor its parent exists (a mistyped --ledger)."""
+    directory = Path(directory)
+    if directory.exists():
+        if not directory.is_dir():
+            raise LedgerError(f"ledger directory {directory} is a file, not a directory; fix --ledger or MINFER_LEDGER")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise LedgerError(f"ledger directory {directory} is not writable; fix its permissions or choose another with --ledger")
+        return
+    if not directory.parent.is_dir():
+        raise LedgerError(f"ledger directory {directory} does not exist, nor does its parent; create it or fix --ledger / MINFER_LEDGER")
 
 
 def _is_minfer_project(pyproject: Path) -> bool:

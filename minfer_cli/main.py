@@ -58,6 +58,28 @@ def main(
         raise typer.Exit(code=exc.exit_code) from None
 
 
+def cli() -> None:
+    """The `minfer` console script: the typer app, with command-line errors (a bad option value, a missing
+    argument, an unknown command) printed as one `error:` line, exit status 2, like minfer's own errors."""
+    import sys
+
+    try:  # typer >= 0.20 vendors click as typer._click; older typer uses click itself
+        from typer._click import exceptions as click_exceptions
+    except ImportError:
+        from click import exceptions as click_exceptions
+
+    try:
+        code = app(standalone_mode=False)
+    except click_exceptions.UsageError as exc:
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        error_line(" ".join(exc.format_message().split()) + where)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 app.command(name="doctor")(doctor.doctor)
 app.add_typer(experiments.app)
 app.command(name="run")(run.run)

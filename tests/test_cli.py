@@ -32,6 +32,10 @@ def test_version_and_help():
     assert "Example" in invoke("ab", "--help").output
 
 
+def test_every_experiment_file_loads():
+    assert registry_mod.broken() == {}
+
+
 def test_experiments_list_shows_copy_knobs_and_workloads():
     r = invoke("experiments", "list", "--json")
     assert r.exit_code == 0
@@ -146,3 +150,25 @@ def test_grid_is_the_product_of_its_axes_with_defaults_elsewhere():
     assert {(c["TM"], c["KS"]) for c in grid} == {(64, 32), (64, 64), (256, 32), (256, 64)}
     assert all(c["MMA"] == "mma_sync" for c in grid)
     assert parse_grid(knobs, [], "x") == [{"TM": 128, "KS": 32, "MMA": "mma_sync"}]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--bar", "-1"], "Invalid value for '--bar'"),
+        (["run", "--samples", "0", "copy"], "Invalid value for '--samples'"),
+        (["ledger", "show", "abc"], "Invalid value for 'ID'"),
+        (["bogus"], "No such command 'bogus'"),
+        (["run"], "Missing argument"),
+        (["run", "copy", "--arm", "VEC=1", "--arm", "VEC=4"], "this command takes one arm"),
+        (["ab", "copy", "--arm", "", "--arm", "VEC=1"], "empty --arm"),
+        (["ledger", "show", "--ledger", "/nonexistent/minfer-ledger"], "does not exist"),
+    ],
+)
+def test_console_script_errors_are_one_line(args, needle):
+    """Through the real entry point: typer's own usage errors are one `error:` line too, exit status 2."""
+    r = subprocess.run([sys.executable, "-m", "minfer_cli", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

@@ -121,9 +121,24 @@ def test_ab_records_the_verdict_and_gates_on_regression(fake_gpu, tmp_path):
     assert r.exit_code == 0 and "LANDED" in r.output
 
 
-def test_a_ledger_that_cannot_be_written_loses_nothing(fake_gpu, tmp_path):
+def test_a_bad_ledger_is_refused_before_measuring(fake_gpu, tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("not a directory")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("measured although the ledger could not take the record")
+
+    fake_gpu.setattr(harness, "measure_ab", must_not_run)
+    for bad in (blocker, tmp_path / "no" / "such" / "dir"):
+        r = CliRunner().invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(bad)])
+        assert r.exit_code == 2 and "ledger directory" in r.output, r.output
+
+
+def test_a_ledger_that_fails_after_measuring_loses_nothing(fake_gpu, tmp_path):
+    """The write can still fail after the measurement (disk full, permissions changed): print everything."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    fake_gpu.setattr(ledger, "check_writable", lambda directory: None)
     fake_gpu.setattr(harness, "measure_ab", _fake_ab("NEUTRAL", 0.001))
     r = CliRunner().invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(blocker / "records")])
     assert r.exit_code == 3

@@ -13,7 +13,6 @@ from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get, pick_for_arms
 from minfer_cli.knobs import format_config
 
-BAR = typer.Option(1.0, "--bar", min=0.0, help="Smallest change, in percent, that counts as a verdict (LANDED/REVERTED).")
 
 
 def resolve_arms(experiment: Optional[str], arms: List[str]):
@@ -34,9 +33,9 @@ def ab(
     experiment: Optional[str] = typer.Argument(None, help="Experiment name; omitted: the one experiment owning the arms' knobs."),
     arm: List[str] = typer.Option([], "--arm", "-a", help="K=V[,K=V...]; give it twice: control A first, then B."),
     workload: Optional[str] = options.WORKLOAD,
-    bar: float = BAR,
-    max_time: float = typer.Option(60.0, "--max-time", min=1.0, help="Stop after this many seconds of rounds even if the CI is still wide."),
-    min_rounds: int = typer.Option(10, "--min-rounds", min=3, help="Rounds before adaptive stopping may stop."),
+    bar: float = options.BAR,
+    max_time: float = typer.Option(60.0, "--max-time", min=1.0, max=3600.0, help="Stop after this many seconds of rounds even if the CI is still wide."),
+    min_rounds: int = typer.Option(10, "--min-rounds", min=3, max=10000, help="Rounds before adaptive stopping may stop."),
     flush: bool = options.FLUSH,
     warmup: float = options.WARMUP,
     seed: Optional[int] = options.SEED,
@@ -61,6 +60,8 @@ def ab(
 
     exp, configs = resolve_arms(experiment, arm)
     wl = exp.workload(workload)
+    if not no_record:
+        options.check_ledger_writable(ledger)
     with progress(f"{exp.name} {wl.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, seed=seed, progress=report)
         result = measure_ab(session, configs, bar=bar / 100.0, max_time_s=max_time, min_rounds=min_rounds,

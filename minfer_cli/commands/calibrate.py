@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from minfer_cli.commands import options, render
-from minfer_cli.commands.ab import BAR
 from minfer_cli.console import guard, out, progress
 from minfer_cli.experiment import get
 
@@ -15,12 +14,12 @@ from minfer_cli.experiment import get
 @guard
 def calibrate(
     experiment: str = typer.Argument(..., help="Experiment name (see `minfer experiments list`)."),
-    arm: Optional[str] = typer.Option(None, "--arm", "-a", help="The arm run against itself (default: every knob at its default)."),
-    trials: int = typer.Option(10, "--trials", "-t", min=2, help="Number of A/A comparisons."),
+    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="The arm run against itself, given once (default: every knob at its default)."),
+    trials: int = typer.Option(10, "--trials", "-t", min=2, max=1000, help="Number of A/A comparisons."),
     workload: Optional[str] = options.WORKLOAD,
-    bar: float = BAR,
-    max_time: float = typer.Option(10.0, "--max-time", min=1.0, help="Seconds per A/A trial."),
-    min_rounds: int = typer.Option(10, "--min-rounds", min=3, help="Rounds per trial before adaptive stopping."),
+    bar: float = options.BAR,
+    max_time: float = typer.Option(10.0, "--max-time", min=1.0, max=3600.0, help="Seconds per A/A trial."),
+    min_rounds: int = typer.Option(10, "--min-rounds", min=3, max=10000, help="Rounds per trial before adaptive stopping."),
     flush: bool = options.FLUSH,
     warmup: float = options.WARMUP,
     no_record: bool = typer.Option(False, "--no-record", help="Do not append the calibration to the ledger."),
@@ -36,8 +35,10 @@ def calibrate(
     from minfer_cli.measure.record import calibration_record
 
     exp = get(experiment)
-    config = exp.config(arm)
+    config = exp.config(options.single_arm(arm))
     wl = exp.workload(workload)
+    if not no_record:
+        options.check_ledger_writable(ledger)
     with progress(f"calibrate {exp.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, progress=report)
         result = measure_calibration(session, config, trials=trials, bar=bar / 100.0, max_time_s=max_time,

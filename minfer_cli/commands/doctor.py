@@ -44,7 +44,7 @@ def run_checks() -> list[Check]:
         v = _pkg(name)
         checks.append(Check(name, "OK" if v else "FAIL", v or "not installed", "" if v else f"pip install {name}"))
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        checks.append(Check("CUDA simulator", "WARN", "NUMBA_ENABLE_CUDASIM is set: kernels run as Python, nothing can be timed",
+        checks.append(Check("GPU", "FAIL", "NUMBA_ENABLE_CUDASIM is set: kernels run in numba's simulator, nothing can be timed",
                             "unset NUMBA_ENABLE_CUDASIM"))
         return checks
     from minfer_cli.errors import NoGpuError

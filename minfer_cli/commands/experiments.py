@@ -7,8 +7,8 @@ import json
 import typer
 from rich.table import Table
 
-from minfer_cli.console import guard, out
-from minfer_cli.experiment import load_all
+from minfer_cli.console import err, guard, out
+from minfer_cli.experiment import broken, load_all
 
 app = typer.Typer(name="experiments", help="The registered experiments (one file each under experiments/).",
                   no_args_is_help=True)
@@ -47,3 +47,7 @@ def list_experiments(
         workloads = "\n".join(f"{w.name}: {w.describe()}" for w in e.workloads)
         t.add_row(f"[bold]{e.name}[/]\n[dim]{e.purpose}[/]", knobs, workloads)
     out.print(t)
+    for module, error in broken().items():
+        err.print(f"experiments/{module}.py failed to load: {error}", markup=False, style="red", soft_wrap=True)
+    if broken():
+        raise typer.Exit(code=1)

@@ -27,12 +27,12 @@ def kernels(
     from minfer_cli.measure.device import require_timing_device
     from minfer_cli.measure.resources import resources
 
-    require_timing_device()
     exps = [get(experiment)] if experiment else list(load_all().values())
+    grids = [(exp, parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")) for exp in exps]
+    require_timing_device()
     rows = []
     with progress("compiling") as report:
-        for exp in exps:
-            configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
+        for exp, configs in grids:
             for i, config in enumerate(configs):
                 report(f"{exp.name} {i + 1}/{len(configs)}", i / len(configs))
                 try:

@@ -16,6 +16,7 @@ from rich.text import Text
 from minfer_cli import ledger as core
 from minfer_cli.console import err, guard, out, verdict_text
 from minfer_cli.errors import UsageError
+from minfer_cli.knobs import ENV_LEDGER, env
 
 app = typer.Typer(name="ledger", help="Read the ledger: one YAML record per measured result.", no_args_is_help=True)
 
@@ -115,6 +116,8 @@ def show(
     if last is not None and last < 1:
         raise UsageError(f"--last must be at least 1, got {last}")
     directory = core.ledger_dir(ledger)
+    if (ledger is not None or env(ENV_LEDGER)) and not directory.is_dir():
+        raise UsageError(f"ledger directory {directory} does not exist (from {'--ledger' if ledger is not None else ENV_LEDGER})")
 
     if record_id is not None:
         if experiment is not None or verdict is not None or last is not None:
@@ -136,3 +139,5 @@ def show(
         else:
             message = f"no records yet in {directory}"
         (out if fmt == "table" else err).print(message, markup=False, soft_wrap=True)
+    if contents.problems:
+        raise typer.Exit(code=1)

@@ -13,11 +13,14 @@ from minfer_cli.errors import LedgerError
 
 WORKLOAD = typer.Option(None, "--workload", "-w", help="Workload name (default: the experiment's first); see `minfer experiments list`.")
 FLUSH = typer.Option(False, "--flush", help="Also write a 2x L2 buffer between samples (outside the timed events).")
-WARMUP = typer.Option(1.0, "--warmup", min=0.0, help="Warm-up seconds per arm before sampling (clocks settle; JIT is never timed).")
+WARMUP = typer.Option(1.0, "--warmup", min=0.0, max=60.0, help="Warm-up seconds per arm before sampling (clocks settle; JIT is never timed).")
 LEDGER = typer.Option(None, "--ledger", help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of the project).")
 NOTE = typer.Option("", "--note", help="Free-text note stored in the ledger record.")
 TITLE = typer.Option(None, "--title", help="Record title (default: experiment and arms).")
-SEED = typer.Option(None, "--seed", help="Seed of the random inputs (default: fresh each run).")
+SEED = typer.Option(None, "--seed", min=0, help="Seed of the random inputs, >= 0 (default: fresh each run).")
+BAR = typer.Option(1.0, "--bar", min=0.01, max=50.0,
+                   help="Smallest change, in percent (0.01..50), that counts as a verdict (LANDED/REVERTED).")
+ARM_ONCE = typer.Option(None, "--arm", "-a", help="Knob settings K=V[,K=V...], given once; unset knobs take their defaults.")
 JSON = typer.Option(False, "--json", help="Also print the record as JSON on stdout.")
 
 
@@ -38,3 +41,21 @@ def write_record(record: dict, ledger: Optional[str]) -> int:
         return 3
     out.print(f"ledger: record #{written.id} written to {written.path}")
     return 0
+
+
+def single_arm(arms: Optional[list[str]]) -> Optional[str]:
+    """The one --arm of a single-arm command; UsageError when it is given more than once."""
+    from minfer_cli.errors import UsageError
+
+    if not arms:
+        return None
+    if len(arms) > 1:
+        raise UsageError(f"--arm is given {len(arms)} times; this command takes one arm (for two, use `minfer ab`)")
+    return arms[0]
+
+
+def check_ledger_writable(ledger: Optional[str]) -> None:
+    """Fail before measuring when the ledger directory cannot take a record (a typo, a file, a read-only place)."""
+    from minfer_cli import ledger as ledger_core
+
+    ledger_core.check_writable(ledger_core.ledger_dir(ledger))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -15,10 +15,10 @@ from minfer_cli.experiment import get
 @guard
 def run(
     experiment: str = typer.Argument(..., help="Experiment name (see `minfer experiments list`)."),
-    arm: Optional[str] = typer.Option(None, "--arm", "-a", help="Knob settings K=V[,K=V...]; unset knobs take their defaults."),
+    arm: Optional[List[str]] = options.ARM_ONCE,
     workload: Optional[str] = options.WORKLOAD,
-    samples: int = typer.Option(50, "--samples", "-n", min=5, help="Samples to take."),
-    max_time: float = typer.Option(30.0, "--max-time", min=1.0, help="Stop sampling after this many seconds."),
+    samples: int = typer.Option(50, "--samples", "-n", min=5, max=100000, help="Samples to take."),
+    max_time: float = typer.Option(30.0, "--max-time", min=1.0, max=3600.0, help="Stop sampling after this many seconds."),
     flush: bool = options.FLUSH,
     warmup: float = options.WARMUP,
     seed: Optional[int] = options.SEED,
@@ -36,8 +36,10 @@ def run(
     from minfer_cli.measure.record import run_record
 
     exp = get(experiment)
-    config = exp.config(arm)
+    config = exp.config(options.single_arm(arm))
     wl = exp.workload(workload)
+    if record:
+        options.check_ledger_writable(ledger)
     with progress(f"{exp.name} {wl.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, seed=seed, progress=report)
         result = measure_run(session, config, samples=samples, max_time_s=max_time, progress=report)

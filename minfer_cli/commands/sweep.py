@@ -18,10 +18,10 @@ def sweep(
     experiment: str = typer.Argument(..., help="Experiment name (see `minfer experiments list`)."),
     axes: List[str] = typer.Argument(None, help="Grid axes K=v1,v2,...; knobs not named keep their defaults."),
     workload: Optional[str] = options.WORKLOAD,
-    samples: int = typer.Option(20, "--samples", "-n", min=3, help="Samples per point."),
-    max_time: float = typer.Option(10.0, "--max-time", min=1.0, help="Seconds of sampling per point at most."),
+    samples: int = typer.Option(20, "--samples", "-n", min=3, max=100000, help="Samples per point."),
+    max_time: float = typer.Option(10.0, "--max-time", min=1.0, max=3600.0, help="Seconds of sampling per point at most."),
     flush: bool = options.FLUSH,
-    warmup: float = typer.Option(0.5, "--warmup", min=0.0, help="Warm-up seconds per point."),
+    warmup: float = typer.Option(0.5, "--warmup", min=0.0, max=60.0, help="Warm-up seconds per point."),
     record: bool = typer.Option(False, "--record", help="Append the whole ranked grid to the ledger (best point marked)."),
     note: str = options.NOTE,
     title: Optional[str] = options.TITLE,
@@ -39,6 +39,8 @@ def sweep(
     exp = get(experiment)
     configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
     wl = exp.workload(workload)
+    if record:
+        options.check_ledger_writable(ledger)
     with progress(f"sweep {exp.name} {wl.name} ({len(configs)} points)") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, progress=report)
         outcomes = measure_sweep(session, configs, samples=samples, max_time_s=max_time, progress=report)

@@ -23,7 +23,7 @@ QUANTIZATION_VERSION = 2
 _N_SPECIAL = 3  # <unk>, <s>, </s>
 
 
-def placeholder_vocab(n: int) -> tuple[list[str], np.ndarray, list[int]]:
+def placeholder_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     """(tokens, scores, token types) of a meaningless SentencePiece-style vocabulary of ``n`` >= 259 entries."""
     from gguf.constants import TokenType
 
@@ -33,7 +33,7 @@ def placeholder_vocab(n: int) -> tuple[list[str], np.ndarray, list[int]]:
     tokens += [f"<t{i}>" for i in range(len(tokens), n)]
     types = [int(TokenType.UNKNOWN), int(TokenType.CONTROL), int(TokenType.CONTROL)] + [int(TokenType.BYTE)] * 256
     types += [int(TokenType.NORMAL)] * (n - len(types))
-    return tokens, np.zeros(n, dtype=np.float32), types
+    return tokens, [0.0] * n, types
 
 
 def write_gguf(weights: ModelWeights, path, progress: Progress = None) -> Path:

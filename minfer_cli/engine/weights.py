@@ -9,8 +9,9 @@ through every layer of the forward pass:
 
 * every matrix, ``token_embd`` and ``output`` included: dequantized std ~ 1/sqrt(id), mean ~ 0 (so a
   normalised input of rms 1 gives outputs of rms ~1, attention scores of std ~1, logits of std ~1). Q4_K:
-  ``w = d*sc*q - dmin*m`` with random 6-bit sc, m and 4-bit q has std ~256 d when dmin ~ 7.5 d (then the mean
-  31.5*(7.5 d - dmin) is zero); Q6_K: ``w = d*sc*(q-32)`` with random int8 sc, 6-bit q has std ~1330 d.
+  ``w = sc*(d*q - dmin)`` (`kernels.synth` sets each min equal to its scale, dmin = 7.5 d: zero mean in every
+  sub-block) with random 6-bit sc and 4-bit q has std ~168.5 d; Q6_K: ``w = d*sc*(q-32)`` with random int8 sc
+  and 6-bit q has std ~1330 d.
   d is drawn from [0.8, 1.2] x its target (f16, subnormal for the widest 7B matrices: valid and finite).
 * norm weights (F32): uniform in [0.9, 1.1]; biases (F32): uniform in [-0.1, 0.1].
 """
@@ -39,8 +40,8 @@ from minfer_cli.engine.errors import ModelError
 
 Progress = Optional[Callable[[str, float], None]]
 
-Q4_K_STD_PER_D = 256.0
-Q6_K_STD_PER_D = 1330.0
+Q4_K_STD_PER_D = 168.5  # sqrt(E[sc^2] = 63*127/6) * sqrt(var q = 255/12)
+Q6_K_STD_PER_D = 1330.0  # sqrt(E[sc^2] ~ 2^16/12) * sqrt(E[(q-32)^2] = 341.5)
 Q4_K_DMIN_PER_D = 7.5
 D_JITTER = (0.8, 1.2)
 NORM_CENTER, NORM_SPREAD = 1.0, 0.1
@@ -100,8 +101,7 @@ def synth_params(spec: TensorSpec) -> dict:
     lo, hi = D_JITTER
     if spec.qtype == "Q4_K":
         d = std / Q4_K_STD_PER_D
-        m = d * Q4_K_DMIN_PER_D
-        return {"d_range": (lo * d, hi * d), "m_range": (lo * m, hi * m)}
+        return {"d_range": (lo * d, hi * d), "dmin_ratio": Q4_K_DMIN_PER_D}
     if spec.qtype == "Q6_K":
         d = std / Q6_K_STD_PER_D
         return {"d_range": (lo * d, hi * d)}
@@ -162,6 +162,12 @@ _META = {
 _META_DEFAULTS = {"rope_base": 10000.0}  # llama.cpp's default when a llama file omits rope.freq_base
 
 
+def _f32_value(v) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-06, not 9.99999997e-07), so that
+    a config written and read back compares equal."""
+    return float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -220,8 +226,8 @@ def read_config(reader, path: Path) -> ModelConfig:
         n_kv_heads=int(values["n_kv_heads"]),
         head_dim=int(head_dim),
         vocab=int(vocab),
-        rope_base=float(values["rope_base"]),
-        rms_eps=float(values["rms_eps"]),
+        rope_base=_f32_value(values["rope_base"]),
+        rms_eps=_f32_value(values["rms_eps"]),
         context_length=int(values["context_length"]),
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_style=ROPE_STYLE[arch],

@@ -1,0 +1,102 @@
+"""SwiGLU, the gated activation of the Qwen2/Llama MLP: ``out = silu(gate) * up``, ``silu(g) = g / (1 + exp(-g))``.
+
+gate and up are f32 ``[nt, ffn]`` (the gate and up GEMM outputs), given either as two arrays or as one fused
+``[nt, 2*ffn]`` array whose FIRST half of each row is gate and second half up (the order of a stacked
+``[gate_proj; up_proj]`` weight, as vLLM's ``gate_up_proj``). out is f16 ``[nt, ffn]`` (prefill: feeds the
+f16-A down GEMM) or f32 (decode: the mat-vec takes f32 x).
+
+A 1-D grid of ``nt * ceil(ffn / tpb)`` blocks; block b does row ``b // ceil(ffn/tpb)``, one column per thread:
+coalesced 4-byte loads of gate and up, 2- or 4-byte stores. ``exp`` is libdevice's ``expf`` (2 ulp), not
+``ex2.approx``; silu(g) underflows to -0 for g < -88 exactly as the reference does.
+
+Source: Shazeer 2020, "GLU Variants Improve Transformer" (arXiv:2002.05202); llama.cpp ``ggml_swiglu`` /
+``unary.cu`` (``silu``: ``x / (1 + expf(-x))``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+from numba.cuda.cudadrv import devicearray
+
+from kernels.errors import KernelConstraintError
+
+DEFAULT_TPB = 256
+OUT_DTYPES = (np.float16, np.float32)
+
+
+@cuda.jit
+def _swiglu(gate, up, out, col_blocks):
+    """out[r, c] = silu(gate[r, c]) * up[r, c]; gate/up f32 [nt, ffn] (any row stride), out f16/f32 [nt, ffn]."""
+    b = cuda.blockIdx.x
+    row = b // col_blocks
+    col = (b - row * col_blocks) * cuda.blockDim.x + cuda.threadIdx.x
+    if col < out.shape[1]:
+        g = gate[row, col]
+        out[row, col] = g / (float32(1.0) + math.exp(-g)) * up[row, col]
+
+
+def _device(a, name: str):
+    if not devicearray.is_cuda_ndarray(a):
+        raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
+    if a.dtype != np.float32 or a.ndim != 2:
+        raise KernelConstraintError(f"{name} must be a 2-D float32 array, got {a.dtype} with ndim {a.ndim}")
+    if not a.is_c_contiguous():
+        raise KernelConstraintError(f"{name} must be C-contiguous (row-major)")
+    return a
+
+
+def swiglu(gate, up=None, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB):
+    """Enqueue ``out = silu(gate) * up`` on ``stream`` and return ``out``.
+
+    gate, up: f32 C-contiguous device arrays ``[nt, ffn]``; or ``up=None`` and gate the fused f32 ``[nt, 2*ffn]``
+    array, gate = columns ``[0, ffn)``, up = columns ``[ffn, 2*ffn)`` of each row. Any nt >= 0, any ffn >= 1.
+    out: optional C-contiguous ``[nt, ffn]`` device array, f16 or f32; allocated when None with ``out_dtype``
+    (default f16, for the down GEMM; f32 for the decode mat-vec). tpb: threads per block, a multiple of 32 from
+    32 to 1024.
+
+    f32 arithmetic; error against a float64 reference ~1e-7 relative before the output rounding (f16: ~2^-11).
+    Source: Shazeer 2020 (SwiGLU); llama.cpp ``ggml_swiglu``.
+
+    Raises KernelConstraintError (a ValueError) for: a non-device array, a dtype other than f32 / rank other
+    than 2 for gate/up, a non-contiguous input, gate and up of different shapes, a fused gate with an odd number
+    of columns, an out of the wrong shape, dtype or layout (or disagreeing with ``out_dtype``), or a bad tpb.
+    """
+    gate = _device(gate, "gate")
+    if up is None:
+        nt, two_ffn = gate.shape
+        if two_ffn % 2 or two_ffn == 0:
+            raise KernelConstraintError(
+                f"a fused gate|up array needs an even, positive number of columns (2*ffn), got {two_ffn}"
+            )
+        ffn = two_ffn // 2
+        gate, up = gate[:, :ffn], gate[:, ffn:]
+    else:
+        up = _device(up, "up")
+        if tuple(up.shape) != tuple(gate.shape):
+            raise KernelConstraintError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape")
+        nt, ffn = gate.shape
+        if ffn == 0:
+            raise KernelConstraintError("gate and up must have at least one column (ffn >= 1)")
+    if tpb % 32 or not 32 <= tpb <= 1024:
+        raise KernelConstraintError(f"tpb={tpb} must be a multiple of 32 between 32 and 1024")
+    if out_dtype is not None and np.dtype(out_dtype) not in OUT_DTYPES:
+        raise KernelConstraintError(f"out_dtype must be float16 or float32, got {np.dtype(out_dtype)}")
+    if out is None:
+        out = cuda.device_array((nt, ffn), dtype=np.dtype(out_dtype or np.float16), stream=stream)
+    else:
+        if not devicearray.is_cuda_ndarray(out):
+            raise KernelConstraintError(f"out must be a CUDA device array, got {type(out).__name__}")
+        if out.dtype not in OUT_DTYPES or tuple(out.shape) != (nt, ffn) or not out.is_c_contiguous():
+            raise KernelConstraintError(
+                f"out must be a C-contiguous float16 or float32 array of shape ({nt}, {ffn}), got {out.dtype} "
+                f"{tuple(out.shape)} contiguous={out.is_c_contiguous()}"
+            )
+        if out_dtype is not None and out.dtype != np.dtype(out_dtype):
+            raise KernelConstraintError(f"out is {out.dtype} but out_dtype={np.dtype(out_dtype)}; give one or agree")
+    if nt:
+        col_blocks = (ffn + tpb - 1) // tpb
+        _swiglu[nt * col_blocks, tpb, stream](gate, up, out, col_blocks)
+    return out

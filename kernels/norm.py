@@ -1,0 +1,148 @@
+"""RMSNorm over the rows of the f32 residual stream: ``y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w``.
+
+One CUDA block per row. Each thread accumulates the squares of columns ``tid, tid + tpb, ...`` in f32 (coalesced
+4-byte loads), the block sums the partial sums with a warp butterfly (`shfl.sync.bfly`) then a second butterfly
+over the per-warp sums held in shared memory (every warp reduces them, so no broadcast barrier is needed), and
+each thread writes its columns ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the
+mat-vec takes f32 x). The second pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
+
+Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and
+HF's ``Qwen2RMSNorm`` / ``LlamaRMSNorm`` (scale in f32, then times the weight); ``1/sqrt`` is the correctly
+rounded division of a correctly rounded sqrt, not ``rsqrt.approx``.
+
+Source: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467); llama.cpp
+``ggml/src/ggml-cuda/norm.cu`` (``rms_norm_f32``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+from numba.cuda.cudadrv import devicearray
+
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+
+DEFAULT_TPB = 256
+"""Threads per block (one block per row): 14 columns per thread at hidden 3584. Not yet measured."""
+OUT_DTYPES = (np.float16, np.float32)
+FULL_MASK = 0xFFFFFFFF
+
+if SIMULATOR:
+    from kernels.ptx import _warp_exchange
+
+    def _butterfly_sum(slots):
+        v = [np.float32(s) for s in slots]
+        for off in (16, 8, 4, 2, 1):
+            v = [np.float32(v[lane] + v[lane ^ off]) for lane in range(32)]
+        return v
+
+    def warp_allreduce_sum(v):
+        """Simulator form of the 5-step `shfl.sync.bfly` butterfly: the same f32 additions in the same order, so
+        every lane gets the bit-identical warp sum. All 32 lanes must call it at the same point."""
+        return _warp_exchange(_butterfly_sum, np.float32(v))
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def warp_allreduce_sum(v):
+        """Sum of ``v`` (f32) over the 32 lanes of the warp, returned to every lane: `shfl.sync.bfly.b32` with
+        offsets 16, 8, 4, 2, 1 (PTX ISA §9.7.9.6 "shfl.sync"). All 32 lanes must be active."""
+        for off in (16, 8, 4, 2, 1):
+            v += cuda.shfl_xor_sync(FULL_MASK, v, off)
+        return v
+
+
+@cuda.jit(device=True, inline="always")
+def block_allreduce_sum(v, partial):
+    """Sum of ``v`` (f32) over the whole block, returned to every thread. ``partial``: a 32-element f32 shared
+    array. The block's thread count must be a multiple of 32 (at most 1024); every thread must call this once.
+    ``partial`` may be reused only after another `syncthreads`."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    v = warp_allreduce_sum(v)
+    if lane == 0:
+        partial[warp] = v
+    cuda.syncthreads()
+    w = float32(0.0)
+    if lane < (cuda.blockDim.x >> 5):
+        w = partial[lane]
+    return warp_allreduce_sum(w)
+
+
+@cuda.jit
+def _rms_norm(x, w, out, eps):
+    """Row ``blockIdx.x`` of x (f32 [nt, d]) -> out (f16 or f32 [nt, d]); w f32 [d]; eps f32."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    d = x.shape[1]
+    partial = cuda.shared.array(32, float32)
+    acc = float32(0.0)
+    c = tid
+    while c < d:
+        v = x[row, c]
+        acc += v * v
+        c += step
+    total = block_allreduce_sum(acc, partial)
+    inv = float32(1.0) / math.sqrt(total / float32(d) + eps)
+    c = tid
+    while c < d:
+        out[row, c] = (x[row, c] * inv) * w[c]
+        c += step
+
+
+def _device(a, name: str):
+    if not devicearray.is_cuda_ndarray(a):
+        raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
+    return a
+
+
+def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB):
+    """Enqueue ``out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w`` on ``stream`` and return ``out``.
+
+    x: f32 device array ``[nt, d]``, C-contiguous (nt >= 0, d >= 1, any d). w: f32 device array ``[d]``,
+    contiguous. eps: the model's ``rms_norm_eps`` (1e-6 for Qwen2, 1e-5 for Llama), used as f32.
+    out: optional C-contiguous device array ``[nt, d]`` of f16 or f32; allocated when None with ``out_dtype``
+    (default f16: prefill feeds the f16-A GEMM; pass f32 for the decode mat-vec, which takes f32 x).
+    tpb: threads per block, a multiple of 32 from 32 to 1024 (one block per row).
+
+    Sum of squares and scale in f32; error against a float64 reference: f16 rounding (~2^-11) for f16 out,
+    ~1e-7 for f32 out. Source: Zhang & Sennrich 2019; llama.cpp ``rms_norm_f32``.
+
+    Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype or rank, w not ``[d]``,
+    a non-contiguous x/w/out, an out of the wrong shape or a dtype other than f16/f32 (or one that disagrees
+    with ``out_dtype``), a non-positive or non-finite eps, or a tpb outside 32..1024 / not a multiple of 32.
+    """
+    x, w = _device(x, "x"), _device(w, "w")
+    if x.dtype != np.float32 or x.ndim != 2:
+        raise KernelConstraintError(f"x must be a 2-D float32 [nt, d] array, got {x.dtype} with ndim {x.ndim}")
+    nt, d = x.shape
+    if d < 1:
+        raise KernelConstraintError("x must have at least one column (d >= 1)")
+    if w.dtype != np.float32 or tuple(w.shape) != (d,):
+        raise KernelConstraintError(f"w must be a float32 array of shape ({d},), got {w.dtype} {tuple(w.shape)}")
+    if not x.is_c_contiguous() or not w.is_c_contiguous():
+        raise KernelConstraintError("x and w must be C-contiguous (row-major [nt, d] and [d])")
+    if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps > 0):
+        raise KernelConstraintError(f"eps must be a positive finite number, got {eps!r}")
+    if tpb % 32 or not 32 <= tpb <= 1024:
+        raise KernelConstraintError(f"tpb={tpb} must be a multiple of 32 between 32 and 1024")
+    if out_dtype is not None and np.dtype(out_dtype) not in OUT_DTYPES:
+        raise KernelConstraintError(f"out_dtype must be float16 or float32, got {np.dtype(out_dtype)}")
+    if out is None:
+        out = cuda.device_array((nt, d), dtype=np.dtype(out_dtype or np.float16), stream=stream)
+    else:
+        out = _device(out, "out")
+        if out.dtype not in OUT_DTYPES or tuple(out.shape) != (nt, d) or not out.is_c_contiguous():
+            raise KernelConstraintError(
+                f"out must be a C-contiguous float16 or float32 array of shape ({nt}, {d}), got {out.dtype} "
+                f"{tuple(out.shape)} contiguous={out.is_c_contiguous()}"
+            )
+        if out_dtype is not None and out.dtype != np.dtype(out_dtype):
+            raise KernelConstraintError(f"out is {out.dtype} but out_dtype={np.dtype(out_dtype)}; give one or agree")
+    if nt:
+        _rms_norm[nt, tpb, stream](x, w, out, np.float32(eps))
+    return out

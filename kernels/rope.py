@@ -1,0 +1,166 @@
+"""Rotary position embedding (RoPE), in place on f32 q ``[nt, n_heads, head_dim]`` and k ``[nt, n_kv_heads, head_dim]``.
+
+For token t at position ``p = pos[t]`` (a device int32 array, so decode reads its position from device memory)
+and pair i (0 <= i < head_dim/2), with ``theta = p * base^(-2i/head_dim)``:
+
+    x0' = x0 cos(theta) - x1 sin(theta),    x1' = x0 sin(theta) + x1 cos(theta)
+
+where (x0, x1) = (x[i], x[i + head_dim/2]) in ``neox`` mode (qwen2; ggml's GGML_ROPE_TYPE_NEOX, HF's
+``rotate_half``) and (x[2i], x[2i+1]) in ``norm`` mode (llama; ggml's mode 0, "normal"/interleaved).
+
+Angles in float64, then sin/cos rounded to f32. In f32, ``theta`` itself carries an error of up to half an ulp of
+theta (at p = 32768 and i = 1, theta ~ 26000 and ulp = 2^-9: up to 1e-3 rad), i.e. a relative error of ~1e-4 in
+the rotated values, far above the 1e-5 an f32 kernel should meet (`tests/test_elementwise.py` demonstrates it;
+llama.cpp and HF both compute theta in f32 and so carry that error; we agree with them to ~1e-4 at p = 32k and
+to ~1e-7 at small p). Here theta = p * base^(-2i/d) in f64 (``pow`` in f64), reduced to r in [-pi/4, pi/4] with
+a two-constant Cody-Waite step (fdlibm's pio2_1/pio2_1t: exact for quadrant numbers k < 2^20, i.e. theta < 1.6e6,
+which covers any p < 1.6e6), and sin/cos of r by their Taylor series to degree 15/16 (truncation < 5e-17). We
+do not call libdevice's ``sin``/``cos``: their large-argument (Payne-Hanek) path puts a local-memory array in
+every kernel that calls them, f32 or f64. The f64 work is per (token, pair), shared by all the token's heads (a
+thread rotates its pair in every head), so its cost is amortised 32x at 28+4 heads.
+
+One CUDA block per token, threads ``(tx, ty)``: tx walks the pairs, ty the heads (q's then k's); in ``neox``
+mode a warp's loads are 4-byte, consecutive (coalesced), in ``norm`` mode 8-byte pairs at consecutive addresses.
+
+Source: Su et al. 2021, "RoFormer" (arXiv:2104.09864); llama.cpp ``ggml/src/ggml-cuda/rope.cu``
+(``rope_norm``/``rope_neox``); fdlibm ``e_rem_pio2.c`` (pio2_1, pio2_1t).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+from numba.cuda.cudadrv import devicearray
+
+from kernels.errors import KernelConstraintError
+
+MODES = ("neox", "norm")
+THREADS = 256
+"""Threads per block: min(head_dim/2, 128) along the pairs times as many heads as fit."""
+
+TWO_OVER_PI = 6.36619772367581382433e-01
+PIO2_1 = 1.57079632673412561417e00  # first 33 bits of pi/2: k * PIO2_1 is exact for k < 2^20
+PIO2_1T = 6.07710050650619224932e-11  # pi/2 - PIO2_1
+# Taylor coefficients: sin r = r + r^3 S3 + ... + r^15 S15; cos r = 1 + r^2 C2 + ... + r^16 C16.
+S3, S5, S7, S9 = -1.0 / 6.0, 1.0 / 120.0, -1.0 / 5040.0, 1.0 / 362880.0
+S11, S13, S15 = -1.0 / 39916800.0, 1.0 / 6227020800.0, -1.0 / 1307674368000.0
+C2, C4, C6, C8 = -1.0 / 2.0, 1.0 / 24.0, -1.0 / 720.0, 1.0 / 40320.0
+C10, C12, C14, C16 = -1.0 / 3628800.0, 1.0 / 479001600.0, -1.0 / 87178291200.0, 1.0 / 20922789888000.0
+
+
+@cuda.jit(device=True, inline="always")
+def sincos_f64(theta):
+    """(sin theta, cos theta) in float64 for 0 <= |theta| < 1.6e6, without libdevice (no local memory)."""
+    k = math.floor(theta * TWO_OVER_PI + 0.5)
+    r = (theta - k * PIO2_1) - k * PIO2_1T
+    r2 = r * r
+    s = r + r * r2 * (S3 + r2 * (S5 + r2 * (S7 + r2 * (S9 + r2 * (S11 + r2 * (S13 + r2 * S15))))))
+    c = 1.0 + r2 * (C2 + r2 * (C4 + r2 * (C6 + r2 * (C8 + r2 * (C10 + r2 * (C12 + r2 * (C14 + r2 * C16)))))))
+    quadrant = int(k) & 3
+    if quadrant == 0:
+        return s, c
+    if quadrant == 1:
+        return c, -s
+    if quadrant == 2:
+        return -s, -c
+    return -c, s
+
+
+@cuda.jit(device=True, inline="always")
+def _rotate(x, t, h, i0, i1, cs, sn):
+    x0 = x[t, h, i0]
+    x1 = x[t, h, i1]
+    x[t, h, i0] = x0 * cs - x1 * sn
+    x[t, h, i1] = x0 * sn + x1 * cs
+
+
+@cuda.jit
+def _rope(q, k, pos, base, interleaved):
+    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64."""
+    t = cuda.blockIdx.x
+    nh = q.shape[1]
+    n_heads = nh + k.shape[1]
+    hd = q.shape[2]
+    half = hd >> 1
+    p = float64(pos[t])
+    i = cuda.threadIdx.x
+    while i < half:
+        theta = p * math.pow(base, float64(-2 * i) / float64(hd))
+        s64, c64 = sincos_f64(theta)
+        sn = float32(s64)
+        cs = float32(c64)
+        if interleaved:
+            i0 = 2 * i
+            i1 = i0 + 1
+        else:
+            i0 = i
+            i1 = i + half
+        h = cuda.threadIdx.y
+        while h < n_heads:
+            if h < nh:
+                _rotate(q, t, h, i0, i1, cs, sn)
+            else:
+                _rotate(k, t, h - nh, i0, i1, cs, sn)
+            h += cuda.blockDim.y
+        i += cuda.blockDim.x
+
+
+def block_shape(head_dim: int, n_heads_total: int) -> tuple[int, int]:
+    """(pairs, heads) threads per block for a head_dim and the q+k head count."""
+    tx = min(head_dim // 2, 128)
+    return tx, max(1, min(THREADS // tx, n_heads_total))
+
+
+def _check_qk(a, name: str):
+    if not devicearray.is_cuda_ndarray(a):
+        raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
+    if a.dtype != np.float32 or a.ndim != 3:
+        raise KernelConstraintError(
+            f"{name} must be a 3-D float32 [nt, heads, head_dim] array, got {a.dtype} with ndim {a.ndim}"
+        )
+    if a.shape[1] and a.shape[2] and (a.strides[2] != 4 or a.strides[1] != 4 * a.shape[2]):
+        raise KernelConstraintError(
+            f"{name}'s heads must be contiguous within a token (strides (*, {4 * a.shape[2]}, 4)), got {a.strides}"
+        )
+
+
+def rope(q, k, pos, base: float, mode: str, stream=0) -> None:
+    """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
+
+    q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
+    heads must be contiguous (strides ``(any, 4*head_dim, 4)``): C-contiguous arrays, or the q/k views of a fused
+    QKV output ``qkv.reshape(nt, nh + 2*nkv, hd)[:, :nh]`` / ``[:, nh:nh + nkv]``. head_dim even, the same for both.
+    pos: int32 device array ``[nt]`` of positions (0 <= pos < 1.6e6). base: ``rope_freq_base`` (1e6 for
+    Qwen2-7B, 5e5 for Llama-3, 1e4 for Llama-2). mode: ``"neox"`` pairs (i, i + head_dim/2) (qwen2),
+    ``"norm"`` pairs (2i, 2i+1) (llama), as ggml's ROPE_TYPE_NEOX / NORMAL.
+
+    Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
+    Not supported (yet): rope_freqs factors (Llama-3.1), YaRN/linear scaling, partial rotation (n_dims < head_dim).
+    Source: RoFormer (arXiv:2104.09864); llama.cpp ``rope.cu``.
+
+    Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
+    nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
+    non-positive base, or a mode other than "neox"/"norm".
+    """
+    _check_qk(q, "q")
+    _check_qk(k, "k")
+    if not devicearray.is_cuda_ndarray(pos):
+        raise KernelConstraintError(f"pos must be a CUDA device array, got {type(pos).__name__}")
+    nt, nh, hd = q.shape
+    if k.shape[0] != nt or k.shape[2] != hd:
+        raise KernelConstraintError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same nt and head_dim")
+    if hd < 2 or hd % 2:
+        raise KernelConstraintError(f"head_dim={hd} must be even and >= 2 (rotations act on pairs)")
+    if pos.dtype != np.int32 or tuple(pos.shape) != (nt,) or not pos.is_c_contiguous():
+        raise KernelConstraintError(
+            f"pos must be a contiguous int32 array of shape ({nt},), got {pos.dtype} {tuple(pos.shape)}"
+        )
+    if not (isinstance(base, (int, float, np.floating)) and math.isfinite(base) and base > 0):
+        raise KernelConstraintError(f"base must be a positive finite number, got {base!r}")
+    if mode not in MODES:
+        raise KernelConstraintError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
+    if nt == 0 or nh + k.shape[1] == 0:
+        return
+    _rope[nt, block_shape(hd, nh + k.shape[1]), stream](q, k, pos, np.float64(base), mode == "norm")

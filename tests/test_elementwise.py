@@ -1,0 +1,403 @@
+"""The elementwise kernels of the forward pass: RMSNorm, RoPE, SwiGLU, embedding gather, residual / bias adds.
+
+Simulator session: tiny shapes with tails (d=200, nt=3, head_dim=10), fresh random inputs every run, outputs
+poisoned with NaN before the launch, each kernel against a numpy float64 reference. Relative error
+``||out - ref|| / ||ref||`` bounds: F32_TOL = 1e-5 for f32 outputs, F16_TOL = 1e-3 for f16 outputs (one f16
+rounding is ~2^-11 = 4.9e-4 per element); the embedding gather is compared bit for bit with gguf-py. Every
+rejected input raises KernelConstraintError.
+`compile` (no simulator): every kernel builds for sm_90 with no local memory (`.local` absent from the PTX).
+`gpu`: qwen2-7B shapes (nt=2048, hidden 3584, ffn 18944, 28 q heads / 4 kv heads of 128) on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType
+from numba import cuda
+
+from kernels.activation import swiglu
+from kernels.embedding import SUPPORTED as EMBED_TYPES
+from kernels.embedding import embedding
+from kernels.errors import KernelConstraintError
+from kernels.norm import rms_norm
+from kernels.residual import bias_add, residual_add
+from kernels.rope import rope
+from minfer_cli.quant_blocks import random_blocks
+
+F32_TOL = 1e-5
+F16_TOL = 1e-3
+TOL = {np.float32: F32_TOL, np.float16: F16_TOL}
+
+
+def _rng():
+    return np.random.default_rng()
+
+
+def _poisoned(shape, dtype):
+    return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
+
+
+def _rel(got, ref) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    assert not np.isnan(got).any(), "some output elements were never written (still the NaN poison)"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+# ---- numpy float64 references ----------------------------------------------------------------------------
+
+
+def _rms_norm_ref(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def _rope_ref(x, pos, base, mode):
+    x = x.astype(np.float64)
+    hd = x.shape[-1]
+    half = hd // 2
+    theta = pos.astype(np.float64)[:, None] * base ** (-2.0 * np.arange(half) / hd)[None, :]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.copy()
+    i0, i1 = (slice(0, half), slice(half, hd)) if mode == "neox" else (slice(0, hd, 2), slice(1, hd, 2))
+    out[..., i0] = x[..., i0] * c - x[..., i1] * s
+    out[..., i1] = x[..., i0] * s + x[..., i1] * c
+    return out
+
+
+def _swiglu_ref(gate, up):
+    g = gate.astype(np.float64)
+    return g / (1.0 + np.exp(-g)) * up.astype(np.float64)
+
+
+def _embedding_ref(raw, name, vocab, hidden, ids):
+    """gguf-py's float32 dequantization of the rows ``ids`` (BF16: bits << 16, as gguf-py's BF16)."""
+    rows = raw.reshape(vocab, -1)[ids]
+    return quants.dequantize(rows, GGMLQuantizationType[name]).reshape(len(ids), hidden).astype(np.float32)
+
+
+# ---- simulator: numbers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("out_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("nt, d, tpb", [(3, 200, 64), (1, 5, 32), (2, 300, 96)])  # tails, d < tpb, 3 warps
+def test_rms_norm(nt, d, tpb, out_dtype):
+    rng = _rng()
+    x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    out = _poisoned((nt, d), out_dtype)
+    got = rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out, tpb=tpb)
+    assert got is out
+    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+
+
+def test_rms_norm_allocates_f16_by_default_and_f32_on_request():
+    rng = _rng()
+    x, w = rng.standard_normal((2, 40)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    assert rms_norm(dx, dw, 1e-5, tpb=32).dtype == np.float16
+    got = rms_norm(dx, dw, 1e-5, out_dtype=np.float32, tpb=32)
+    assert got.dtype == np.float32 and _rel(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
+
+
+POSITIONS = np.array([0, 1, 7, 4095, 32767, 131071, 1_000_000], dtype=np.int32)
+
+
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+@pytest.mark.parametrize("base", [10000.0, 1e6])
+def test_rope_both_pairings_at_small_and_large_positions(mode, base):
+    rng = _rng()
+    nt, nh, nkv, hd = len(POSITIONS), 3, 1, 10  # head_dim/2 = 5 pairs: no power of two anywhere
+    q = rng.standard_normal((nt, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((nt, nkv, hd)).astype(np.float32)
+    dq, dk = cuda.to_device(q), cuda.to_device(k)
+    rope(dq, dk, cuda.to_device(POSITIONS), base, mode)
+    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, base, mode)) < F32_TOL
+    assert _rel(dk.copy_to_host(), _rope_ref(k, POSITIONS, base, mode)) < F32_TOL
+
+
+def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
+    rng = _rng()
+    nt, nh, nkv, hd = 3, 2, 1, 8
+    qkv = rng.standard_normal((nt, (nh + 2 * nkv) * hd)).astype(np.float32)
+    pos = rng.integers(0, 40000, size=nt).astype(np.int32)
+    d3 = cuda.to_device(qkv).reshape(nt, nh + 2 * nkv, hd)
+    rope(d3[:, :nh], d3[:, nh : nh + nkv], cuda.to_device(pos), 1e6, "neox")
+    got = d3.copy_to_host()
+    h3 = qkv.reshape(nt, nh + 2 * nkv, hd)
+    assert _rel(got[:, :nh], _rope_ref(h3[:, :nh], pos, 1e6, "neox")) < F32_TOL
+    assert _rel(got[:, nh : nh + nkv], _rope_ref(h3[:, nh : nh + nkv], pos, 1e6, "neox")) < F32_TOL
+    np.testing.assert_array_equal(got[:, nh + nkv :], h3[:, nh + nkv :])
+
+
+def test_f32_angles_would_miss_the_f32_bound_at_32k():
+    """Why the kernel computes theta in f64: llama.cpp's/HF's f32 theta = f32(pos) * f32(inv_freq) at
+    pos = 32767 already misses F32_TOL against the float64 rotation (numpy only, no kernel)."""
+    rng = _rng()
+    hd, base = 128, 1e6
+    pos = np.full(4, 32767, dtype=np.int32)
+    x = rng.standard_normal((4, 1, hd))
+    inv32 = (base ** (-2.0 * np.arange(hd // 2) / hd)).astype(np.float32)
+    theta32 = (pos.astype(np.float32)[:, None] * inv32[None, :]).astype(np.float64)
+    c, s = np.cos(theta32)[:, None, :], np.sin(theta32)[:, None, :]
+    half = hd // 2
+    f32_angles = np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., :half] * s + x[..., half:] * c], -1)
+    assert _rel(f32_angles, _rope_ref(x, pos, base, "neox")) > F32_TOL
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # simulator: exp(100) -> inf, as expf
+@pytest.mark.parametrize("out_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("fused", [False, True])
+def test_swiglu(fused, out_dtype):
+    rng = _rng()
+    nt, ffn = 3, 200
+    gate = (rng.standard_normal((nt, ffn)) * 4).astype(np.float32)
+    gate[0, :4] = (-100.0, 100.0, -88.5, 0.0)  # exp overflow/underflow edges
+    up = rng.standard_normal((nt, ffn)).astype(np.float32)
+    out = _poisoned((nt, ffn), out_dtype)
+    if fused:
+        got = swiglu(cuda.to_device(np.concatenate([gate, up], axis=1)), out=out, tpb=64)
+    else:
+        got = swiglu(cuda.to_device(gate), cuda.to_device(up), out=out, tpb=64)
+    assert got is out
+    assert _rel(out.copy_to_host(), _swiglu_ref(gate, up)) < TOL[out_dtype]
+
+
+def _embed_hidden(name: str) -> int:
+    return {"Q4_K": 512, "Q6_K": 256, "Q8_0": 96}.get(name, 40)  # several blocks per row; floats: a tail at tpb 32
+
+
+@pytest.mark.parametrize("name", EMBED_TYPES)
+def test_embedding_gather_is_bit_exact_against_gguf(name):
+    rng = _rng()
+    vocab, hidden = 6, _embed_hidden(name)
+    raw = random_blocks(name, vocab, hidden, rng)
+    ids = np.array([3, 0, 5, 3], dtype=np.int32)  # repeated id, first and last rows
+    out = _poisoned((len(ids), hidden), np.float32)
+    got = embedding(cuda.to_device(raw), name, vocab, hidden, cuda.to_device(ids), out=out, tpb=32)
+    assert got is out
+    host = out.copy_to_host()
+    assert not np.isnan(host).any(), "some output elements were never written (still the NaN poison)"
+    np.testing.assert_array_equal(host.view(np.uint32), _embedding_ref(raw, name, vocab, hidden, ids).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "F16"])
+def test_embedding_out_of_range_ids_give_nan_rows(name):
+    rng = _rng()
+    vocab, hidden = 4, _embed_hidden(name)
+    raw = random_blocks(name, vocab, hidden, rng)
+    ids = np.array([1, 4, -1, 2], dtype=np.int32)
+    got = embedding(cuda.to_device(raw), name, vocab, hidden, cuda.to_device(ids), tpb=32).copy_to_host()
+    assert np.isnan(got[[1, 2]]).all()
+    ref = _embedding_ref(raw, name, vocab, hidden, np.array([1, 2]))
+    np.testing.assert_array_equal(got[[0, 3]], ref)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_residual_add_in_place(with_bias):
+    rng = _rng()
+    nt, d = 3, 200
+    x, y = rng.standard_normal((nt, d)).astype(np.float32), rng.standard_normal((nt, d)).astype(np.float32)
+    b = rng.standard_normal(d).astype(np.float32)
+    dx = cuda.to_device(x)
+    got = residual_add(dx, cuda.to_device(y), bias=cuda.to_device(b) if with_bias else None, tpb=64)
+    assert got is dx
+    ref = x.astype(np.float64) + y + (b if with_bias else 0.0)
+    assert _rel(dx.copy_to_host(), ref) < F32_TOL
+
+
+def test_residual_add_into_out_and_bias_add():
+    rng = _rng()
+    nt, d = 3, 200
+    x, y = rng.standard_normal((nt, d)).astype(np.float32), rng.standard_normal((nt, d)).astype(np.float32)
+    b = rng.standard_normal(d).astype(np.float32)
+    dx, out = cuda.to_device(x), _poisoned((nt, d), np.float32)
+    residual_add(dx, cuda.to_device(y), out=out, tpb=64)
+    assert _rel(out.copy_to_host(), x.astype(np.float64) + y) < F32_TOL
+    np.testing.assert_array_equal(dx.copy_to_host(), x)  # x untouched when out is given
+    out2 = _poisoned((nt, d), np.float32)
+    bias_add(dx, cuda.to_device(b), out=out2, tpb=64)
+    assert _rel(out2.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
+    bias_add(dx, cuda.to_device(b), tpb=64)
+    assert _rel(dx.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
+
+
+# ---- simulator: rejected inputs --------------------------------------------------------------------------
+
+
+def _d(shape, dtype=np.float32):
+    return cuda.to_device(np.zeros(shape, dtype=dtype))
+
+
+def _q4k_raw(vocab=2, hidden=256):
+    return cuda.to_device(random_blocks("Q4_K", vocab, hidden, np.random.default_rng(1)))
+
+
+BAD_CALLS = [
+    (lambda: rms_norm(np.zeros((2, 8), np.float32), _d(8), 1e-6), "must be a CUDA device array"),
+    (lambda: rms_norm(_d((2, 8), np.float16), _d(8), 1e-6), "2-D float32"),
+    (lambda: rms_norm(_d((2, 8)), _d(9), 1e-6), r"shape \(8,\)"),
+    (lambda: rms_norm(_d((2, 8)), _d(8), 0.0), "eps must be a positive"),
+    (lambda: rms_norm(_d((2, 8)), _d(8), 1e-6, tpb=48), "tpb=48"),
+    (lambda: rms_norm(_d((2, 8)), _d(8), 1e-6, out=_d((2, 8), np.float64)), "out must be"),
+    (lambda: rms_norm(_d((2, 8)), _d(8), 1e-6, out=_d((2, 8)), out_dtype=np.float16), "give one or agree"),
+    (lambda: rms_norm(_d((2, 16))[:, :8], _d(8), 1e-6), "C-contiguous"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "yarn"), "mode='yarn'"),
+    (lambda: rope(_d((2, 2, 7)), _d((2, 1, 7)), _d(2, np.int32), 1e4, "neox"), "head_dim=7 must be even"),
+    (lambda: rope(_d((2, 2, 8)), _d((3, 1, 8)), _d(2, np.int32), 1e4, "neox"), "same nt and head_dim"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int64), 1e4, "neox"), "pos must be a contiguous int32"),
+    (lambda: rope(_d((2, 2, 8), np.float16), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox"), "3-D float32"),
+    (
+        lambda: rope(_d((2, 2, 16))[:, :, :8], _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox"),
+        "contiguous within a token",
+    ),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), -1.0, "neox"), "base must be a positive"),
+    (lambda: swiglu(_d((2, 7))), "even, positive number of columns"),
+    (lambda: swiglu(_d((2, 8)), _d((2, 9))), "must have the same shape"),
+    (lambda: swiglu(_d((2, 8), np.float16), _d((2, 8))), "2-D float32"),
+    (lambda: swiglu(_d((2, 8)), _d((2, 8)), out=_d((2, 4), np.float16)), r"shape \(2, 8\)"),
+    (lambda: swiglu(_d((2, 8)), _d((2, 8)), out_dtype=np.int8), "out_dtype must be"),
+    (lambda: residual_add(_d((2, 8)), _d((2, 9))), "must have the same shape"),
+    (lambda: residual_add(_d((2, 8)), _d((2, 8)), bias=_d(9)), r"bias must be a contiguous float32 .* \(8,\)"),
+    (lambda: residual_add(_d((2, 8)), _d((2, 8), np.float16)), "C-contiguous 2-D float32"),
+    (lambda: residual_add(_d((2, 8)), _d((2, 8)), out=_d((2, 4))), "must have the shape of x"),
+    (lambda: bias_add(_d((2, 8)), _d((2, 8))), "bias must be"),
+    (lambda: embedding(_q4k_raw(), "Q4_0", 2, 256, _d(1, np.int32)), "does not support Q4_0"),
+    (lambda: embedding(_q4k_raw(), "Q9_9", 2, 256, _d(1, np.int32)), "not a supported GGUF type"),
+    (lambda: embedding(_q4k_raw(), "Q4_K", 2, 128, _d(1, np.int32)), "not a multiple of the Q4_K block size"),
+    (lambda: embedding(_q4k_raw(), "Q4_K", 3, 256, _d(1, np.int32)), "raw holds 288 bytes"),
+    (lambda: embedding(_q4k_raw(), "Q4_K", 2, 256, _d(1, np.int64)), "ids must be a contiguous 1-D int32"),
+    (lambda: embedding(_q4k_raw(), "Q4_K", 2, 256, _d(2, np.int32), out=_d((2, 256), np.float16)), "out must be"),
+    (lambda: embedding(_d(2 * 144 + 4, np.uint8)[4:], "Q4_K", 2, 256, _d(1, np.int32)), "8-byte aligned"),
+]
+
+
+@pytest.mark.parametrize("call, needle", BAD_CALLS)
+def test_rejects_bad_input(call, needle):
+    with pytest.raises(KernelConstraintError, match=needle):
+        call()
+
+
+# ---- compile: PTX for sm_90, no local memory -------------------------------------------------------------
+
+
+def _compile_cases():
+    from kernels import activation, embedding, norm, residual
+    from kernels import rope as rope_mod
+
+    rows = "float32[:, ::1]"
+    return {
+        "rms_norm f16 out": (norm._rms_norm, f"{rows}, float32[::1], float16[:, ::1], float32"),
+        "rms_norm f32 out": (norm._rms_norm, f"{rows}, float32[::1], {rows}, float32"),
+        "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, boolean"),
+        "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, boolean"),
+        "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
+        "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
+        "swiglu f32 out": (activation._swiglu, f"{rows}, {rows}, {rows}, int64"),
+        "residual add": (residual._add, f"{rows}, {rows}, {rows}, int64"),
+        "residual add bias": (residual._add_bias, f"{rows}, {rows}, float32[::1], {rows}, int64"),
+        "bias add": (residual._bias, f"{rows}, float32[::1], {rows}, int64"),
+        "embed Q4_K": (embedding._gather_q4_k, f"uint64[::1], int32[::1], {rows}, int64, int64, int64"),
+        "embed Q6_K": (embedding._gather_q6_k, f"uint16[::1], int32[::1], {rows}, int64, int64, int64"),
+        "embed Q8_0": (embedding._gather_q8_0, f"uint16[::1], int32[::1], {rows}, int64, int64, int64"),
+        "embed F32": (embedding._gather_float, f"{rows}, int32[::1], {rows}, int64, int64"),
+        "embed F16": (embedding._gather_float, f"float16[:, ::1], int32[::1], {rows}, int64, int64"),
+        "embed BF16": (embedding._gather_bf16, f"uint16[:, ::1], int32[::1], {rows}, int64, int64"),
+    }
+
+
+COMPILE_NAMES = [
+    "rms_norm f16 out", "rms_norm f32 out", "rope contiguous", "rope qkv views", "swiglu two arrays",
+    "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
+    "embed Q8_0", "embed F32", "embed F16", "embed BF16",
+]  # fmt: skip
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", COMPILE_NAMES)
+def test_compiles_for_sm90_without_local_memory(name):
+    cases = _compile_cases()
+    assert set(cases) == set(COMPILE_NAMES)
+    kernel, sig = cases[name]
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    assert ".local" not in ptx, f"{name} uses local memory"
+    if name.startswith("rms_norm"):
+        assert "shfl.sync.bfly" in ptx  # the warp butterfly, not a shared-memory-only fallback
+    if name.startswith("rope"):
+        assert "sin.approx" not in ptx and "cos.approx" not in ptx
+    if name.startswith("embed Q"):
+        assert "fma.rn.f32" not in ptx  # bit-exactness with gguf-py needs the separate mul/sub roundings
+
+
+# ---- gpu: qwen2-7B shapes ----------------------------------------------------------------------------------
+
+NT, HIDDEN, FFN, NH, NKV, HD = 2048, 3584, 18944, 28, 4, 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [np.float16, np.float32])
+def test_rms_norm_on_gpu(out_dtype):
+    rng = _rng()
+    x = rng.standard_normal((NT, HIDDEN)).astype(np.float32)
+    w = rng.standard_normal(HIDDEN).astype(np.float32)
+    out = _poisoned((NT, HIDDEN), out_dtype)
+    rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out)
+    cuda.synchronize()
+    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+def test_rope_on_gpu(mode):
+    rng = _rng()
+    q = rng.standard_normal((NT, NH, HD)).astype(np.float32)
+    k = rng.standard_normal((NT, NKV, HD)).astype(np.float32)
+    pos = (np.arange(NT) + 30000).astype(np.int32)
+    dq, dk = cuda.to_device(q), cuda.to_device(k)
+    rope(dq, dk, cuda.to_device(pos), 1e6, mode)
+    cuda.synchronize()
+    assert _rel(dq.copy_to_host(), _rope_ref(q, pos, 1e6, mode)) < F32_TOL
+    assert _rel(dk.copy_to_host(), _rope_ref(k, pos, 1e6, mode)) < F32_TOL
+
+
+@pytest.mark.gpu
+def test_swiglu_on_gpu():
+    rng = _rng()
+    gu = (rng.standard_normal((NT, 2 * FFN)) * 3).astype(np.float32)
+    out = _poisoned((NT, FFN), np.float16)
+    swiglu(cuda.to_device(gu), out=out)
+    cuda.synchronize()
+    assert _rel(out.copy_to_host(), _swiglu_ref(gu[:, :FFN], gu[:, FFN:])) < F16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", EMBED_TYPES)
+def test_embedding_on_gpu(name):
+    rng = _rng()
+    vocab = 4096
+    raw = random_blocks(name, vocab, HIDDEN, rng)
+    ids = rng.integers(0, vocab, size=NT).astype(np.int32)
+    out = _poisoned((NT, HIDDEN), np.float32)
+    embedding(cuda.to_device(raw), name, vocab, HIDDEN, cuda.to_device(ids), out=out)
+    cuda.synchronize()
+    np.testing.assert_array_equal(
+        out.copy_to_host().view(np.uint32), _embedding_ref(raw, name, vocab, HIDDEN, ids).view(np.uint32)
+    )
+
+
+@pytest.mark.gpu
+def test_residual_and_bias_on_gpu():
+    rng = _rng()
+    x, y = rng.standard_normal((NT, HIDDEN)).astype(np.float32), rng.standard_normal((NT, HIDDEN)).astype(np.float32)
+    b = rng.standard_normal(HIDDEN).astype(np.float32)
+    dx = cuda.to_device(x)
+    residual_add(dx, cuda.to_device(y), bias=cuda.to_device(b))
+    cuda.synchronize()
+    assert _rel(dx.copy_to_host(), x.astype(np.float64) + y + b) < F32_TOL
+    qkv_d = (NH + 2 * NKV) * HD
+    z, bz = rng.standard_normal((NT, qkv_d)).astype(np.float32), rng.standard_normal(qkv_d).astype(np.float32)
+    dz = cuda.to_device(z)
+    bias_add(dz, cuda.to_device(bz))
+    cuda.synchronize()
+    assert _rel(dz.copy_to_host(), z.astype(np.float64) + bz) < F32_TOL
