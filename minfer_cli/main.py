@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from minfer_cli import __version__
-from minfer_cli.commands import ab, calibrate, doctor, experiments, kernels, ledger, run, sweep
+from minfer_cli.commands import ab, calibrate, doctor, experiments, kernels, ledger, model, run, sweep
 from minfer_cli.console import error_line, out
 from minfer_cli.errors import EnvironmentProblem
 
@@ -88,3 +88,4 @@ app.command(name="calibrate")(calibrate.calibrate)
 app.command(name="sweep")(sweep.sweep)
 app.command(name="kernels")(kernels.kernels)
 app.add_typer(ledger.app)
+app.add_typer(model.app)

@@ -1,0 +1,252 @@
+"""The prefill forward of a llama/qwen2 model on minfer's own kernels.
+
+One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions 0..nt-1), all on one stream:
+
+    x = embedding(ids)                                               f32 [nt, hidden]   (residual stream)
+    per layer:  h = rms_norm(x, attn_norm)                           f16 [nt, hidden]
+                qkv = h · Wqkv^T (+ bias)                            f32 [nt, q_dim + 2 kv_dim]   (fused q|k|v)
+                rope(q, k at positions pos)                           in place
+                q16, K/V cache rows = kv_append(qkv, pos)            f16
+                a = flash_attention(q16, K[:L], V[:L], causal)       f16 [nt, q_dim]
+                x += a · Wo^T
+                h = rms_norm(x, ffn_norm);  gu = h · Wgate_up^T       f32 [nt, 2 ffn]   (fused gate|up)
+                x += swiglu(gu) · Wdown^T
+    logits = rms_norm(x[nt-1], output_norm) · Woutput^T               f32 [vocab] (last token only, as llama-bench)
+
+Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16:
+keep a persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing
+before every product into one scratch buffer. Source of the architecture: llama.cpp's llm_build_llama /
+llm_build_qwen2 (pre-norm, SwiGLU, RoPE NEOX for qwen2 and NORMAL for llama, GQA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from minfer_cli.engine.config import ModelConfig
+from minfer_cli.engine.weights import ModelWeights
+
+Progress = Optional[Callable[[str, float], None]]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob
+    settings passed to those kernels (None = their defaults)."""
+
+    w16: bool = True
+    gemm: Optional[dict] = None
+    attention: Optional[dict] = None
+
+
+@dataclass
+class _Matrix:
+    """A weight as the GEMM sees it: GGUF tensors stacked along od (q|k|v, gate|up), f16 [od, id] when built."""
+
+    parts: list
+    od: int
+    id: int
+    f16: object = None
+
+
+@dataclass
+class _Layer:
+    attn_norm: object
+    ffn_norm: object
+    qkv: _Matrix
+    qkv_bias: object
+    attn_output: _Matrix
+    gate_up: _Matrix
+    down: _Matrix
+    k_cache: object = None
+    v_cache: object = None
+
+
+def _f32(weights: ModelWeights, name: str):
+    spec = weights.spec(name)
+    if spec.qtype != "F32":
+        from minfer_cli.engine.errors import ModelError
+
+        raise ModelError(f"tensor {name} is {spec.qtype}; minfer expects F32 norms and biases")
+    return weights.device(name).view(np.float32)
+
+
+class PrefillEngine:
+    """Buffers and weights for prompts of up to ``max_tokens`` tokens (and a KV cache of ``context`` rows).
+
+    Construction does every allocation and, with W16, every dequantization: nothing is allocated in `prefill`.
+    Raises ModelError for a model the kernels cannot run (head_dim != 128 for flash attention, a tensor type the
+    dequant kernels do not cover) and a clear MemoryError-like ModelError when the buffers do not fit.
+    """
+
+    def __init__(self, weights: ModelWeights, max_tokens: int, options: EngineOptions = EngineOptions(),
+                 context: Optional[int] = None, stream=None, progress: Progress = None):
+        from numba import cuda
+
+        from kernels.quant import SUPPORTED
+
+        c: ModelConfig = weights.config
+        self.config, self.weights, self.options = c, weights, options
+        self.max_tokens = int(max_tokens)
+        self.context = int(context or max_tokens)
+        self.stream = stream if stream is not None else cuda.stream()
+        for name, (spec, _) in weights.tensors.items():
+            if spec.qtype not in SUPPORTED:
+                from minfer_cli.engine.errors import ModelError
+
+                raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
+        self.layers: list[_Layer] = []
+        for i in range(c.n_layers):
+            b = f"blk.{i}."
+            bias = None
+            if c.qkv_bias:
+                bias = cuda.to_device(np.concatenate([
+                    weights.device(b + p + ".bias").copy_to_host().view(np.float32) for p in ("attn_q", "attn_k", "attn_v")
+                ]))
+            self.layers.append(_Layer(
+                attn_norm=_f32(weights, b + "attn_norm.weight"),
+                ffn_norm=_f32(weights, b + "ffn_norm.weight"),
+                qkv=self._matrix([b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]),
+                qkv_bias=bias,
+                attn_output=self._matrix([b + "attn_output.weight"]),
+                gate_up=self._matrix([b + "ffn_gate.weight", b + "ffn_up.weight"]),
+                down=self._matrix([b + "ffn_down.weight"]),
+            ))
+        self.output_norm = _f32(weights, "output_norm.weight")
+        self.output = self._matrix(["token_embd.weight" if c.tied_output else "output.weight"])
+        matrices = [m for layer in self.layers for m in (layer.qkv, layer.attn_output, layer.gate_up, layer.down)]
+        matrices.append(self.output)
+        s = self.stream
+        if options.w16:
+            for n, m in enumerate(matrices):
+                if progress:
+                    progress("f16 weights (W16=1)", n / len(matrices))
+                m.f16 = cuda.device_array((m.od, m.id), dtype=np.float16, stream=s)
+                self._dequantize(m, m.f16)
+            self.scratch = None
+        else:
+            largest = max(matrices, key=lambda m: m.od * m.id)
+            self.scratch = cuda.device_array(largest.od * largest.id, dtype=np.float16, stream=s)
+        width = c.q_dim + 2 * c.kv_dim
+        nt = self.max_tokens
+        for layer in self.layers:
+            layer.k_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
+            layer.v_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
+        self.x = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
+        self.h = cuda.device_array((nt, c.hidden), dtype=np.float16, stream=s)
+        self.qkv = cuda.device_array((nt, width), dtype=np.float32, stream=s)
+        self.q16 = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
+        self.attn = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
+        self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
+        self.gu = cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
+        self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
+        self.last = cuda.device_array((1, c.hidden), dtype=np.float16, stream=s)
+        self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
+        self.pos = cuda.device_array(nt, dtype=np.int32, stream=s)
+        s.synchronize()
+        if progress:
+            progress("f16 weights (W16=1)" if options.w16 else "buffers", 1.0)
+
+    # -- weights ---------------------------------------------------------------------------------------------------
+    def _matrix(self, names: list) -> _Matrix:
+        specs = [self.weights.spec(n) for n in names]
+        ids = {s.id for s in specs}
+        assert len(ids) == 1, f"stacked tensors {names} differ in input dim"
+        return _Matrix(parts=names, od=sum(s.od for s in specs), id=specs[0].id)
+
+    def _dequantize(self, m: _Matrix, out) -> None:
+        from kernels.quant import dequantize
+
+        row = 0
+        for name in m.parts:
+            spec = self.weights.spec(name)
+            dequantize(self.weights.device(name), spec.qtype, spec.od, spec.id, out=out[row:row + spec.od],
+                       stream=self.stream)
+            row += spec.od
+
+    def _weight_f16(self, m: _Matrix):
+        if m.f16 is not None:
+            return m.f16
+        out = self.scratch[: m.od * m.id].reshape(m.od, m.id)
+        self._dequantize(m, out)
+        return out
+
+    def _gemm(self, a, m: _Matrix, out) -> None:
+        from kernels.gemm_f16 import gemm_f16
+
+        gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream)
+
+    # -- the forward ---------------------------------------------------------------------------------------------
+    def prefill(self, ids, start: int = 0):
+        """Enqueue the prefill of ``ids`` (int32 device array [nt], nt <= max_tokens) at positions start..start+nt-1
+        and return the last token's logits (f32 device array [1, vocab]); the caller synchronises the stream.
+
+        Raises ModelError when nt is 0 or exceeds max_tokens, or the positions exceed the cache's context.
+        """
+        from kernels.activation import swiglu
+        from kernels.attention import flash_attention
+        from kernels.embedding import embedding
+        from kernels.kv_cache import kv_append
+        from kernels.norm import rms_norm
+        from kernels.residual import bias_add, residual_add
+        from kernels.rope import rope
+        from minfer_cli.engine.errors import ModelError
+
+        c, s = self.config, self.stream
+        nt = int(ids.shape[0])
+        if not 0 < nt <= self.max_tokens or start + nt > self.context:
+            raise ModelError(f"prefill of {nt} tokens at position {start} does not fit this engine "
+                             f"(max {self.max_tokens} tokens per call, context {self.context})")
+        self.pos[:nt].copy_to_device(np.arange(start, start + nt, dtype=np.int32), stream=s)
+        pos = self.pos[:nt]
+        x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
+        proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
+        embd = self.weights.spec("token_embd.weight")
+        embedding(self.weights.device("token_embd.weight"), embd.qtype, c.vocab, c.hidden, ids, out=x, stream=s)
+        heads = c.n_heads + 2 * c.n_kv_heads
+        length = start + nt
+        for layer in self.layers:
+            rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s)
+            self._gemm(h, layer.qkv, qkv)
+            if layer.qkv_bias is not None:
+                bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
+            view = qkv.reshape(nt, heads, c.head_dim)
+            rope(view[:, : c.n_heads], view[:, c.n_heads: c.n_heads + c.n_kv_heads], pos, c.rope_base, c.rope_style,
+                 stream=s)
+            kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
+            flash_attention(
+                q16.reshape(nt, c.n_heads, c.head_dim),
+                layer.k_cache[:length].reshape(length, c.n_kv_heads, c.head_dim),
+                layer.v_cache[:length].reshape(length, c.n_kv_heads, c.head_dim),
+                out=attn.reshape(nt, c.n_heads, c.head_dim), causal=True, config=self.options.attention, stream=s,
+            )
+            self._gemm(attn, layer.attn_output, proj)
+            residual_add(x, proj, stream=s)
+            rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+            self._gemm(h, layer.gate_up, gu)
+            swiglu(gu, out=act, stream=s)
+            self._gemm(act, layer.down, proj)
+            residual_add(x, proj, stream=s)
+        rms_norm(x[nt - 1: nt], self.output_norm, c.rms_eps, out=self.last, stream=s)
+        self._gemm(self.last, self.output, self.logits)
+        return self.logits
+
+
+def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
+    """(od, id) of every matrix the prefill multiplies by: per layer q|k|v, attn_output, gate|up, down; output."""
+    per_layer = [(c.q_dim + 2 * c.kv_dim, c.hidden), (c.hidden, c.q_dim), (2 * c.ffn, c.hidden), (c.hidden, c.ffn)]
+    return per_layer * c.n_layers + [(c.vocab, c.hidden)]
+
+
+def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None) -> int:
+    """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
+    cache, activations), so that a prompt that cannot fit is refused before anything is allocated."""
+    shapes = gemm_weight_shapes(c)
+    weights = 2 * (sum(od * id for od, id in shapes) if w16 else max(od * id for od, id in shapes))
+    kv = 2 * 2 * c.n_layers * (context or max_tokens) * c.kv_dim
+    width = c.q_dim + 2 * c.kv_dim
+    per_token = 4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + 4 * 2 * c.ffn + 2 * c.ffn
+    return weights + kv + max_tokens * per_token + 4 * c.vocab
