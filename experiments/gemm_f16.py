@@ -24,6 +24,8 @@ _DOCS = {
     "STAGES": "depth of the shared-memory ring (STAGES-1 k tiles in flight)",
     "STAGING": "global->shared copies: cp.async.cg (zero-fill tails) or ld.global.v4 + st.shared.v4",
     "GROUP": "od tiles per grouped-program-order group (L2 reuse; 1 = nt-fastest order)",
+    "LOOP": "main loop (mma_sync + cp_async only): v1; addr32 = precomputed 32-bit offsets; "
+            "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order)",
 }
 
 

@@ -38,11 +38,14 @@ from kernels.errors import KernelConstraintError
 from kernels.ptx import (
     SIMULATOR,
     cp_async_16,
+    cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
     ld_global_v4_b32,
     ldmatrix_x4,
+    ldmatrix_x4_off,
     mma_m16n8k16_f32_f16,
+    opaque_u32,
     st_shared_v4_b32,
     wmma_load_a_f16,
     wmma_load_b_f16,
@@ -59,10 +62,17 @@ KNOBS: dict[str, tuple] = {
     "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
     "STAGING": ("cp_async", "sync"),
     "GROUP": (1, 4, 8),  # od tiles per program-order group
+    # Main-loop schedule (mma_sync + cp_async only; see _make_kernel_v2). v1: the original loop (per-access 64-bit
+    # index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as
+    # 32-bit shared / 64-bit global byte offsets. pipe: addr32 + fragments double-buffered in registers across
+    # the k16 sub-steps (CUTLASS sm80 multistage order). Unmeasured so far.
+    "LOOP": ("v1", "addr32", "pipe"),
 }
-BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1}
+BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
+                  "LOOP": "v1"}
 # The default is the path meant to be fast on H200 (128x128 tile, 8 warps, 3-stage cp.async). Unmeasured so far.
-DEFAULT: dict = {"MMA": "mma_sync", "TM": 128, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8}
+DEFAULT: dict = {"MMA": "mma_sync", "TM": 128, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8,
+                 "LOOP": "v1"}
 
 STATIC_SMEM_LIMIT = 48 * 1024
 H200_SMEM_OPTIN = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
@@ -79,6 +89,7 @@ class Geometry:
     stages: int
     staging: str
     group: int
+    loop: str
     warps: int
     warps_m: int  # warps along od
     warps_n: int  # warps along nt
@@ -107,6 +118,11 @@ def resolve_config(config: dict | None) -> dict:
                 raise KernelConstraintError(f"gemm_f16 {key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
             value = match[0]
         cfg[key] = value
+    if cfg["LOOP"] != "v1" and (cfg["MMA"] != "mma_sync" or cfg["STAGING"] != "cp_async"):
+        raise KernelConstraintError(
+            f"gemm_f16 LOOP={cfg['LOOP']} needs MMA=mma_sync and STAGING=cp_async "
+            f"(got MMA={cfg['MMA']}, STAGING={cfg['STAGING']}); only LOOP=v1 has the wmma and sync paths"
+        )
     return cfg
 
 
@@ -120,14 +136,19 @@ def geometry(config: dict | None) -> Geometry:
     smem = stages * (tm + tn) * row * 2
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
-    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], warps, warps_m, warps_n, row, smem)
+    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], warps, warps_m,
+                    warps_n, row, smem)
 
 
 def all_configs():
-    """Every allowed knob combination, as dicts (3*2*2*3*2*3*2 = 432)."""
+    """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
+    addr32 / pipe (648)."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
-        yield dict(zip(keys, values))
+        cfg = dict(zip(keys, values))
+        if cfg["LOOP"] != "v1" and (cfg["MMA"] != "mma_sync" or cfg["STAGING"] != "cp_async"):
+            continue
+        yield cfg
 
 
 if SIMULATOR:
@@ -151,6 +172,8 @@ else:
 
 
 def _make_kernel(g: Geometry):
+    if g.loop != "v1":
+        return _make_kernel_v2(g)
     TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
     ROW = g.row
     THREADS = g.threads
@@ -359,6 +382,230 @@ def _make_kernel(g: Geometry):
                 col = m0 + cc
                 if rowi < nt and col < od:
                     out[rowi, col] = cscr[r * CROW + cc]
+
+    return gemm_kernel
+
+
+def _make_kernel_v2(g: Geometry):
+    """LOOP=addr32 / LOOP=pipe (mma_sync, cp_async): the v1 tile and swizzle layout, with a main loop that does
+    no index arithmetic beyond a handful of 32-bit adds per k tile.
+
+    * Addresses are computed once, before the k loop: per thread, the swizzled shared byte offset of its copy
+      chunk (the swizzle term depends only on row bits 0..2, and every row step between a thread's chunks is a
+      multiple of 16 rows, so it is one offset plus compile-time constants) and a 64-bit global byte offset per
+      chunk (rows past nt/od point at element 0 with src-size 0); per lane, one swizzled ldmatrix offset for A
+      and one for B (independent of the m16/n16 sub-tile, which adds a constant; k16 step q XORs in q << 5). In
+      the loop an access is `stage offset + precomputed offset + constant`, the constant folded into the
+      instruction's immediate. Measured in SASS at 256x128x32: 370 -> ~150 instructions per k tile (64 HMMA).
+    * The ring slot is a 32-bit byte offset stepped and wrapped by compare/select (v1 divides a 64-bit k tile
+      index by STAGES every iteration).
+    * addr32 keeps v1's order (wait, barrier, then per k16 step: ldmatrix, mma; the next tile's copies are
+      issued after the first k16 step's ldmatrix instead of before it).
+      pipe is CUTLASS's sm80 multistage order: fragments are double-buffered in registers; the ldmatrix of k16
+      step q+1 is issued before the mma of step q, and the wait + barrier sit before the last k16 step of a tile
+      so that the first fragments of the next tile load while the last mma of this one run. One barrier per k
+      tile either way.
+    """
+    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
+    ROWB = g.row * 2  # shared tile row stride in bytes (the swizzled layout has no padding)
+    THREADS = g.threads
+    WARPS_N = g.warps_n
+    WTM = TM // g.warps_m
+    WTN = TN // WARPS_N
+    CPR = KS // 8  # 16-byte chunks per tile row
+    SWS = 1 if CPR == 4 else 0
+    SWM = CPR - 1
+    SA_B = TN * ROWB  # A tile bytes per stage (B follows it)
+    STAGE_B = (TN + TM) * ROWB
+    RING_B = STAGES * STAGE_B
+    RPT = THREADS // CPR  # tile rows covered by one round of the block's copies (a multiple of 16)
+    REP_B = RPT * ROWB
+    CH_A = TN // RPT
+    CH_B = TM // RPT
+    KTAIL = KS > 32  # id % 32 == 0 is enforced, so only KS=64 can have a partial last k tile
+    KS_B = KS * 2
+    WAIT = STAGES - 2
+    K16 = KS // 16
+    MT = WTN // 16
+    NT8 = WTM // 8
+    SUB_B = 16 * ROWB  # bytes between m16 (A) / 2 x n8 (B) sub-tiles
+    PIPE = g.loop == "pipe"
+    NBUF = 2 if PIPE else 1
+    ACC_N = MT * NT8 * 4
+    AF_N = MT * 4
+    BF_N = NT8 * 2
+    AF_ALL = NBUF * AF_N  # (local.array sizes must be plain constants: numba does not fold products)
+    BF_ALL = NBUF * BF_N
+    CH_ALL = CH_A + CH_B
+    SMEM_ALIGN = None if SIMULATOR else 128
+
+    def gemm_kernel(a, b, out, nt, od, kdim):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        wn0 = (warp % WARPS_N) * WTN
+        wm0 = (warp // WARPS_N) * WTM
+
+        pid = cuda.blockIdx.x
+        num_n = (nt + TN - 1) // TN
+        num_m = (od + TM - 1) // TM
+        in_group = GROUP * num_n
+        first_m = (pid // in_group) * GROUP
+        gsize = min(num_m - first_m, GROUP)
+        local = pid % in_group
+        n0 = (local // gsize) * TN
+        m0 = (first_m + local % gsize) * TM
+
+        acc = cuda.local.array(ACC_N, float32)
+        af = cuda.local.array(AF_ALL, uint32)
+        bf = cuda.local.array(BF_ALL, uint32)
+        for i in range(ACC_N):
+            acc[i] = float32(0.0)
+
+        # Copy plan: chunk column cch of rows crow + rep * RPT (A: rep < CH_A, then B).
+        cch = tid % CPR
+        crow = tid // CPR
+        dst0 = uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
+        goff = cuda.local.array(CH_ALL, types.int64)
+        gsz = cuda.local.array(CH_ALL, uint32)
+        for rep in range(CH_A):
+            grow = n0 + crow + rep * RPT
+            if grow < nt:
+                goff[rep] = (grow * kdim + cch * 8) * 2
+                gsz[rep] = 16
+            else:
+                goff[rep] = 0
+                gsz[rep] = 0
+        for rep in range(CH_B):
+            grow = m0 + crow + rep * RPT
+            if grow < od:
+                goff[CH_A + rep] = (grow * kdim + cch * 8) * 2
+                gsz[CH_A + rep] = 16
+            else:
+                goff[CH_A + rep] = 0
+                gsz[CH_A + rep] = 0
+        # ldmatrix plan (lane -> row and 8-column chunk as in v1), per k16 step.
+        ar = wn0 + (lane & 15)
+        br = wm0 + (lane & 7) + ((lane >> 4) << 3)
+        # k16 step kq reads chunk 2*kq + (0 or 1); as 2*kq and the lane's chunk bit are disjoint bits,
+        # (2*kq + c) ^ s == (c ^ s) ^ 2*kq: the kq-th offset is the kq=0 one XOR (kq << 5). opaque_u32 keeps the
+        # two offsets in registers (NVVM otherwise recomputes them from the lane id inside the loop).
+        aoff0 = opaque_u32(ar * ROWB + (((lane >> 4) ^ ((ar >> SWS) & SWM)) << 4))
+        boff0 = opaque_u32(SA_B + br * ROWB + ((((lane >> 3) & 1) ^ ((br >> SWS) & SWM)) << 4))
+
+        # One loop, every block of code once (numba device helpers cannot be compiled without a GPU here):
+        # iteration `it` issues the copies of k tile `it` (the first STAGES-1 iterations only fill the ring) and
+        # computes k tile kt = it - (STAGES-1).
+        ktiles = (kdim + KS - 1) // KS
+        woff = uint32(0)
+        roff = uint32(RING_B - STAGE_B) if PIPE else uint32(0)  # pipe: stepped to slot 0 before its first use
+        for it in range(ktiles + STAGES - 1):
+            kt = it - (STAGES - 1)
+            for kq in range(K16):
+                if PIPE:
+                    # wait + barrier before the last k16 step (and once at the end of the fill, kt == -1): tile
+                    # kt+1 landed and is visible; every warp holds its last fragments of tile kt in registers, so
+                    # the slot of tile kt is free for the copies issued at the next tile's kq == 0.
+                    # The loads (and the buffer move below) run in the fill iterations too, where nothing reads
+                    # their (stale, harmless) values: unconditional, they need no selects.
+                    sync_here = kq == K16 - 1 and kt >= -1
+                    do_load = True
+                    lq = (kq + 1) % K16  # fragments of the NEXT k16 step, into buffer 1
+                    lbuf = 1
+                else:
+                    # v1's order: tile kt landed (this thread's copies) and is visible (barrier), and every
+                    # warp is done with the slot of tile kt-1, which this iteration's copies refill.
+                    sync_here = kq == 0 and kt >= 0
+                    do_load = kt >= 0
+                    lq = kq
+                    lbuf = 0
+                if sync_here:
+                    cp_async_wait_group(WAIT)
+                    cuda.syncthreads()
+                    if PIPE:
+                        roff = uint32(roff + STAGE_B)
+                        if roff == RING_B:
+                            roff = uint32(0)
+                if do_load:
+                    ao = roff + (aoff0 ^ (lq << 5))
+                    bo = roff + (boff0 ^ (lq << 5))
+                    for i in range(MT):
+                        q0, q1, q2, q3 = ldmatrix_x4_off(smem, ao + i * SUB_B)
+                        x = lbuf * AF_N + i * 4
+                        af[x] = q0
+                        af[x + 1] = q1
+                        af[x + 2] = q2
+                        af[x + 3] = q3
+                    for j in range(NT8 // 2):
+                        q0, q1, q2, q3 = ldmatrix_x4_off(smem, bo + j * SUB_B)
+                        y = lbuf * BF_N + j * 4
+                        bf[y] = q0
+                        bf[y + 1] = q1
+                        bf[y + 2] = q2
+                        bf[y + 3] = q3
+                if kq == 0:
+                    if it < ktiles:
+                        kb = it * KS_B
+                        kin = True
+                        if KTAIL:
+                            kin = it * KS + cch * 8 < kdim
+                        for rep in range(CH_ALL):
+                            n = gsz[rep]
+                            src = goff[rep] + kb
+                            if not kin:
+                                n = 0
+                                src = 0
+                            if rep < CH_A:
+                                cp_async_16_off(smem, woff + dst0 + rep * REP_B, a, src, n)
+                            else:
+                                cp_async_16_off(smem, woff + SA_B + dst0 + (rep - CH_A) * REP_B, b, src, n)
+                    cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
+                    woff = uint32(woff + STAGE_B)
+                    if woff == RING_B:
+                        woff = uint32(0)
+                if kt >= 0:
+                    for i in range(MT):
+                        x = i * 4
+                        for j in range(NT8):
+                            c = (i * NT8 + j) * 4
+                            y = j * 2
+                            d0, d1, d2, d3 = mma_m16n8k16_f32_f16(
+                                af[x], af[x + 1], af[x + 2], af[x + 3], bf[y], bf[y + 1],
+                                acc[c], acc[c + 1], acc[c + 2], acc[c + 3],
+                            )
+                            acc[c] = d0
+                            acc[c + 1] = d1
+                            acc[c + 2] = d2
+                            acc[c + 3] = d3
+                if PIPE:
+                    # buffer 1 -> buffer 0 with constant indices: renamed away where LLVM unrolls the k16 loop
+                    # (KS=32); register moves where it does not (KS=64), instead of a run-time-indexed (local
+                    # memory) fragment array
+                    for e in range(AF_N):
+                        af[e] = af[AF_N + e]
+                    for e in range(BF_N):
+                        bf[e] = bf[BF_N + e]
+            if not PIPE and kt >= 0:
+                roff = uint32(roff + STAGE_B)
+                if roff == RING_B:
+                    roff = uint32(0)
+        cp_async_wait_group(0)
+
+        # Epilogue as v1's mma_sync one: lane l holds rows g, g+8, columns 2t, 2t+1 of each m16 x n8 tile.
+        gr = lane >> 2
+        tc = (lane & 3) * 2
+        for i in range(MT):
+            for j in range(NT8):
+                c = (i * NT8 + j) * 4
+                col = m0 + wm0 + j * 8 + tc
+                for h in range(2):
+                    rowi = n0 + wn0 + i * 16 + gr + h * 8
+                    if rowi < nt:
+                        if col < od:
+                            out[rowi, col] = acc[c + 2 * h]
+                        if col + 1 < od:
+                            out[rowi, col + 1] = acc[c + 2 * h + 1]
 
     return gemm_kernel
 

@@ -201,6 +201,10 @@ if SIMULATOR:
         """Simulator form of `cvta.to.shared`: there are no addresses here; the byte offset of the element."""
         return np.uint32(index * _ndarray(array).itemsize)
 
+    def opaque_u32(x):
+        """Simulator form of `opaque_u32`: the value itself, as uint32."""
+        return np.uint32(int(x) & 0xFFFFFFFF)
+
     def syncwarp():
         """Simulator form of `bar.warp.sync 0xffffffff`: the calling warp's 32 lanes rendezvous."""
         _warp_exchange(_NO_OP, None)
@@ -393,6 +397,29 @@ if SIMULATOR:
     def cp_async_wait_group(n):
         """Simulator form of `cp.async.wait_group N` (the copies were synchronous: nothing to wait for)."""
 
+
+    # ---- byte-offset forms (32-bit shared offsets, 64-bit global byte offsets) ----------------------------
+
+    def ldmatrix_x4_off(array, byte_offset):
+        """Simulator form of `ldmatrix_x4_off`: as `ldmatrix_x4` with the lane's row given as a BYTE offset
+        into ``array`` (16-byte aligned)."""
+        return _warp_exchange(_LDMATRIX, (array, int(byte_offset) // _ndarray(array).itemsize))
+
+    def cp_async_16_off(dst, dst_byte_offset, src, src_byte_offset, src_size):
+        """Simulator form of `cp_async_16_off`: as `cp_async_16` with both places given as BYTE offsets."""
+        d = _bytes(dst)
+        s = _bytes(src)
+        d0 = int(dst_byte_offset)
+        s0 = int(src_byte_offset)
+        n = int(src_size)
+        if not 0 <= n <= 16:
+            raise ValueError(f"cp.async src-size must be 0..16 bytes, got {n}")
+        if d0 % 16 or s0 % 16:
+            raise ValueError(f"cp.async needs 16-byte aligned places, got dst +{d0}, src +{s0}")
+        d[d0 + n : d0 + 16] = 0
+        if n:
+            d[d0 : d0 + n] = s[s0 : s0 + n]
+
     # ---- 16-byte vector loads / stores of any element type -----------------------------------------------
 
     def ld_global_v4_b32(array, index):
@@ -463,6 +490,21 @@ else:
 
         def codegen(context, builder, sig, args):
             return _shared_u32(builder, _any_element_pointer(context, builder, sig.args[0], args[0], args[1]))
+
+        return sig, codegen
+
+    @intrinsic
+    def opaque_u32(typingctx, x):
+        """`mov.b32 d, x` (PTX ISA §9.7.9.1 "mov") as a volatile asm: ``x`` truncated to uint32, unchanged, but
+        opaque to LLVM. For a value computed once before a loop that the compiler would otherwise recompute
+        (rematerialize) at every use inside it, e.g. per-lane shared-memory offsets in a GEMM main loop: the
+        value then lives in one register."""
+        _check_scalars("opaque_u32", (x,), types.Integer, 1)
+        sig = types.uint32(x)
+
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.uint32)
+            return _asm(builder, ir.IntType(32), [v], "mov.b32 $0, $1;", "=r,r", True)
 
         return sig, codegen
 
@@ -703,6 +745,62 @@ else:
 
         return sig, codegen
 
+
+    # ---- byte-offset forms (32-bit shared offsets, 64-bit global byte offsets) ----------------------------
+    # The index forms above take an element index and build the address through a 64-bit GEP (numba widens
+    # every integer to int64): in an unrolled GEMM main loop that is several 64-bit IMAD/LEA/SHF per access.
+    # These take the offset in BYTES from the array's start; a shared offset is truncated to 32 bits and added
+    # to the 32-bit shared-window address of the array (`cvta.to.shared` of a loop-invariant base), so a
+    # kernel can precompute per-lane offsets once and let ptxas fold constant parts into the instruction's
+    # immediate ([reg+imm]).
+
+    def _shared_base_u32(context, builder, array_type, array):
+        struct = context.make_array(array_type)(context, builder, value=array)
+        return _shared_u32(builder, struct.data)
+
+    @intrinsic
+    def ldmatrix_x4_off(typingctx, array, byte_offset):
+        """`ldmatrix.sync.aligned.m8n8.x4.shared.b16 {r0..r3}, [addr]` (PTX ISA §9.7.14.5.15 "ldmatrix"), the
+        lane's row address given as ``byte_offset`` (truncated to 32 bits) from the start of the 1-D shared
+        array ``array``; otherwise exactly `ldmatrix_x4` (same lane->row rule, same result registers)."""
+        _check_1d_array("ldmatrix_x4_off", array, byte_offset)
+        sig = types.UniTuple(types.uint32, 4)(array, byte_offset)
+
+        def codegen(context, builder, sig, args):
+            base = _shared_base_u32(context, builder, sig.args[0], args[0])
+            off = context.cast(builder, args[1], sig.args[1], types.uint32)
+            addr = builder.add(base, off)
+            i32 = ir.IntType(32)
+            text = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
+            res = _asm(builder, ir.LiteralStructType([i32] * 4), [addr], text, "=r,=r,=r,=r,r,~{memory}", True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_16_off(typingctx, dst, dst_byte_offset, src, src_byte_offset, src_size):
+        """`cp.async.cg.shared.global [dst], [src], 16, src_size` (PTX ISA §9.7.9.25.3.1 "cp.async"), as
+        `cp_async_16` but with both places given as BYTE offsets: ``dst_byte_offset`` (truncated to 32 bits)
+        from the start of the 1-D shared array ``dst``, ``src_byte_offset`` (64-bit) from the start of the 1-D
+        global array ``src``. Both 16-byte aligned; src-size 0..16, the rest zero-filled."""
+        _check_1d_array("cp_async_16_off dst", dst, dst_byte_offset)
+        _check_1d_array("cp_async_16_off src", src, src_byte_offset)
+        _check_scalars("cp_async_16_off src_size", (src_size,), types.Integer, 1)
+        sig = types.void(dst, dst_byte_offset, src, src_byte_offset, src_size)
+
+        def codegen(context, builder, sig, args):
+            base = _shared_base_u32(context, builder, sig.args[0], args[0])
+            d = builder.add(base, context.cast(builder, args[1], sig.args[1], types.uint32))
+            struct = context.make_array(sig.args[2])(context, builder, value=args[2])
+            i8p = ir.IntType(8).as_pointer()
+            s = builder.gep(builder.bitcast(struct.data, i8p), [context.cast(builder, args[3], sig.args[3], types.int64)])
+            n = context.cast(builder, args[4], sig.args[4], types.uint32)
+            text = "cp.async.cg.shared.global [$0], [$1], 16, $2;"
+            _asm(builder, ir.VoidType(), [d, s, n], text, "r,l,r,~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     # ---- 16-byte vector loads / stores of any element type -----------------------------------------------
 
     @intrinsic
@@ -732,5 +830,41 @@ else:
             vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
             _asm(builder, ir.VoidType(), [addr, *vals], "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", True)
             return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Warp shuffle (added for attention's row reductions; numba's CUDA simulator has no `cuda.shfl_*_sync`).
+# ------------------------------------------------------------------------------------------------------------
+
+if SIMULATOR:
+
+    def _shfl_xor_op(slots):
+        return [slots[lane ^ (int(slots[lane][1]) & 31)][0] for lane in range(32)]
+
+    def shfl_xor_f32(value, lane_mask):
+        """Simulator form of `shfl.sync.bfly.b32 d, a, lane_mask, 0x1f, 0xffffffff`: lane l gets the ``value`` of
+        lane l ^ lane_mask (all 32 lanes rendezvous, as for mma)."""
+        return np.float32(_warp_exchange(_shfl_xor_op, (np.float32(value), lane_mask)))
+
+else:
+
+    @intrinsic
+    def shfl_xor_f32(typingctx, value, lane_mask):
+        """`shfl.sync.bfly.b32 d, a, lane_mask, 0x1f, 0xffffffff` (PTX ISA §9.7.9.6 "shfl.sync", .bfly mode): lane
+        l receives the float32 ``value`` of lane l ^ lane_mask; the whole warp must take part (converged). The
+        butterfly for warp reductions: ``x = max(x, shfl_xor_f32(x, 1))`` etc."""
+        _check_scalars("shfl_xor_f32 value", (value,), types.Float, 1)
+        _check_scalars("shfl_xor_f32 lane_mask", (lane_mask,), types.Integer, 1)
+        sig = types.float32(value, lane_mask)
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            m = context.cast(builder, args[1], sig.args[1], types.uint32)
+            i32 = ir.IntType(32)
+            bits = builder.bitcast(f, i32)
+            res = _asm(builder, i32, [bits, m], "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", True)
+            return builder.bitcast(res, ir.FloatType())
 
         return sig, codegen

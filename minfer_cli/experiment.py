@@ -83,6 +83,9 @@ class Experiment(ABC):
     knobs: tuple[Knob, ...] = ()
     workloads: tuple[Workload, ...] = ()
     metric: Metric = TIME_US
+    self_timed: bool = False
+    """True when `prepare`'s launch synchronises and returns the sample's metric value itself (a whole-model
+    forward timed on the wall clock, in tok/s); False for kernels timed by the harness's CUDA events."""
 
     @property
     def default_workload(self) -> Workload:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from minfer_cli import __version__
-from minfer_cli.commands import ab, calibrate, doctor, experiments, kernels, ledger, model, run, sweep
+from minfer_cli.commands import ab, bench, calibrate, doctor, experiments, kernels, ledger, model, run, sweep
 from minfer_cli.console import error_line, out
 from minfer_cli.errors import EnvironmentProblem
 
@@ -81,6 +81,7 @@ def cli() -> None:
 
 
 app.command(name="doctor")(doctor.doctor)
+app.command(name="bench")(bench.bench)
 app.add_typer(experiments.app)
 app.command(name="run")(run.run)
 app.command(name="ab")(ab.ab)

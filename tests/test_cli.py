@@ -103,7 +103,7 @@ def test_ambiguous_knob_asks_for_a_name(monkeypatch):
 
 def test_experiment_is_picked_from_the_knobs_when_unambiguous():
     assert registry_mod.pick_for_arms(["VEC=1", "VEC=4"]).name == "copy"
-    assert registry_mod.pick_for_arms(["TYPE=Q4_K", "TYPE=Q6_K"]).name == "dequant"
+    assert registry_mod.pick_for_arms(["TYPE=Q4_K,TPB=64", "TPB=256"]).name == "dequant"
 
 
 def test_timing_commands_refuse_the_simulator_with_one_sentence():

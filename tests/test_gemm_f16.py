@@ -37,6 +37,12 @@ SIM_CASES = [
     ("KS=64, 3 stages, k tail", dict(B, KS=64, STAGES=3), (17, 9, 96)),
     ("4 stages, GROUP=4, 2x3 tiles", dict(B, STAGES=4, GROUP=4), (70, 140, 64)),
     ("default: 128x128, 8 warps", G.DEFAULT, (33, 70, 64)),
+    ("LOOP=addr32, tails", dict(B, LOOP="addr32"), (33, 70, 128)),
+    ("LOOP=pipe, tails", dict(B, LOOP="pipe"), (33, 70, 256)),
+    ("LOOP=pipe, KS=64, 3 stages, k tail", dict(B, LOOP="pipe", KS=64, STAGES=3), (17, 9, 96)),
+    ("LOOP=addr32, KS=64, 4 stages, k tail, 2x2 tiles", dict(B, LOOP="addr32", KS=64, STAGES=4, GROUP=4), (70, 70, 96)),
+    ("LOOP=pipe, 2 k tiles < STAGES-1", dict(B, LOOP="pipe", STAGES=4), (33, 70, 64)),
+    ("LOOP=pipe, 256x128, 8 warps", dict(G.DEFAULT, LOOP="pipe", TM=256), (33, 70, 64)),
 ]
 
 
@@ -95,7 +101,7 @@ def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
 
 def test_every_combination_fits_the_h200():
     sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
-    assert len(sizes) == 432
+    assert len(sizes) == 432 + 2 * 108  # LOOP=addr32/pipe only with mma_sync + cp_async
     assert max(sizes) <= G.H200_SMEM_OPTIN
 
 
@@ -158,6 +164,9 @@ REPRESENTATIVE = [
     dict(G.DEFAULT, TM=256, KS=64, STAGES=4),
     dict(G.DEFAULT, MMA="wmma", TM=256, KS=64, STAGES=4, STAGING="sync"),
     dict(G.DEFAULT, MMA="wmma", TN=64, STAGING="sync", GROUP=1),
+    dict(G.DEFAULT, TM=256, LOOP="pipe"),
+    dict(G.DEFAULT, TM=256, LOOP="addr32", STAGES=4),
+    dict(G.DEFAULT, TM=256, LOOP="pipe", KS=64, STAGES=4),
 ]
 
 
@@ -165,6 +174,52 @@ REPRESENTATIVE = [
 @pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: " ".join(f"{k}={v}" for k, v in c.items()))
 def test_representative_combinations_compile(config):
     _assert_instructions(config, _ptx(config))
+
+
+def _main_loop(ptx: str) -> list[str]:
+    """Instruction lines of the k loop: the longest backward branch whose body holds mma.sync."""
+    import re
+
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if ln.startswith("$L__") and ln.endswith(":")}
+    best: list[str] = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__\w+);", ln)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)] : i + 1]
+            if len(body) > len(best) and any("mma.sync" in x for x in body):
+                best = body
+    return [x for x in best if x and not x.startswith(("//", "$", "{", "}"))]
+
+
+def _int64_ops(body: list[str]) -> int:
+    """64-bit integer/address instructions (numba's int64 widening shows up as these)."""
+    ops = [x.split()[1] if x.startswith("@") else x.split()[0] for x in body]
+    return sum(1 for op in ops if op.split(".")[-1] in ("s64", "u64", "b64") or op.startswith("mul.wide"))
+
+
+@pytest.mark.compile
+def test_loop_variants_differ_and_shed_64_bit_index_math():
+    best = dict(G.DEFAULT, TM=256)
+    v1, addr32, pipe = (_ptx(dict(best, LOOP=v)) for v in ("v1", "addr32", "pipe"))
+    assert len({v1, addr32, pipe}) == 3
+    loops = {name: _main_loop(p) for name, p in (("v1", v1), ("addr32", addr32), ("pipe", pipe))}
+    for name, body in loops.items():  # per k tile (KS=32, 64x64 warp tile): 2 k16 steps x (4+4) ldmatrix, 2 x 32 mma
+        assert sum("mma.sync" in x for x in body) == 64, name
+        assert sum("ldmatrix" in x for x in body) == 16, name
+        assert sum("cp.async.cg" in x for x in body) == 6, name
+        assert sum(x.startswith("bar.sync") for x in body) == 1, name
+    # v1: ~260 64-bit index instructions per k tile (measured 259), incl. a 64-bit division by STAGES; the new
+    # loops step a 32-bit ring offset and add precomputed offsets (measured 28-29)
+    assert _int64_ops(loops["v1"]) > 200
+    assert _int64_ops(loops["addr32"]) < 40 and _int64_ops(loops["pipe"]) < 40
+    assert not any("mul.hi" in x or "div." in x or "rem." in x for x in loops["addr32"] + loops["pipe"])
+
+
+def test_loop_variants_need_mma_sync_and_cp_async():
+    for bad in (dict(B, LOOP="pipe", MMA="wmma"), dict(B, LOOP="addr32", STAGING="sync")):
+        with pytest.raises(KernelConstraintError, match="LOOP="):
+            G.resolve_config(bad)
 
 
 # ---- gpu: real shapes against torch -------------------------------------------------------------------------

@@ -170,6 +170,32 @@ def _k_scalar(src, out_f16, out_u32):
             out_u32[1 + i] = sm[4 + i]
 
 
+@cuda.jit
+def _k_offsets(src, rowsel, sizes, out, out_cp):
+    """The byte-offset forms: ldmatrix_x4_off (lane row = rowsel[l], as a byte offset through opaque_u32) and
+    cp_async_16_off (lanes 0..7 copy chunk l of src to chunk 7-l of shared, src_size sizes[l])."""
+    sm = cuda.shared.array(256, types.float16)
+    sc = cuda.shared.array(64, types.uint16)
+    lane = cuda.threadIdx.x
+    for i in range(8):
+        sm[lane * 8 + i] = src[lane * 8 + i]
+    for i in range(2):
+        sc[lane * 2 + i] = 0xFFFF
+    cuda.syncthreads()
+    r0, r1, r2, r3 = P.ldmatrix_x4_off(sm, P.opaque_u32(rowsel[lane] * 16))
+    out[lane * 4] = r0
+    out[lane * 4 + 1] = r1
+    out[lane * 4 + 2] = r2
+    out[lane * 4 + 3] = r3
+    if lane < 8:
+        P.cp_async_16_off(sc, (7 - lane) * 16, src, lane * 16, sizes[lane])
+    P.cp_async_commit_group()
+    P.cp_async_wait_group(0)
+    cuda.syncthreads()
+    for i in range(2):
+        out_cp[lane * 2 + i] = sc[lane * 2 + i]
+
+
 # ---- checks (shared by the simulator and GPU tests) ------------------------------------------------------
 
 
@@ -237,7 +263,31 @@ def check_scalar(rng) -> None:
     assert np.array_equal(u[1:], src[8:16].view(np.uint32))
 
 
+def check_offsets(rng) -> None:
+    src = rng.standard_normal(256).astype(np.float16)
+    rowsel = rng.permutation(32).astype(np.int32)
+    sizes = np.array([16, 0, 8, 16, 2, 16, 0, 14], np.int32)
+    out = cuda.to_device(np.zeros(128, np.uint32))
+    out_cp = cuda.to_device(np.zeros(64, np.uint16))
+    _k_offsets[1, 32](cuda.to_device(src), cuda.to_device(rowsel), cuda.to_device(sizes), out, out_cp)
+    got = out.copy_to_host().reshape(32, 4)
+    rows = src.reshape(32, 8)
+    mats = [np.stack([rows[rowsel[8 * i + r]] for r in range(8)]) for i in range(4)]
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i in range(4):
+            assert got[lane, i] == _pack(mats[i][g, 2 * t], mats[i][g, 2 * t + 1]), (lane, i)
+    cp = out_cp.copy_to_host().view(np.uint8)
+    src_bytes = src.view(np.uint8)
+    for lane in range(8):
+        chunk = cp[(7 - lane) * 16 : (7 - lane) * 16 + 16]
+        n = sizes[lane]
+        assert np.array_equal(chunk[:n], src_bytes[lane * 16 : lane * 16 + n]), lane
+        assert not chunk[n:].any(), f"lane {lane}: bytes past src_size {n} must be zero-filled"
+
+
 CHECKS = {
+    "offsets": check_offsets,
     "mma": check_mma,
     "ldmatrix": check_ldmatrix,
     "wmma": check_wmma,
@@ -287,6 +337,8 @@ COMPILED = {
     "cp_async": (_k_cp_async, (F16, I32, I32, types.uint16[::1]),
                  ["cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group 0"]),
     "scalar": (_k_scalar, (F16, F16, U32), ["ld.global.v4.b32", "st.shared.v4.b32", "mov.b32"]),
+    "offsets": (_k_offsets, (F16, I32, I32, U32, types.uint16[::1]),
+                ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global", "mov.b32"]),
 }
 
 

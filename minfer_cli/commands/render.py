@@ -17,8 +17,9 @@ def arms_table(session: Session, arms: list[ArmOutcome]) -> Table:
     """One row per arm: knobs, parity, median µs [p10, p90], n, TFLOP/s, GB/s, % of roofline."""
     exp, wl = session.experiment, session.workload
     t = Table(title=f"{exp.name} · {wl.name} ({wl.describe()})", title_justify="left")
-    for col, just in (("arm", "left"), ("knobs", "left"), ("check", "left"), ("median µs", "right"),
-                      ("p10–p90 µs", "right"), ("n", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
+    unit = exp.metric.unit
+    for col, just in (("arm", "left"), ("knobs", "left"), ("check", "left"), (f"median {unit}", "right"),
+                      (f"p10–p90 {unit}", "right"), ("n", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
                       ("% roofline", "right")):
         t.add_column(col, justify=just)
     for a in arms:

@@ -40,11 +40,11 @@ PRESETS: dict[str, ModelConfig] = {
         vocab=128256, rope_base=5e5, rms_eps=1e-5, context_length=8192,
     ),
     "tiny": _qwen2(
-        "tiny", n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, head_dim=64, vocab=512,
+        "tiny", n_layers=2, hidden=256, ffn=512, n_heads=2, n_kv_heads=1, head_dim=128, vocab=512,
         rope_base=1e4, rms_eps=1e-6, context_length=256,
     ),
     "tiny-llama": _llama(
-        "tiny-llama", n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=1, head_dim=64, vocab=512,
+        "tiny-llama", n_layers=2, hidden=256, ffn=512, n_heads=2, n_kv_heads=1, head_dim=128, vocab=512,
         rope_base=1e4, rms_eps=1e-5, context_length=256, tied_output=True,
     ),
 }

@@ -26,7 +26,7 @@ from minfer_cli.measure import environment as envmod
 from minfer_cli.measure.device import DeviceInfo, require_timing_device
 from minfer_cli.measure.interleave import run_interleaved
 from minfer_cli.measure.stats import ArmStats, Comparison, calibration_summary, summarize
-from minfer_cli.measure.timing import ArmTimer, RingPlan, TimingMethod, plan_ring
+from minfer_cli.measure.timing import ArmTimer, RingPlan, SelfTimer, TimingMethod, plan_ring
 
 Progress = Callable[[str, float], None]
 """progress(description, fraction in [0, 1]) — called by long steps; the CLI maps it onto a rich bar."""
@@ -104,7 +104,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def prepare_arm(session: Session, label: str, config: Config) -> tuple[ArmOutcome, ArmTimer | None]:
+def prepare_arm(session: Session, label: str, config: Config) -> tuple[ArmOutcome, ArmTimer | SelfTimer | None]:
     """Compile the arm, check it against the reference (output poisoned first), and build its timer.
 
     Never raises for a failing variant: compile/launch errors and parity failures come back as an INVALID
@@ -126,6 +126,8 @@ def prepare_arm(session: Session, label: str, config: Config) -> tuple[ArmOutcom
         outcome.status = "invalid"
         outcome.error = f"output differs from the reference: relative error {err:.3g} > tolerance {outcome.tolerance:.3g}"
         return outcome, None
+    if exp.self_timed:
+        return outcome, SelfTimer(launch, session.ring, session.output, session.stream, session.plan)
     timer = ArmTimer(launch, session.ring, session.output, session.stream, session.plan, session.flush_buffer)
     return outcome, timer
 
@@ -137,9 +139,10 @@ def start_timer(session: Session, timer: ArmTimer) -> None:
 
 
 def _finish(session: Session, outcome: ArmOutcome, timer: ArmTimer, stats: ArmStats) -> None:
-    cost = session.experiment.cost(session.workload, outcome.config)
     outcome.stats = stats
-    outcome.figures = throughput(cost.flops, cost.bytes, stats.median, session.ceilings)
+    if session.experiment.metric.name == "time":  # TFLOP/s, GB/s and roofline need a time per sample
+        cost = session.experiment.cost(session.workload, outcome.config)
+        outcome.figures = throughput(cost.flops, cost.bytes, stats.median, session.ceilings)
     outcome.timing = timer.describe()
 
 

@@ -209,3 +209,32 @@ class ArmTimer:
             drv.cuGraphExecDestroy(exe)
             drv.cuGraphDestroy(graph)
         self._graphs = []
+
+
+class SelfTimer:
+    """Timer of a self-timed experiment (e.g. a whole-model prefill): its launch returns the sample's metric value
+    itself (tok/s measured on the wall clock around a synchronised forward); the ring still rotates the inputs."""
+
+    def __init__(self, launch: Callable, ring: list, output: Any, stream, plan: RingPlan):
+        self.launch, self.ring, self.output, self.stream, self.plan = launch, ring, output, stream, plan
+        self.position = 0
+
+    def sample(self) -> float:
+        value = float(self.launch(self.ring[self.position], self.output, self.stream))
+        self.position = (self.position + 1) % len(self.ring)
+        return value
+
+    def warm(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        self.sample()
+        while time.monotonic() < end:
+            self.sample()
+
+    def calibrate(self) -> None:
+        """Nothing to choose: one launch is one sample."""
+
+    def describe(self) -> TimingMethod:
+        return TimingMethod("self-timed (wall clock around a synchronised launch)", 1, self.plan)
+
+    def release(self) -> None:
+        """Nothing to free."""

@@ -1,0 +1,468 @@
+"""Prefill attention on tensor cores: causal FlashAttention-2 for head_dim 128, GQA, f16 in/out, f32 softmax.
+
+``O[i, h, :] = softmax_j(Q[i, h, :] · K[j, h // G, :] / sqrt(128), j <= i + (nt_kv - nt)) · V[j, h // G, :]``
+with q f16 ``[nt, n_heads, 128]``, k/v f16 ``[nt_kv, n_kv_heads, 128]`` (the KV cache; nt_kv > nt when a prefix is
+already cached), G = n_heads // n_kv_heads, O f16 ``[nt, n_heads, 128]``.
+
+One thread block takes BQ query rows of one head (BQ/16 warps, 16 rows each) and walks the key tiles of BK keys
+up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
+
+* Q tile -> shared memory (cp.async) -> `ldmatrix.x4` A fragments, kept in registers for the whole loop;
+* K/V tiles -> a STAGES-deep shared ring by `cp.async.cg` (src-size 0 zero-fills keys past nt_kv), rows
+  XOR-swizzled (16-byte chunk ^ (row & 7): 256-byte rows would otherwise put all 8 ldmatrix rows in one bank);
+* S = Q·K^T with `mma.sync.m16n8k16` (K fragments by non-transposed `ldmatrix`: K rows are mma's "col" B);
+* online softmax in f32 in the log2 domain (scores scaled by log2(e)/sqrt(128), `ex2`), running max m and
+  per-lane partial row sums l (reduced over the 4 lanes of a row only at the end), accumulator rescaled by
+  exp2(m_old - m_new); masked scores are -inf and m starts at -1e30 (finite), so no inf - inf ever occurs;
+* P converted to f16 in registers: the m16n8 C fragments of two adjacent key n8 tiles are exactly the m16k16 A
+  fragment of the next mma (the FA2 register trick), multiplied with V fragments from `ldmatrix.x4.trans`;
+* epilogue O / l -> f16 staged through the (by then unused) swizzled Q tile, written with 16-byte stores, rows
+  past nt skipped.
+
+Program order: grid (heads, q tiles), heads fastest (the G query heads of a KV head read the same K/V tiles
+from L2), the heaviest (last) causal q tiles of every head launch first (longest job first: a short tail).
+
+Sources: FlashAttention-2 (Tri Dao, 2023, arXiv:2307.08691); PTX ISA 9.x "Matrix Fragments for mma.m16n8k16 with
+floating point type", "ldmatrix", "cp.async", "shfl.sync".
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, types, uint32
+
+from kernels.errors import KernelConstraintError
+from kernels.ptx import (
+    SIMULATOR,
+    cp_async_16,
+    cp_async_commit_group,
+    cp_async_wait_group,
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
+    mma_m16n8k16_f32_f16,
+    pack_f16x2,
+    shfl_xor_f32,
+    st_global_v4_u32,
+    syncwarp,
+)
+
+HEAD_DIM = 128
+
+KNOBS: dict[str, tuple] = {
+    "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
+    "BK": (32, 64),  # keys per K/V tile
+    "STAGES": (1, 2),  # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
+}
+DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2}
+
+STATIC_SMEM_LIMIT = 48 * 1024
+H200_SMEM_OPTIN = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Geometry:
+    bq: int
+    bk: int
+    stages: int
+    causal: bool
+    warps: int
+    smem_bytes: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def grid(self, nt: int, n_heads: int) -> tuple[int, int]:
+        return (n_heads, -(-nt // self.bq))
+
+
+def resolve_config(config: dict | None) -> dict:
+    """DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value ("64" accepted for 64)."""
+    cfg = dict(DEFAULT)
+    for key, value in (config or {}).items():
+        if key not in KNOBS:
+            raise KernelConstraintError(f"flash_attention has no knob {key!r}; knobs: {', '.join(KNOBS)}")
+        match = [a for a in KNOBS[key] if str(a) == str(value)]
+        if not match:
+            allowed = ", ".join(map(str, KNOBS[key]))
+            raise KernelConstraintError(f"flash_attention {key}={value!r} is not allowed; allowed: {allowed}")
+        cfg[key] = match[0]
+    return cfg
+
+
+def geometry(config: dict | None, causal: bool = True) -> Geometry:
+    cfg = resolve_config(config)
+    bq, bk, stages = cfg["BQ"], cfg["BK"], cfg["STAGES"]
+    smem = 2 * HEAD_DIM * (bq + 2 * stages * bk)
+    return Geometry(bq, bk, stages, bool(causal), bq // 16, smem)
+
+
+def all_configs():
+    keys = list(KNOBS)
+    for values in itertools.product(*(KNOBS[k] for k in keys)):
+        yield dict(zip(keys, values))
+
+
+def _make_kernel(g: Geometry):
+    BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
+    D = HEAD_DIM
+    THREADS = g.threads
+    NK8 = BK // 8  # n8 tiles of S per warp
+    NK16 = BK // 16  # k16 steps of P·V
+    ND8 = D // 8  # n8 tiles of O
+    SQ = BQ * D  # Q tile elements
+    SKV = BK * D  # one K (or V) tile
+    STAGE = 2 * SKV
+    O_N = ND8 * 4  # f32 O accumulators per lane
+    S_N = NK8 * 4  # f32 S (then P) values per lane
+    Q_CH = BQ * 16 // THREADS  # 16-byte chunks per thread of the Q tile (= 8)
+    KV_CH = BK * 16 // THREADS  # ... of one K (or V) tile
+    OUT_CH = 16 * 16 // 32  # 16-byte output chunks per lane (16 rows x 16 chunks per warp)
+    SC = float32(math.log2(math.e) / math.sqrt(D))
+    NEG_INF = float32(-np.inf)
+    M_INIT = float32(-1e30)
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+    SMEM_ALIGN = None if SIMULATOR else 128
+    PRO_WAIT = STAGES - 1  # after the prologue (Q [+ K/V tile 0]): Q has landed
+
+    def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        smem32 = cuda.shared.array(0, types.uint32, alignment=SMEM_ALIGN)  # the same bytes, for the epilogue
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        gr = lane >> 2
+        tc = (lane & 3) * 2
+        h = cuda.blockIdx.x  # heads fastest: the G heads of one KV head share its K/V tiles through L2
+        qt = cuda.gridDim.y - 1 - cuda.blockIdx.y  # heaviest causal q tiles first (longest-job-first)
+        hk = h // (n_heads // n_kv_heads)
+        q0 = qt * BQ
+        if CAUSAL:
+            kend = min(nt_kv, q0 + BQ + offset)
+        else:
+            kend = nt_kv
+        ntiles = (kend + BK - 1) // BK
+        qs = n_heads * D  # row stride of q/out (elements)
+        ks = n_kv_heads * D
+
+        # ---- prologue: Q tile (and K/V tile 0 when STAGES == 2) ------------------------------------------
+        for rep in range(Q_CH):
+            c = tid + rep * THREADS
+            r = c >> 4
+            ch = c & 15
+            qi = q0 + r
+            ok = qi < nt
+            gidx = qi * qs + h * D + ch * 8 if ok else 0
+            cp_async_16(smem, r * D + ((ch ^ (r & 7)) << 3), q, gidx, 16 if ok else 0)
+        cp_async_commit_group()
+        if STAGES == 2:
+            for rep in range(KV_CH):
+                c = tid + rep * THREADS
+                r = c >> 4
+                ch = c & 15
+                ok = r < nt_kv
+                gidx = r * ks + hk * D + ch * 8 if ok else 0
+                sidx = SQ + r * D + ((ch ^ (r & 7)) << 3)
+                cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
+                cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
+            cp_async_commit_group()
+        cp_async_wait_group(PRO_WAIT)
+        cuda.syncthreads()
+
+        qf = cuda.local.array(32, uint32)  # A fragments of the warp's 16 x 128 Q rows: 8 k16 steps x 4
+        for kk in range(8):
+            r = warp * 16 + (lane & 15)
+            ch = kk * 2 + (lane >> 4)
+            a0, a1, a2, a3 = ldmatrix_x4(smem, r * D + ((ch ^ (r & 7)) << 3))
+            qf[kk * 4] = a0
+            qf[kk * 4 + 1] = a1
+            qf[kk * 4 + 2] = a2
+            qf[kk * 4 + 3] = a3
+
+        o = cuda.local.array(O_N, float32)
+        s = cuda.local.array(S_N, float32)
+        ml = cuda.local.array(4, float32)  # m(row g), m(row g+8), l(row g), l(row g+8)
+        for x in range(O_N):
+            o[x] = ZERO
+        ml[0] = M_INIT
+        ml[1] = M_INIT
+        ml[2] = ZERO
+        ml[3] = ZERO
+        row_lo = q0 + warp * 16 + gr  # this lane's two query rows: row_lo, row_lo + 8
+
+        for j in range(ntiles):
+            if STAGES == 2:
+                cp_async_wait_group(0)
+                cuda.syncthreads()  # tile j visible; every warp is done with tile j-1's slot
+            jn = j + STAGES - 1
+            if jn < ntiles:
+                base = SQ + (jn % STAGES) * STAGE
+                for rep in range(KV_CH):
+                    c = tid + rep * THREADS
+                    r = c >> 4
+                    ch = c & 15
+                    kj = jn * BK + r
+                    ok = kj < nt_kv
+                    gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                    sidx = base + r * D + ((ch ^ (r & 7)) << 3)
+                    cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
+                    cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
+            cp_async_commit_group()
+            if STAGES == 1:
+                cp_async_wait_group(0)
+                cuda.syncthreads()
+            kb = SQ + (j % STAGES) * STAGE
+            vb = kb + SKV
+            k0 = j * BK
+
+            # ---- S = Q · K^T (16 x BK per warp) ----------------------------------------------------------
+            for x in range(S_N):
+                s[x] = ZERO
+            for kk in range(8):
+                for jj in range(NK16):
+                    r = jj * 16 + (lane & 7) + ((lane >> 4) << 3)
+                    ch = kk * 2 + ((lane >> 3) & 1)
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + r * D + ((ch ^ (r & 7)) << 3))
+                    c = jj * 8
+                    d0, d1, d2, d3 = mma_m16n8k16_f32_f16(
+                        qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3], b0, b1, s[c], s[c + 1], s[c + 2], s[c + 3]
+                    )
+                    s[c] = d0
+                    s[c + 1] = d1
+                    s[c + 2] = d2
+                    s[c + 3] = d3
+                    d0, d1, d2, d3 = mma_m16n8k16_f32_f16(
+                        qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3], b2, b3, s[c + 4], s[c + 5], s[c + 6], s[c + 7]
+                    )
+                    s[c + 4] = d0
+                    s[c + 5] = d1
+                    s[c + 6] = d2
+                    s[c + 7] = d3
+
+            # ---- mask (only tiles that cross the diagonal or the end of the keys) ------------------------
+            if k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset):
+                for t8 in range(NK8):
+                    for e in range(4):
+                        kj = k0 + t8 * 8 + tc + (e & 1)
+                        lim = nt_kv - 1
+                        if CAUSAL:
+                            lim = min(lim, row_lo + (e >> 1) * 8 + offset)
+                        if kj > lim:
+                            s[t8 * 4 + e] = NEG_INF
+
+            # ---- online softmax (log2 domain), rows g and g+8 ---------------------------------------------
+            for hh in range(2):
+                mx = NEG_INF
+                for t8 in range(NK8):
+                    mx = max(mx, max(s[t8 * 4 + 2 * hh], s[t8 * 4 + 2 * hh + 1]))
+                mx = max(mx, shfl_xor_f32(mx, 1))
+                mx = max(mx, shfl_xor_f32(mx, 2))
+                m_old = ml[hh]
+                m_new = max(m_old, mx * SC)
+                alpha = math.exp2(m_old - m_new)
+                ml[hh] = m_new
+                rs = ZERO
+                for t8 in range(NK8):
+                    for e in range(2):
+                        x = t8 * 4 + 2 * hh + e
+                        p = math.exp2(s[x] * SC - m_new)
+                        s[x] = p
+                        rs += p
+                ml[2 + hh] = ml[2 + hh] * alpha + rs
+                for dn in range(ND8):
+                    o[dn * 4 + 2 * hh] *= alpha
+                    o[dn * 4 + 2 * hh + 1] *= alpha
+
+            # ---- O += P · V (P: f16 A fragments straight from the S C-fragments) -------------------------
+            for kk in range(NK16):
+                c = kk * 8
+                p0 = pack_f16x2(s[c], s[c + 1])
+                p1 = pack_f16x2(s[c + 2], s[c + 3])
+                p2 = pack_f16x2(s[c + 4], s[c + 5])
+                p3 = pack_f16x2(s[c + 6], s[c + 7])
+                for dc in range(ND8 // 2):
+                    r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
+                    ch = dc * 2 + (lane >> 4)
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, vb + r * D + ((ch ^ (r & 7)) << 3))
+                    y = dc * 8
+                    d0, d1, d2, d3 = mma_m16n8k16_f32_f16(p0, p1, p2, p3, b0, b1, o[y], o[y + 1], o[y + 2], o[y + 3])
+                    o[y] = d0
+                    o[y + 1] = d1
+                    o[y + 2] = d2
+                    o[y + 3] = d3
+                    d0, d1, d2, d3 = mma_m16n8k16_f32_f16(p0, p1, p2, p3, b2, b3, o[y + 4], o[y + 5], o[y + 6], o[y + 7])
+                    o[y + 4] = d0
+                    o[y + 5] = d1
+                    o[y + 6] = d2
+                    o[y + 7] = d3
+            if STAGES == 1:
+                cuda.syncthreads()  # every warp is done with the slot before the next tile overwrites it
+        cp_async_wait_group(0)
+
+        # ---- epilogue: O / l -> f16, staged in the warp's own rows of the Q tile, 16-byte stores ---------
+        for hh in range(2):
+            l = ml[2 + hh]
+            l += shfl_xor_f32(l, 1)
+            l += shfl_xor_f32(l, 2)
+            inv = ONE / l if l > ZERO else ZERO
+            r = warp * 16 + gr + hh * 8
+            for dn in range(ND8):
+                x = dn * 4 + 2 * hh
+                smem32[(r * D + ((dn ^ (r & 7)) << 3) + tc) >> 1] = pack_f16x2(o[x] * inv, o[x + 1] * inv)
+        syncwarp()
+        for e in range(OUT_CH):
+            c = lane + e * 32
+            rr = c >> 4
+            ch = c & 15
+            r = warp * 16 + rr
+            qi = q0 + r
+            if qi < nt:
+                si = (r * D + ((ch ^ (r & 7)) << 3)) >> 1
+                st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2], smem32[si + 3])
+
+    return attn_kernel
+
+
+SIGNATURE = types.void(
+    types.float16[::1], types.float16[::1], types.float16[::1], types.uint32[::1],
+    types.int64, types.int64, types.int64, types.int64, types.int64,
+)
+
+
+def kernel_ptx(config: dict | None, causal: bool = True, cc=(9, 0)) -> str:
+    """PTX of the kernel for ``config`` (NVVM for ``cc``; needs no GPU; not under the simulator)."""
+    g = geometry(config, causal)
+    ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE, cc=cc, launch_bounds=(g.threads,))
+    return ptx
+
+
+@dataclass
+class BuiltKernel:
+    geometry: Geometry
+    kernel: object
+
+
+_BUILT: dict[Geometry, BuiltKernel] = {}
+_BUILD_LOCK = threading.Lock()
+
+
+def _device_smem_limit() -> int:
+    if SIMULATOR:
+        return H200_SMEM_OPTIN
+    try:
+        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    except Exception:
+        return H200_SMEM_OPTIN
+
+
+def _opt_in_dynamic_smem(kernel, nbytes: int) -> None:
+    """CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the compiled kernel (needed above 48 KB), set once at
+    build time, never inside a CUDA-graph capture (as kernels/gemm_f16.py does)."""
+    try:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        (compiled,) = kernel.overloads.values()
+        cufunc = compiled._codelibrary.get_cufunc()
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+    except Exception as exc:  # numba-cuda internals, not public API
+        raise KernelConstraintError(
+            f"flash_attention: could not opt in to {nbytes} bytes of dynamic shared memory ({exc!r})"
+        ) from exc
+
+
+def build(config: dict | None = None, causal: bool = True) -> BuiltKernel:
+    """Compile (once per knob combination and causal flag; cached) and return the kernel; opts in above 48 KB."""
+    g = geometry(config, causal)
+    with _BUILD_LOCK:
+        built = _BUILT.get(g)
+        if built is not None:
+            return built
+        limit = _device_smem_limit()
+        if g.smem_bytes > limit:
+            raise KernelConstraintError(
+                f"flash_attention config needs {g.smem_bytes} bytes of shared memory; the device allows {limit}"
+            )
+        if SIMULATOR:
+            kernel = cuda.jit(_make_kernel(g))
+        else:
+            kernel = cuda.jit(SIGNATURE, launch_bounds=(g.threads,))(_make_kernel(g))
+            if g.smem_bytes > STATIC_SMEM_LIMIT:
+                _opt_in_dynamic_smem(kernel, g.smem_bytes)
+        built = _BUILT[g] = BuiltKernel(g, kernel)
+        return built
+
+
+def _is_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        try:
+            return bool(flags["C_CONTIGUOUS"])
+        except (KeyError, TypeError):
+            pass
+    return bool(getattr(x, "is_c_contiguous", lambda: True)())
+
+
+def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int, int]:
+    """Validate the operands; return (nt, nt_kv, n_heads, n_kv_heads). One-line KernelConstraintError."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 3:
+            raise KernelConstraintError(f"flash_attention: {name} must be a 3-D f16 device array [tokens, heads, 128], got ndim {getattr(x, 'ndim', None)}")
+        if np.dtype(x.dtype) != np.float16:
+            raise KernelConstraintError(f"flash_attention: {name} must be float16, got {x.dtype}")
+        if not _is_contiguous(x):
+            raise KernelConstraintError(f"flash_attention: {name} must be C-contiguous, got strides {x.strides}")
+        if x.shape[2] != HEAD_DIM:
+            raise KernelConstraintError(f"flash_attention: head_dim must be {HEAD_DIM}, got {name} with head_dim {x.shape[2]}")
+    nt, n_heads, _ = q.shape
+    nt_kv, n_kv_heads, _ = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise KernelConstraintError(f"flash_attention: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if nt == 0 or nt_kv == 0 or n_heads == 0 or n_kv_heads == 0:
+        raise KernelConstraintError(f"flash_attention: empty operand (nt={nt}, nt_kv={nt_kv}, heads={n_heads}/{n_kv_heads})")
+    if n_heads % n_kv_heads:
+        raise KernelConstraintError(f"flash_attention: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+    if causal and nt_kv < nt:
+        raise KernelConstraintError(f"flash_attention: causal needs nt_kv >= nt (the queries are the last nt cached positions), got nt={nt}, nt_kv={nt_kv}")
+    if out is not None:
+        if tuple(out.shape) != (nt, n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float16 or not _is_contiguous(out):
+            raise KernelConstraintError(
+                f"flash_attention: out must be a C-contiguous float16 [{nt}, {n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}"
+            )
+    return nt, nt_kv, n_heads, n_kv_heads
+
+
+def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | None = None, stream=0):
+    """Enqueue attention ``O = softmax(Q·K^T / sqrt(128) + mask) · V`` on ``stream`` and return O.
+
+    q: f16 device array [nt, n_heads, 128] (row-major). k, v: f16 device arrays [nt_kv, n_kv_heads, 128] (the f16
+    KV cache, positions 0..nt_kv-1). Query row i sits at position i + (nt_kv - nt) (a cached prefix of
+    nt_kv - nt tokens precedes it); with ``causal`` it attends keys j <= i + (nt_kv - nt), else every key.
+    GQA: query head h reads KV head h // (n_heads // n_kv_heads). out: optional f16 [nt, n_heads, 128]; allocated
+    when None. Products on the tensor cores (mma.sync m16n8k16, f16 operands, f32 accumulation); softmax in f32;
+    P rounded to f16 for P·V (relative error ~1e-3 vs float64).
+    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2).
+
+    Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous; head_dim == 128; k and v the
+    same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16 [nt, n_heads, 128]. nt and nt_kv
+    may be any size >= 1 (tails zero-filled by cp.async src-size 0, masked, and not written).
+
+    Algorithm: FlashAttention-2 (Dao 2023) forward; fragment layouts from the PTX ISA (see the module docstring).
+    """
+    nt, nt_kv, n_heads, n_kv_heads = check_inputs(q, k, v, out, causal)
+    built = build(config, causal)
+    g = built.geometry
+    if out is None:
+        out = cuda.device_array((nt, n_heads, HEAD_DIM), dtype=np.float16, stream=stream)
+    out32 = out.reshape(nt * n_heads * HEAD_DIM).view(np.uint32)
+    built.kernel[g.grid(nt, n_heads), g.threads, stream, g.smem_bytes](
+        q.reshape(nt * n_heads * HEAD_DIM), k.reshape(nt_kv * n_kv_heads * HEAD_DIM),
+        v.reshape(nt_kv * n_kv_heads * HEAD_DIM), out32, nt, nt_kv, n_heads, n_kv_heads, nt_kv - nt,
+    )
+    return out

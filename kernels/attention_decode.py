@@ -1,0 +1,247 @@
+"""Decode attention (flash-decoding): one new query token of every head over the f16 KV cache, split along L.
+
+``out[h, :] = softmax_j(q[h, :] · K[j, h // G, :] / sqrt(128), j < L) · V[j, h // G, :]``, q f32 or f16
+``[n_heads, 128]``, K/V cache f16 ``[L_max, n_kv_heads, 128]``, L read on the device from ``length_dev[0]`` (an int32
+device scalar: one CUDA graph replays every decode step), out f32 ``[n_heads, 128]``.
+
+Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
+
+1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into P = 4 * splits contiguous
+   partitions of ceil(L / P) keys, one per warp (the cut is computed on the device from L, so any L in 1..L_max
+   works with a fixed grid). A warp serves all G query heads of its KV head (each K/V row is read once for G
+   heads); lane l owns dims 4l..4l+3: per key, G dot products reduced with 5 butterfly shuffles, then an online
+   softmax in f32 (log2 domain). It writes its partition's (m, l) per head and the unnormalised accumulator
+   acc[128] to a workspace (an empty partition writes m = -1e30, l = 0, acc = 0).
+2. ``combine``: grid n_heads, 128 threads (one per dim): M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p.
+
+Plain FMA (memory-bound: each step reads 2 · L · n_kv_heads · 128 · 2 bytes of cache). Sources: Flash-Decoding
+(https://crfm.stanford.edu/2023/10/12/flashdecoding.html); online softmax (Milakov & Gimelshein 2018).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+from numba import cuda, float32, types
+
+from kernels.errors import KernelConstraintError
+from kernels.ptx import shfl_xor_f32
+
+HEAD_DIM = 128
+WARPS = 4
+DEFAULT_SPLITS = 32
+SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _make_partial(G: int):
+    D = HEAD_DIM
+    GQ = G * 4  # q values / accumulators per lane
+    SC = float32(math.log2(math.e) / math.sqrt(D))
+    M_INIT = float32(-1e30)
+    ZERO = float32(0.0)
+    NP = WARPS  # partitions per block
+
+    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        hk = cuda.blockIdx.y
+        p = cuda.blockIdx.x * NP + warp
+        parts = cuda.gridDim.x * NP
+        L = min(length[0], l_max)
+        chunk = (L + parts - 1) // parts
+        kbeg = p * chunk
+        kend = min(L, kbeg + chunk)
+        ks = n_kv_heads * D
+
+        qv = cuda.local.array(GQ, float32)
+        acc = cuda.local.array(GQ, float32)
+        m = cuda.local.array(G, float32)
+        ls = cuda.local.array(G, float32)
+        for gi in range(G):
+            m[gi] = M_INIT
+            ls[gi] = ZERO
+            for e in range(4):
+                qv[gi * 4 + e] = float32(q[(hk * G + gi) * D + lane * 4 + e]) * SC
+                acc[gi * 4 + e] = ZERO
+
+        for j in range(kbeg, kend):
+            base = j * ks + hk * D + lane * 4
+            k0 = float32(kc[base])
+            k1 = float32(kc[base + 1])
+            k2 = float32(kc[base + 2])
+            k3 = float32(kc[base + 3])
+            v0 = float32(vc[base])
+            v1 = float32(vc[base + 1])
+            v2 = float32(vc[base + 2])
+            v3 = float32(vc[base + 3])
+            for gi in range(G):
+                x = gi * 4
+                sc = qv[x] * k0 + qv[x + 1] * k1 + qv[x + 2] * k2 + qv[x + 3] * k3
+                sc += shfl_xor_f32(sc, 16)
+                sc += shfl_xor_f32(sc, 8)
+                sc += shfl_xor_f32(sc, 4)
+                sc += shfl_xor_f32(sc, 2)
+                sc += shfl_xor_f32(sc, 1)
+                m_new = max(m[gi], sc)
+                alpha = math.exp2(m[gi] - m_new)
+                pj = math.exp2(sc - m_new)
+                m[gi] = m_new
+                ls[gi] = ls[gi] * alpha + pj
+                acc[x] = acc[x] * alpha + pj * v0
+                acc[x + 1] = acc[x + 1] * alpha + pj * v1
+                acc[x + 2] = acc[x + 2] * alpha + pj * v2
+                acc[x + 3] = acc[x + 3] * alpha + pj * v3
+
+        for gi in range(G):
+            h = hk * G + gi
+            row = p * n_heads + h
+            if lane == 0:
+                ws_ml[row * 2] = m[gi]
+                ws_ml[row * 2 + 1] = ls[gi]
+            for e in range(4):
+                ws_acc[row * D + lane * 4 + e] = acc[gi * 4 + e]
+
+    return partial_kernel
+
+
+def _make_combine():
+    D = HEAD_DIM
+    M_INIT = float32(-1e30)
+    ZERO = float32(0.0)
+
+    def combine_kernel(ws_ml, ws_acc, out, parts, n_heads):
+        h = cuda.blockIdx.x
+        d = cuda.threadIdx.x
+        mx = M_INIT
+        for p in range(parts):
+            mx = max(mx, ws_ml[(p * n_heads + h) * 2])
+        num = ZERO
+        den = ZERO
+        for p in range(parts):
+            row = p * n_heads + h
+            w = math.exp2(ws_ml[row * 2] - mx)
+            den += w * ws_ml[row * 2 + 1]
+            num += w * ws_acc[row * D + d]
+        out[h * D + d] = num / den if den > ZERO else ZERO
+
+    return combine_kernel
+
+
+def partial_signature(q_dtype) -> types.Signature:
+    qt = types.float32 if np.dtype(q_dtype) == np.float32 else types.float16
+    return types.void(
+        qt[::1], types.float16[::1], types.float16[::1], types.int32[::1], types.float32[::1], types.float32[::1],
+        types.int64, types.int64, types.int64,
+    )
+
+
+COMBINE_SIGNATURE = types.void(types.float32[::1], types.float32[::1], types.float32[::1], types.int64, types.int64)
+
+_BUILT: dict = {}
+_BUILD_LOCK = threading.Lock()
+
+
+def build(group: int, q_dtype=np.float32):
+    """(partial, combine) dispatchers for GQA group size ``group`` and q dtype (compiled once; cached)."""
+    from kernels.ptx import SIMULATOR
+
+    key = (int(group), np.dtype(q_dtype).name)
+    with _BUILD_LOCK:
+        if key not in _BUILT:
+            if SIMULATOR:
+                _BUILT[key] = (cuda.jit(_make_partial(group)), cuda.jit(_make_combine()))
+            else:
+                _BUILT[key] = (
+                    cuda.jit(partial_signature(q_dtype), launch_bounds=(WARPS * 32,))(_make_partial(group)),
+                    cuda.jit(COMBINE_SIGNATURE, launch_bounds=(HEAD_DIM,))(_make_combine()),
+                )
+        return _BUILT[key]
+
+
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0)) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group`` (NVVM; no GPU needed; not under the simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
+    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(HEAD_DIM,))
+    return a, b
+
+
+def decode_workspace(n_heads: int, splits: int = DEFAULT_SPLITS, stream=0):
+    """Device workspace (ml f32 [4*splits*n_heads*2], acc f32 [4*splits*n_heads*128]) for `decode_attention`'s ``workspace``;
+    allocate it once, outside any graph capture, and pass it on every call."""
+    parts = WARPS * splits
+    return (cuda.device_array(parts * n_heads * 2, dtype=np.float32, stream=stream),
+            cuda.device_array(parts * n_heads * HEAD_DIM, dtype=np.float32, stream=stream))
+
+
+def _is_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        try:
+            return bool(flags["C_CONTIGUOUS"])
+        except (KeyError, TypeError):
+            pass
+    return bool(getattr(x, "is_c_contiguous", lambda: True)())
+
+
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int, int]:
+    """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
+    if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
+        raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
+    if q.shape[1] != HEAD_DIM:
+        raise KernelConstraintError(f"decode_attention: head_dim must be {HEAD_DIM}, got {q.shape[1]}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if getattr(x, "ndim", None) != 3 or np.dtype(x.dtype) != np.float16 or not _is_contiguous(x):
+            raise KernelConstraintError(f"decode_attention: {name} must be a C-contiguous float16 [L_max, n_kv_heads, 128] array, got {getattr(x, 'dtype', None)} ndim {getattr(x, 'ndim', None)}")
+        if x.shape[2] != HEAD_DIM:
+            raise KernelConstraintError(f"decode_attention: head_dim must be {HEAD_DIM}, got {name} with head_dim {x.shape[2]}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise KernelConstraintError(f"decode_attention: k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    n_heads = q.shape[0]
+    l_max, n_kv_heads, _ = k_cache.shape
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise KernelConstraintError(f"decode_attention: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+    if getattr(length_dev, "ndim", None) != 1 or np.dtype(length_dev.dtype) != np.int32 or length_dev.shape[0] < 1:
+        raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
+    if splits not in SPLITS_VALUES:
+        raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
+    if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
+        raise KernelConstraintError(f"decode_attention: out must be a C-contiguous float32 [{n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}")
+    return n_heads, n_kv_heads, l_max
+
+
+def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
+                     stream=0):
+    """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
+
+    q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
+    position j). length_dev: int32 device array, L in element 0 (read on the device, so a captured CUDA graph
+    replays for every step; L is clamped to L_max; L must be >= 1, L = 0 gives zeros). GQA: head h reads KV head
+    h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
+    splits: blocks along L per KV head (4 warp partitions each), one of SPLITS_VALUES; default 32 (128 blocks for
+    4 KV heads on 132 SMs). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    graph-capture safe).
+
+    Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, head_dim == 128,
+    n_heads % n_kv_heads == 0.
+
+    Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
+    """
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits)
+    group = n_heads // n_kv_heads
+    partial, combine = build(group, q.dtype)
+    if out is None:
+        out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
+    ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)
+    parts = WARPS * splits
+    if ws_ml.shape[0] < parts * n_heads * 2 or ws_acc.shape[0] < parts * n_heads * HEAD_DIM:
+        raise KernelConstraintError(f"decode_attention: workspace too small for splits={splits}, n_heads={n_heads}")
+    flat = l_max * n_kv_heads * HEAD_DIM
+    partial[(splits, n_kv_heads), WARPS * 32, stream](
+        q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml, ws_acc,
+        l_max, n_heads, n_kv_heads,
+    )
+    combine[n_heads, HEAD_DIM, stream](ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts, n_heads)
+    return out

@@ -1,0 +1,736 @@
+"""Quantized matrix-vector product for decode (nt = 1): ``y[od] = W[od, id] · x[id]`` with W in GGUF blocks.
+
+The kernels read W's GGUF blocks straight from device memory (no f16 copy of the weight), decode them in
+registers and accumulate in float32 against an f32 activation vector x. Block layouts: ggml-common.h
+``block_q4_0`` .. ``block_q6_K``, ``block_mxfp4`` (see `kernels.quant.formats`); the work split follows
+llama.cpp's MMVQ kernel (ggml-cuda/mmvq.cu: one CUDA block owns ``rows_per_cuda_block`` rows, its ``nwarps``
+warps split each row's blocks between them, a shared-memory sum joins the warps), with x kept in f32 instead of
+q8_1 (llama.cpp's dmmv.cu route), so no integer dot products.
+
+Work split (the same for every format):
+
+* A CUDA block owns ``RPB`` consecutive rows and has ``32 * WPR`` threads. Every warp decodes *all* ``RPB`` rows
+  at once: it loads its x values into registers once per step and reuses them for each row, so x is read from
+  L1/L2 ``1/RPB`` times per weight (x in f32 is 4 bytes a weight against Q4_K's 0.56, so this reuse matters).
+* A row is cut into *chunks* of 32 lanes' work: ``LPB`` lanes share one GGUF block (they read contiguous,
+  lane-ordered pieces of it), so a chunk is ``32 / LPB`` consecutive blocks. Warp ``w`` takes chunks
+  ``w, w + WPR, w + 2*WPR, ...``; a lane whose block lies past the row's end idles for that step.
+* Each lane's piece of a block is decoded into per-byte integers, turned into float32 with the exponent trick
+  (``bits(2^23 | q) - (2^23 + offset)`` is exactly ``q - offset``: integer pipe + one FADD instead of the
+  quarter-rate ``cvt``) and dotted with its x values; the block's scales multiply the per-sub-block sums
+  (``d*sc*Σq·x - dmin*m*Σx``), so a scale costs one multiply per sub-block, not one per weight.
+* Lane sums are reduced with ``shfl_xor_sync`` (5 steps), warps through shared memory (when ``WPR > 1``); rows
+  past ``od`` in the last CUDA block read row ``od - 1`` (valid memory) and are never written.
+
+Loads: never wider than the format's ``align`` (`kernels.quant.formats`): Q4_K, Q5_K, F16, BF16, F32 use 16-byte
+``ld.global.v4.u32``; Q5_1 8-byte; Q4_1, Q2_K 4-byte; the 2-byte-aligned Q4_0, Q5_0, Q8_0, Q3_K, Q6_K halfwords;
+MXFP4 bytes. x (16-byte aligned, f32) is always read with 16-byte loads.
+
+Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
+decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``residual`` (fused ``y += residual``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from kernels.errors import KernelConstraintError
+from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
+from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
+from kernels.quant.formats import SUPPORTED, block_format
+
+RPB_VALUES = (1, 2, 4, 8)
+"""Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
+WPR_VALUES = (1, 2, 4, 8)
+"""Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
+DEFAULT_RPB = 4
+DEFAULT_WPR = 4
+
+U = np.uint64
+MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
+M0 = np.float32(8388608.0)
+M4 = np.float32(8388608.0 + 4.0)
+M8 = np.float32(8388608.0 + 8.0)
+M16 = np.float32(8388608.0 + 16.0)
+M32 = np.float32(8388608.0 + 32.0)
+M128 = np.float32(8388608.0 + 128.0)
+N4 = 0x0F0F0F0F
+N2 = 0x03030303
+N1 = 0x01010101
+ZERO = np.float32(0.0)
+
+
+# ---- shared device helpers -------------------------------------------------------------------------------------
+
+
+@cuda.jit(device=True, inline="always")
+def _x8(xv, i):
+    """x[i .. i+7] as an 8-tuple of float32 (two 16-byte loads; ``i`` a multiple of 4)."""
+    a0, a1, a2, a3 = ld_global_v4_u32(xv, i)
+    b0, b1, b2, b3 = ld_global_v4_u32(xv, i + 4)
+    return (
+        f32_from_bits(a0),
+        f32_from_bits(a1),
+        f32_from_bits(a2),
+        f32_from_bits(a3),
+        f32_from_bits(b0),
+        f32_from_bits(b1),
+        f32_from_bits(b2),
+        f32_from_bits(b3),
+    )
+
+
+@cuda.jit(device=True, inline="always")
+def _sum8(t):
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot8(w0, w1, off, t):
+    """Σ_k (byte k of the 8 bytes w0 | w1 << 32, as an integer) - (off - 2^23)) * t[k]; every byte < 2^8."""
+    a = (f32_from_bits(MB | (w0 & 0xFF)) - off) * t[0]
+    a += (f32_from_bits(MB | ((w0 >> 8) & 0xFF)) - off) * t[1]
+    a += (f32_from_bits(MB | ((w0 >> 16) & 0xFF)) - off) * t[2]
+    a += (f32_from_bits(MB | ((w0 >> 24) & 0xFF)) - off) * t[3]
+    a += (f32_from_bits(MB | (w1 & 0xFF)) - off) * t[4]
+    a += (f32_from_bits(MB | ((w1 >> 8) & 0xFF)) - off) * t[5]
+    a += (f32_from_bits(MB | ((w1 >> 16) & 0xFF)) - off) * t[6]
+    a += (f32_from_bits(MB | ((w1 >> 24) & 0xFF)) - off) * t[7]
+    return a
+
+
+@cuda.jit(device=True, inline="always")
+def _h2(raw, i):
+    """Two consecutive uint16 words i, i+1 as one 32-bit value (2-byte-aligned formats)."""
+    return int(raw[U(i)]) | (int(raw[U(i + 1)]) << 16)
+
+
+@cuda.jit(device=True, inline="always")
+def _spread4(n):
+    """Bits 0..3 of n -> bit 0 of bytes 0..3 (no carries: the four shifted copies do not overlap)."""
+    return ((n & 0xF) * 0x00204081) & N1
+
+
+if SIMULATOR:
+    from kernels.ptx import _warp_exchange  # numba's simulator has no shuffles; this emulates one warp's lanes
+
+    def _butterfly(slots):
+        v = [np.float32(s) for s in slots]
+        for off in (16, 8, 4, 2, 1):
+            v = [np.float32(v[lane] + v[lane ^ off]) for lane in range(32)]
+        return v
+
+    def _warp_sum(v):
+        """Simulator form of the ``shfl_xor_sync`` butterfly below (same order of float32 additions)."""
+        return _warp_exchange(_butterfly, v)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def _warp_sum(v):
+        """Sum of ``v`` over the 32 lanes of the (fully active) warp, in every lane: a 5-step xor butterfly."""
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 16)
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 8)
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 4)
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 2)
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, 1)
+        return v
+
+
+# ---- per-format x loads and block dots ---------------------------------------------------------------------------
+# x loader: (x as uint32, weight index of the block's first weight in the row, lane-in-block j) -> tuple of x values
+# block dot: (raw view, block index in the tensor, j, that tuple) -> float32 contribution of this lane's piece.
+
+
+@cuda.jit(device=True, inline="always")
+def _x_legacy(xv, wb, j):
+    """LPB = 2 on 32-weight blocks with nibble planes: lane j has weights 8j..8j+7 and 16+8j..16+8j+7."""
+    t0 = _x8(xv, wb + 8 * j)
+    t1 = _x8(xv, wb + 16 + 8 * j)
+    return (t0, t1, _sum8(t0) + _sum8(t1))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q4_0(raw, bi, j, xs):
+    """Q4_0, uint16 view (9 per block): d | qs[16]; lane j reads qs bytes 8j..8j+7."""
+    base = bi * 9
+    d = f32_from_f16_bits(int(raw[U(base)]))
+    qi = base + 1 + 4 * j
+    w0 = _h2(raw, qi)
+    w1 = _h2(raw, qi + 2)
+    s = _dot8(w0 & N4, w1 & N4, M8, xs[0]) + _dot8((w0 >> 4) & N4, (w1 >> 4) & N4, M8, xs[1])
+    return d * s
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q4_1(raw, bi, j, xs):
+    """Q4_1, uint32 view (5 per block): d|m | qs[16]; w = d*q + m."""
+    base = bi * 5
+    dm = int(raw[U(base)])
+    w0 = int(raw[U(base + 1 + 2 * j)])
+    w1 = int(raw[U(base + 2 + 2 * j)])
+    s = _dot8(w0 & N4, w1 & N4, M0, xs[0]) + _dot8((w0 >> 4) & N4, (w1 >> 4) & N4, M0, xs[1])
+    return f32_from_f16_bits(dm & 0xFFFF) * s + f32_from_f16_bits(dm >> 16) * xs[2]
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q5_0(raw, bi, j, xs):
+    """Q5_0, uint16 view (11 per block): d | qh[4] | qs[16]; q = nibble | qh bit << 4; w = d*(q - 16)."""
+    base = bi * 11
+    d = f32_from_f16_bits(int(raw[U(base)]))
+    qh = _h2(raw, base + 1)  # bytes 2..5: two halfword loads, never one (misaligned) uint32 load
+    qi = base + 3 + 4 * j
+    w0 = _h2(raw, qi)
+    w1 = _h2(raw, qi + 2)
+    hl = qh >> (8 * j)
+    hh = qh >> (16 + 8 * j)
+    lo0 = (w0 & N4) | (_spread4(hl) << 4)
+    lo1 = (w1 & N4) | (_spread4(hl >> 4) << 4)
+    hi0 = ((w0 >> 4) & N4) | (_spread4(hh) << 4)
+    hi1 = ((w1 >> 4) & N4) | (_spread4(hh >> 4) << 4)
+    return d * (_dot8(lo0, lo1, M16, xs[0]) + _dot8(hi0, hi1, M16, xs[1]))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q5_1(raw, bi, j, xs):
+    """Q5_1, uint64 view (3 per block): d|m|qh[4] | qs[16]; w = d*q + m."""
+    base = bi * 3
+    h = raw[U(base)]
+    qw = raw[U(base + 1 + j)]
+    dm = int(h & U(0xFFFFFFFF))
+    qh = int(h >> U(32))
+    w0 = int(qw & U(0xFFFFFFFF))
+    w1 = int(qw >> U(32))
+    hl = qh >> (8 * j)
+    hh = qh >> (16 + 8 * j)
+    lo0 = (w0 & N4) | (_spread4(hl) << 4)
+    lo1 = (w1 & N4) | (_spread4(hl >> 4) << 4)
+    hi0 = ((w0 >> 4) & N4) | (_spread4(hh) << 4)
+    hi1 = ((w1 >> 4) & N4) | (_spread4(hh >> 4) << 4)
+    s = _dot8(lo0, lo1, M0, xs[0]) + _dot8(hi0, hi1, M0, xs[1])
+    return f32_from_f16_bits(dm & 0xFFFF) * s + f32_from_f16_bits(dm >> 16) * xs[2]
+
+
+@cuda.jit(device=True, inline="always")
+def _x_q8_0(xv, wb, j):
+    """Q8_0, LPB = 2: lane j has weights 16j .. 16j+15."""
+    return (_x8(xv, wb + 16 * j), _x8(xv, wb + 16 * j + 8))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q8_0(raw, bi, j, xs):
+    """Q8_0, uint16 view (17 per block): d | qs[32] int8; int8 b = (b ^ 0x80) - 128."""
+    base = bi * 17
+    d = f32_from_f16_bits(int(raw[U(base)]))
+    qi = base + 1 + 8 * j
+    w0 = _h2(raw, qi) ^ 0x80808080
+    w1 = _h2(raw, qi + 2) ^ 0x80808080
+    w2 = _h2(raw, qi + 4) ^ 0x80808080
+    w3 = _h2(raw, qi + 6) ^ 0x80808080
+    return d * (_dot8(w0, w1, M128, xs[0]) + _dot8(w2, w3, M128, xs[1]))
+
+
+@cuda.jit(device=True, inline="always")
+def _x_k_planes(xv, wb, j):
+    """Q2_K / Q3_K / Q6_K, LPB = 8: lane j (n = j/4, t0 = 8*(j%4)) has weights 128n + 32s + t0 + (0..7), s < 4."""
+    b = wb + 128 * (j >> 2) + 8 * (j & 3)
+    t0 = _x8(xv, b)
+    t1 = _x8(xv, b + 32)
+    t2 = _x8(xv, b + 64)
+    t3 = _x8(xv, b + 96)
+    return (t0, t1, t2, t3, _sum8(t0), _sum8(t1), _sum8(t2), _sum8(t3))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q2_k(raw, bi, j, xs):
+    """Q2_K, uint32 view (21 per block): scales[16] | qs[64] | d|dmin. Weight 128n + 32s + t: 2 bits at shift 2s
+    of qs[32n + t]; sub-block scale byte 8n + 2s + t/16 (low nibble scale, high nibble min)."""
+    base = bi * 21
+    n = j >> 2
+    e = (j & 3) >> 1
+    dd = int(raw[U(base + 20)])
+    sw0 = int(raw[U(base + 2 * n)]) >> (8 * e)  # scales 8n + e + {0, 2}
+    sw1 = int(raw[U(base + 2 * n + 1)]) >> (8 * e)  # scales 8n + e + {4, 6}
+    qi = base + 4 + 8 * n + 2 * (j & 3)
+    w0 = int(raw[U(qi)])
+    w1 = int(raw[U(qi + 1)])
+    c0 = sw0 & 0xFF
+    c1 = (sw0 >> 16) & 0xFF
+    c2 = sw1 & 0xFF
+    c3 = (sw1 >> 16) & 0xFF
+    sq = np.float32(c0 & 0xF) * _dot8(w0 & N2, w1 & N2, M0, xs[0])
+    sq += np.float32(c1 & 0xF) * _dot8((w0 >> 2) & N2, (w1 >> 2) & N2, M0, xs[1])
+    sq += np.float32(c2 & 0xF) * _dot8((w0 >> 4) & N2, (w1 >> 4) & N2, M0, xs[2])
+    sq += np.float32(c3 & 0xF) * _dot8((w0 >> 6) & N2, (w1 >> 6) & N2, M0, xs[3])
+    sm = np.float32(c0 >> 4) * xs[4] + np.float32(c1 >> 4) * xs[5]
+    sm += np.float32(c2 >> 4) * xs[6] + np.float32(c3 >> 4) * xs[7]
+    return f32_from_f16_bits(dd & 0xFFFF) * sq - f32_from_f16_bits(dd >> 16) * sm
+
+
+@cuda.jit(device=True, inline="always")
+def _q3_scale(lo_hw, hi_hw, e, lshift, hshift):
+    """Signed 6-bit Q3_K scale: low 4 bits from byte e of lo_hw >> lshift, high 2 from byte e of hi_hw >> hshift."""
+    low = (lo_hw >> (8 * e + lshift)) & 0xF
+    high = (hi_hw >> (8 * e + hshift)) & 3
+    return np.float32((low | (high << 4)) - 32)
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q3_k(raw, bi, j, xs):
+    """Q3_K, uint16 view (55 per block): hmask[32] | qs[64] | scales[12] | d. Weight 128n + 32s + t: 2 bits at
+    shift 2s of qs[32n + t], minus 4 unless bit 4n + s of hmask[t] is set; 6-bit scale i = 8n + 2s + t/16."""
+    base = bi * 55
+    n = j >> 2
+    e = (j & 3) >> 1
+    d = f32_from_f16_bits(int(raw[U(base + 54)]))
+    qi = base + 16 + 16 * n + 4 * (j & 3)
+    mi = base + 4 * (j & 3)
+    hb = 4 * n
+    q0 = _h2(raw, qi)
+    q1 = _h2(raw, qi + 2)
+    m0 = _h2(raw, mi) >> hb
+    m1 = _h2(raw, mi + 2) >> hb
+    hi0 = int(raw[U(base + 52)])  # scales[8..9]
+    hi1 = int(raw[U(base + 53)])  # scales[10..11]
+    sc0 = _q3_scale(int(raw[U(base + 48)]), hi0, e, 4 * n, 4 * n)  # i = 8n + e
+    sc1 = _q3_scale(int(raw[U(base + 49)]), hi1, e, 4 * n, 4 * n)  # i = 8n + 2 + e
+    sc2 = _q3_scale(int(raw[U(base + 50)]), hi0, e, 4 * n, 4 * n + 2)  # i = 8n + 4 + e
+    sc3 = _q3_scale(int(raw[U(base + 51)]), hi1, e, 4 * n, 4 * n + 2)  # i = 8n + 6 + e
+    s = sc0 * _dot8((q0 & N2) | ((m0 & N1) << 2), (q1 & N2) | ((m1 & N1) << 2), M4, xs[0])
+    s += sc1 * _dot8(((q0 >> 2) & N2) | (((m0 >> 1) & N1) << 2), ((q1 >> 2) & N2) | (((m1 >> 1) & N1) << 2), M4, xs[1])
+    s += sc2 * _dot8(((q0 >> 4) & N2) | (((m0 >> 2) & N1) << 2), ((q1 >> 4) & N2) | (((m1 >> 2) & N1) << 2), M4, xs[2])
+    s += sc3 * _dot8(((q0 >> 6) & N2) | (((m0 >> 3) & N1) << 2), ((q1 >> 6) & N2) | (((m1 >> 3) & N1) << 2), M4, xs[3])
+    return d * s
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q6_k(raw, bi, j, xs):
+    """Q6_K, uint16 view (105 per block): ql[128] | qh[64] | scales[16] int8 | d. Weight 128h + 32s + t (t < 32):
+    low 4 bits of ql[64h + 32*(s%2) + t] >> 4*(s/2), high 2 of qh[32h + t] >> 2s; scale 8h + 2s + t/16."""
+    base = bi * 105
+    h = j >> 2
+    e = (j & 3) >> 1
+    d = f32_from_f16_bits(int(raw[U(base + 104)]))
+    li = base + 32 * h + 4 * (j & 3)
+    mi = base + 64 + 16 * h + 4 * (j & 3)
+    a0 = _h2(raw, li)
+    a1 = _h2(raw, li + 2)
+    b0 = _h2(raw, li + 16)
+    b1 = _h2(raw, li + 18)
+    m0 = _h2(raw, mi)
+    m1 = _h2(raw, mi + 2)
+    si = base + 96 + 4 * h
+    c0 = (int(raw[U(si)]) >> (8 * e)) & 0xFF
+    c1 = (int(raw[U(si + 1)]) >> (8 * e)) & 0xFF
+    c2 = (int(raw[U(si + 2)]) >> (8 * e)) & 0xFF
+    c3 = (int(raw[U(si + 3)]) >> (8 * e)) & 0xFF
+    s = np.float32(c0 - ((c0 & 0x80) << 1)) * _dot8(
+        (a0 & N4) | ((m0 & N2) << 4), (a1 & N4) | ((m1 & N2) << 4), M32, xs[0]
+    )
+    s += np.float32(c1 - ((c1 & 0x80) << 1)) * _dot8(
+        (b0 & N4) | (((m0 >> 2) & N2) << 4), (b1 & N4) | (((m1 >> 2) & N2) << 4), M32, xs[1]
+    )
+    s += np.float32(c2 - ((c2 & 0x80) << 1)) * _dot8(
+        ((a0 >> 4) & N4) | (((m0 >> 4) & N2) << 4), ((a1 >> 4) & N4) | (((m1 >> 4) & N2) << 4), M32, xs[2]
+    )
+    s += np.float32(c3 - ((c3 & 0x80) << 1)) * _dot8(
+        ((b0 >> 4) & N4) | (((m0 >> 6) & N2) << 4), ((b1 >> 4) & N4) | (((m1 >> 6) & N2) << 4), M32, xs[3]
+    )
+    return d * s
+
+
+@cuda.jit(device=True, inline="always")
+def _x_k_nibbles(xv, wb, j):
+    """Q4_K / Q5_K, LPB = 8: lane j (i = j/2, h = j%2) has weights 64i + 16h + (0..15) (low nibbles, sub-block
+    2i) and 64i + 32 + 16h + (0..15) (high nibbles, sub-block 2i+1)."""
+    b = wb + 64 * (j >> 1) + 16 * (j & 1)
+    l0 = _x8(xv, b)
+    l1 = _x8(xv, b + 8)
+    h0 = _x8(xv, b + 32)
+    h1 = _x8(xv, b + 40)
+    return (l0, l1, h0, h1, _sum8(l0) + _sum8(l1), _sum8(h0) + _sum8(h1))
+
+
+@cuda.jit(device=True, inline="always")
+def _scale_min_k4(s, a, c, e):
+    """ggml's get_scale_min_k4 for sub-block s, given scales[s%4], scales[s%4 + 4], scales[s%4 + 8]."""
+    if s < 4:
+        return np.float32(a & 63), np.float32(c & 63)
+    return np.float32((e & 0xF) | ((a >> 6) << 4)), np.float32((e >> 4) | ((c >> 6) << 4))
+
+
+@cuda.jit(device=True, inline="always")
+def _k4_header(raw4, base, j):
+    """d, dmin and the (scale, min) of sub-blocks 2i, 2i+1 from a Q4_K/Q5_K block's first 16 bytes."""
+    hd, ha, hc, he = ld_global_v4_u32(raw4, base)
+    w = int(hd)
+    s0 = 2 * (j >> 1)
+    s1 = s0 + 1
+    t0 = 8 * (s0 & 3)
+    t1 = 8 * (s1 & 3)
+    sc0, mn0 = _scale_min_k4(s0, (int(ha) >> t0) & 0xFF, (int(hc) >> t0) & 0xFF, (int(he) >> t0) & 0xFF)
+    sc1, mn1 = _scale_min_k4(s1, (int(ha) >> t1) & 0xFF, (int(hc) >> t1) & 0xFF, (int(he) >> t1) & 0xFF)
+    return f32_from_f16_bits(w & 0xFFFF), f32_from_f16_bits(w >> 16), sc0, mn0, sc1, mn1
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q4_k(raw4, bi, j, xs):
+    """Q4_K, uint32 view (36 per block): d|dmin | scales[12] | qs[128]; lane j reads qs bytes 16j..16j+15 with
+    one 16-byte load (they hold the low nibbles of sub-block 2i and the high nibbles of sub-block 2i+1)."""
+    base = bi * 36
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
+    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
+    slo = _dot8(w0 & N4, w1 & N4, M0, xs[0]) + _dot8(w2 & N4, w3 & N4, M0, xs[1])
+    shi = _dot8((w0 >> 4) & N4, (w1 >> 4) & N4, M0, xs[2]) + _dot8((w2 >> 4) & N4, (w3 >> 4) & N4, M0, xs[3])
+    return d * (sc0 * slo + sc1 * shi) - dmin * (mn0 * xs[4] + mn1 * xs[5])
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q5_k(raw4, bi, j, xs):
+    """Q5_K, uint32 view (44 per block): d|dmin | scales[12] | qh[32] | qs[128]; as Q4_K plus the fifth bit
+    (bit s of qh[t], t = position in the 32-weight sub-block); lane j reads qh bytes 16h..16h+15 (16-byte load)."""
+    base = bi * 44
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    h0, h1, h2, h3 = ld_global_v4_u32(raw4, base + 4 + 4 * (j & 1))
+    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 12 + 4 * j)
+    b0 = 2 * (j >> 1)
+    b1 = b0 + 1
+    m0, m1, m2, m3 = int(h0), int(h1), int(h2), int(h3)
+    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
+    slo = _dot8(
+        (w0 & N4) | (((m0 >> b0) & N1) << 4), (w1 & N4) | (((m1 >> b0) & N1) << 4), M0, xs[0]
+    ) + _dot8((w2 & N4) | (((m2 >> b0) & N1) << 4), (w3 & N4) | (((m3 >> b0) & N1) << 4), M0, xs[1])
+    shi = _dot8(
+        ((w0 >> 4) & N4) | (((m0 >> b1) & N1) << 4), ((w1 >> 4) & N4) | (((m1 >> b1) & N1) << 4), M0, xs[2]
+    ) + _dot8(((w2 >> 4) & N4) | (((m2 >> b1) & N1) << 4), ((w3 >> 4) & N4) | (((m3 >> b1) & N1) << 4), M0, xs[3])
+    return d * (sc0 * slo + sc1 * shi) - dmin * (mn0 * xs[4] + mn1 * xs[5])
+
+
+@cuda.jit(device=True, inline="always")
+def _e2m1x2(v):
+    """2 * the E2M1 value of nibble v (OCP MX v1.0 §5.3.3), as float32: |.| in {0,1,2,3,4,6,8,12} (a packed
+    4-bit table), sign bit 3."""
+    mag = f32_from_bits(MB | ((0xC8643210 >> (4 * (v & 7))) & 0xF)) - M0
+    return -mag if v & 8 else mag
+
+
+@cuda.jit(device=True, inline="always")
+def _dot8_e2m1(w0, w1, t):
+    """Σ_k 2*e2m1(nibble in byte k of w0 | w1 << 32) * t[k]; every byte < 16."""
+    a = _e2m1x2(w0 & 0xF) * t[0]
+    a += _e2m1x2((w0 >> 8) & 0xF) * t[1]
+    a += _e2m1x2((w0 >> 16) & 0xF) * t[2]
+    a += _e2m1x2((w0 >> 24) & 0xF) * t[3]
+    a += _e2m1x2(w1 & 0xF) * t[4]
+    a += _e2m1x2((w1 >> 8) & 0xF) * t[5]
+    a += _e2m1x2((w1 >> 16) & 0xF) * t[6]
+    a += _e2m1x2((w1 >> 24) & 0xF) * t[7]
+    return a
+
+
+@cuda.jit(device=True, inline="always")
+def _b4(raw, i):
+    """Four consecutive bytes i .. i+3 as one 32-bit value (byte loads: MXFP4 blocks are 1-byte aligned)."""
+    return (
+        int(raw[U(i)])
+        | (int(raw[U(i + 1)]) << 8)
+        | (int(raw[U(i + 2)]) << 16)
+        | (int(raw[U(i + 3)]) << 24)
+    )
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_mxfp4(raw, bi, j, xs):
+    """MXFP4, uint8 view (17 per block, byte loads): e (E8M0) | qs[16]; lane j reads qs bytes 8j..8j+7;
+    w = 2^(e-128) * (2*e2m1) (ggml's ``ggml_e8m0_to_fp32_half`` times the doubled table)."""
+    base = bi * 17
+    e = int(raw[U(base)])
+    d_half = f32_from_bits((0x00200000 << e) if e < 2 else ((e - 1) << 23))
+    qi = base + 1 + 8 * j
+    w0 = _b4(raw, qi)
+    w1 = _b4(raw, qi + 4)
+    s = _dot8_e2m1(w0 & N4, w1 & N4, xs[0]) + _dot8_e2m1((w0 >> 4) & N4, (w1 >> 4) & N4, xs[1])
+    return d_half * s
+
+
+@cuda.jit(device=True, inline="always")
+def _x_float(xv, wb, j):
+    """Float types: a 'block' is 8 consecutive elements, one lane each (LPB = 1)."""
+    return (_x8(xv, wb),)
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_f16(raw4, bi, j, xs):
+    """F16, uint32 view: elements 8bi .. 8bi+7 with one 16-byte load."""
+    a, b, c, d = ld_global_v4_u32(raw4, bi * 4)
+    t = xs[0]
+    s = f32_from_f16_bits(int(a) & 0xFFFF) * t[0] + f32_from_f16_bits(int(a) >> 16) * t[1]
+    s += f32_from_f16_bits(int(b) & 0xFFFF) * t[2] + f32_from_f16_bits(int(b) >> 16) * t[3]
+    s += f32_from_f16_bits(int(c) & 0xFFFF) * t[4] + f32_from_f16_bits(int(c) >> 16) * t[5]
+    s += f32_from_f16_bits(int(d) & 0xFFFF) * t[6] + f32_from_f16_bits(int(d) >> 16) * t[7]
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_bf16(raw4, bi, j, xs):
+    """BF16, uint32 view: float32 = bf16 bits << 16 (gguf-py ``BF16``); one 16-byte load per 8 elements."""
+    a, b, c, d = ld_global_v4_u32(raw4, bi * 4)
+    t = xs[0]
+    s = f32_from_bits(int(a) << 16) * t[0] + f32_from_bits(int(a) & 0xFFFF0000) * t[1]
+    s += f32_from_bits(int(b) << 16) * t[2] + f32_from_bits(int(b) & 0xFFFF0000) * t[3]
+    s += f32_from_bits(int(c) << 16) * t[4] + f32_from_bits(int(c) & 0xFFFF0000) * t[5]
+    s += f32_from_bits(int(d) << 16) * t[6] + f32_from_bits(int(d) & 0xFFFF0000) * t[7]
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_f32(raw4, bi, j, xs):
+    """F32, uint32 view: elements 8bi .. 8bi+7 with two 16-byte loads."""
+    w = _x8(raw4, bi * 8)
+    t = xs[0]
+    s = w[0] * t[0] + w[1] * t[1]
+    s += w[2] * t[2] + w[3] * t[3]
+    s += w[4] * t[4] + w[5] * t[5]
+    s += w[6] * t[6] + w[7] * t[7]
+    return s
+
+
+# name -> (x loader, block dot, lanes per block, weights per (pseudo-)block, raw view dtype)
+_IMPLS = {
+    "F32": (_x_float, _dot_f32, 1, 8, np.uint32),
+    "F16": (_x_float, _dot_f16, 1, 8, np.uint32),
+    "BF16": (_x_float, _dot_bf16, 1, 8, np.uint32),
+    "Q4_0": (_x_legacy, _dot_q4_0, 2, 32, np.uint16),
+    "Q4_1": (_x_legacy, _dot_q4_1, 2, 32, np.uint32),
+    "Q5_0": (_x_legacy, _dot_q5_0, 2, 32, np.uint16),
+    "Q5_1": (_x_legacy, _dot_q5_1, 2, 32, np.uint64),
+    "Q8_0": (_x_q8_0, _dot_q8_0, 2, 32, np.uint16),
+    "Q2_K": (_x_k_planes, _dot_q2_k, 8, 256, np.uint32),
+    "Q3_K": (_x_k_planes, _dot_q3_k, 8, 256, np.uint16),
+    "Q4_K": (_x_k_nibbles, _dot_q4_k, 8, 256, np.uint32),
+    "Q5_K": (_x_k_nibbles, _dot_q5_k, 8, 256, np.uint32),
+    "Q6_K": (_x_k_planes, _dot_q6_k, 8, 256, np.uint16),
+    "MXFP4": (_x_legacy, _dot_mxfp4, 2, 32, np.uint8),
+}
+assert set(_IMPLS) == set(SUPPORTED), "every supported format needs a gemv implementation"
+GEMV_TYPES = tuple(SUPPORTED)
+"""Names of every format ``gemv_q`` takes (all of `kernels.quant.SUPPORTED`)."""
+FLOAT_GROUP = 8
+"""Float types: ``id`` must be a multiple of 8 (each lane reads a row's elements in whole 16-byte groups)."""
+
+
+# ---- the kernel factory ----------------------------------------------------------------------------------------
+
+_CACHE: dict[tuple, object] = {}
+
+
+_KERNEL_TEMPLATE = """
+def {fname}(raw, xv, y, res, od, id):
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    j = lane % {lpb}
+    bl = lane // {lpb}
+    row0 = cuda.blockIdx.x * {rpb}
+    last = od - 1
+    nb = id // {bs}
+    nchunks = (nb + {bpc} - 1) // {bpc}
+{per_row_init}
+    for c in range(warp, nchunks, {wpr}):
+        b = c * {bpc} + bl
+        if b < nb:
+            xs = xload(xv, b * {bs}, j)
+{per_row_dot}
+{per_row_reduce}
+{epilogue}
+"""
+
+_EPILOGUE_ONE_WARP = """
+    if lane == 0:
+{per_row_store}
+"""
+
+_EPILOGUE_WARPS = """
+    part = cuda.shared.array({smem_n}, np.float32)
+    if lane == 0:
+{per_row_part}
+    cuda.syncthreads()
+    if tid < {rpb}:
+        row = row0 + tid
+        if row < od:
+            v = part[tid]
+            for w in range(1, {wpr}):
+                v += part[w * {rpb} + tid]
+            y[row] = v{res_tail}
+"""
+
+
+def _build(name: str, rpb: int, wpr: int, residual: bool):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual): the per-row code is written out RPB
+    times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block decode is
+    long, which puts the accumulators in local memory)."""
+    xload, dot, lpb, bs, _ = _IMPLS[name]
+    fname = f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}"
+    rows = range(rpb)
+    res = " + res[row0 + {r}]" if residual else ""
+    if wpr == 1:
+        store = "\n".join(
+            f"        if row0 + {r} < od:\n            y[row0 + {r}] = acc{r}" + res.format(r=r) for r in rows
+        )
+        epilogue = _EPILOGUE_ONE_WARP.format(per_row_store=store)
+    else:
+        part = "\n".join(f"        part[warp * {rpb} + {r}] = acc{r}" for r in rows)
+        epilogue = _EPILOGUE_WARPS.format(
+            smem_n=rpb * wpr, per_row_part=part, rpb=rpb, wpr=wpr, res_tail=" + res[row]" if residual else ""
+        )
+    src = _KERNEL_TEMPLATE.format(
+        fname=fname,
+        lpb=lpb,
+        bs=bs,
+        bpc=32 // lpb,
+        rpb=rpb,
+        wpr=wpr,
+        # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
+        per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n    acc{r} = ZERO" for r in rows),
+        per_row_dot="\n".join(f"            acc{r} += dot(raw, rb{r} + b, j, xs)" for r in rows),
+        per_row_reduce="\n".join(f"    acc{r} = _warp_sum(acc{r})" for r in rows),
+        epilogue=epilogue,
+    )
+    scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "xload": xload, "dot": dot}
+    exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
+    return cuda.jit(scope[fname])
+
+
+
+def _check_knobs(rows_per_block, warps_per_row) -> None:
+    if rows_per_block not in RPB_VALUES:
+        raise KernelConstraintError(
+            f"rows_per_block={rows_per_block!r} is not supported; allowed: {', '.join(map(str, RPB_VALUES))}"
+        )
+    if warps_per_row not in WPR_VALUES:
+        raise KernelConstraintError(
+            f"warps_per_row={warps_per_row!r} is not supported; allowed: {', '.join(map(str, WPR_VALUES))}"
+        )
+
+
+def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False):
+    """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs."""
+    try:
+        name = block_format(qtype).name
+    except KeyError as e:
+        raise KernelConstraintError(e.args[0]) from None
+    _check_knobs(rows_per_block, warps_per_row)
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual))
+    k = _CACHE.get(key)
+    if k is None:
+        k = _CACHE[key] = _build(*key)
+    return k
+
+
+def kernel_signature(qtype) -> tuple:
+    """The numba argument types ``gemv_q`` launches format ``qtype``'s kernels with (for `compile_ptx`)."""
+    from numba import types
+    from numba.np.numpy_support import from_dtype
+
+    view = _IMPLS[block_format(qtype).name][4]
+    f32 = types.Array(types.float32, 1, "C")
+    return (
+        types.Array(from_dtype(np.dtype(view)), 1, "C"),
+        types.Array(types.uint32, 1, "C"),
+        f32,
+        f32,
+        types.int64,
+        types.int64,
+    )
+
+
+def threads_per_block(warps_per_row: int) -> int:
+    return 32 * warps_per_row
+
+
+def gemv_q(
+    raw,
+    qtype,
+    od: int,
+    id: int,
+    x,
+    out=None,
+    *,
+    rows_per_block: int = DEFAULT_RPB,
+    warps_per_row: int = DEFAULT_WPR,
+    residual=None,
+    stream=0,
+):
+    """Enqueue ``y[od] = W[od, id] · x[id] (+ residual[od])`` on ``stream`` and return ``y`` (f32, ``[od]``).
+
+    raw: 1-D C-contiguous uint8 device array, W's bytes exactly as stored in a GGUF file: ``od`` rows of
+    ``id / block_size`` blocks (ggml-common.h layouts; `kernels.quant.formats`), starting at a device address that
+    is a multiple of the format's ``align`` (any cudaMalloc'd buffer and any GGUF tensor is).
+    qtype: format name ("Q4_K"), ``gguf.GGMLQuantizationType`` member or its value; any of ``GEMV_TYPES``.
+    od, id: rows and columns of W; ``id`` a multiple of the block size (32 for Q4_0..Q8_0 and MXFP4, 256 for
+    the K-quants, 8 for F32/F16/BF16, whose lanes read whole 16-byte groups).
+    x: 1-D C-contiguous float32 device array of ``id`` elements, 16-byte aligned.
+    out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
+    rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
+    warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
+    residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
+    may be ``out`` itself: each element is read before it is written, by the same thread).
+
+    Accumulation is float32 (per-lane partial sums, then a shuffle tree and a shared-memory sum across warps);
+    against float64 ``dequantize(W) @ x`` the relative error is ~1e-7 (tests assert < 1e-5).
+    Source: llama.cpp ggml-cuda mmvq.cu (work split) and dmmv.cu (f32 activations), ggml-common.h (blocks).
+
+    Raises KernelConstraintError (a ValueError) with one sentence saying what is wrong, for: an unsupported type,
+    raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
+    ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
+    length or layout (x also misaligned); a knob value outside its allowed set.
+    """
+    try:
+        fmt = block_format(qtype)
+    except KeyError as e:
+        raise KernelConstraintError(e.args[0]) from None
+    _check_knobs(rows_per_block, warps_per_row)
+    od, id = _check_shape(fmt, od, id)
+    if fmt.block_size == 1 and id % FLOAT_GROUP:
+        raise KernelConstraintError(
+            f"id={id} is not a multiple of {FLOAT_GROUP}; gemv_q reads {fmt.name} rows in whole 16-byte groups"
+        )
+    raw = _check_raw(fmt, raw, od, id)
+    x = _check_vector(x, "x", id)
+    if id and _address(x) % 16:
+        raise KernelConstraintError("x must start at a 16-byte aligned device address (it is read 16 bytes at a time)")
+    if out is None:
+        out = cuda.device_array(od, dtype=np.float32, stream=stream)
+    else:
+        out = _check_vector(out, "out", od)
+    if residual is not None:
+        residual = _check_vector(residual, "residual", od)
+    if od == 0:
+        return out
+    if id == 0:
+        raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
+    view = _IMPLS[fmt.name][4]
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None)
+    grid = (od + rows_per_block - 1) // rows_per_block
+    kern[grid, threads_per_block(warps_per_row), stream](
+        raw.view(view) if view is not np.uint8 else raw,
+        x.view(np.uint32),
+        out,
+        out if residual is None else residual,
+        od,
+        id,
+    )
+    return out
+
+
+def _check_vector(a, what: str, n: int):
+    a = _as_device_array(a, what)
+    if a.dtype != np.float32 or a.ndim != 1 or a.size != n:
+        raise KernelConstraintError(
+            f"{what} must be a 1-D float32 device array of {n} elements, got {a.dtype} of shape {tuple(a.shape)}"
+        )
+    if not a.is_c_contiguous():
+        raise KernelConstraintError(f"{what} must be C-contiguous")
+    return a

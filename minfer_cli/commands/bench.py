@@ -1,0 +1,100 @@
+"""`minfer bench`: llama-bench-style pp/tg tok/s of a whole model on minfer's kernels."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from minfer_cli.commands import options
+from minfer_cli.console import err, guard, out, progress
+from minfer_cli.errors import UsageError
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+def _rows_dicts(rows) -> list[dict]:
+    return [{"model": r.model, "size_gib": round(r.size_bytes / 2**30, 4), "params_b": round(r.n_params / 1e9, 4),
+             "test": r.test, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "samples": [round(x, 2) for x in r.samples],
+             "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1)}
+            for r in rows]
+
+
+@guard
+def bench(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="A GGUF file (llama or qwen2). Default: the built-in preset."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Built-in preset (default qwen2-7b-q4_k_m); weights synthesised on the GPU."),
+    prompt: str = typer.Option("512", "--n-prompt", "-p", help="Prompt lengths for pp tests, comma-separated (0 skips)."),
+    gen: str = typer.Option("128", "--n-gen", "-n", help="Generation lengths for tg tests, comma-separated (0 skips)."),
+    reps: int = typer.Option(5, "--repetitions", "-r", min=1, max=1000, help="Repetitions of each test (mean ± stddev)."),
+    fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
+    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, gemm tile knobs, FA_* attention knobs), given once."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthesised weights and the prompt tokens."),
+    record: bool = typer.Option(False, "--record", help="Append the result to the ledger (verdict MEASURED)."),
+    note: str = options.NOTE,
+    ledger: Optional[str] = options.LEDGER,
+) -> None:
+    """Prompt processing (pp) and token generation (tg) throughput, as llama.cpp's llama-bench prints it.
+
+    pp<n>: one prefill of n tokens into an empty cache, tokens / wall seconds, mean ± stddev over -r repetitions,
+    after a warm-up (weight synthesis/loading, f16 copies and JIT compilation are never timed).
+
+    Example: minfer bench -p 2048 -n 0
+    """
+    from minfer_cli.engine.bench import engine_knobs, engine_options, parse_counts, run_pp
+    from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
+    from minfer_cli.knobs import parse_arm_text, resolve_config
+    from minfer_cli.measure.device import require_timing_device
+
+    fmt = fmt.lower()
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown --output {fmt!r}; valid: {', '.join(FORMATS)}")
+    if model and preset:
+        raise UsageError("give either -m FILE or --preset NAME, not both")
+    pp = parse_counts(prompt, "-p")
+    tg = parse_counts(gen, "-n")
+    if not pp and not tg:
+        raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 0")
+    text = options.single_arm(arm)
+    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
+    config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
+    if record:
+        options.check_ledger_writable(ledger)
+    require_timing_device()
+    if tg:
+        err.print(f"tg{','.join(map(str, tg))}: token generation is not available yet (the decode path is not built); "
+                  "running the pp tests only", markup=False, style="yellow", soft_wrap=True)
+    if not pp:
+        raise UsageError("token generation is not available yet and no pp test was asked for; e.g. -p 512 -n 0")
+    from minfer_cli.engine.weights import load_gguf, synth_weights
+
+    with progress("bench") as report:
+        weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)
+        rows = run_pp(weights, pp, reps, engine_options(config), seed, progress=report)
+    data = _rows_dicts(rows)
+    if fmt == "json":
+        print(json.dumps(data, indent=1))
+    elif fmt == "jsonl":
+        for d in data:
+            print(json.dumps(d))
+    elif fmt == "csv":
+        import pandas as pd
+
+        print(pd.DataFrame(data).drop(columns=["samples"]).to_csv(index=False).rstrip())
+    else:
+        t = Table(box=None, show_edge=False)
+        for col, just in (("model", "left"), ("size", "right"), ("params", "right"), ("test", "left"), ("t/s", "right")):
+            t.add_column(col, justify=just)
+        for r in rows:
+            t.add_row(r.model, f"{r.size_bytes / 2**30:.2f} GiB", f"{r.n_params / 1e9:.2f} B", r.test,
+                      f"{r.mean:.2f} ± {r.std:.2f}")
+        out.print(t)
+        for r in rows:
+            out.print(f"{r.test}: peak device memory {r.peak_mem_bytes / 2**30:.2f} GiB, "
+                      f"growth over the repetitions {r.mem_growth_bytes / 2**20:+.1f} MiB", markup=False)
+    if record:
+        from minfer_cli.engine.record import bench_record
+
+        raise typer.Exit(code=options.write_record(bench_record(rows, weights, config, note), ledger))

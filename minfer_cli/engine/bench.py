@@ -1,0 +1,137 @@
+"""`minfer bench`: llama-bench's pp test on minfer's engine — the whole-model number a kernel change is judged by.
+
+pp<n>: one prefill of n prompt tokens into an empty KV cache, wall-clock timed from the first launch to the
+stream's completion (llama-bench's definition: tokens / seconds, mean ± sample stddev over repetitions). Weight
+generation or loading, f16 weight copies (W16=1) and JIT compilation happen before timing: a warm-up prefill of
+the same length runs first. Token generation (tg<n>) needs the decode path, which does not exist yet.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from minfer_cli.engine.forward import EngineOptions, PrefillEngine, device_bytes
+from minfer_cli.engine.weights import ModelWeights
+from minfer_cli.errors import UsageError
+from minfer_cli.knobs import Config, Knob
+
+Progress = Optional[Callable[[str, float], None]]
+
+FA_PREFIX = "FA_"
+
+
+def engine_knobs() -> tuple[Knob, ...]:
+    """The knobs of the whole engine: W16, the GEMM's tile knobs, and the flash-attention knobs (prefixed FA_)."""
+    from kernels import attention, gemm_f16
+
+    knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
+    knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
+              for k, v in gemm_f16.KNOBS.items()]
+    knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
+              for k, v in attention.KNOBS.items()]
+    return tuple(knobs)
+
+
+def engine_options(config: Config) -> EngineOptions:
+    """EngineOptions from a full engine knob configuration."""
+    from kernels import gemm_f16
+
+    gemm = {k: config[k] for k in gemm_f16.KNOBS}
+    attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
+    return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention)
+
+
+@dataclass
+class BenchRow:
+    """One llama-bench row: model description, size (bytes), params, test name, t/s samples and their summary,
+    and the device memory the process used (peak, and growth from the first repetition to the last)."""
+
+    model: str
+    size_bytes: int
+    n_params: int
+    test: str
+    n_tokens: int
+    samples: list = field(default_factory=list)
+    peak_mem_bytes: int = 0
+    mem_growth_bytes: int = 0
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """Comma-separated token counts (`-p 512,2048`): each a non-negative integer; 0 entries are skipped."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}") from None
+        if value < 0:
+            raise UsageError(f"{flag} token counts must be >= 0, got {value}")
+        values.append(value)
+    return [v for v in values if v > 0]
+
+
+def _used_bytes() -> int:
+    from numba import cuda
+
+    free, total = cuda.current_context().get_memory_info()
+    return int(total - free)
+
+
+def check_fits(weights: ModelWeights, max_tokens: int, options: EngineOptions) -> None:
+    """UsageError when a prompt is beyond the model's context or the engine would not fit in device memory."""
+    from numba import cuda
+
+    c = weights.config
+    if max_tokens > c.context_length:
+        raise UsageError(f"-p {max_tokens} is beyond the model's context length {c.context_length}")
+    need = device_bytes(c, max_tokens, options.w16)
+    free, _ = cuda.current_context().get_memory_info()
+    if need > free:
+        hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""
+        raise UsageError(f"-p {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
+                         f"{free / 2**30:.1f} GiB are free{hint}")
+
+
+def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: EngineOptions, seed: int,
+           progress: Progress = None) -> list[BenchRow]:
+    """Time pp<n> for every n in ``counts``: ``reps`` prefills each after one warm-up prefill."""
+    from numba import cuda
+
+    check_fits(weights, max(counts), options)
+    c = weights.config
+    engine = PrefillEngine(weights, max(counts), options, progress=progress)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in counts:
+        row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(), f"pp{n}", n)
+        ids = cuda.to_device(rng.integers(0, c.vocab, size=n, dtype=np.int32))
+        engine.prefill(ids)
+        engine.stream.synchronize()
+        first_used = _used_bytes()
+        peak = first_used
+        for r in range(reps):
+            if progress:
+                progress(f"pp{n} repetition {r + 1}/{reps}", r / reps)
+            t0 = time.perf_counter()
+            engine.prefill(ids)
+            engine.stream.synchronize()
+            row.samples.append(n / (time.perf_counter() - t0))
+            peak = max(peak, _used_bytes())
+        row.peak_mem_bytes = peak
+        row.mem_growth_bytes = _used_bytes() - first_used
+        rows.append(row)
+    return rows

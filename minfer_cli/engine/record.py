@@ -1,0 +1,44 @@
+"""The ledger record of a `minfer bench` run (kind "bench", verdict MEASURED): one arm per pp/tg test."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from minfer_cli.engine.bench import BenchRow
+from minfer_cli.engine.weights import ModelWeights
+from minfer_cli.measure import environment as envmod
+
+
+def bench_record(rows: list[BenchRow], weights: ModelWeights, config: dict, notes: str = "") -> dict:
+    from minfer_cli.measure.device import probe
+
+    device = probe()
+    arms = []
+    for r in rows:
+        s = sorted(r.samples)
+        arms.append({
+            "label": r.test, "knobs": dict(config), "status": "ok", "error": None,
+            "stats": {"median": round(s[len(s) // 2], 3), "p10": round(s[int(0.1 * (len(s) - 1))], 3),
+                      "p90": round(s[int(0.9 * (len(s) - 1))], 3), "mean": round(r.mean, 3), "std": round(r.std, 3),
+                      "n": len(s)},
+            "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 2),
+        })
+    return {
+        "schema": 1,
+        "title": f"bench {weights.describe()}: {', '.join(r.test for r in rows)}",
+        "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "kind": "bench",
+        "experiment": "bench",
+        "workload": {"name": weights.describe(), "shape": {"size_bytes": weights.size_bytes(), "params": weights.n_params(),
+                                                           "source": weights.source}},
+        "metric": {"name": "throughput", "unit": "tok/s", "higher_is_better": True},
+        "arms": arms,
+        "comparison": None,
+        "bar": 0.0,
+        "verdict": "MEASURED",
+        "environment": {"device": device.as_dict()},
+        "software": envmod.software_versions() | {"cuda_driver": device.driver_version, "cuda_runtime": device.runtime_version},
+        "git": envmod.git_state(),
+        "command": envmod.command_line(),
+        "notes": notes or "",
+    }

@@ -1,0 +1,267 @@
+"""kernels/attention.py (prefill flash attention) and kernels/attention_decode.py (flash-decoding): numbers in the
+CUDA simulator at tiny shapes against numpy float64, input errors, the compiled code of every knob combination
+(`compile`), and real shapes against torch on a GPU (`gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from experiments.attention import reference_numpy
+from kernels import attention as A
+from kernels import attention_decode as DEC
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+
+
+def _qkv(nt, nt_kv, h, hk, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((nt, h, 128)).astype(np.float16)
+    k = rng.standard_normal((nt_kv, hk, 128)).astype(np.float16)
+    v = rng.standard_normal((nt_kv, hk, 128)).astype(np.float16)
+    return q, k, v
+
+
+def _rel(got, ref) -> float:
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _prefill(config, nt, nt_kv, h, hk, causal=True, seed=0):
+    q, k, v = _qkv(nt, nt_kv, h, hk, seed)
+    out = cuda.to_device(np.full((nt, h, 128), np.nan, np.float16))  # poisoned: every row must be written
+    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal=causal, config=config)
+    got = out.copy_to_host().astype(np.float64)
+    assert np.isfinite(got).all(), "some outputs were never written (or NaN)"
+    return _rel(got, reference_numpy(q, k, v, causal=causal))
+
+
+# ---- simulator: prefill numbers ----------------------------------------------------------------------------
+# The simulator runs ~1 µs per thread-op and every mma is a 32-thread rendezvous: shapes are tiny, heads few.
+
+D = A.DEFAULT
+SIM_CASES = [
+    ("nt=1, GQA 4/2", D, (1, 1, 4, 2)),
+    ("nt=17, GQA 4/2, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (17, 17, 4, 2)),
+    ("nt=70: 2 q tiles, 2 k tiles, tails", D, (70, 70, 2, 1)),
+    ("prefix: nt=9 after 31 cached, BK=32", dict(D, BK=32), (9, 40, 2, 1)),
+    ("BQ=128 (8 warps), nt=20", dict(D, BQ=128), (20, 20, 1, 1)),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,shape", [c[1:] for c in SIM_CASES], ids=[c[0] for c in SIM_CASES])
+def test_prefill_simulator_matches_float64(config, shape):
+    assert _prefill(config, *shape) < 1e-2
+
+
+@sim
+def test_prefill_non_causal():
+    assert _prefill(dict(D, BK=32), 5, 37, 2, 1, causal=False) < 1e-2
+
+
+# ---- simulator: decode numbers ------------------------------------------------------------------------------
+
+
+def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((h, 128)).astype(q_dtype)
+    k = rng.standard_normal((l_max, hk, 128)).astype(np.float16)
+    v = rng.standard_normal((l_max, hk, 128)).astype(np.float16)
+    out = cuda.to_device(np.full((h, 128), np.nan, np.float32))
+    DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits)
+    got = out.copy_to_host().astype(np.float64)
+    assert np.isfinite(got).all()
+    ref = reference_numpy(q[None].astype(np.float64), k[:L], v[:L], causal=False)[0]
+    return _rel(got, ref)
+
+
+@sim
+@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype", [
+    (1, 16, 4, 2, 2, np.float32),
+    (7, 16, 4, 2, 2, np.float16),
+    (300, 320, 2, 1, 4, np.float32),
+], ids=["L=1", "L=7 f16 q", "L=300"])
+def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype):
+    assert _decode(L, l_max, h, hk, splits, q_dtype) < 1e-4
+
+
+# ---- constraints (host-side) --------------------------------------------------------------------------------
+
+
+@sim
+@pytest.mark.parametrize("q_shape,kv_shape,dtype,match", [
+    ((4, 2, 64), (4, 2, 64), np.float16, "head_dim must be 128"),
+    ((4, 3, 128), (4, 2, 128), np.float16, "multiple of n_kv_heads"),
+    ((4, 2, 128), (4, 2, 128), np.float32, "must be float16"),
+    ((8, 2, 128), (4, 2, 128), np.float16, "nt_kv >= nt"),
+])
+def test_prefill_bad_inputs_are_refused(q_shape, kv_shape, dtype, match):
+    q = cuda.to_device(np.ones(q_shape, dtype))
+    kv = cuda.to_device(np.ones(kv_shape, np.float16))
+    with pytest.raises(KernelConstraintError, match=match):
+        A.flash_attention(q, kv, kv)
+
+
+@sim
+@pytest.mark.parametrize("q_shape,q_dtype,kv_shape,match", [
+    ((4, 64), np.float32, (8, 2, 64), "head_dim must be 128"),
+    ((3, 128), np.float32, (8, 2, 128), "multiple of n_kv_heads"),
+    ((4, 128), np.float64, (8, 2, 128), "float32/float16"),
+])
+def test_decode_bad_inputs_are_refused(q_shape, q_dtype, kv_shape, match):
+    q = cuda.to_device(np.ones(q_shape, q_dtype))
+    kv = cuda.to_device(np.ones(kv_shape, np.float16))
+    with pytest.raises(KernelConstraintError, match=match):
+        DEC.decode_attention(q, kv, kv, cuda.to_device(np.array([1], np.int32)))
+    with pytest.raises(KernelConstraintError, match="int32"):
+        DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), cuda.to_device(np.ones((8, 2, 128), np.float16)),
+                             cuda.to_device(np.ones((8, 2, 128), np.float16)), cuda.to_device(np.array([1], np.int64)))
+
+
+def test_unknown_knob_and_value_are_refused():
+    with pytest.raises(KernelConstraintError, match="no knob"):
+        A.resolve_config({"BM": 64})
+    with pytest.raises(KernelConstraintError, match="not allowed"):
+        A.resolve_config({"BQ": 96})
+    assert A.resolve_config({"BK": "32"})["BK"] == 32
+
+
+def test_geometry_follows_the_knobs():
+    g = A.geometry(D)
+    assert g.grid(2048, 28) == (28, 32) and g.threads == 128
+    assert A.geometry(dict(D, BQ=128)).threads == 256 and A.geometry(dict(D, BQ=128)).grid(2048, 28) == (28, 16)
+    assert A.geometry(dict(D, STAGES=1)).smem_bytes < g.smem_bytes
+    assert A.geometry(dict(D, BK=32)).smem_bytes < g.smem_bytes
+    assert max(A.geometry(c).smem_bytes for c in A.all_configs()) <= A.H200_SMEM_OPTIN
+
+
+def test_experiment_cost_and_workloads():
+    from experiments.attention import AttentionExperiment
+
+    exp = AttentionExperiment()
+    w = exp.workload("qwen2_7b_pp2048")
+    c = exp.cost(w, exp.default_config())
+    assert c.flops == 4 * 2048 * 2048 * 28 * 128 / 2
+    assert c.bytes == 2 * 128 * (2 * 2048 * 28 + 2 * 2048 * 4)
+    assert {k.name for k in exp.knobs} == {"BQ", "BK", "STAGES", "IMPL"}
+
+
+# ---- compile: every knob combination, the right instructions, no local memory ------------------------------
+
+COMBOS = [(cfg, causal) for cfg in A.all_configs() for causal in (True, False)]
+_PTX: dict = {}
+
+
+def _ptx(cfg, causal=True) -> str:
+    key = (tuple(sorted(A.resolve_config(cfg).items())), causal)
+    if key not in _PTX:
+        _PTX[key] = A.kernel_ptx(cfg, causal)
+    return _PTX[key]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,causal", COMBOS, ids=[f"{' '.join(f'{k}={v}' for k, v in c.items())} causal={z}" for c, z in COMBOS])
+def test_prefill_compiles(cfg, causal):
+    ptx = _ptx(cfg, causal)
+    for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
+                   "shfl.sync.bfly.b32", "ex2.approx", "st.global.v4.u32"):
+        assert needle in ptx, needle
+    assert ".local" not in ptx, "fragments or accumulators spilled to local memory"
+    assert ".f64" not in ptx, "double-precision arithmetic crept into the kernel"
+    # S = Q·K^T and O += P·V: (BK/16) * 8 * 2 mma each per tile, fully unrolled
+    assert ptx.count("mma.sync.aligned") == 2 * (cfg["BK"] // 16) * 8 * 2
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("knob", list(A.KNOBS))
+def test_each_knob_changes_the_code(knob):
+    for value in A.KNOBS[knob]:
+        if value != D[knob]:
+            assert _ptx(dict(D, **{knob: value})) != _ptx(D), f"{knob}={value} compiles to the default's PTX"
+    assert _ptx(D, causal=False) != _ptx(D, causal=True)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("group,q_dtype", [(7, np.float32), (1, np.float16), (2, np.float32)])
+def test_decode_compiles(group, q_dtype):
+    partial, combine = DEC.kernel_ptx(group, q_dtype)
+    assert "shfl.sync.bfly.b32" in partial and "ex2.approx" in partial and "ex2.approx" in combine
+    assert ".local" not in partial and ".local" not in combine
+    assert ".f64" not in partial and ".f64" not in combine
+
+
+# ---- gpu: real shapes against torch --------------------------------------------------------------------------
+
+
+def _torch_sdpa(q, k, v):
+    import torch
+    import torch.nn.functional as F
+
+    tq, tk, tv = (torch.from_numpy(x).cuda().float().transpose(0, 1)[None] for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    tk, tv = tk.repeat_interleave(g, 1), tv.repeat_interleave(g, 1)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)[0].transpose(0, 1).double().cpu().numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [D, dict(D, BQ=128), dict(D, BK=32, STAGES=1)], ids=["default", "BQ=128", "BK=32 S=1"])
+@pytest.mark.parametrize("nt", [1, 33, 2048, 2055])
+def test_prefill_gpu_matches_torch(config, nt):
+    pytest.importorskip("torch")
+    q, k, v = _qkv(nt, nt, 28, 4, seed=3)
+    out = cuda.to_device(np.full((nt, 28, 128), np.nan, np.float16))
+    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, config=config)
+    got = out.copy_to_host().astype(np.float64)
+    assert np.isfinite(got).all()
+    assert _rel(got, _torch_sdpa(q, k, v)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_prefill_gpu_prefix_matches_float64():
+    q, k, v = _qkv(100, 612, 28, 4, seed=4)
+    out = cuda.to_device(np.full((100, 28, 128), np.nan, np.float16))
+    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out)
+    assert _rel(out.copy_to_host().astype(np.float64), reference_numpy(q, k, v)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 4097])
+def test_decode_gpu_matches_torch(L):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    l_max = 4352
+    q = rng.standard_normal((28, 128)).astype(np.float32)
+    k = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
+    v = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
+    out = cuda.to_device(np.full((28, 128), np.nan, np.float32))
+    DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                         cuda.to_device(np.array([L], np.int32)), out)
+    tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, 28, 1, 128]
+    tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
+    tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)[0, :, 0].double().cpu().numpy()
+    assert _rel(out.copy_to_host().astype(np.float64), ref) < 1e-4
+
+
+@sim
+def test_experiment_tiny_round_trip():
+    """The experiment's own path (inputs, poison, prepare, launch, check) on its `tiny` workload."""
+    from experiments.attention import AttentionExperiment
+
+    exp = AttentionExperiment()
+    w = exp.workload("tiny")
+    config = exp.config("BK=32")
+    inputs = exp.make_input_set(w, np.random.default_rng(2))
+    output = exp.make_output(w)
+    exp.poison(output)
+    assert np.isinf(exp.check(config, w, inputs, output))  # a poisoned output fails the gate
+    exp.prepare(config, w)(inputs, output, 0)
+    assert exp.check(config, w, inputs, output) < exp.tolerance(config)
+    (inst,) = exp.kernels(config, w)
+    assert inst.threads == 128 and inst.dynamic_smem == A.geometry(dict(D, BK=32)).smem_bytes

@@ -1,0 +1,314 @@
+"""Decode mat-vec straight from GGUF blocks (`kernels.gemv_q`) against numpy float64 ``dequantize(W) @ x``.
+
+Simulator session: every format at tiny shapes (od = 5: a partial last CUDA block for RPB 2 and 4; ids with a
+partial last warp chunk), several RPB/WPR values, output poisoned with NaN, fresh random W and x each test,
+the residual epilogue, buffers that start at an odd block (the misaligned-load trap of 2-byte-aligned formats),
+every rejected input, and the experiment's check / knobs / cost.
+`compile` (no simulator): kernels build for sm_90, weight loads are never wider than the format's alignment
+(16-byte loads only for x in the 2/4/8-byte-aligned formats), no local memory, no float64, every knob changes
+the code.
+`gpu`: real Qwen2-7B shapes on the device.
+Tolerance: relative error ‖y − ref‖ / ‖ref‖ < 1e-5 (float32 accumulation; float weights are exact inputs).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels.errors import KernelConstraintError
+from kernels.gemv_q import GEMV_TYPES, gemv_q, kernel_for, kernel_signature
+from kernels.quant.dequant import _address
+from kernels.quant.formats import FORMATS
+from minfer_cli.quant_blocks import random_blocks
+
+TOL = 1e-5
+ODD_TYPES = [n for n in GEMV_TYPES if FORMATS[n].block_size > 1 and FORMATS[n].type_size % 4]
+
+
+def _reference(raw, name, od, id, x):
+    from experiments.gemv import reference
+
+    return reference(raw, name, od, id, x)
+
+
+def _tiny_id(name: str) -> int:
+    """256-blocks: 2 blocks (a warp chunk holds 4: half idle); 32-blocks: 24 (a chunk holds 16); floats: 40."""
+    bs = FORMATS[name].block_size
+    return 512 if bs == 256 else 768 if bs == 32 else 40
+
+
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None):
+    rng = rng or np.random.default_rng()
+    raw = random_blocks(name, od, id, rng)
+    x = rng.standard_normal(id).astype(np.float32)
+    out = cuda.to_device(np.full(od, np.nan, dtype=np.float32))
+    dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
+    res = None if residual is None else cuda.to_device(residual)
+    got = gemv_q(dev, name, od, id, cuda.to_device(x), out, rows_per_block=rpb, warps_per_row=wpr, residual=res)
+    assert got is out
+    ref = _reference(raw, name, od, id, x)
+    if residual is not None:
+        ref = ref + residual.astype(np.float64)
+    return out.copy_to_host(), ref
+
+
+def _assert_close(got, ref, tol=TOL):
+    assert not np.isnan(got).any(), f"rows {np.flatnonzero(np.isnan(got))} were never written (NaN poison)"
+    err = np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err < tol, f"relative error {err:.3e} >= {tol:g}; got {got[:4]} vs reference {ref[:4]}"
+
+
+# ---- simulator: numbers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rpb, wpr", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("name", GEMV_TYPES)
+def test_every_type_against_float64(name, rpb, wpr):
+    _assert_close(*_run(name, 5, _tiny_id(name), rpb=rpb, wpr=wpr))
+
+
+@pytest.mark.parametrize("rpb", [1, 2, 4, 8])
+@pytest.mark.parametrize("wpr", [1, 4])
+def test_knobs_do_not_change_the_result(rpb, wpr):
+    _assert_close(*_run("Q4_K", 5, 1024, rpb=rpb, wpr=wpr))
+
+
+@pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
+def test_eight_warps_more_warps_than_chunks(name):
+    """WPR=8 on a row of fewer chunks than warps: idle warps must still join the shared-memory sum with zeros."""
+    _assert_close(*_run(name, 3, _tiny_id(name), rpb=1, wpr=8))
+
+
+@pytest.mark.parametrize("wpr", [1, 2])
+def test_residual_epilogue(wpr):
+    rng = np.random.default_rng()
+    residual = rng.standard_normal(5).astype(np.float32) * 10
+    _assert_close(*_run("Q5_K", 5, 512, rpb=4, wpr=wpr, residual=residual, rng=rng))
+
+
+def test_residual_may_be_the_output_itself():
+    rng = np.random.default_rng()
+    od, id = 6, 256
+    raw = random_blocks("Q4_K", od, id, rng)
+    x = rng.standard_normal(id).astype(np.float32)
+    r = rng.standard_normal(od).astype(np.float32)
+    y = cuda.to_device(r)
+    gemv_q(cuda.to_device(raw), "Q4_K", od, id, cuda.to_device(x), y, rows_per_block=4, warps_per_row=2, residual=y)
+    _assert_close(y.copy_to_host(), _reference(raw, "Q4_K", od, id, x) + r)
+
+
+@pytest.mark.parametrize("name", ODD_TYPES)
+def test_buffer_starting_at_an_odd_block(name):
+    """W's bytes start one block into an aligned allocation: the blocks of the 2-byte-aligned formats then start
+    2 mod 4 (MXFP4: 1 mod 4), where any load wider than the format's alignment faults on a GPU."""
+    fmt = FORMATS[name]
+
+    def shifted(raw):
+        view = cuda.to_device(np.concatenate([np.full(fmt.type_size, 0xA5, np.uint8), raw]))[fmt.type_size :]
+        assert _address(view) % 4 in (1, 2)
+        return view
+
+    _assert_close(*_run(name, 3, 2 * fmt.block_size, raw_device=shifted))
+
+
+def test_allocates_out_and_takes_the_gguf_enum():
+    from gguf.constants import GGMLQuantizationType as T
+
+    rng = np.random.default_rng()
+    raw = random_blocks("Q6_K", 3, 256, rng)
+    x = rng.standard_normal(256).astype(np.float32)
+    ref = _reference(raw, "Q6_K", 3, 256, x)
+    for qtype in (T.Q6_K, int(T.Q6_K)):
+        y = gemv_q(cuda.to_device(raw), qtype, 3, 256, cuda.to_device(x))
+        assert y.shape == (3,) and y.dtype == np.float32
+        _assert_close(y.copy_to_host(), ref)
+
+
+# ---- simulator: rejected inputs -----------------------------------------------------------------------------
+
+
+def _w(od=2, id=256, name="Q4_K"):
+    return cuda.to_device(random_blocks(name, od, id, np.random.default_rng(0)))
+
+
+def _x(n=256, dtype=np.float32):
+    return cuda.to_device(np.ones(n, dtype))
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda: gemv_q(_w(), "Q8_K", 2, 256, _x()), r"Q8_K is not a supported GGUF type"),
+        (lambda: gemv_q(_w(), "nope", 2, 256, _x()), r"NOPE is not a supported"),
+        (lambda: gemv_q(np.zeros(288, np.uint8), "Q4_K", 2, 256, _x()), r"raw must be a CUDA device array"),
+        (lambda: gemv_q(cuda.to_device(np.zeros(144, np.uint16)), "Q4_K", 2, 256, _x()), r"1-D C-contiguous uint8"),
+        (lambda: gemv_q(_w(), "Q4_K", 3, 256, _x()), r"holds 288 bytes .* od=3 x id=256 needs 432"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 200, _x(200)), r"id=200 is not a multiple of the Q4_K block size 256"),
+        (lambda: gemv_q(_w(2, 12, "F16"), "F16", 2, 12, _x(12)), r"id=12 is not a multiple of 8"),
+        (lambda: gemv_q(cuda.to_device(np.zeros(296, np.uint8))[8:], "Q4_K", 2, 256, _x()), r"not 16-byte aligned"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(dtype=np.float16)), r"x must be a 1-D float32 device array of 256"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(255)), r"x must be a 1-D float32 .* shape \(255,\)"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, np.ones(256, np.float32)), r"x must be a CUDA device array"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, cuda.to_device(np.ones(260, np.float32))[1:257]), r"x must start at"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), _x(3)), r"out must be a 1-D float32 device array of 2 elements"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), residual=_x(2, np.float64)), r"residual must be a 1-D float32"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_rejects_bad_input(call, needle):
+    with pytest.raises(KernelConstraintError, match=needle):
+        call()
+
+
+# ---- experiment ---------------------------------------------------------------------------------------------
+
+
+def test_experiment_check_passes_and_sees_a_wrong_row():
+    from minfer_cli.experiment import get
+
+    exp = get("gemv")
+    wl = exp.workload("tiny")
+    for arm in ("TYPE=Q6_K,RPB=2,WPR=1", "TYPE=Q5_0"):
+        config = exp.config(arm)
+        inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
+        launch = exp.prepare(config, wl)
+        exp.poison(output)
+        assert exp.check(config, wl, inputs, output) == float("inf")  # the NaN poison never passes
+        launch(inputs, output, 0)
+        assert exp.check(config, wl, inputs, output) < exp.tolerance(config) == TOL
+        host = output.copy_to_host()
+        host[3] += 1.0 + abs(host[3])
+        output.copy_to_device(host)
+        assert exp.check(config, wl, inputs, output) > TOL
+
+
+def test_experiment_knobs_reach_the_launch(monkeypatch):
+    import experiments.gemv as mod
+    from minfer_cli.experiment import get
+
+    seen = []
+    monkeypatch.setattr(
+        mod,
+        "gemv_q",
+        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, stream: seen.append(
+            (qtype, rows_per_block, warps_per_row, raw.size)
+        ),
+    )
+    exp = get("gemv")
+    wl = exp.workload("tiny")
+    inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
+    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1"):
+        exp.prepare(exp.config(arm), wl)(inputs, output, 0)
+    assert seen == [("Q4_K", 1, 8, 5 * 2 * 144), ("Q8_0", 8, 1, 5 * 16 * 34)]
+
+
+def test_experiment_cost_and_workloads():
+    from minfer_cli.experiment import get
+
+    exp = get("gemv")
+    shapes = {w.name: (w.shape["od"], w.shape["id"]) for w in exp.workloads}
+    assert shapes["ffn_up"] == (18944, 3584) and shapes["ffn_down"] == (3584, 18944)
+    assert shapes["attn_qkv"] == (4608, 3584) and shapes["attn_output"] == (3584, 3584)
+    assert shapes["output"] == (152064, 3584)
+    wl = exp.workload("ffn_up")
+    od, id = 18944, 3584
+    assert exp.cost(wl).bytes == od * id // 256 * 144 + 4 * id + 4 * od
+    assert exp.cost(wl, {"TYPE": "Q6_K"}).bytes == od * id // 256 * 210 + 4 * id + 4 * od
+    assert exp.cost(wl).flops == 2 * od * id
+    assert exp.ceiling == "copy"
+
+
+# ---- compile (real NVVM, no GPU) ------------------------------------------------------------------------
+
+_LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([usbf])(\d+)")
+_PTX: dict = {}
+
+
+def _ptx(name, rpb, wpr, residual=False):
+    key = (name, rpb, wpr, residual)
+    if key not in _PTX:
+        _PTX[key] = cuda.compile_ptx(
+            kernel_for(name, rpb, wpr, residual).py_func, kernel_signature(name), cc=(9, 0)
+        )[0]
+    return _PTX[key]
+
+
+def _load_widths(ptx):
+    widths: dict[int, int] = {}
+    for vec, _, bits in _LOAD.findall(ptx):
+        w = int(vec or 1) * int(bits) // 8
+        widths[w] = widths.get(w, 0) + 1
+    return widths
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", GEMV_TYPES)
+def test_loads_no_wider_than_the_format_alignment(name):
+    """W's loads are at most ``align`` bytes wide. x (f32, 16-byte aligned) is read with 16-byte loads in every
+    format; in the formats aligned below 16 those are the only 16-byte loads, which the test tells apart by their
+    count not growing with RPB (x is loaded once per step and shared by the rows, W once per row)."""
+    align = FORMATS[name].align
+    one, two = _load_widths(_ptx(name, 1, 2)), _load_widths(_ptx(name, 2, 2))
+    assert one, "no global load found: the PTX pattern is stale"
+    if align < 16:
+        assert one.get(16, 0) == two.get(16, 0) > 0, f"{name}: 16-byte loads scale with the rows: {one} vs {two}"
+        assert max(w for w in two if w != 16) <= align, f"{name}: weight loads {two} wider than align {align}"
+        assert sum(n for w, n in two.items() if w != 16) > sum(n for w, n in one.items() if w != 16)
+    else:
+        assert set(two) == {16}, f"{name}: expected 16-byte loads only, got {two}"
+    if name in ODD_TYPES:
+        assert set(two) - {16} <= {1, 2}, f"{name}: odd-size blocks may only be read byte- or halfword-wise"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", GEMV_TYPES)
+def test_default_kernel_has_no_local_memory_and_no_float64(name):
+    from kernels.gemv_q import DEFAULT_RPB, DEFAULT_WPR
+
+    ptx = _ptx(name, DEFAULT_RPB, DEFAULT_WPR)
+    assert ".local" not in ptx, "accumulators or x registers spilled to local memory in NVVM's output"
+    assert ".f64" not in ptx, "a float64 operation crept in (an int * float32 without np.float32?)"
+    assert "shfl.sync.bfly" in ptx
+    assert "ld.global.v4.u32" in ptx  # x
+
+
+@pytest.mark.compile
+def test_eight_rows_per_block_stay_in_registers():
+    assert ".local" not in _ptx("Q4_K", 8, 4)
+
+
+@pytest.mark.compile
+def test_every_knob_changes_the_code():
+    base = _ptx("Q4_K", 1, 1)
+    assert _ptx("Q4_K", 2, 1) != base  # RPB: rows decoded per warp
+    assert _ptx("Q4_K", 1, 2) != base  # WPR: shared-memory join (and the launch's 32*WPR threads)
+    assert "bar.sync" in _ptx("Q4_K", 1, 2) and "bar.sync" not in base
+    assert _ptx("Q4_K", 1, 1, residual=True) != base
+
+
+# ---- gpu: real shapes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944)], ids=["ffn_up", "ffn_down"])
+def test_real_ffn_shapes(name, od, id):
+    _assert_close(*_run(name, od, id, rpb=4, wpr=4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GEMV_TYPES)
+def test_medium_shape(name):
+    od, id = 301, 3584  # 301 rows: a partial last CUDA block for every RPB > 1
+    _assert_close(*_run(name, od, id, rpb=4, wpr=4))
+    if FORMATS[name].block_size > 1:  # start one block in: the misaligned-block case on real hardware
+        ts = FORMATS[name].type_size
+        _assert_close(
+            *_run(name, od, id, rpb=2, wpr=8, raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:])
+        )

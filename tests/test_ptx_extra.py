@@ -1,0 +1,72 @@
+"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle).
+
+Numbers in the simulator session (the fallback), the instruction in the compiled PTX (`compile`), the same numbers
+on a real GPU (`gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, types
+
+from kernels import ptx as P
+from kernels.ptx import SIMULATOR
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+
+
+@cuda.jit
+def _k_shfl(src, out):
+    lane = cuda.threadIdx.x & 31
+    x = src[cuda.threadIdx.x]
+    for i in range(5):
+        out[i * 64 + cuda.threadIdx.x] = P.shfl_xor_f32(x, 1 << i)
+    # the reduction idiom: every lane ends with the warp's sum
+    s = x
+    s += P.shfl_xor_f32(s, 16)
+    s += P.shfl_xor_f32(s, 8)
+    s += P.shfl_xor_f32(s, 4)
+    s += P.shfl_xor_f32(s, 2)
+    s += P.shfl_xor_f32(s, 1)
+    out[5 * 64 + cuda.threadIdx.x] = s + lane * 0
+
+
+def check_shfl(rng) -> None:
+    src = rng.standard_normal(64).astype(np.float32)
+    out = cuda.to_device(np.full(6 * 64, np.nan, np.float32))
+    _k_shfl[1, 64](cuda.to_device(src), out)  # two warps: each shuffles within itself
+    got = out.copy_to_host().reshape(6, 64)
+    for i in range(5):
+        for t in range(64):
+            w, lane = divmod(t, 32)
+            assert got[i, t] == src[w * 32 + (lane ^ (1 << i))], (i, t)
+    sums = src.reshape(2, 32).astype(np.float64).sum(axis=1)
+    assert np.allclose(got[5].reshape(2, 32), sums[:, None], rtol=1e-5, atol=1e-5)
+
+
+@sim
+def test_shfl_fallback_numbers():
+    check_shfl(np.random.default_rng(5))
+
+
+@pytest.mark.gpu
+def test_shfl_gpu_numbers():
+    check_shfl(np.random.default_rng(5))
+
+
+@pytest.mark.compile
+def test_shfl_instruction_in_ptx():
+    ptx, _ = cuda.compile_ptx(_k_shfl.py_func, (types.float32[::1], types.float32[::1]), cc=(9, 0))
+    assert "shfl.sync.bfly.b32" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.compile
+def test_shfl_rejects_an_integer_value():
+    from numba.core.errors import TypingError
+
+    def k(x):
+        P.shfl_xor_f32(x[0], 1)
+
+    with pytest.raises(TypingError, match="must be Float"):
+        cuda.compile_ptx(k, (types.int32[::1],), cc=(9, 0))
