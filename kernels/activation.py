@@ -22,6 +22,7 @@ from numba import cuda, float32
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.views import column_slice
 
 DEFAULT_TPB = 256
 OUT_DTYPES = (np.float16, np.float32)
@@ -72,7 +73,7 @@ def swiglu(gate, up=None, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT
                 f"a fused gate|up array needs an even, positive number of columns (2*ffn), got {two_ffn}"
             )
         ffn = two_ffn // 2
-        gate, up = gate[:, :ffn], gate[:, ffn:]
+        gate, up = column_slice(gate, 0, ffn), column_slice(gate, ffn, 2 * ffn)
     else:
         up = _device(up, "up")
         if tuple(up.shape) != tuple(gate.shape):

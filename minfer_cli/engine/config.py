@@ -223,8 +223,18 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
     return specs
 
 
-def size_label(n_params: int) -> str:
-    """llama.cpp-style size label from a parameter count: "7B", "8B", "1.5B", "37M"."""
+# llama.cpp names a model's size by its architecture's layer count and width (llm_type), not by rounding the
+# parameter count: Qwen2-7B has 7.62 B parameters and is "7B"; Llama-2-7B has 6.74 B and is "7B" too.
+KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B"}
+
+
+def size_label(n_params: int, config: "ModelConfig | None" = None) -> str:
+    """llama.cpp-style size label: the known label of ``config``'s shape (see KNOWN_SIZES), else from the
+    parameter count: "7B", "8B", "1.5B", "37M"."""
+    if config is not None:
+        for key in ((config.arch, config.n_layers, config.hidden), (config.arch, config.n_layers, config.hidden, config.ffn)):
+            if key in KNOWN_SIZES:
+                return KNOWN_SIZES[key]
     if n_params >= 1e9:
         b = n_params / 1e9
         return f"{b:.0f}B" if b >= 6 else f"{b:.1f}B".replace(".0B", "B")

@@ -193,6 +193,7 @@ class PrefillEngine:
         from kernels.norm import rms_norm
         from kernels.residual import bias_add, residual_add
         from kernels.rope import rope
+        from kernels.views import head_slice
         from minfer_cli.engine.errors import ModelError
 
         c, s = self.config, self.stream
@@ -214,8 +215,8 @@ class PrefillEngine:
             if layer.qkv_bias is not None:
                 bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
             view = qkv.reshape(nt, heads, c.head_dim)
-            rope(view[:, : c.n_heads], view[:, c.n_heads: c.n_heads + c.n_kv_heads], pos, c.rope_base, c.rope_style,
-                 stream=s)
+            rope(head_slice(view, 0, c.n_heads), head_slice(view, c.n_heads, c.n_heads + c.n_kv_heads), pos,
+                 c.rope_base, c.rope_style, stream=s)
             kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
             flash_attention(
                 q16.reshape(nt, c.n_heads, c.head_dim),

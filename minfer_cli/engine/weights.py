@@ -88,7 +88,7 @@ class ModelWeights:
     def describe(self) -> str:
         """llama-bench's model column: "{arch} {size} {file type}", e.g. "qwen2 7B Q4_K - Medium"."""
         ftype = FILE_TYPE_NAMES.get(self.file_type, "?") if self.file_type is not None else "?"
-        return f"{self.config.arch} {size_label(self.n_params())} {ftype}"
+        return f"{self.config.arch} {size_label(self.n_params(), self.config)} {ftype}"
 
 
 def synth_params(spec: TensorSpec) -> dict:

@@ -31,7 +31,8 @@ def resources(instance: KernelInstance) -> KernelResources:
     from numba import cuda, types
 
     d = instance.dispatcher
-    sig = types.void(*instance.signature)  # the dispatcher's getters look the overload up by `sig.args`
+    given = instance.signature
+    sig = given if hasattr(given, "args") else types.void(*given)  # the getters look the overload up by `sig.args`
     kernel = d.overloads[sig.args]
     sm_count = cuda.get_current_device().MULTIPROCESSOR_COUNT
     blocks = kernel.max_cooperative_grid_blocks(instance.threads, instance.dynamic_smem) // sm_count
