@@ -55,24 +55,26 @@ from kernels.ptx import (
 
 # Allowed knob values. The baseline arm is MMA=mma_sync TM=64 TN=64 KS=32 STAGES=2 STAGING=cp_async GROUP=1.
 KNOBS: dict[str, tuple] = {
-    "MMA": ("mma_sync", "wmma"),
-    "TM": (64, 128, 256),  # od tile (B rows per block)
+    "MMA": ("mma_sync", "wmma"),  # wmma: +23% time vs mma_sync at the 64x64x32 baseline on H200 (ledger #9)
+    "TM": (64, 128, 256),  # od tile (B rows per block); TM=128 -16.5% vs 64 at the baseline (ledger #6)
     "TN": (64, 128),  # nt tile (A rows per block)
-    "KS": (32, 64),  # k step per shared tile
-    "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
-    "STAGING": ("cp_async", "sync"),
+    "KS": (32, 64),  # k step per shared tile; KS=64 -11.5% at the baseline (#7) but slower at 3 stages (#5)
+    "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight); 4 stages +2% vs 3 at 256x128 (#12)
+    "STAGING": ("cp_async", "sync"),  # sync: +29% time vs cp_async at the baseline (ledger #8)
     "GROUP": (1, 4, 8),  # od tiles per program-order group
     # Main-loop schedule (mma_sync + cp_async only; see _make_kernel_v2). v1: the original loop (per-access 64-bit
     # index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as
     # 32-bit shared / 64-bit global byte offsets. pipe: addr32 + fragments double-buffered in registers across
-    # the k16 sub-steps (CUTLASS sm80 multistage order). Unmeasured so far.
+    # the k16 sub-steps (CUTLASS sm80 multistage order). At 256x128x32/3 stages on ffn_up: v1 1102 µs, addr32 957,
+    # pipe 826 (ledger #12).
     "LOOP": ("v1", "addr32", "pipe"),
 }
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
                   "LOOP": "v1"}
-# The default is the path meant to be fast on H200 (128x128 tile, 8 warps, 3-stage cp.async). Unmeasured so far.
-DEFAULT: dict = {"MMA": "mma_sync", "TM": 128, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8,
-                 "LOOP": "v1"}
+# The best measured on the H200 (ledger #12: 826 µs = 337 TFLOP/s at nt=2048, od=18944, id=3584; 45% of cuBLAS,
+# ledger #17/#18): 256x128 tile, 8 warps, k step 32, 3-stage cp.async ring, grouped order 8, pipelined loop.
+DEFAULT: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8,
+                 "LOOP": "pipe"}
 
 STATIC_SMEM_LIMIT = 48 * 1024
 H200_SMEM_OPTIN = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90

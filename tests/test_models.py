@@ -224,7 +224,7 @@ def test_write_then_load_round_trip(tiny, tmp_path):
     r = GGUFReader(path)  # what llama.cpp reads
     assert r.fields["general.architecture"].contents() == "qwen2"
     assert r.fields["general.file_type"].contents() == 15
-    assert r.fields["qwen2.attention.head_count_kv"].contents() == 2
+    assert r.fields["qwen2.attention.head_count_kv"].contents() == 1
     assert len(r.fields["tokenizer.ggml.tokens"].contents()) == 512
     t = {t.name: t for t in r.tensors}["blk.1.ffn_down.weight"]
     assert t.tensor_type.name == "Q6_K" and [int(d) for d in t.shape] == [512, 256]
@@ -324,7 +324,7 @@ def test_cli_synth_writes_a_loadable_file(tmp_path):
     out = tmp_path / "t.gguf"
     res = CliRunner().invoke(app, ["model", "synth", "tiny-llama", "-o", str(out), "--seed", "3"])
     assert res.exit_code == 0, res.output
-    assert "llama 1M Q4_K - Medium, 0.71 MiB, 1.25 M params, 20 tensors, seed 3" in res.output
+    assert "llama 1M Q4_K - Medium, 0.75 MiB, 1.31 M params, 20 tensors, seed 3" in res.output
     assert load_gguf(out).config == preset("tiny-llama")
     bad = CliRunner().invoke(app, ["model", "synth", "nope", "-o", str(out)])
     assert bad.exit_code == 2 and "unknown model preset" in bad.output

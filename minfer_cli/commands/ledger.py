@@ -40,7 +40,8 @@ def _records_table(records: list[dict[str, Any]]) -> Table:
     table.add_column("Δ% [CI]", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     for record in records:
-        arms = core.arms_text(record["arms"])
+        arms = (", ".join(str(a.get("label")) for a in record["arms"]) if record.get("kind") == "bench"
+                else core.arms_text(record["arms"]))
         date = record["timestamp"][:16].replace("T", " ")
         cells = (str(record["id"]), date, record["experiment"], arms, _delta_text(record))
         table.add_row(*(Text(cell) for cell in cells), Text.from_markup(verdict_text(record["verdict"])))

@@ -37,7 +37,8 @@ def write_record(record: dict, ledger: Optional[str]) -> int:
     except LedgerError as exc:
         error_line(f"{exc} — the measurement was not lost: the full record follows; save it under ledger/records/")
         plain = json.loads(json.dumps(record, default=str))  # numpy scalars and the like become plain values
-        err.print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True), markup=False, highlight=False)
+        err.print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=10**6), markup=False,
+                  highlight=False, soft_wrap=True)  # never wrapped: the text must parse back as YAML
         return 3
     out.print(f"ledger: record #{written.id} written to {written.path}")
     return 0

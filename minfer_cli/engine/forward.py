@@ -35,11 +35,13 @@ Progress = Optional[Callable[[str, float], None]]
 @dataclass(frozen=True)
 class EngineOptions:
     """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob
-    settings passed to those kernels (None = their defaults)."""
+    settings passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph
+    (True) or launch eagerly (False) — read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
     gemm: Optional[dict] = None
     attention: Optional[dict] = None
+    graphs: bool = True
 
 
 @dataclass

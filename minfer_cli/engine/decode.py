@@ -1,0 +1,354 @@
+"""Token generation (decode, nt = 1) on minfer's kernels: one step per token, replayed as one CUDA graph.
+
+Every value a step depends on lives in device memory: ``state = [id, pos, length]`` (int32; `kernels.decode_state`)
+holds the token to process, its position and the attention length pos + 1. One step, all on one stream:
+
+    x = embedding(state.id)                                          f32 [hidden]   (residual stream)
+    per layer:  h = rms_norm(x, attn_norm)                           f32 [hidden]
+                qkv[q | k | v] = gemv_q(Wq|Wk|Wv, h) (+ bias)        f32 [q_dim + 2 kv_dim]  (3 GEMVs, bias fused)
+                rope(q, k at state.pos)                              in place
+                K/V cache row state.pos = kv_append(qkv)             f16
+                a = decode_attention(q, K, V, state.length)          f32 [n_heads, 128]  (flash-decoding)
+                x = gemv_q(Wo, a) + x                                (residual fused in the GEMV epilogue)
+                h = rms_norm(x, ffn_norm);  gu[gate | up] = gemv_q(Wgate, h) | gemv_q(Wup, h)   f32 [2 ffn]
+                x = gemv_q(Wdown, swiglu(gu)) + x
+    logits = gemv_q(Woutput, rms_norm(x, output_norm))               f32 [vocab]
+    state.id = argmax(logits)  (on the device; ties -> lowest index)
+    history[state.pos] = state.id;  state.pos += 1;  state.length += 1
+
+The weights are the GGUF tensors as loaded (raw blocks on the device, read by `kernels.gemv_q`; no f16 copies).
+Because nothing a step reads or writes depends on the host, ``GRAPHS=1`` captures one step once (after one eager
+warm-up step that compiles every kernel) and `generate` replays that graph n times, then copies the n tokens back
+in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debugging; ~400 launches a step at 7B,
+so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
+
+The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
+continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
+Source of the architecture: llama.cpp's llm_build_qwen2 / llm_build_llama (see `minfer_cli.engine.forward`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from minfer_cli.engine.config import ModelConfig
+from minfer_cli.engine.errors import ModelError
+from minfer_cli.engine.forward import EngineOptions, PrefillEngine
+from minfer_cli.engine.weights import ModelWeights
+
+GEMV_RPB = 2  # ledger #15: RPB=2, WPR=2 was the fastest of RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up
+GEMV_WPR = 2
+
+
+@dataclass(frozen=True)
+class _Gemv:
+    """One GEMV operand: a GGUF tensor's raw bytes on the device, its type and [od, id]."""
+
+    raw: object
+    qtype: str
+    od: int
+    id: int
+
+
+@dataclass
+class _DecodeLayer:
+    attn_norm: object
+    ffn_norm: object
+    qkv: tuple  # ((_Gemv, out view, bias or None), ...) for q, k, v
+    attn_output: _Gemv
+    gate: _Gemv
+    up: _Gemv
+    down: _Gemv
+    k_cache: object  # [context, kv_dim] f16 (written by kv_append)
+    v_cache: object
+    k_heads: object  # the same memory as [context, n_kv_heads, head_dim] (read by decode_attention)
+    v_heads: object
+
+
+def decode_device_bytes(c: ModelConfig, context: int) -> int:
+    """Device bytes a standalone `DecodeEngine` allocates beyond the quantized weights (its KV cache and buffers)."""
+    from kernels.argmax import default_blocks
+    from kernels.attention_decode import DEFAULT_SPLITS, WARPS
+
+    kv = 2 * 2 * c.n_layers * context * c.kv_dim
+    vectors = 4 * (2 * c.hidden + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.ffn + c.vocab) + 2 * c.q_dim
+    workspace = 4 * WARPS * DEFAULT_SPLITS * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
+    return kv + vectors + workspace + 4 * context
+
+
+class DecodeEngine:
+    """One-token decode steps over a KV cache of ``context`` rows, with every buffer allocated at construction.
+
+    weights: the model (its GGUF tensors on the device). context: KV-cache rows (positions 0..context-1) when the
+    engine owns its caches; ignored with ``prefill``. options: ``options.graphs`` picks graph replay (True) or
+    eager launches. prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
+    shares (a prompt prefilled there is continued here). stream: default the prefill engine's or a new one.
+    splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`). rows_per_block,
+    warps_per_row: the GEMV knobs (`kernels.gemv_q`).
+
+    Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
+    eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV or the
+    embedding does not cover) and for steps past the cache.
+    """
+
+    def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: EngineOptions = EngineOptions(),
+                 *, prefill: Optional[PrefillEngine] = None, stream=None, splits: Optional[int] = None,
+                 rows_per_block: int = GEMV_RPB, warps_per_row: int = GEMV_WPR):
+        from numba import cuda
+
+        from kernels.argmax import argmax_workspace, default_blocks
+        from kernels.attention_decode import DEFAULT_SPLITS, HEAD_DIM, decode_workspace
+        from kernels.decode_state import STATE_SIZE
+        from kernels.embedding import SUPPORTED as EMBEDDING_TYPES
+        from kernels.gemv_q import GEMV_TYPES
+        from kernels.views import head_slice
+
+        c: ModelConfig = weights.config
+        if prefill is not None and prefill.weights is not weights:
+            raise ModelError("DecodeEngine(prefill=...) must be given the prefill engine's own weights")
+        if c.head_dim != HEAD_DIM:
+            raise ModelError(f"head_dim {c.head_dim}: decode attention supports head_dim {HEAD_DIM} only")
+        for name, (spec, _) in weights.tensors.items():
+            if spec.qtype not in GEMV_TYPES:
+                raise ModelError(f"tensor {name} has type {spec.qtype}; gemv_q supports: {', '.join(GEMV_TYPES)}")
+        embd = weights.spec("token_embd.weight")
+        if embd.qtype not in EMBEDDING_TYPES:
+            raise ModelError(f"token_embd is {embd.qtype}; the embedding kernel supports: {', '.join(EMBEDDING_TYPES)}")
+        self.config, self.weights, self.options = c, weights, options
+        self.graphs = bool(options.graphs)
+        self.splits = int(splits or DEFAULT_SPLITS)
+        self.rows_per_block, self.warps_per_row = int(rows_per_block), int(warps_per_row)
+        if prefill is not None:
+            self.context = prefill.context
+            self.stream = stream if stream is not None else prefill.stream
+        else:
+            if not context or context < 1:
+                raise ModelError("a DecodeEngine without a prefill engine needs context >= 1 KV-cache rows")
+            self.context = int(context)
+            self.stream = stream if stream is not None else cuda.stream()
+        s = self.stream
+        width = c.q_dim + 2 * c.kv_dim
+        heads = c.n_heads + 2 * c.n_kv_heads
+
+        # -- state and buffers (every one allocated here; nothing is allocated by a step) -------------------------
+        self.state = cuda.to_device(np.array([0, 0, 1], dtype=np.int32), stream=s)
+        self._saved = cuda.device_array(STATE_SIZE, dtype=np.int32, stream=s)
+        self.ids, self.pos, self.length = self.state[0:1], self.state[1:2], self.state[2:3]
+        self.history = cuda.device_array(self.context, dtype=np.int32, stream=s)
+        self.x = cuda.device_array((1, c.hidden), dtype=np.float32, stream=s)
+        self.h = cuda.device_array((1, c.hidden), dtype=np.float32, stream=s)
+        self.qkv = cuda.device_array(width, dtype=np.float32, stream=s)
+        self.q16 = cuda.device_array((1, c.q_dim), dtype=np.float16, stream=s)
+        self.attn = cuda.device_array((c.n_heads, c.head_dim), dtype=np.float32, stream=s)
+        self.gu = cuda.device_array(2 * c.ffn, dtype=np.float32, stream=s)
+        self.act = cuda.device_array((1, c.ffn), dtype=np.float32, stream=s)
+        self.logits = cuda.device_array(c.vocab, dtype=np.float32, stream=s)
+        self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s)
+        self.argmax_blocks = default_blocks(c.vocab)
+        self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
+        # views, made once (numba's slicing costs host time; these are all contiguous or O(1) helper views)
+        self._x1, self._h1 = self.x.reshape(c.hidden), self.h.reshape(c.hidden)
+        self._attn1, self._act1 = self.attn.reshape(c.q_dim), self.act.reshape(c.ffn)
+        self._qkv2 = self.qkv.reshape(1, width)
+        qkv3 = self.qkv.reshape(1, heads, c.head_dim)
+        self._q_rope = head_slice(qkv3, 0, c.n_heads)
+        self._k_rope = head_slice(qkv3, c.n_heads, c.n_heads + c.n_kv_heads)
+        self._q_heads = self.qkv[0: c.q_dim].reshape(c.n_heads, c.head_dim)
+        self._gu2 = self.gu.reshape(1, 2 * c.ffn)
+        q_out = self.qkv[0: c.q_dim]
+        k_out = self.qkv[c.q_dim: c.q_dim + c.kv_dim]
+        v_out = self.qkv[c.q_dim + c.kv_dim: width]
+        gate_out, up_out = self.gu[0: c.ffn], self.gu[c.ffn: 2 * c.ffn]
+        self._gate_out, self._up_out = gate_out, up_out
+
+        self.layers: list[_DecodeLayer] = []
+        for i in range(c.n_layers):
+            b = f"blk.{i}."
+            if prefill is not None:
+                k_cache, v_cache = prefill.layers[i].k_cache, prefill.layers[i].v_cache
+            else:
+                k_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
+                v_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
+            bias = [self._f32(b + p + ".bias") if c.qkv_bias else None for p in ("attn_q", "attn_k", "attn_v")]
+            self.layers.append(_DecodeLayer(
+                attn_norm=self._f32(b + "attn_norm.weight"),
+                ffn_norm=self._f32(b + "ffn_norm.weight"),
+                qkv=((self._gemv(b + "attn_q.weight"), q_out, bias[0]),
+                     (self._gemv(b + "attn_k.weight"), k_out, bias[1]),
+                     (self._gemv(b + "attn_v.weight"), v_out, bias[2])),
+                attn_output=self._gemv(b + "attn_output.weight"),
+                gate=self._gemv(b + "ffn_gate.weight"),
+                up=self._gemv(b + "ffn_up.weight"),
+                down=self._gemv(b + "ffn_down.weight"),
+                k_cache=k_cache, v_cache=v_cache,
+                k_heads=k_cache.reshape(self.context, c.n_kv_heads, c.head_dim),
+                v_heads=v_cache.reshape(self.context, c.n_kv_heads, c.head_dim),
+            ))
+        self.output_norm = self._f32("output_norm.weight")
+        self.output = self._gemv("token_embd.weight" if c.tied_output else "output.weight")
+        self.embedding = self._gemv("token_embd.weight")
+        s.synchronize()
+        self.position: Optional[int] = None  # host copy of state.pos (None until `start`)
+        self._prepared = False
+        self._graph = None
+        self._graph_exec = None
+
+    # -- construction helpers -------------------------------------------------------------------------------------
+    def _f32(self, name: str):
+        spec = self.weights.spec(name)
+        if spec.qtype != "F32":
+            raise ModelError(f"tensor {name} is {spec.qtype}; minfer expects F32 norms and biases")
+        return self.weights.device(name).view(np.float32)
+
+    def _gemv(self, name: str) -> _Gemv:
+        spec = self.weights.spec(name)
+        return _Gemv(self.weights.device(name), spec.qtype, spec.od, spec.id)
+
+    # -- one step, enqueued ---------------------------------------------------------------------------------------
+    def _matvec(self, m: _Gemv, x, out, residual=None) -> None:
+        from kernels.gemv_q import gemv_q
+
+        gemv_q(m.raw, m.qtype, m.od, m.id, x, out, rows_per_block=self.rows_per_block,
+               warps_per_row=self.warps_per_row, residual=residual, stream=self.stream)
+
+    def _enqueue(self) -> None:
+        """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
+        from kernels.activation import swiglu
+        from kernels.argmax import argmax
+        from kernels.attention_decode import decode_attention
+        from kernels.decode_state import advance
+        from kernels.embedding import embedding
+        from kernels.kv_cache import kv_append
+        from kernels.norm import rms_norm
+        from kernels.rope import rope
+
+        c, s = self.config, self.stream
+        e = self.embedding
+        embedding(e.raw, e.qtype, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
+        for layer in self.layers:
+            rms_norm(self.x, layer.attn_norm, c.rms_eps, out=self.h, stream=s)
+            for m, out, bias in layer.qkv:
+                self._matvec(m, self._h1, out, residual=bias)
+            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s)
+            kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s)
+            decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
+                             splits=self.splits, workspace=self.attn_workspace, stream=s)
+            self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1)
+            rms_norm(self.x, layer.ffn_norm, c.rms_eps, out=self.h, stream=s)
+            self._matvec(layer.gate, self._h1, self._gate_out)
+            self._matvec(layer.up, self._h1, self._up_out)
+            swiglu(self._gu2, out=self.act, stream=s)
+            self._matvec(layer.down, self._act1, self._x1, residual=self._x1)
+        rms_norm(self.x, self.output_norm, c.rms_eps, out=self.h, stream=s)
+        self._matvec(self.output, self._h1, self.logits)
+        argmax(self.logits, out=self.ids, blocks=self.argmax_blocks, workspace=self.argmax_workspace, stream=s)
+        advance(self.state, self.history, stream=s)
+
+    # -- public API -----------------------------------------------------------------------------------------------
+    def start(self, token: int, position: int = 0) -> None:
+        """Set the next step's input: ``token`` at ``position`` (attending to cache rows 0..position). Enqueued on
+        the engine's stream. Position 0 is llama-bench's tg (an empty cache); after a prefill of n tokens on the
+        shared prefill engine, continue with the token chosen from its logits at position n."""
+        from kernels.decode_state import ID, LENGTH, POS, STATE_SIZE
+
+        c = self.config
+        if not 0 <= int(token) < c.vocab:
+            raise ModelError(f"token {token} is outside the vocabulary [0, {c.vocab})")
+        if not 0 <= int(position) < self.context:
+            raise ModelError(f"position {position} is outside the KV cache (context {self.context})")
+        host = np.zeros(STATE_SIZE, dtype=np.int32)
+        host[ID], host[POS], host[LENGTH] = int(token), int(position), int(position) + 1
+        self.state.copy_to_device(host, stream=self.stream)
+        self.position = int(position)
+
+    def _check_room(self, n: int) -> int:
+        if self.position is None:
+            raise ModelError("call start(token, position) before decoding")
+        if n < 0 or self.position + n > self.context:
+            raise ModelError(f"{n} decode steps from position {self.position} do not fit the KV cache "
+                             f"(context {self.context})")
+        return self.position
+
+    def step(self):
+        """Enqueue one eager decode step (whatever ``graphs`` says) and return the logits buffer (f32 device
+        array [vocab]) it writes; the caller synchronises the stream. The chosen token is in ``history``."""
+        self._check_room(1)
+        self._enqueue()
+        self.position += 1
+        return self.logits
+
+    def prepare(self) -> None:
+        """With graphs: run one eager step (compiles every kernel and sets any launch attribute), restore the
+        state it advanced, then capture one step into a CUDA graph. Idempotent; `generate` calls it. Needs a
+        state set by `start` (the warm-up writes the KV row at that position, which the first replayed step
+        rewrites with the same values)."""
+        if self._prepared:
+            return
+        self._check_room(1)
+        if self.graphs:
+            s = self.stream
+            self._saved.copy_to_device(self.state, stream=s)
+            self._enqueue()
+            self.state.copy_to_device(self._saved, stream=s)
+            s.synchronize()
+            self._capture()
+        self._prepared = True
+
+    def _capture(self) -> None:
+        from numba import cuda
+
+        from minfer_cli.measure.timing import _check, _driver
+
+        drv = _driver()
+        handle = drv.CUstream(int(self.stream.handle))
+        with cuda.defer_cleanup():  # no deferred cuMemFree may run inside the capture
+            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                   "cuStreamBeginCapture")
+            try:
+                self._enqueue()
+            finally:
+                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
+        self._graph = graph
+        self._graph_exec = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def generate(self, n: int) -> list[int]:
+        """Run n decode steps from the state `start` set (graph replays, or eager steps without graphs),
+        synchronise, and return the n tokens chosen (greedy), copied back in one transfer."""
+        p0 = self._check_room(int(n))
+        if n == 0:
+            return []
+        self.prepare()
+        if self.graphs:
+            from minfer_cli.measure.timing import _check, _driver
+
+            drv = _driver()
+            handle = drv.CUstream(int(self.stream.handle))
+            for _ in range(n):
+                _check(drv.cuGraphLaunch(self._graph_exec, handle), "cuGraphLaunch")
+            self.position += n
+        else:
+            for _ in range(n):
+                self.step()
+        tokens = self.history[p0: p0 + n].copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return [int(t) for t in tokens]
+
+    def close(self) -> None:
+        """Destroy the captured graph (the buffers go with the engine)."""
+        if self._graph_exec is not None:
+            from minfer_cli.measure.timing import _driver
+
+            drv = _driver()
+            drv.cuGraphExecDestroy(self._graph_exec)
+            drv.cuGraphDestroy(self._graph)
+            self._graph = self._graph_exec = None
+            self._prepared = False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
