@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, types, uint32
 
 from kernels.errors import KernelConstraintError
+from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
     cp_async_16,
@@ -60,8 +60,6 @@ KNOBS: dict[str, tuple] = {
 }
 DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2}
 
-STATIC_SMEM_LIMIT = 48 * 1024
-H200_SMEM_OPTIN = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -333,6 +331,7 @@ SIGNATURE = types.void(
     types.float16[::1], types.float16[::1], types.float16[::1], types.uint32[::1],
     types.int64, types.int64, types.int64, types.int64, types.int64,
 )
+_CACHE = KernelCache("flash_attention", SIGNATURE)
 
 
 def kernel_ptx(config: dict | None, causal: bool = True, cc=(9, 0)) -> str:
@@ -342,71 +341,10 @@ def kernel_ptx(config: dict | None, causal: bool = True, cc=(9, 0)) -> str:
     return ptx
 
 
-@dataclass
-class BuiltKernel:
-    geometry: Geometry
-    kernel: object
-
-
-_BUILT: dict[Geometry, BuiltKernel] = {}
-_BUILD_LOCK = threading.Lock()
-
-
-def _device_smem_limit() -> int:
-    if SIMULATOR:
-        return H200_SMEM_OPTIN
-    try:
-        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-    except Exception:
-        return H200_SMEM_OPTIN
-
-
-def _opt_in_dynamic_smem(kernel, nbytes: int) -> None:
-    """CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the compiled kernel (needed above 48 KB), set once at
-    build time, never inside a CUDA-graph capture (as kernels/gemm_f16.py does)."""
-    try:
-        from numba.cuda.cudadrv.driver import binding, driver
-
-        (compiled,) = kernel.overloads.values()
-        cufunc = compiled._codelibrary.get_cufunc()
-        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
-    except Exception as exc:  # numba-cuda internals, not public API
-        raise KernelConstraintError(
-            f"flash_attention: could not opt in to {nbytes} bytes of dynamic shared memory ({exc!r})"
-        ) from exc
-
-
 def build(config: dict | None = None, causal: bool = True) -> BuiltKernel:
     """Compile (once per knob combination and causal flag; cached) and return the kernel; opts in above 48 KB."""
     g = geometry(config, causal)
-    with _BUILD_LOCK:
-        built = _BUILT.get(g)
-        if built is not None:
-            return built
-        limit = _device_smem_limit()
-        if g.smem_bytes > limit:
-            raise KernelConstraintError(
-                f"flash_attention config needs {g.smem_bytes} bytes of shared memory; the device allows {limit}"
-            )
-        if SIMULATOR:
-            kernel = cuda.jit(_make_kernel(g))
-        else:
-            kernel = cuda.jit(SIGNATURE, launch_bounds=(g.threads,))(_make_kernel(g))
-            if g.smem_bytes > STATIC_SMEM_LIMIT:
-                _opt_in_dynamic_smem(kernel, g.smem_bytes)
-        built = _BUILT[g] = BuiltKernel(g, kernel)
-        return built
-
-
-def _is_contiguous(x) -> bool:
-    flags = getattr(x, "flags", None)
-    if flags is not None:
-        try:
-            return bool(flags["C_CONTIGUOUS"])
-        except (KeyError, TypeError):
-            pass
-    return bool(getattr(x, "is_c_contiguous", lambda: True)())
+    return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower BQ/BK/STAGES")
 
 
 def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int, int]:
@@ -416,7 +354,7 @@ def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int,
             raise KernelConstraintError(f"flash_attention: {name} must be a 3-D f16 device array [tokens, heads, 128], got ndim {getattr(x, 'ndim', None)}")
         if np.dtype(x.dtype) != np.float16:
             raise KernelConstraintError(f"flash_attention: {name} must be float16, got {x.dtype}")
-        if not _is_contiguous(x):
+        if not is_contiguous(x):
             raise KernelConstraintError(f"flash_attention: {name} must be C-contiguous, got strides {x.strides}")
         if x.shape[2] != HEAD_DIM:
             raise KernelConstraintError(f"flash_attention: head_dim must be {HEAD_DIM}, got {name} with head_dim {x.shape[2]}")
@@ -431,7 +369,7 @@ def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int,
     if causal and nt_kv < nt:
         raise KernelConstraintError(f"flash_attention: causal needs nt_kv >= nt (the queries are the last nt cached positions), got nt={nt}, nt_kv={nt_kv}")
     if out is not None:
-        if tuple(out.shape) != (nt, n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float16 or not _is_contiguous(out):
+        if tuple(out.shape) != (nt, n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
             raise KernelConstraintError(
                 f"flash_attention: out must be a C-contiguous float16 [{nt}, {n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}"
             )

@@ -28,13 +28,13 @@ Triton's matmul tutorial (grouped order).
 from __future__ import annotations
 
 import itertools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, types, uint32
 
 from kernels.errors import KernelConstraintError
+from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
     cp_async_16,
@@ -76,8 +76,6 @@ BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, 
 DEFAULT: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8,
                  "LOOP": "pipe"}
 
-STATIC_SMEM_LIMIT = 48 * 1024
-H200_SMEM_OPTIN = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
 
 @dataclass(frozen=True)
@@ -613,6 +611,7 @@ def _make_kernel_v2(g: Geometry):
 
 
 SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.int64, types.int64, types.int64)
+_CACHE = KernelCache("gemm_f16", SIGNATURE)
 
 
 def kernel_ptx(config: dict | None, cc=(9, 0)) -> str:
@@ -622,74 +621,11 @@ def kernel_ptx(config: dict | None, cc=(9, 0)) -> str:
     return ptx
 
 
-@dataclass
-class BuiltKernel:
-    geometry: Geometry
-    kernel: object
-
-
-_BUILT: dict[Geometry, BuiltKernel] = {}
-_BUILD_LOCK = threading.Lock()
-
-
-def _device_smem_limit() -> int:
-    if SIMULATOR:
-        return H200_SMEM_OPTIN
-    try:
-        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-    except Exception:
-        return H200_SMEM_OPTIN
-
-
-def _opt_in_dynamic_smem(kernel, nbytes: int) -> None:
-    """Set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the compiled kernel (needed above 48 KB); done once,
-    when the kernel is built, so never inside a CUDA-graph capture (where setting it silently fails)."""
-    try:
-        from numba.cuda.cudadrv.driver import binding, driver
-
-        (compiled,) = kernel.overloads.values()
-        cufunc = compiled._codelibrary.get_cufunc()
-        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
-    except Exception as exc:  # the numba-cuda internals used here are not public API
-        raise KernelConstraintError(
-            f"gemm_f16: could not opt in to {nbytes} bytes of dynamic shared memory "
-            f"(cuKernelSetAttribute MAX_DYNAMIC_SHARED_SIZE_BYTES failed: {exc!r})"
-        ) from exc
-
-
 def build(config: dict | None = None) -> BuiltKernel:
     """Compile (once per knob combination; cached) and return the kernel for ``config``. Refuses a combination
-    whose shared memory exceeds the device's opt-in limit; opts in above 48 KB."""
+    whose shared memory exceeds the device's opt-in limit; opts in above 48 KB (kernels/specialize.py)."""
     g = geometry(config)
-    with _BUILD_LOCK:
-        built = _BUILT.get(g)
-        if built is not None:
-            return built
-        limit = _device_smem_limit()
-        if g.smem_bytes > limit:
-            raise KernelConstraintError(
-                f"gemm_f16 config needs {g.smem_bytes} bytes of shared memory per block; the device allows {limit} "
-                f"(lower TM/TN/KS/STAGES)"
-            )
-        if SIMULATOR:
-            kernel = cuda.jit(_make_kernel(g))
-        else:
-            kernel = cuda.jit(SIGNATURE, launch_bounds=(g.threads,))(_make_kernel(g))
-            if g.smem_bytes > STATIC_SMEM_LIMIT:
-                _opt_in_dynamic_smem(kernel, g.smem_bytes)
-        built = _BUILT[g] = BuiltKernel(g, kernel)
-        return built
-
-
-def _is_contiguous(x) -> bool:
-    flags = getattr(x, "flags", None)
-    if flags is not None:
-        try:
-            return bool(flags["C_CONTIGUOUS"])
-        except (KeyError, TypeError):
-            pass
-    return bool(getattr(x, "is_c_contiguous", lambda: True)())
+    return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower TM/TN/KS/STAGES")
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:
@@ -699,7 +635,7 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int]:
             raise KernelConstraintError(f"gemm_f16: {name} must be a 2-D f16 device array, got ndim {getattr(x, 'ndim', None)}")
         if np.dtype(x.dtype) != np.float16:
             raise KernelConstraintError(f"gemm_f16: {name} must be float16, got {x.dtype}")
-        if not _is_contiguous(x):
+        if not is_contiguous(x):
             raise KernelConstraintError(f"gemm_f16: {name} must be C-contiguous (row-major), got strides {x.strides}")
     nt, kdim = a.shape
     od, kb = b.shape
@@ -710,7 +646,7 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int]:
     if nt == 0 or od == 0 or kdim == 0:
         raise KernelConstraintError(f"gemm_f16: empty operand (nt={nt}, od={od}, id={kdim})")
     if out is not None:
-        if tuple(out.shape) != (nt, od) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out):
+        if tuple(out.shape) != (nt, od) or np.dtype(out.dtype) != np.float32 or not is_contiguous(out):
             raise KernelConstraintError(
                 f"gemm_f16: out must be a C-contiguous float32 [{nt}, {od}] array, got {out.dtype} {tuple(out.shape)}"
             )

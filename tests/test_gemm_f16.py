@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from kernels.specialize import H200_SMEM_OPTIN
 from numba import cuda
 
 from kernels import gemm_f16 as G
@@ -93,7 +95,7 @@ def test_unknown_knob_and_value_are_refused():
 
 
 def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
-    monkeypatch.setattr(G, "_device_smem_limit", lambda: 48 * 1024)
+    monkeypatch.setattr(G._CACHE, "limit", lambda: 48 * 1024)
     cfg = dict(G.BASELINE, TM=256, TN=128, KS=64, STAGES=4)
     with pytest.raises(KernelConstraintError, match="shared memory"):
         G.build(cfg)
@@ -102,7 +104,7 @@ def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
 def test_every_combination_fits_the_h200():
     sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
     assert len(sizes) == 432 + 2 * 108  # LOOP=addr32/pipe only with mma_sync + cp_async
-    assert max(sizes) <= G.H200_SMEM_OPTIN
+    assert max(sizes) <= H200_SMEM_OPTIN
 
 
 def test_launch_geometry_follows_the_tile_knobs():
