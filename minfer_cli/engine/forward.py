@@ -80,8 +80,9 @@ class PrefillEngine:
     """Buffers and weights for prompts of up to ``max_tokens`` tokens (and a KV cache of ``context`` rows).
 
     Construction does every allocation and, with W16, every dequantization: nothing is allocated in `prefill`.
-    Raises ModelError for a model the kernels cannot run (head_dim != 128 for flash attention, a tensor type the
-    dequant kernels do not cover) and a clear MemoryError-like ModelError when the buffers do not fit.
+    Raises ModelError for a model the kernels cannot run (a tensor type the dequant kernels do not cover, stacked
+    tensors of different input dims); flash attention refuses head_dim != 128 at the first prefill. Callers check
+    the memory plan first (`device_bytes`, `minfer_cli.engine.bench.check_fits`).
     """
 
     def __init__(self, weights: ModelWeights, max_tokens: int, options: EngineOptions = EngineOptions(),
@@ -155,8 +156,10 @@ class PrefillEngine:
     # -- weights ---------------------------------------------------------------------------------------------------
     def _matrix(self, names: list) -> _Matrix:
         specs = [self.weights.spec(n) for n in names]
-        ids = {s.id for s in specs}
-        assert len(ids) == 1, f"stacked tensors {names} differ in input dim"
+        if len({s.id for s in specs}) != 1:
+            from minfer_cli.engine.errors import ModelError
+
+            raise ModelError(f"tensors {', '.join(names)} differ in input dim ({[s.id for s in specs]}); they must match")
         return _Matrix(parts=names, od=sum(s.od for s in specs), id=specs[0].id)
 
     def _dequantize(self, m: _Matrix, out) -> None:
