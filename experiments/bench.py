@@ -29,7 +29,7 @@ _PRESET = {"pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny
 class BenchExperiment(Experiment):
     name = "bench"
     purpose = "whole-model prefill of a preset (llama-bench pp), tok/s; engine knobs W16, gemm tiles, FA_*"
-    knobs = engine_knobs()
+    knobs = tuple(k for k in engine_knobs() if k.name != "GRAPHS")  # GRAPHS acts on decode only; pp would ignore it
     workloads = (
         Workload("pp2048", {"nt": 2048}, f"{DEFAULT_PRESET}, 2048-token prompt"),
         Workload("pp512", {"nt": 512}, f"{DEFAULT_PRESET}, 512-token prompt"),

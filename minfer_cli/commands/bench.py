@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from minfer_cli.commands import options
-from minfer_cli.console import err, guard, out, progress
+from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 
 FORMATS = ("md", "csv", "json", "jsonl")
@@ -30,7 +30,7 @@ def bench(
     gen: str = typer.Option("128", "--n-gen", "-n", help="Generation lengths for tg tests, comma-separated (0 skips)."),
     reps: int = typer.Option(5, "--repetitions", "-r", min=1, max=1000, help="Repetitions of each test (mean ± stddev)."),
     fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
-    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, gemm tile knobs, FA_* attention knobs), given once."),
+    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, GRAPHS, gemm tile knobs, FA_* attention knobs), given once."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthesised weights and the prompt tokens."),
     record: bool = typer.Option(False, "--record", help="Append the result to the ledger (verdict MEASURED)."),
     note: str = options.NOTE,
@@ -41,9 +41,13 @@ def bench(
     pp<n>: one prefill of n tokens into an empty cache, tokens / wall seconds, mean ± stddev over -r repetitions,
     after a warm-up (weight synthesis/loading, f16 copies and JIT compilation are never timed).
 
-    Example: minfer bench -p 2048 -n 0
+    tg<n>: n tokens generated one at a time into an empty cache (a random first token at position 0; greedy on
+    the device; GRAPHS=1 replays one CUDA graph per step), tokens / wall seconds, mean ± stddev over -r
+    repetitions, after a warm-up generation (JIT compilation and graph capture are never timed).
+
+    Example: minfer bench -p 2048 -n 128
     """
-    from minfer_cli.engine.bench import engine_knobs, engine_options, parse_counts, run_pp
+    from minfer_cli.engine.bench import engine_knobs, engine_options, parse_counts, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
     from minfer_cli.knobs import parse_arm_text, resolve_config
     from minfer_cli.measure.device import require_timing_device
@@ -56,23 +60,20 @@ def bench(
     pp = parse_counts(prompt, "-p")
     tg = parse_counts(gen, "-n")
     if not pp and not tg:
-        raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 0")
+        raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
     text = options.single_arm(arm)
     config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()
-    if tg:
-        err.print(f"tg{','.join(map(str, tg))}: token generation is not available yet (the decode path is not built); "
-                  "running the pp tests only", markup=False, style="yellow", soft_wrap=True)
-    if not pp:
-        raise UsageError("token generation is not available yet and no pp test was asked for; e.g. -p 512 -n 0")
     from minfer_cli.engine.weights import load_gguf, synth_weights
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)
-        rows = run_pp(weights, pp, reps, engine_options(config), seed, progress=report)
+        rows = run_pp(weights, pp, reps, engine_options(config), seed, progress=report) if pp else []
+        if tg:
+            rows += run_tg(weights, tg, reps, engine_options(config), seed, progress=report)
     data = _rows_dicts(rows)
     if fmt == "json":
         print(json.dumps(data, indent=1))

@@ -1,9 +1,18 @@
-"""`minfer bench`: llama-bench's pp test on minfer's engine — the whole-model number a kernel change is judged by.
+"""`minfer bench`: llama-bench's pp and tg tests on minfer's engine — the whole-model numbers a kernel change is
+judged by.
 
 pp<n>: one prefill of n prompt tokens into an empty KV cache, wall-clock timed from the first launch to the
 stream's completion (llama-bench's definition: tokens / seconds, mean ± sample stddev over repetitions). Weight
 generation or loading, f16 weight copies (W16=1) and JIT compilation happen before timing: a warm-up prefill of
-the same length runs first. Token generation (tg<n>) needs the decode path, which does not exist yet.
+the same length runs first.
+
+tg<n>: n tokens generated one at a time into an empty KV cache (llama-bench's test_gen: no prompt; the first
+token random, at position 0), tok/s = n / wall seconds from the first step's launch to the n-th token being back
+on the host. Each step is `DecodeEngine`'s (GEMVs on the GGUF blocks, flash-decoding, greedy argmax on the
+device; GRAPHS=1 replays one captured CUDA graph per step). llama-bench feeds random tokens and samples nothing;
+here each step feeds the previous step's greedy token (the same work plus one argmax over the logits). Engine
+construction, JIT compilation and graph capture happen before timing: a warm-up generation of the same length
+runs first.
 """
 
 from __future__ import annotations
@@ -26,10 +35,12 @@ FA_PREFIX = "FA_"
 
 
 def engine_knobs() -> tuple[Knob, ...]:
-    """The knobs of the whole engine: W16, the GEMM's tile knobs, and the flash-attention knobs (prefixed FA_)."""
+    """The knobs of the whole engine: W16, GRAPHS (decode), the GEMM's tile knobs, and the flash-attention knobs
+    (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, GRAPHS on tg."""
     from kernels import attention, gemm_f16
 
     knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
+    knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -43,7 +54,7 @@ def engine_options(config: Config) -> EngineOptions:
 
     gemm = {k: config[k] for k in gemm_f16.KNOBS}
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
-    return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention)
+    return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)))
 
 
 @dataclass
@@ -134,4 +145,56 @@ def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: EngineO
         row.peak_mem_bytes = peak
         row.mem_growth_bytes = _used_bytes() - first_used
         rows.append(row)
+    return rows
+
+
+def check_fits_tg(weights: ModelWeights, max_tokens: int) -> None:
+    """UsageError when a generation is beyond the model's context or its KV cache would not fit in device memory."""
+    from numba import cuda
+
+    from minfer_cli.engine.decode import decode_device_bytes
+
+    c = weights.config
+    if max_tokens > c.context_length:
+        raise UsageError(f"-n {max_tokens} is beyond the model's context length {c.context_length}")
+    need = decode_device_bytes(c, max_tokens)
+    free, _ = cuda.current_context().get_memory_info()
+    if need > free:
+        raise UsageError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
+                         f"{free / 2**30:.1f} GiB are free")
+
+
+def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: EngineOptions, seed: int,
+           progress: Progress = None) -> list[BenchRow]:
+    """Time tg<n> for every n in ``counts``: ``reps`` generations of n tokens from an empty cache (a random first
+    token at position 0), each after one untimed warm-up generation of the same length (JIT, graph capture)."""
+    from minfer_cli.engine.decode import DecodeEngine
+
+    check_fits_tg(weights, max(counts))
+    c = weights.config
+    engine = DecodeEngine(weights, max(counts), options)
+    rng = np.random.default_rng(seed)
+    rows = []
+    try:
+        for n in counts:
+            row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(), f"tg{n}", n)
+            token = int(rng.integers(0, c.vocab))
+            engine.start(token, 0)
+            engine.generate(n)
+            first_used = _used_bytes()
+            peak = first_used
+            for r in range(reps):
+                if progress:
+                    progress(f"tg{n} repetition {r + 1}/{reps}", r / reps)
+                engine.start(token, 0)
+                engine.stream.synchronize()
+                t0 = time.perf_counter()
+                engine.generate(n)
+                row.samples.append(n / (time.perf_counter() - t0))
+                peak = max(peak, _used_bytes())
+            row.peak_mem_bytes = peak
+            row.mem_growth_bytes = _used_bytes() - first_used
+            rows.append(row)
+    finally:
+        engine.close()
     return rows

@@ -1,0 +1,336 @@
+"""Token generation (`minfer_cli.engine.decode`) and its two device-side helpers (`kernels.argmax`,
+`kernels.decode_state`).
+
+Simulator session: argmax and the state advance against numpy (tiny arrays, ties, NaN/-inf); the decode engine's
+wiring from an empty cache on a 1-layer `tiny`-shaped model (4 eager steps: logits at every step against the
+float64 reference, greedy tokens against `Reference.greedy`; the full 2-layer `tiny` takes ~130 s a step in the
+simulator, so its runs are `gpu` tests); host-side refusals; the GRAPHS knob. Compile (NVVM, no GPU): the two
+new kernels build for sm_90 without local memory. GPU: graph replay and eager launches bit-identical over 32
+steps; decode logits equal prefill logits at the same position on a qwen2-shaped model; greedy tokens of `tiny`
+and `tiny-llama` equal the reference's for 32 steps, from an empty cache and after a prefill; `run_tg`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels.errors import KernelConstraintError
+from minfer_cli.engine.errors import ModelError
+from minfer_cli.engine.forward import EngineOptions
+from minfer_cli.engine.presets import DEFAULT_PRESET, preset
+
+EAGER = EngineOptions(graphs=False)
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def _micro():
+    """`tiny` cut to 1 layer, ffn 256 and vocab 256 (GQA 2/1, head_dim 128, qkv bias, Q4_K/Q6_K): ~25 s a step in
+    the simulator instead of ~130 s."""
+    return dataclasses.replace(preset("tiny"), name="micro", n_layers=1, ffn=256, vocab=256)
+
+
+@pytest.fixture(scope="module")
+def micro_weights():
+    from minfer_cli.engine.weights import synth_weights
+
+    return synth_weights(_micro(), 11)
+
+
+# ---- argmax ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [
+    [1.0, 5.0, 5.0, 2.0],  # tie inside a block -> lowest index
+    [3.0, 3.0, 3.0],
+    [-np.inf, -np.inf, -np.inf, -np.inf],  # all -inf -> 0, as numpy
+    [7.0],
+    [-1.0, -2.0, -0.5, -0.5, -3.0],
+])
+def test_argmax_matches_numpy_on_small_vectors(values):
+    from kernels.argmax import argmax
+
+    x = np.array(values, dtype=np.float32)
+    out = cuda.to_device(np.full(1, -7, dtype=np.int32))
+    argmax(cuda.to_device(x), out=out, tpb=32)
+    assert int(out.copy_to_host()[0]) == int(np.argmax(x))
+
+
+def test_argmax_ties_across_blocks_and_grid_stride():
+    from kernels.argmax import argmax
+
+    rng = np.random.default_rng()
+    for blocks, n in ((1, 37), (3, 200), (5, 1000)):
+        x = rng.standard_normal(n).astype(np.float32)
+        hits = np.sort(rng.choice(n, size=3, replace=False))
+        x[hits] = 9.5  # the same maximum in (likely) different blocks and grid-stride rounds
+        got = int(argmax(cuda.to_device(x), blocks=blocks, tpb=32).copy_to_host()[0])
+        assert got == int(np.argmax(x)) == hits[0], (blocks, n, hits)
+
+
+def test_argmax_skips_nan_and_gives_minus_one_without_a_number():
+    from kernels.argmax import argmax
+
+    x = np.array([np.nan, 1.0, np.nan, 1.0, 0.5], dtype=np.float32)
+    assert int(argmax(cuda.to_device(x), tpb=32).copy_to_host()[0]) == 1
+    allnan = np.full(6, np.nan, dtype=np.float32)
+    assert int(argmax(cuda.to_device(allnan), tpb=32).copy_to_host()[0]) == -1
+
+
+def test_argmax_writes_only_element_0_of_out():
+    from kernels.argmax import argmax
+
+    state = cuda.to_device(np.array([-1, 42, 43], dtype=np.int32))
+    argmax(cuda.to_device(np.array([0.0, 2.0, 1.0], dtype=np.float32)), out=state[0:1], tpb=32)
+    assert state.copy_to_host().tolist() == [1, 42, 43]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"x": "host"}, "CUDA device array"),
+    ({"x": "f16"}, "float32"),
+    ({"x": "empty"}, "non-empty"),
+    ({"tpb": 48}, "tpb=48"),
+    ({"blocks": 0}, "blocks=0"),
+    ({"out": "f32"}, "int32"),
+    ({"blocks": 4, "workspace": 2}, "workspace"),
+])
+def test_argmax_rejects_bad_input(kwargs, needle):
+    from kernels.argmax import argmax, argmax_workspace
+
+    x = cuda.to_device(np.zeros(8, np.float32))
+    kw = dict(kwargs)
+    if kw.get("x") == "host":
+        kw["x"] = np.zeros(8, np.float32)
+    elif kw.get("x") == "f16":
+        kw["x"] = cuda.to_device(np.zeros(8, np.float16))
+    elif kw.get("x") == "empty":
+        kw["x"] = cuda.to_device(np.zeros(0, np.float32))
+    if kw.get("out") == "f32":
+        kw["out"] = cuda.to_device(np.zeros(1, np.float32))
+    if "workspace" in kw:
+        kw["workspace"] = argmax_workspace(kw["workspace"])
+    arg = kw.pop("x", x)
+    with pytest.raises(KernelConstraintError, match=needle):
+        argmax(arg, **kw)
+
+
+# ---- state advance ---------------------------------------------------------------------------------------------
+
+
+def test_advance_records_the_token_and_moves_position_and_length():
+    from kernels.decode_state import advance
+
+    rng = np.random.default_rng()
+    state_h = np.array([int(rng.integers(0, 1000)), 3, 4], dtype=np.int32)
+    history_h = np.full(8, -5, dtype=np.int32)
+    state, history = cuda.to_device(state_h), cuda.to_device(history_h)
+    for _ in range(4):
+        token = int(rng.integers(0, 1000))
+        state[0:1].copy_to_device(np.array([token], dtype=np.int32))
+        state_h[0] = token
+        advance(state, history)
+        history_h[state_h[1]] = state_h[0]  # numpy model of the kernel
+        state_h[1] += 1
+        state_h[2] = state_h[1] + 1
+        np.testing.assert_array_equal(state.copy_to_host(), state_h)
+        np.testing.assert_array_equal(history.copy_to_host(), history_h)
+    assert state_h.tolist()[1:] == [7, 8]
+
+
+def test_advance_rejects_bad_arrays():
+    from kernels.decode_state import advance
+
+    good = cuda.to_device(np.zeros(3, np.int32))
+    with pytest.raises(KernelConstraintError, match="state"):
+        advance(cuda.to_device(np.zeros(4, np.int32)), good)
+    with pytest.raises(KernelConstraintError, match="history"):
+        advance(good, cuda.to_device(np.zeros(3, np.float32)))
+
+
+# ---- the decode engine -----------------------------------------------------------------------------------------
+
+
+def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
+    """4 eager steps from an empty cache (the first is the 1-token "prefill"): the logits of every step against
+    the float64 forward of the sequence so far, and the greedy tokens against `Reference.greedy`."""
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.reference import Reference
+
+    rng = np.random.default_rng()
+    ref = Reference(micro_weights)
+    engine = DecodeEngine(micro_weights, 8, EAGER, splits=1, rows_per_block=8, warps_per_row=1)
+    first = int(rng.integers(0, micro_weights.config.vocab))
+    engine.start(first, 0)
+    seq = [first]
+    for i in range(4):
+        engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
+        got = engine.step().copy_to_host()
+        want = ref.forward(seq, last_only=True)
+        assert np.isfinite(got).all()
+        assert _rel(got, want) < 1e-2, f"step {i}"
+        seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
+    assert engine.position == 4
+    assert seq[1:] == ref.greedy([first], 4)
+    np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 4, 5])
+
+
+def test_decode_refuses_what_does_not_fit(micro_weights):
+    from minfer_cli.engine.decode import DecodeEngine
+
+    engine = DecodeEngine(micro_weights, 2, EAGER, splits=1)
+    with pytest.raises(ModelError, match="start"):
+        engine.step()
+    with pytest.raises(ModelError, match="vocabulary"):
+        engine.start(micro_weights.config.vocab, 0)
+    with pytest.raises(ModelError, match="outside the KV cache"):
+        engine.start(0, 2)
+    engine.start(0, 1)
+    with pytest.raises(ModelError, match="do not fit"):
+        engine.generate(2)
+    assert engine.generate(0) == []
+    with pytest.raises(ModelError, match="context"):
+        DecodeEngine(micro_weights, 0, EAGER)
+
+
+def test_decode_refuses_a_head_dim_other_than_128():
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    weights = synth_weights(dataclasses.replace(_micro(), head_dim=64, n_heads=4, n_kv_heads=2), 1)
+    with pytest.raises(ModelError, match="head_dim 64"):
+        DecodeEngine(weights, 4, EAGER)
+
+
+def test_graphs_knob_reaches_the_engine_options_and_not_the_pp_experiment():
+    from minfer_cli.engine.bench import engine_knobs, engine_options
+    from minfer_cli.knobs import resolve_config
+
+    knobs = {k.name: k for k in engine_knobs()}
+    assert knobs["GRAPHS"].values == (0, 1) and knobs["GRAPHS"].default == 1
+    assert engine_options(resolve_config(engine_knobs(), {}, "e")).graphs is True
+    assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
+
+    from minfer_cli import experiment as registry
+
+    registry.load_all()
+    assert "GRAPHS" not in {k.name for k in registry.get("bench").knobs}
+
+
+# ---- compile (NVVM, no GPU) --------------------------------------------------------------------------------------
+
+
+@pytest.mark.compile
+def test_argmax_and_advance_compile_for_sm90_without_local_memory():
+    from numba import types
+
+    from kernels import argmax, decode_state
+
+    f32, i32 = types.Array(types.float32, 1, "C"), types.Array(types.int32, 1, "C")
+    partial, final = argmax.build(256)
+    for kernel, sig in ((partial, (f32, types.int64, f32, i32)), (final, (f32, i32, types.int64, i32)),
+                        (decode_state._advance, (i32, i32))):
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        assert ".local" not in ptx and "ld.local" not in ptx, kernel.py_func.__name__
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------------------
+
+
+def _qwen2_shaped(layers: int = 2, vocab: int = 4096):
+    return dataclasses.replace(preset(DEFAULT_PRESET), name="qwen2-7b-shaped", n_layers=layers, vocab=vocab)
+
+
+@pytest.mark.gpu
+def test_graph_replay_and_eager_launches_are_bit_identical_over_32_steps():
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    first = int(rng.integers(0, weights.config.vocab))
+    graph = DecodeEngine(weights, 64, EngineOptions(graphs=True))
+    eager = DecodeEngine(weights, 64, EngineOptions(graphs=False))
+    graph.start(first, 0)
+    eager.start(first, 0)
+    g_tokens, e_tokens = [], []
+    for i in range(32):
+        g_tokens += graph.generate(1)
+        g_logits = graph.logits.copy_to_host()
+        e_logits = eager.step().copy_to_host(stream=eager.stream)
+        eager.stream.synchronize()
+        e_tokens.append(int(eager.history[i: i + 1].copy_to_host()[0]))
+        np.testing.assert_array_equal(g_logits, e_logits, err_msg=f"step {i}")
+    assert g_tokens == e_tokens
+    graph.start(first, 0)  # n back-to-back replays (the bench's path) give the same tokens
+    assert graph.generate(32) == e_tokens
+    graph.close()
+
+
+@pytest.mark.gpu
+def test_decode_logits_equal_prefill_logits_at_the_same_position():
+    """qwen2-shaped, 2 layers: (a) prefill of P-1 tokens then one decode step on the shared cache, (b) P decode
+    steps from an empty cache with the prompt's tokens forced, each against the prefill of all P tokens."""
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.forward import PrefillEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    prompt = rng.integers(0, weights.config.vocab, size=100, dtype=np.int32)
+    pre = PrefillEngine(weights, 100, EngineOptions())
+    want = pre.prefill(cuda.to_device(prompt)).copy_to_host()[0].astype(np.float64)
+    pre.prefill(cuda.to_device(prompt[:-1]))
+    dec = DecodeEngine(weights, options=EngineOptions(), prefill=pre)
+    dec.start(int(prompt[-1]), len(prompt) - 1)
+    got = dec.step().copy_to_host(stream=dec.stream)
+    dec.stream.synchronize()
+    assert _rel(got, want) < 1e-2 and int(np.argmax(got)) == int(np.argmax(want))
+
+    alone = DecodeEngine(weights, 100, EngineOptions(graphs=False))
+    for p, token in enumerate(prompt):
+        alone.start(int(token), p)
+        alone.step()
+    got = alone.logits.copy_to_host(stream=alone.stream)
+    alone.stream.synchronize()
+    assert _rel(got, want) < 1e-2 and int(np.argmax(got)) == int(np.argmax(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+def test_greedy_tokens_match_the_reference_for_32_steps(name):
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.forward import PrefillEngine
+    from minfer_cli.engine.reference import Reference
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    weights = synth_weights(preset(name), int(rng.integers(0, 2**31)))
+    ref = Reference(weights)
+    first = int(rng.integers(0, weights.config.vocab))
+    engine = DecodeEngine(weights, 64, EngineOptions())
+    engine.start(first, 0)
+    assert engine.generate(32) == ref.greedy([first], 32)
+    # after a prefill on the shared cache
+    prompt = [int(t) for t in rng.integers(0, weights.config.vocab, size=6)]
+    pre = PrefillEngine(weights, 6, EngineOptions(), context=64)
+    nxt = int(np.argmax(pre.prefill(cuda.to_device(np.array(prompt, dtype=np.int32))).copy_to_host()[0]))
+    dec = DecodeEngine(weights, options=EngineOptions(), prefill=pre)
+    dec.start(nxt, len(prompt))
+    assert [nxt] + dec.generate(15) == ref.greedy(prompt, 16)
+
+
+@pytest.mark.gpu
+def test_run_tg_reports_tokens_per_second():
+    from minfer_cli.engine.bench import run_tg
+    from minfer_cli.engine.weights import synth_weights
+
+    weights = synth_weights(preset("tiny"), 3)
+    rows = run_tg(weights, [16, 32], 2, EngineOptions(), seed=0)
+    assert [r.test for r in rows] == ["tg16", "tg32"]
+    assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
