@@ -101,7 +101,7 @@ class AttentionExperiment(Experiment):
         ref = _reference(*inputs)
         return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
-    def tolerance(self, config) -> float:
+    def tolerance(self, config, workload) -> float:
         return 1e-2
 
     def cost(self, workload: Workload, config=None) -> Cost:

@@ -61,7 +61,7 @@ class CopyExperiment(Experiment):
         src, dst = inputs.copy_to_host(), output.copy_to_host()
         return float(np.count_nonzero(src != dst)) / src.size
 
-    def tolerance(self, config) -> float:
+    def tolerance(self, config, workload) -> float:
         return 0.0
 
     def kernels(self, config, workload):

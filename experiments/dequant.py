@@ -110,7 +110,7 @@ class DequantExperiment(Experiment):
         got = output.copy_to_host()
         return float(np.count_nonzero(got.view(np.uint16) != ref.view(np.uint16))) / ref.size
 
-    def tolerance(self, config) -> float:
+    def tolerance(self, config, workload) -> float:
         return 0.0
 
     def kernels(self, config, workload):

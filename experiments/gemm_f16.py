@@ -96,7 +96,7 @@ class GemmF16Experiment(Experiment):
             return float("inf")
         return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
-    def tolerance(self, config) -> float:
+    def tolerance(self, config, workload) -> float:
         return 1e-3
 
     def cost(self, workload: Workload, config=None) -> Cost:

@@ -1,14 +1,18 @@
 """Experiment `gemv`: decode mat-vec ``y[od] = W[od, id] · x[id]`` straight from GGUF blocks (`kernels.gemv_q`).
 
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
-by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR).
+by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), MMVQ (1: x is
+quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a kernel runs; TYPE must be
+one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level tg A/B, where one
+quantized x serves several mat-vecs).
 Workloads: the nt = 1 projections of one Qwen2-7B layer (hidden 3584, FFN 18944, 28 q heads + 2x4 kv heads of
 128 -> fused qkv 4608) and its vocabulary head (152064 x 3584), plus a tiny shape for the CUDA simulator.
 Cost model: 2*od*id FLOPs; fewest bytes = W's quantized bytes + x read once (4*id) + y written once (4*od);
 ceiling "copy" (a mat-vec is bandwidth-bound: % of the measured device-to-device copy bandwidth).
 Reference: numpy float64 ``gguf.quants.dequantize(W) @ x`` on the host from the same input bytes; the check is
 the relative error ‖y − ref‖ / ‖ref‖, tolerance 1e-5 (float32 accumulation gives ~1e-7 here; float weights
-F16/BF16/F32 are exact inputs, so the same bound holds for them).
+F16/BF16/F32 are exact inputs, so the same bound holds for them). MMVQ=1: the same product with x replaced by
+its Q8_1 values (`reference_mmvq`), same tolerance.
 """
 
 from __future__ import annotations
@@ -48,6 +52,16 @@ class _InputSet:
         self.x_host = rng.standard_normal(id).astype(np.float32)
         self.x = cuda.to_device(self.x_host)
         self.raw: dict[str, object] = {}
+        self._q8 = None
+
+    @property
+    def q8(self):
+        """x quantized to Q8_1 blocks on the device (made at first use, outside any timing)."""
+        if self._q8 is None:
+            from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+            self._q8 = quantize_q8_1(self.x, q8_blocks(self.id))
+        return self._q8
 
     def materialise(self, qtype: str):
         raw = self.raw.get(qtype)
@@ -69,6 +83,36 @@ def reference(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray)
     return w @ x.astype(np.float64)
 
 
+def quantized_x(x: np.ndarray) -> np.ndarray:
+    """float64 values of x after Q8_1 quantization (`kernels.quantize_q8`): int8 values from gguf-py's own Q8_0
+    quantizer (``quants.quantize``, the same rounding), times d = max|x| / 127 in float32 per 32-block."""
+    from gguf import GGMLQuantizationType, quants
+
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    packed = quants.quantize(blocks, GGMLQuantizationType.Q8_0).reshape(-1, 34)
+    q = packed[:, 2:].copy().view(np.int8).astype(np.float64)
+    d = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float64)
+    return (q * d[:, None]).reshape(-1)
+
+
+def reference_mmvq(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray) -> np.ndarray:
+    """float64 result of the MMVQ kernel's arithmetic: ``dequantize(W) @ quantized_x(x)``, except that a format
+    with a min term (Q4_K: ``w = d*sc*q - dmin*m``) takes that term against the unquantized x (the kernel uses
+    each block's exact sum of x): W is split with gguf-py itself, dequantizing once more with dmin set to 0."""
+    from gguf import quants
+
+    fmt = block_format(qtype)
+    rows = np.ascontiguousarray(raw_host, dtype=np.uint8).reshape(od, fmt.row_bytes(id))
+    w = quants.dequantize(rows, fmt.qtype).reshape(od, id).astype(np.float64)
+    xq = quantized_x(x)
+    if qtype != "Q4_K":
+        return w @ xq
+    no_min = rows.reshape(od, -1, fmt.type_size).copy()
+    no_min[:, :, 2:4] = 0  # block_q4_K: d (f16) | dmin (f16) | scales | qs
+    w_scaled = quants.dequantize(no_min.reshape(od, -1), fmt.qtype).reshape(od, id).astype(np.float64)
+    return w_scaled @ xq - (w_scaled - w) @ x.astype(np.float64)
+
+
 def relative_error(y: np.ndarray, ref: np.ndarray) -> float:
     """‖y − ref‖ / ‖ref‖ in float64; inf when y holds a NaN (an element never written)."""
     y = np.asarray(y, dtype=np.float64)
@@ -84,6 +128,7 @@ class GemvExperiment(Experiment):
         Knob("TYPE", GEMV_TYPES, "Q4_K", "GGUF format of W (selects the block decoder)"),
         Knob("RPB", RPB_VALUES, DEFAULT_RPB, "rows per CUDA block, decoded together by every warp (x reuse)"),
         Knob("WPR", WPR_VALUES, DEFAULT_WPR, "warps per row (split of each row's blocks); threads = 32*WPR"),
+        Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
     workloads = (
         Workload("ffn_up", {"od": 18944, "id": 3584}, "Qwen2-7B FFN up/gate projection, nt=1"),
@@ -125,15 +170,18 @@ class GemvExperiment(Experiment):
         return cuda.device_array(self._shape(workload)[0], dtype=np.float32)
 
     def prepare(self, config, workload):
-        qtype, rpb, wpr = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"])
+        qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         od, id = self._shape(workload)
+        kernel_for(qtype, rpb, wpr, mmvq=mmvq)  # refuses a TYPE without an MMVQ kernel before any input is made
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype)
-        kernel_for(qtype, rpb, wpr)  # build the specialised kernel now (its JIT happens at the first launch)
+            if mmvq:
+                inputs.q8  # noqa: B018 (quantize x now, outside the timed launches)
 
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
-            gemv_q(raw, qtype, od, id, inputs.x, output, rows_per_block=rpb, warps_per_row=wpr, stream=stream)
+            x = inputs.q8 if mmvq else inputs.x
+            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, stream=stream)
 
         return launch
 
@@ -144,26 +192,31 @@ class GemvExperiment(Experiment):
         cuda.synchronize()
 
     def check(self, config, workload, inputs, output) -> float:
-        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (inf if any element is still NaN)."""
+        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (MMVQ: `reference_mmvq`; inf if any element
+        is still NaN)."""
         qtype = str(config["TYPE"])
         od, id = self._shape(workload)
-        ref = reference(inputs.materialise(qtype).copy_to_host(), qtype, od, id, inputs.x_host)
+        ref_fn = reference_mmvq if int(config.get("MMVQ", 0)) else reference
+        ref = ref_fn(inputs.materialise(qtype).copy_to_host(), qtype, od, id, inputs.x_host)
         return relative_error(output.copy_to_host(), ref)
 
-    def tolerance(self, config) -> float:
+    def tolerance(self, config, workload) -> float:
         return TOLERANCE
 
     def kernels(self, config, workload):
-        qtype, rpb, wpr = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"])
-        dispatcher, signature = kernel_for(qtype, rpb, wpr), kernel_signature(qtype)
+        qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
+        dispatcher, signature = kernel_for(qtype, rpb, wpr, mmvq=mmvq), kernel_signature(qtype, mmvq)
         dispatcher.compile(signature)
-        return [KernelInstance(f"gemv[{qtype},RPB={rpb},WPR={wpr}]", dispatcher, signature, threads_per_block(wpr))]
+        name = f"gemv[{qtype},RPB={rpb},WPR={wpr}{',MMVQ' if mmvq else ''}]"
+        return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 
     def cost(self, workload: Workload, config=None) -> Cost:
-        """2*od*id FLOPs; W's quantized bytes (``config``'s TYPE, default Q4_K) + 4*id (x) + 4*od (y)."""
+        """2*od*id FLOPs; W's quantized bytes (``config``'s TYPE, default Q4_K) + x read once (4*id bytes in f32;
+        MMVQ: id int8 + 8 bytes of d and sum per 32) + 4*od (y)."""
         qtype = str((config or {}).get("TYPE", "Q4_K"))
         od, id = self._shape(workload)
-        return Cost(flops=2.0 * od * id, bytes=float(self._quant_bytes(qtype, workload) + 4 * id + 4 * od))
+        x_bytes = id + 8 * (id // 32) if int((config or {}).get("MMVQ", 0)) else 4 * id
+        return Cost(flops=2.0 * od * id, bytes=float(self._quant_bytes(qtype, workload) + x_bytes + 4 * od))
 
 
 register(GemvExperiment())

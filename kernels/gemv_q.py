@@ -36,9 +36,11 @@ import numpy as np
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
+from kernels.ptx import dp4a_s32
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
+from kernels.quantize_q8 import Q8Blocks
 
 RPB_VALUES = (1, 2, 4, 8)
 """Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
@@ -497,6 +499,109 @@ def _dot_f32(raw4, bi, j, xs):
     return s
 
 
+# ---- MMVQ: int8 (Q8_1) activations and dp4a ----------------------------------------------------------------------
+# x loader: (q as uint32 words, d, s, weight index of the block's first weight, j) -> tuple of words and scales.
+# Each dot decodes the lane's weights into packed bytes and multiplies them with x's int8 values four at a time
+# (`dp4a_s32`); a 32-weight x block contributes d_x * (integer sum), so per 4 weights the work is one mask/shift
+# and one dp4a instead of four converts and four FMAs (llama.cpp ggml-cuda/vecdotq.cuh ``vec_dot_q4_K_q8_1`` etc.).
+
+
+@cuda.jit(device=True, inline="always")
+def _xq_k_nibbles(xq, xd, xsum, wb, j):
+    """Q4_K, LPB = 8: lane j (i = j/2) has weights 64i + 16(j%2) + (0..15) of sub-block 2i and the same 16
+    positions of sub-block 2i+1: two 16-byte loads of int8 x, and both blocks' d and sum."""
+    o = (wb >> 2) + 16 * (j >> 1) + 4 * (j & 1)
+    b = (wb >> 5) + 2 * (j >> 1)
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, o)
+    v0, v1, v2, v3 = ld_global_v4_u32(xq, o + 8)
+    return (u0, u1, u2, u3, v0, v1, v2, v3, xd[b], xd[b + 1], xsum[b], xsum[b + 1])
+
+
+@cuda.jit(device=True, inline="always")
+def _dotq_q4_k(raw4, bi, j, xs):
+    """Q4_K x Q8_1: d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes)."""
+    base = bi * 36
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
+    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
+    lo = dp4a_s32(w0 & N4, xs[0], dp4a_s32(w1 & N4, xs[1], dp4a_s32(w2 & N4, xs[2], dp4a_s32(w3 & N4, xs[3], 0))))
+    hi = dp4a_s32((w0 >> 4) & N4, xs[4], dp4a_s32((w1 >> 4) & N4, xs[5],
+                  dp4a_s32((w2 >> 4) & N4, xs[6], dp4a_s32((w3 >> 4) & N4, xs[7], 0))))
+    r = d * (sc0 * xs[8] * np.float32(lo) + sc1 * xs[9] * np.float32(hi))
+    if (j & 1) == 0:
+        r -= dmin * (mn0 * xs[10] + mn1 * xs[11])
+    return r
+
+
+@cuda.jit(device=True, inline="always")
+def _xq_k_planes(xq, xd, xsum, wb, j):
+    """Q6_K, LPB = 8: lane j (h = j/4, t0 = 8*(j%4)) has weights 128h + 32s + t0 + (0..7), s < 4: 8 int8 x (two
+    words) from each of x blocks 4h + s, and their d."""
+    o = (wb >> 2) + 32 * (j >> 2) + 2 * (j & 3)
+    b = (wb >> 5) + 4 * (j >> 2)
+    return (xq[o], xq[o + 1], xq[o + 8], xq[o + 9], xq[o + 16], xq[o + 17], xq[o + 24], xq[o + 25],
+            xd[b], xd[b + 1], xd[b + 2], xd[b + 3])
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_signed(v):
+    """Bytes 0..63 of v (no carries) -> the int8 bytes v - 32: + 0x60 per byte (96..159), then flip bit 7."""
+    return (v + 0x60606060) ^ 0x80808080
+
+
+@cuda.jit(device=True, inline="always")
+def _dotq_q6_k(raw, bi, j, xs):
+    """Q6_K x Q8_1 (same loads and weight order as `_dot_q6_k`): d * Σ_s sc_s * dx_s * Σ((q - 32)·xq)."""
+    base = bi * 105
+    h = j >> 2
+    e = (j & 3) >> 1
+    d = f32_from_f16_bits(int(raw[U(base + 104)]))
+    li = base + 32 * h + 4 * (j & 3)
+    mi = base + 64 + 16 * h + 4 * (j & 3)
+    a0 = _h2(raw, li)
+    a1 = _h2(raw, li + 2)
+    b0 = _h2(raw, li + 16)
+    b1 = _h2(raw, li + 18)
+    m0 = _h2(raw, mi)
+    m1 = _h2(raw, mi + 2)
+    si = base + 96 + 4 * h
+    c0 = (int(raw[U(si)]) >> (8 * e)) & 0xFF
+    c1 = (int(raw[U(si + 1)]) >> (8 * e)) & 0xFF
+    c2 = (int(raw[U(si + 2)]) >> (8 * e)) & 0xFF
+    c3 = (int(raw[U(si + 3)]) >> (8 * e)) & 0xFF
+    s0 = dp4a_s32(_q6_signed((a0 & N4) | ((m0 & N2) << 4)), xs[0],
+                  dp4a_s32(_q6_signed((a1 & N4) | ((m1 & N2) << 4)), xs[1], 0))
+    s1 = dp4a_s32(_q6_signed((b0 & N4) | (((m0 >> 2) & N2) << 4)), xs[2],
+                  dp4a_s32(_q6_signed((b1 & N4) | (((m1 >> 2) & N2) << 4)), xs[3], 0))
+    s2 = dp4a_s32(_q6_signed(((a0 >> 4) & N4) | (((m0 >> 4) & N2) << 4)), xs[4],
+                  dp4a_s32(_q6_signed(((a1 >> 4) & N4) | (((m1 >> 4) & N2) << 4)), xs[5], 0))
+    s3 = dp4a_s32(_q6_signed(((b0 >> 4) & N4) | (((m0 >> 6) & N2) << 4)), xs[6],
+                  dp4a_s32(_q6_signed(((b1 >> 4) & N4) | (((m1 >> 6) & N2) << 4)), xs[7], 0))
+    r = np.float32(c0 - ((c0 & 0x80) << 1)) * xs[8] * np.float32(s0)
+    r += np.float32(c1 - ((c1 & 0x80) << 1)) * xs[9] * np.float32(s1)
+    r += np.float32(c2 - ((c2 & 0x80) << 1)) * xs[10] * np.float32(s2)
+    r += np.float32(c3 - ((c3 & 0x80) << 1)) * xs[11] * np.float32(s3)
+    return d * r
+
+
+@cuda.jit(device=True, inline="always")
+def _xq_q8_0(xq, xd, xsum, wb, j):
+    """Q8_0, LPB = 2: lane j has weights 16j .. 16j+15 (one 16-byte load of int8 x) and the block's d."""
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, (wb >> 2) + 4 * j)
+    return (u0, u1, u2, u3, xd[wb >> 5])
+
+
+@cuda.jit(device=True, inline="always")
+def _dotq_q8_0(raw, bi, j, xs):
+    """Q8_0 x Q8_1, uint16 view (17 per block): d * dx * Σ(q·xq) over the lane's 16 int8 pairs."""
+    base = bi * 17
+    d = f32_from_f16_bits(int(raw[U(base)]))
+    qi = base + 1 + 8 * j
+    t = dp4a_s32(_h2(raw, qi), xs[0], dp4a_s32(_h2(raw, qi + 2), xs[1], 0))
+    t = dp4a_s32(_h2(raw, qi + 4), xs[2], dp4a_s32(_h2(raw, qi + 6), xs[3], t))
+    return d * xs[4] * np.float32(t)
+
+
 # name -> (x loader, block dot, lanes per block, weights per (pseudo-)block, raw view dtype)
 _IMPLS = {
     "F32": (_x_float, _dot_f32, 1, 8, np.uint32),
@@ -517,6 +622,14 @@ _IMPLS = {
 assert set(_IMPLS) == set(SUPPORTED), "every supported format needs a gemv implementation"
 GEMV_TYPES = tuple(SUPPORTED)
 """Names of every format ``gemv_q`` takes (all of `kernels.quant.SUPPORTED`)."""
+_MMVQ_IMPLS = {
+    "Q4_K": (_xq_k_nibbles, _dotq_q4_k, 8, 256, np.uint32),
+    "Q6_K": (_xq_k_planes, _dotq_q6_k, 8, 256, np.uint16),
+    "Q8_0": (_xq_q8_0, _dotq_q8_0, 2, 32, np.uint16),
+}
+MMVQ_TYPES = tuple(_MMVQ_IMPLS)
+"""Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
+and Q8_0."""
 FLOAT_GROUP = 8
 """Float types: ``id`` must be a multiple of 8 (each lane reads a row's elements in whole 16-byte groups)."""
 
@@ -527,7 +640,7 @@ _CACHE: dict[tuple, object] = {}
 
 
 _KERNEL_TEMPLATE = """
-def {fname}(raw, xv, y, res, od, id):
+def {fname}(raw, {xargs}, y, res, od, id):
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -541,7 +654,7 @@ def {fname}(raw, xv, y, res, od, id):
     for c in range(warp, nchunks, {wpr}):
         b = c * {bpc} + bl
         if b < nb:
-            xs = xload(xv, b * {bs}, j)
+            xs = xload({xargs}, b * {bs}, j)
 {per_row_dot}
 {per_row_reduce}
 {epilogue}
@@ -567,12 +680,12 @@ _EPILOGUE_WARPS = """
 """
 
 
-def _build(name: str, rpb: int, wpr: int, residual: bool):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual): the per-row code is written out RPB
+def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ): the per-row code is written out RPB
     times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block decode is
     long, which puts the accumulators in local memory)."""
-    xload, dot, lpb, bs, _ = _IMPLS[name]
-    fname = f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}"
+    xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
+    fname = f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
     rows = range(rpb)
     res = " + res[row0 + {r}]" if residual else ""
     if wpr == 1:
@@ -587,6 +700,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool):
         )
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
+        xargs="xq, xd, xsum" if mmvq else "xv",
         lpb=lpb,
         bs=bs,
         bpc=32 // lpb,
@@ -615,35 +729,42 @@ def _check_knobs(rows_per_block, warps_per_row) -> None:
         )
 
 
-def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False):
-    """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs."""
+def _format_name(qtype, mmvq: bool) -> str:
     try:
         name = block_format(qtype).name
     except KeyError as e:
         raise KernelConstraintError(e.args[0]) from None
+    if mmvq and name not in _MMVQ_IMPLS:
+        raise KernelConstraintError(
+            f"{name} has no MMVQ (int8-activation) kernel; MMVQ covers {', '.join(MMVQ_TYPES)} (use f32 x for {name})"
+        )
+    return name
+
+
+def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
+               mmvq: bool = False):
+    """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
+    Q8_1 activations, for the formats in ``MMVQ_TYPES``)."""
+    name = _format_name(qtype, mmvq)
     _check_knobs(rows_per_block, warps_per_row)
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual))
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
     return k
 
 
-def kernel_signature(qtype) -> tuple:
+def kernel_signature(qtype, mmvq: bool = False) -> tuple:
     """The numba argument types ``gemv_q`` launches format ``qtype``'s kernels with (for `compile_ptx`)."""
     from numba import types
     from numba.np.numpy_support import from_dtype
 
-    view = _IMPLS[block_format(qtype).name][4]
+    name = _format_name(qtype, mmvq)
+    view = (_MMVQ_IMPLS if mmvq else _IMPLS)[name][4]
     f32 = types.Array(types.float32, 1, "C")
-    return (
-        types.Array(from_dtype(np.dtype(view)), 1, "C"),
-        types.Array(types.uint32, 1, "C"),
-        f32,
-        f32,
-        types.int64,
-        types.int64,
-    )
+    u32 = types.Array(types.uint32, 1, "C")
+    x = (u32, f32, f32) if mmvq else (u32,)
+    return (types.Array(from_dtype(np.dtype(view)), 1, "C"), *x, f32, f32, types.int64, types.int64)
 
 
 def threads_per_block(warps_per_row: int) -> int:
@@ -671,7 +792,10 @@ def gemv_q(
     qtype: format name ("Q4_K"), ``gguf.GGMLQuantizationType`` member or its value; any of ``GEMV_TYPES``.
     od, id: rows and columns of W; ``id`` a multiple of the block size (32 for Q4_0..Q8_0 and MXFP4, 256 for
     the K-quants, 8 for F32/F16/BF16, whose lanes read whole 16-byte groups).
-    x: 1-D C-contiguous float32 device array of ``id`` elements, 16-byte aligned.
+    x: 1-D C-contiguous float32 device array of ``id`` elements, 16-byte aligned; or ``id`` activations already
+    quantized to Q8_1 blocks (`kernels.quantize_q8.Q8Blocks`, from `quantize_q8_1`), which selects the MMVQ kernel
+    (int8 x, ``dp4a`` integer dot products; formats ``MMVQ_TYPES``). Its result is the exact product with the
+    quantized x (relative difference to the f32-x product ~1e-3, the int8 rounding of x).
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
     rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
@@ -680,17 +804,17 @@ def gemv_q(
 
     Accumulation is float32 (per-lane partial sums, then a shuffle tree and a shared-memory sum across warps);
     against float64 ``dequantize(W) @ x`` the relative error is ~1e-7 (tests assert < 1e-5).
-    Source: llama.cpp ggml-cuda mmvq.cu (work split) and dmmv.cu (f32 activations), ggml-common.h (blocks).
+    Source: llama.cpp ggml-cuda mmvq.cu (work split; with Q8_1 x, vecdotq.cuh's dp4a dots) and dmmv.cu (f32
+    activations), ggml-common.h (blocks).
 
     Raises KernelConstraintError (a ValueError) with one sentence saying what is wrong, for: an unsupported type,
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
-    length or layout (x also misaligned); a knob value outside its allowed set.
+    length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
+    MMVQ kernel.
     """
-    try:
-        fmt = block_format(qtype)
-    except KeyError as e:
-        raise KernelConstraintError(e.args[0]) from None
+    mmvq = isinstance(x, Q8Blocks)
+    fmt = block_format(_format_name(qtype, mmvq))
     _check_knobs(rows_per_block, warps_per_row)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
@@ -698,9 +822,15 @@ def gemv_q(
             f"id={id} is not a multiple of {FLOAT_GROUP}; gemv_q reads {fmt.name} rows in whole 16-byte groups"
         )
     raw = _check_raw(fmt, raw, od, id)
-    x = _check_vector(x, "x", id)
-    if id and _address(x) % 16:
-        raise KernelConstraintError("x must start at a 16-byte aligned device address (it is read 16 bytes at a time)")
+    if mmvq:
+        if x.size != id:
+            raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
+        xargs = (x.q.view(np.uint32), x.d, x.s)
+    else:
+        x = _check_vector(x, "x", id)
+        if id and _address(x) % 16:
+            raise KernelConstraintError("x must start at a 16-byte aligned device address (read 16 bytes at a time)")
+        xargs = (x.view(np.uint32),)
     if out is None:
         out = cuda.device_array(od, dtype=np.float32, stream=stream)
     else:
@@ -711,12 +841,12 @@ def gemv_q(
         return out
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
-    view = _IMPLS[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None)
+    view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         raw.view(view) if view is not np.uint8 else raw,
-        x.view(np.uint32),
+        *xargs,
         out,
         out if residual is None else residual,
         od,

@@ -128,7 +128,8 @@ class Experiment(ABC):
     @abstractmethod
     def check(self, config: Config, workload: Workload, inputs: Any, output: Any) -> float: ...
 
-    def tolerance(self, config: Config) -> float:
+    def tolerance(self, config: Config, workload: Workload) -> float:
+        """The largest check() value that passes for this arm on this workload (0: exact)."""
         return 0.0
 
     @abstractmethod

@@ -264,6 +264,6 @@ def test_experiment_tiny_round_trip():
     exp.poison(output)
     assert np.isinf(exp.check(config, w, inputs, output))  # a poisoned output fails the gate
     exp.prepare(config, w)(inputs, output, 0)
-    assert exp.check(config, w, inputs, output) < exp.tolerance(config)
+    assert exp.check(config, w, inputs, output) < exp.tolerance(config, w)
     (inst,) = exp.kernels(config, w)
     assert inst.threads == 128 and inst.dynamic_smem == A.geometry(dict(D, BK=32)).smem_bytes

@@ -174,7 +174,7 @@ def test_experiment_check_is_exact_and_sees_one_wrong_element():
         launch = exp.prepare(config, wl)
         exp.poison(output)
         launch(inputs, output, 0)
-        assert exp.check(config, wl, inputs, output) == 0.0 == exp.tolerance(config)
+        assert exp.check(config, wl, inputs, output) == 0.0 == exp.tolerance(config, wl)
         host = output.copy_to_host()
         host[1, 7] = np.float16(1234.0)
         output.copy_to_device(host)

@@ -20,7 +20,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv_q import GEMV_TYPES, gemv_q, kernel_for, kernel_signature
+from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -41,16 +41,22 @@ def _tiny_id(name: str) -> int:
     return 512 if bs == 256 else 768 if bs == 32 else 40
 
 
-def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None):
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False):
+    """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference). mmvq: x is
+    quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
+    from experiments.gemv import reference_mmvq
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
     rng = rng or np.random.default_rng()
     raw = random_blocks(name, od, id, rng)
     x = rng.standard_normal(id).astype(np.float32)
     out = cuda.to_device(np.full(od, np.nan, dtype=np.float32))
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
-    got = gemv_q(dev, name, od, id, cuda.to_device(x), out, rows_per_block=rpb, warps_per_row=wpr, residual=res)
+    xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
+    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, residual=res)
     assert got is out
-    ref = _reference(raw, name, od, id, x)
+    ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
         ref = ref + residual.astype(np.float64)
     return out.copy_to_host(), ref
@@ -128,6 +134,47 @@ def test_allocates_out_and_takes_the_gguf_enum():
         _assert_close(y.copy_to_host(), ref)
 
 
+# ---- simulator: MMVQ (Q8_1 x, dp4a) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rpb, wpr", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("name", MMVQ_TYPES)
+def test_mmvq_every_type_against_float64(name, rpb, wpr):
+    _assert_close(*_run(name, 5, _tiny_id(name), rpb=rpb, wpr=wpr, mmvq=True))
+
+
+@pytest.mark.parametrize("name", MMVQ_TYPES)
+def test_mmvq_is_close_to_the_f32_product(name):
+    """The MMVQ reference itself is checked against the f32-x product: only x's int8 rounding separates them."""
+    from experiments.gemv import reference_mmvq
+
+    rng = np.random.default_rng()
+    id = _tiny_id(name)
+    raw = random_blocks(name, 7, id, rng)
+    x = rng.standard_normal(id).astype(np.float32)
+    exact, q8 = _reference(raw, name, 7, id, x), reference_mmvq(raw, name, 7, id, x)
+    err = np.linalg.norm(q8 - exact) / np.linalg.norm(exact)
+    assert 1e-5 < err < 0.1, f"{name}: Q8_1 rounding moved the product by {err:.2e} (seen: 1e-3 .. 4e-2)"
+
+
+def test_mmvq_residual_and_an_odd_block_start():
+    rng = np.random.default_rng()
+    residual = rng.standard_normal(5).astype(np.float32) * 10
+    _assert_close(*_run("Q4_K", 5, 512, rpb=2, wpr=2, residual=residual, rng=rng, mmvq=True))
+    ts = FORMATS["Q6_K"].type_size
+    _assert_close(*_run("Q6_K", 3, 512, rpb=1, wpr=2, mmvq=True,
+                        raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+def test_mmvq_rejects_a_type_without_a_kernel_and_a_wrong_length():
+    from kernels.quantize_q8 import q8_blocks
+
+    with pytest.raises(KernelConstraintError, match="Q5_0 has no MMVQ .* covers Q4_K, Q6_K, Q8_0"):
+        gemv_q(_w(2, 256, "Q5_0"), "Q5_0", 2, 256, q8_blocks(256))
+    with pytest.raises(KernelConstraintError, match="x holds 512 Q8_1 activations; W has id=256"):
+        gemv_q(_w(), "Q4_K", 2, 256, q8_blocks(512))
+
+
 # ---- simulator: rejected inputs -----------------------------------------------------------------------------
 
 
@@ -174,14 +221,14 @@ def test_experiment_check_passes_and_sees_a_wrong_row():
 
     exp = get("gemv")
     wl = exp.workload("tiny")
-    for arm in ("TYPE=Q6_K,RPB=2,WPR=1", "TYPE=Q5_0"):
+    for arm in ("TYPE=Q6_K,RPB=2,WPR=1", "TYPE=Q5_0", "TYPE=Q4_K,MMVQ=1"):
         config = exp.config(arm)
         inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
         launch = exp.prepare(config, wl)
         exp.poison(output)
         assert exp.check(config, wl, inputs, output) == float("inf")  # the NaN poison never passes
         launch(inputs, output, 0)
-        assert exp.check(config, wl, inputs, output) < exp.tolerance(config) == TOL
+        assert exp.check(config, wl, inputs, output) < exp.tolerance(config, wl) == TOL
         host = output.copy_to_host()
         host[3] += 1.0 + abs(host[3])
         output.copy_to_device(host)
@@ -221,7 +268,10 @@ def test_experiment_cost_and_workloads():
     assert exp.cost(wl).bytes == od * id // 256 * 144 + 4 * id + 4 * od
     assert exp.cost(wl, {"TYPE": "Q6_K"}).bytes == od * id // 256 * 210 + 4 * id + 4 * od
     assert exp.cost(wl).flops == 2 * od * id
+    assert exp.cost(wl, {"TYPE": "Q4_K", "MMVQ": 1}).bytes == od * id // 256 * 144 + id + 8 * id // 32 + 4 * od
     assert exp.ceiling == "copy"
+    with pytest.raises(KernelConstraintError, match="MMVQ"):
+        exp.prepare(exp.config("TYPE=Q5_0,MMVQ=1"), wl)
 
 
 # ---- compile (real NVVM, no GPU) ------------------------------------------------------------------------
@@ -230,11 +280,11 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False):
-    key = (name, rpb, wpr, residual)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False):
+    key = (name, rpb, wpr, residual, mmvq)
     if key not in _PTX:
         _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual).py_func, kernel_signature(name), cc=(9, 0)
+            kernel_for(name, rpb, wpr, residual, mmvq).py_func, kernel_signature(name, mmvq), cc=(9, 0)
         )[0]
     return _PTX[key]
 
@@ -292,6 +342,21 @@ def test_every_knob_changes_the_code():
     assert _ptx("Q4_K", 1, 1, residual=True) != base
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("name", MMVQ_TYPES)
+def test_mmvq_kernels_use_dp4a_and_keep_weight_loads_aligned(name):
+    from kernels.gemv_q import DEFAULT_RPB, DEFAULT_WPR
+
+    ptx = _ptx(name, DEFAULT_RPB, DEFAULT_WPR, mmvq=True)
+    assert "dp4a.s32.s32" in ptx, "the MMVQ kernel lost its integer dot products"
+    assert ".local" not in ptx and ".f64" not in ptx
+    assert ptx != _ptx(name, DEFAULT_RPB, DEFAULT_WPR)
+    align = FORMATS[name].align
+    widths = _load_widths(_ptx(name, 2, 2, mmvq=True))
+    weight_widths = {w for w in widths if w != 16} if align < 16 else set(widths)
+    assert max(weight_widths) <= max(align, 4), f"{name}: loads {widths} (align {align}; x words are 4 bytes)"
+
+
 # ---- gpu: real shapes ---------------------------------------------------------------------------------------
 
 
@@ -300,6 +365,13 @@ def test_every_knob_changes_the_code():
 @pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944)], ids=["ffn_up", "ffn_down"])
 def test_real_ffn_shapes(name, od, id):
     _assert_close(*_run(name, od, id, rpb=4, wpr=4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MMVQ_TYPES)
+@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
+def test_mmvq_real_shapes(name, od, id):
+    _assert_close(*_run(name, od, id, rpb=2, wpr=2, mmvq=True))
 
 
 @pytest.mark.gpu

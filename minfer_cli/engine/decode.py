@@ -4,7 +4,7 @@ Every value a step depends on lives in device memory: ``state = [id, pos, length
 holds the token to process, its position and the attention length pos + 1. One step, all on one stream:
 
     x = embedding(state.id)                                          f32 [hidden]   (residual stream)
-    per layer:  h = rms_norm(x, attn_norm)                           f32 [hidden]
+    per layer:  h = rms_norm(x, attn_norm)                           f32 [hidden]   (MMVQ: and h quantized to Q8_1)
                 qkv[q | k | v] = gemv_q(Wq|Wk|Wv, h) (+ bias)        f32 [q_dim + 2 kv_dim]  (3 GEMVs, bias fused)
                 rope(q, k at state.pos)                              in place
                 K/V cache row state.pos = kv_append(qkv)             f16
@@ -21,6 +21,9 @@ Because nothing a step reads or writes depends on the host, ``GRAPHS=1`` capture
 warm-up step that compiles every kernel) and `generate` replays that graph n times, then copies the n tokens back
 in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debugging; ~400 launches a step at 7B,
 so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
+``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
+to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
+quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -119,6 +122,7 @@ class DecodeEngine:
             raise ModelError(f"token_embd is {embd.qtype}; the embedding kernel supports: {', '.join(EMBEDDING_TYPES)}")
         self.config, self.weights, self.options = c, weights, options
         self.graphs = bool(options.graphs)
+        self.mmvq = bool(options.mmvq)
         self.splits = int(splits or DEFAULT_SPLITS)
         self.rows_per_block, self.warps_per_row = int(rows_per_block), int(warps_per_row)
         if prefill is not None:
@@ -149,6 +153,7 @@ class DecodeEngine:
         self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s)
         self.argmax_blocks = default_blocks(c.vocab)
         self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
+        self._q8_hidden, self._q8_attn, self._q8_ffn = (self._q8(n) for n in (c.hidden, c.q_dim, c.ffn))
         # views, made once (numba's slicing costs host time; these are all contiguous or O(1) helper views)
         self._x1, self._h1 = self.x.reshape(c.hidden), self.h.reshape(c.hidden)
         self._attn1, self._act1 = self.attn.reshape(c.q_dim), self.act.reshape(c.ffn)
@@ -207,12 +212,27 @@ class DecodeEngine:
         spec = self.weights.spec(name)
         return _Gemv(self.weights.device(name), spec.qtype, spec.od, spec.id)
 
-    # -- one step, enqueued ---------------------------------------------------------------------------------------
-    def _matvec(self, m: _Gemv, x, out, residual=None) -> None:
-        from kernels.gemv_q import gemv_q
+    def _q8(self, n: int):
+        """Q8_1 buffers for an n-wide mat-vec input when MMVQ is on (None when off or n is not a multiple of 32,
+        where no MMVQ format's rows fit either)."""
+        from kernels.quantize_q8 import QK, q8_blocks
 
-        gemv_q(m.raw, m.qtype, m.od, m.id, x, out, rows_per_block=self.rows_per_block,
-               warps_per_row=self.warps_per_row, residual=residual, stream=self.stream)
+        return q8_blocks(n, stream=self.stream) if self.mmvq and n % QK == 0 else None
+
+    # -- one step, enqueued ---------------------------------------------------------------------------------------
+    def _quantize(self, x, q8):
+        """Enqueue x -> Q8_1 into ``q8`` and return it (None, and nothing enqueued, without MMVQ)."""
+        from kernels.quantize_q8 import quantize_q8_1
+
+        return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream)
+
+    def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
+        """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one."""
+        from kernels.gemv_q import MMVQ_TYPES, gemv_q
+
+        gemv_q(m.raw, m.qtype, m.od, m.id, xq if xq is not None and m.qtype in MMVQ_TYPES else x, out,
+               rows_per_block=self.rows_per_block, warps_per_row=self.warps_per_row, residual=residual,
+               stream=self.stream)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
@@ -230,20 +250,23 @@ class DecodeEngine:
         embedding(e.raw, e.qtype, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
         for layer in self.layers:
             rms_norm(self.x, layer.attn_norm, c.rms_eps, out=self.h, stream=s)
+            hq = self._quantize(self._h1, self._q8_hidden)
             for m, out, bias in layer.qkv:
-                self._matvec(m, self._h1, out, residual=bias)
+                self._matvec(m, self._h1, out, residual=bias, xq=hq)
             rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s)
             kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
                              splits=self.splits, workspace=self.attn_workspace, stream=s)
-            self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1)
+            aq = self._quantize(self._attn1, self._q8_attn)
+            self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             rms_norm(self.x, layer.ffn_norm, c.rms_eps, out=self.h, stream=s)
-            self._matvec(layer.gate, self._h1, self._gate_out)
-            self._matvec(layer.up, self._h1, self._up_out)
+            hq = self._quantize(self._h1, self._q8_hidden)
+            self._matvec(layer.gate, self._h1, self._gate_out, xq=hq)
+            self._matvec(layer.up, self._h1, self._up_out, xq=hq)
             swiglu(self._gu2, out=self.act, stream=s)
-            self._matvec(layer.down, self._act1, self._x1, residual=self._x1)
+            self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=self._quantize(self._act1, self._q8_ffn))
         rms_norm(self.x, self.output_norm, c.rms_eps, out=self.h, stream=s)
-        self._matvec(self.output, self._h1, self.logits)
+        self._matvec(self.output, self._h1, self.logits, xq=self._quantize(self._h1, self._q8_hidden))
         argmax(self.logits, out=self.ids, blocks=self.argmax_blocks, workspace=self.argmax_workspace, stream=s)
         advance(self.state, self.history, stream=s)
 

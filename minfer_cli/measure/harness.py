@@ -111,7 +111,7 @@ def prepare_arm(session: Session, label: str, config: Config) -> tuple[ArmOutcom
     outcome (with the error) and no timer.
     """
     exp, wl = session.experiment, session.workload
-    outcome = ArmOutcome(label=label, config=dict(config), tolerance=exp.tolerance(config))
+    outcome = ArmOutcome(label=label, config=dict(config), tolerance=exp.tolerance(config, wl))
     try:
         launch = exp.prepare(config, wl)
         exp.poison(session.output)

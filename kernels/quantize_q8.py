@@ -1,0 +1,114 @@
+"""Activation quantization for the MMVQ mat-vec: f32 ``x[id]`` -> Q8_1 blocks of 32 (int8 values, f32 scale, f32 sum).
+
+Per 32-element block b (llama.cpp ggml-cuda/quantize.cu ``quantize_q8_1``; the Q8_1 block of ggml-common.h):
+
+    d[b]  = max_k |x[32b + k]| / 127                     (float32)
+    q[k]  = roundf(x[32b + k] * (1 / d[b]))  as int8     (0 when d[b] = 0; roundf = half away from zero)
+    s[b]  = Σ_k x[32b + k]                               (float32, the block's sum of the *unquantized* x)
+
+so ``x[32b + k] ≈ d[b] * q[k]`` and a block format with a min term (Q4_K's ``- dmin*m``) uses the exact sum.
+The value rounding is gguf-py's ``quants.Q8_0`` quantizer step for step (``d = amax / 127``, ``id = 1 / d``,
+``np_roundf(x * id)``), so the int8 values equal ``gguf.quants.quantize(x, Q8_0)``'s bit for bit; unlike that
+format (and llama.cpp's half2 ``ds``) d and s stay float32. Layout: three separate device arrays (`Q8Blocks`):
+int8 ``q[id]`` (read by the mat-vec as uint32 words, 16-byte aligned), float32 ``d[id/32]`` and ``s[id/32]``.
+
+One thread per element, one warp per block: the block's |x| maximum and sum are xor-butterfly reductions
+(`kernels.ptx.shfl_xor_f32`, 5 steps each).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv import devicearray
+
+from kernels.errors import KernelConstraintError
+from kernels.ptx import shfl_xor_f32
+
+QK = 32
+"""Elements per Q8_1 block (ggml-common.h ``QK8_1``)."""
+THREADS = 256
+F127 = np.float32(127.0)
+ONE = np.float32(1.0)
+ZERO = np.float32(0.0)
+
+
+@dataclass(frozen=True)
+class Q8Blocks:
+    """x quantized to Q8_1 blocks on the device: ``q`` int8 [n], ``d`` float32 [n/32], ``s`` float32 [n/32]."""
+
+    q: object
+    d: object
+    s: object
+
+    @property
+    def size(self) -> int:
+        return int(self.q.size)
+
+
+def q8_blocks(n: int, stream=0) -> Q8Blocks:
+    """Allocate (uninitialised) device buffers for ``n`` quantized activations (``n`` a multiple of 32).
+
+    Raises KernelConstraintError when ``n`` is not a positive multiple of 32."""
+    if n <= 0 or n % QK:
+        raise KernelConstraintError(f"Q8_1 activations need a positive multiple of {QK} elements, got {n}")
+    nb = n // QK
+    return Q8Blocks(
+        q=cuda.device_array(n, dtype=np.int8, stream=stream),
+        d=cuda.device_array(nb, dtype=np.float32, stream=stream),
+        s=cuda.device_array(nb, dtype=np.float32, stream=stream),
+    )
+
+
+@cuda.jit(device=True, inline="always")
+def _roundf(v):
+    """gguf-py ``np_roundf``: round half away from zero, as ``sign(v) * (floor|v| + floor(2(|v| - floor|v|)))``."""
+    a = abs(v)
+    f = np.float32(math.floor(a))
+    r = f + np.float32(math.floor(np.float32(2.0) * (a - f)))
+    return -r if v < ZERO else r
+
+
+@cuda.jit
+def _quantize_q8_1(x, q, d, s, n):
+    """x f32 [n] -> q int8 [n], d f32 [n/32], s f32 [n/32]; n a multiple of 32, so warps are whole blocks."""
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i - (cuda.threadIdx.x & 31) >= n:  # the whole warp is past the end: it exits together
+        return
+    v = x[i]
+    m = abs(v)
+    t = v
+    for lane_mask in (16, 8, 4, 2, 1):
+        m = max(m, shfl_xor_f32(m, lane_mask))
+        t += shfl_xor_f32(t, lane_mask)
+    dd = m / F127
+    inv = ONE / dd if dd != ZERO else ZERO
+    q[i] = np.int8(_roundf(v * inv))
+    if (cuda.threadIdx.x & 31) == 0:
+        b = i // QK
+        d[b] = dd
+        s[b] = t
+
+
+def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:
+    """Enqueue the Q8_1 quantization of ``x`` into ``out`` on ``stream``; return ``out``.
+
+    x: 1-D C-contiguous float32 device array of n elements, n a positive multiple of 32.
+    out: `Q8Blocks` of the same n (from `q8_blocks`).
+    Raises KernelConstraintError for x of the wrong dtype, rank or layout, n not a multiple of 32, or ``out`` of
+    another size."""
+    if not devicearray.is_cuda_ndarray(x):
+        raise KernelConstraintError(f"x must be a CUDA device array (float32, 1-D), got {type(x).__name__}")
+    if x.dtype != np.float32 or x.ndim != 1 or not x.is_c_contiguous():
+        raise KernelConstraintError(f"x must be a 1-D C-contiguous float32 device array, got {x.dtype} {tuple(x.shape)}")
+    n = int(x.size)
+    if n <= 0 or n % QK:
+        raise KernelConstraintError(f"x has {n} elements; Q8_1 quantization needs a positive multiple of {QK}")
+    if out.size != n or out.d.size != n // QK or out.s.size != n // QK:
+        raise KernelConstraintError(f"out holds {out.size} activations; x has {n} (allocate it with q8_blocks({n}))")
+    grid = (n + THREADS - 1) // THREADS
+    _quantize_q8_1[grid, THREADS, stream](x, out.q, out.d, out.s, n)
+    return out
