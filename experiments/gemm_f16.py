@@ -1,8 +1,9 @@
 """Experiment `gemm_f16`: the prefill tensor-core GEMM ``C[nt, od] = A[nt, id] · B[od, id]^T`` (f16 in, f32 out).
 
 Knobs: the kernel's compile-time shape (kernels/gemm_f16.py KNOBS); the defaults are the best measured on the H200
-(256x128x32, 3 stages, cp.async, GROUP 8, LOOP=pipe). The baseline arm every comparison can go back to is
-`--arm TM=64,TN=64,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages, cp.async, mma_sync).
+(MMA=wgmma, 256x128x64, 4 stages, cp.async, GROUP 8, LOOP=pipe; the best mma_sync arm, 256x128x32 with 3 stages, is
+`--arm MMA=mma_sync,KS=32,STAGES=3`). The baseline arm every comparison can go back to is
+`--arm MMA=mma_sync,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages, cp.async, mma_sync).
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048 (plus Llama-2-7B's ffn_up, and a tiny shape with tails for the
 CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
@@ -18,7 +19,8 @@ from minfer_cli.experiment import Cost, Experiment, Workload, register
 from minfer_cli.knobs import Knob
 
 _DOCS = {
-    "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, or wmma m16n16k16",
+    "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
+           "m64nNk16 reading both operands from shared memory through descriptors",
     "TM": "od tile per block (B rows staged per k step)",
     "TN": "nt tile per block (A rows staged per k step)",
     "KS": "k width of one shared-memory tile",
@@ -26,7 +28,8 @@ _DOCS = {
     "STAGING": "global->shared copies: cp.async.cg (zero-fill tails) or ld.global.v4 + st.shared.v4",
     "GROUP": "od tiles per grouped-program-order group (L2 reuse; 1 = nt-fastest order)",
     "LOOP": "main loop (mma_sync + cp_async only): v1; addr32 = precomputed 32-bit offsets; "
-            "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order)",
+            "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order). With MMA=wgmma: "
+            "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
 }
 
 

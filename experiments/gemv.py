@@ -1,7 +1,8 @@
 """Experiment `gemv`: decode mat-vec ``y[od] = W[od, id] · x[id]`` straight from GGUF blocks (`kernels.gemv_q`).
 
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
-by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), MMVQ (1: x is
+by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
+of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), MMVQ (1: x is
 quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a kernel runs; TYPE must be
 one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level tg A/B, where one
 quantized x serves several mat-vecs).
@@ -23,9 +24,11 @@ import numpy as np
 
 from kernels.gemv_q import (
     DEFAULT_RPB,
+    DEFAULT_UNROLL,
     DEFAULT_WPR,
     GEMV_TYPES,
     RPB_VALUES,
+    UNROLL_VALUES,
     WPR_VALUES,
     gemv_q,
     kernel_for,
@@ -128,6 +131,7 @@ class GemvExperiment(Experiment):
         Knob("TYPE", GEMV_TYPES, "Q4_K", "GGUF format of W (selects the block decoder)"),
         Knob("RPB", RPB_VALUES, DEFAULT_RPB, "rows per CUDA block, decoded together by every warp (x reuse)"),
         Knob("WPR", WPR_VALUES, DEFAULT_WPR, "warps per row (split of each row's blocks); threads = 32*WPR"),
+        Knob("UNROLL", UNROLL_VALUES, DEFAULT_UNROLL, "chunks of a row per warp loop iteration (loads in flight)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
     workloads = (
@@ -171,8 +175,9 @@ class GemvExperiment(Experiment):
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
+        unroll = int(config["UNROLL"])
         od, id = self._shape(workload)
-        kernel_for(qtype, rpb, wpr, mmvq=mmvq)  # refuses a TYPE without an MMVQ kernel before any input is made
+        kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll)  # refuses a TYPE without an MMVQ kernel up front
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype)
             if mmvq:
@@ -181,7 +186,7 @@ class GemvExperiment(Experiment):
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
-            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, stream=stream)
+            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, stream=stream)
 
         return launch
 
@@ -205,9 +210,11 @@ class GemvExperiment(Experiment):
 
     def kernels(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        dispatcher, signature = kernel_for(qtype, rpb, wpr, mmvq=mmvq), kernel_signature(qtype, mmvq)
+        unroll = int(config["UNROLL"])
+        dispatcher = kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll)
+        signature = kernel_signature(qtype, mmvq)
         dispatcher.compile(signature)
-        name = f"gemv[{qtype},RPB={rpb},WPR={wpr}{',MMVQ' if mmvq else ''}]"
+        name = f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',MMVQ' if mmvq else ''}]"
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 
     def cost(self, workload: Workload, config=None) -> Cost:

@@ -27,7 +27,8 @@ Loads: never wider than the format's ``align`` (`kernels.quant.formats`): Q4_K, 
 MXFP4 bytes. x (16-byte aligned, f32) is always read with 16-byte loads.
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
-decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``residual`` (fused ``y += residual``).
+decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`` chunks per loop iteration,
+``residual`` (fused ``y += residual``), and the x form (f32, or Q8_1 blocks: the MMVQ kernels).
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ RPB_VALUES = (1, 2, 4, 8)
 """Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
 WPR_VALUES = (1, 2, 4, 8)
 """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
+UNROLL_VALUES = (1, 2)
+"""Chunks of a row each warp takes per loop iteration (2: both chunks' loads issued before either is decoded)."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
+DEFAULT_UNROLL = 1
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -651,11 +655,8 @@ def {fname}(raw, {xargs}, y, res, od, id):
     nb = id // {bs}
     nchunks = (nb + {bpc} - 1) // {bpc}
 {per_row_init}
-    for c in range(warp, nchunks, {wpr}):
-        b = c * {bpc} + bl
-        if b < nb:
-            xs = xload({xargs}, b * {bs}, j)
-{per_row_dot}
+    for c in range(warp, nchunks, {step}):
+{chunk_body}
 {per_row_reduce}
 {epilogue}
 """
@@ -680,12 +681,34 @@ _EPILOGUE_WARPS = """
 """
 
 
-def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ): the per-row code is written out RPB
-    times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block decode is
-    long, which puts the accumulators in local memory)."""
+def _chunk_body(rows, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> str:
+    """The loop body over ``unroll`` chunks. One chunk: a guarded block (a lane past the row's end skips it).
+    Several: every chunk's block index is clamped to the row (valid memory), all x loads and block dots are
+    issued unconditionally in one basic block, so their loads can all be in flight together, and a lane past
+    the end adds zero (a select, not a branch)."""
+    if unroll == 1:
+        dots = "\n".join(f"            acc{r} += dot(raw, rb{r} + b, j, xs)" for r in rows)
+        return f"        b = c * {bpc} + bl\n        if b < nb:\n            xs = xload({xargs}, b * {bs}, j)\n{dots}"
+    lines = []
+    for u in range(unroll):
+        lines += [f"        b{u} = (c + {u * wpr}) * {bpc} + bl",
+                  f"        v{u} = b{u} < nb",
+                  f"        b{u} = min(b{u}, nb - 1)",
+                  f"        xs{u} = xload({xargs}, b{u} * {bs}, j)"]
+    for u in range(unroll):
+        for r in rows:
+            lines += [f"        d = dot(raw, rb{r} + b{u}, j, xs{u})", f"        acc{r} += d if v{u} else ZERO"]
+    return "\n".join(lines)
+
+
+def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL): the per-row code is written
+    out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block
+    decode is long, which puts the accumulators in local memory)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
-    fname = f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
+    fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
+             f"{'_mmvq' if mmvq else ''}")
+    xargs = "xq, xd, xsum" if mmvq else "xv"
     rows = range(rpb)
     res = " + res[row0 + {r}]" if residual else ""
     if wpr == 1:
@@ -700,15 +723,15 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False):
         )
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
-        xargs="xq, xd, xsum" if mmvq else "xv",
+        xargs=xargs,
         lpb=lpb,
         bs=bs,
         bpc=32 // lpb,
         rpb=rpb,
-        wpr=wpr,
+        step=wpr * unroll,
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
         per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n    acc{r} = ZERO" for r in rows),
-        per_row_dot="\n".join(f"            acc{r} += dot(raw, rb{r} + b, j, xs)" for r in rows),
+        chunk_body=_chunk_body(rows, unroll, wpr, 32 // lpb, bs, xargs),
         per_row_reduce="\n".join(f"    acc{r} = _warp_sum(acc{r})" for r in rows),
         epilogue=epilogue,
     )
@@ -718,7 +741,11 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False):
 
 
 
-def _check_knobs(rows_per_block, warps_per_row) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1) -> None:
+    if unroll not in UNROLL_VALUES:
+        raise KernelConstraintError(
+            f"unroll={unroll!r} is not supported; allowed: {', '.join(map(str, UNROLL_VALUES))}"
+        )
     if rows_per_block not in RPB_VALUES:
         raise KernelConstraintError(
             f"rows_per_block={rows_per_block!r} is not supported; allowed: {', '.join(map(str, RPB_VALUES))}"
@@ -742,12 +769,12 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False):
+               mmvq: bool = False, unroll: int = DEFAULT_UNROLL):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
-    Q8_1 activations, for the formats in ``MMVQ_TYPES``)."""
+    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row)
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq))
+    _check_knobs(rows_per_block, warps_per_row, unroll)
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -781,6 +808,7 @@ def gemv_q(
     *,
     rows_per_block: int = DEFAULT_RPB,
     warps_per_row: int = DEFAULT_WPR,
+    unroll: int = DEFAULT_UNROLL,
     residual=None,
     stream=0,
 ):
@@ -799,6 +827,7 @@ def gemv_q(
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
     rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
+    unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -815,7 +844,7 @@ def gemv_q(
     """
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row)
+    _check_knobs(rows_per_block, warps_per_row, unroll)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -842,7 +871,7 @@ def gemv_q(
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq)
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         raw.view(view) if view is not np.uint8 else raw,

@@ -41,7 +41,7 @@ def _tiny_id(name: str) -> int:
     return 512 if bs == 256 else 768 if bs == 32 else 40
 
 
-def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False):
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference). mmvq: x is
     quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -54,7 +54,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
-    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, residual=res)
+    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -81,6 +81,13 @@ def test_every_type_against_float64(name, rpb, wpr):
 @pytest.mark.parametrize("wpr", [1, 4])
 def test_knobs_do_not_change_the_result(rpb, wpr):
     _assert_close(*_run("Q4_K", 5, 1024, rpb=rpb, wpr=wpr))
+
+
+@pytest.mark.parametrize("name, wpr, mmvq", [("Q4_K", 1, False), ("Q6_K", 2, True), ("Q8_0", 1, True),
+                                             ("Q5_0", 2, False)])
+def test_unroll_two_with_chunks_past_the_row(name, wpr, mmvq):
+    """UNROLL=2: the second chunk of an iteration is partly (or wholly) past the row; those lanes add zero."""
+    _assert_close(*_run(name, 5, _tiny_id(name), rpb=2, wpr=wpr, mmvq=mmvq, unroll=2))
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
@@ -205,6 +212,7 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), residual=_x(2, np.float64)), r"residual must be a 1-D float32"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), unroll=3), r"unroll=3 is not supported; allowed: 1, 2"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -243,7 +251,7 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, stream: seen.append(
+        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, unroll, stream: seen.append(
             (qtype, rows_per_block, warps_per_row, raw.size)
         ),
     )
@@ -280,11 +288,11 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False):
-    key = (name, rpb, wpr, residual, mmvq)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1):
+    key = (name, rpb, wpr, residual, mmvq, unroll)
     if key not in _PTX:
         _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual, mmvq).py_func, kernel_signature(name, mmvq), cc=(9, 0)
+            kernel_for(name, rpb, wpr, residual, mmvq, unroll).py_func, kernel_signature(name, mmvq), cc=(9, 0)
         )[0]
     return _PTX[key]
 
@@ -340,6 +348,8 @@ def test_every_knob_changes_the_code():
     assert _ptx("Q4_K", 1, 2) != base  # WPR: shared-memory join (and the launch's 32*WPR threads)
     assert "bar.sync" in _ptx("Q4_K", 1, 2) and "bar.sync" not in base
     assert _ptx("Q4_K", 1, 1, residual=True) != base
+    assert _ptx("Q4_K", 1, 1, unroll=2) != base  # UNROLL: two chunks' loads per iteration
+    assert ".local" not in _ptx("Q4_K", 4, 2, mmvq=True, unroll=2)
 
 
 @pytest.mark.compile

@@ -23,7 +23,9 @@ in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debuggi
 so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
 ``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
 to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
-quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
+quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_ADD=0``
+(``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
+mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -42,8 +44,10 @@ from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
-GEMV_RPB = 2  # ledger #15: RPB=2, WPR=2 was the fastest of RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up
-GEMV_WPR = 2
+# Mat-vec launch knobs per input form (`kernels.gemv_q`): f32 x — ledger #15, RPB=2, WPR=2 was the fastest of
+# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up; Q8_1 x (MMVQ) — the sweeps of 2026-11-30 (ledger records there).
+GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
+GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ class DecodeEngine:
     eager launches. prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
     shares (a prompt prefilled there is continued here). stream: default the prefill engine's or a new one.
     splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`). rows_per_block,
-    warps_per_row: the GEMV knobs (`kernels.gemv_q`).
+    warps_per_row: GEMV knobs (`kernels.gemv_q`) for every mat-vec (None: ``GEMV_F32`` / ``GEMV_MMVQ``, the
+    fastest measured for each input form).
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
     eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV or the
@@ -99,7 +104,7 @@ class DecodeEngine:
 
     def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: EngineOptions = EngineOptions(),
                  *, prefill: Optional[PrefillEngine] = None, stream=None, splits: Optional[int] = None,
-                 rows_per_block: int = GEMV_RPB, warps_per_row: int = GEMV_WPR):
+                 rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None):
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
@@ -123,8 +128,11 @@ class DecodeEngine:
         self.config, self.weights, self.options = c, weights, options
         self.graphs = bool(options.graphs)
         self.mmvq = bool(options.mmvq)
+        self.fuse_add = bool(options.fuse_add)
         self.splits = int(splits or DEFAULT_SPLITS)
-        self.rows_per_block, self.warps_per_row = int(rows_per_block), int(warps_per_row)
+        override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
+                    if v is not None}
+        self._launch_f32, self._launch_mmvq = {**GEMV_F32, **override}, {**GEMV_MMVQ, **override}
         if prefill is not None:
             self.context = prefill.context
             self.stream = stream if stream is not None else prefill.stream
@@ -150,6 +158,7 @@ class DecodeEngine:
         self.gu = cuda.device_array(2 * c.ffn, dtype=np.float32, stream=s)
         self.act = cuda.device_array((1, c.ffn), dtype=np.float32, stream=s)
         self.logits = cuda.device_array(c.vocab, dtype=np.float32, stream=s)
+        self._sum = cuda.device_array((1, c.hidden), dtype=np.float32, stream=s)  # FUSE_ADD=0: a mat-vec's output
         self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s)
         self.argmax_blocks = default_blocks(c.vocab)
         self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
@@ -227,12 +236,24 @@ class DecodeEngine:
         return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream)
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
-        """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one."""
+        """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
+        Without FUSE_ADD the add is a separate kernel: a bias (``residual`` is not ``out``) is added to ``out`` in
+        place; the residual stream (``residual`` is ``out``) gets W·x through a scratch vector."""
         from kernels.gemv_q import MMVQ_TYPES, gemv_q
+        from kernels.residual import bias_add, residual_add
 
-        gemv_q(m.raw, m.qtype, m.od, m.id, xq if xq is not None and m.qtype in MMVQ_TYPES else x, out,
-               rows_per_block=self.rows_per_block, warps_per_row=self.warps_per_row, residual=residual,
-               stream=self.stream)
+        if residual is not None and not self.fuse_add:
+            if residual is out:
+                self._matvec(m, x, self._sum.reshape(m.od), xq=xq)
+                residual_add(out.reshape(1, m.od), self._sum, stream=self.stream)
+            else:
+                self._matvec(m, x, out, xq=xq)
+                bias_add(out.reshape(1, m.od), residual, stream=self.stream)
+            return
+        if xq is not None and m.qtype in MMVQ_TYPES:
+            gemv_q(m.raw, m.qtype, m.od, m.id, xq, out, residual=residual, stream=self.stream, **self._launch_mmvq)
+        else:
+            gemv_q(m.raw, m.qtype, m.od, m.id, x, out, residual=residual, stream=self.stream, **self._launch_f32)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""

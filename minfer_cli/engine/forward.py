@@ -37,7 +37,8 @@ class EngineOptions:
     """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob
     settings passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph
     (True) or launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized
-    to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of f32 — graphs and mmvq are read by
+    to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of f32; fuse_add: decode's bias and residual adds run in the
+    mat-vec epilogue (True) or as separate kernels (False) — graphs, mmvq and fuse_add are read by
     `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
@@ -45,6 +46,7 @@ class EngineOptions:
     attention: Optional[dict] = None
     graphs: bool = True
     mmvq: bool = True
+    fuse_add: bool = True
 
 
 @dataclass
