@@ -44,10 +44,14 @@ from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
-# Mat-vec launch knobs per input form (`kernels.gemv_q`): f32 x — ledger #15, RPB=2, WPR=2 was the fastest of
-# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up; Q8_1 x (MMVQ) — the sweeps of 2026-11-30 (ledger records there).
+# Mat-vec launch knobs (`kernels.gemv_q`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
+# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ), per format: ledger #24 (Q4_K, ffn_up: RPB=8,
+# WPR=1 17.0 µs; RPB=4, WPR=2 20.1) and #25 (Q6_K, ffn_down: RPB=4, WPR=2 29.3 µs; RPB=8, WPR=1 131); UNROLL=2
+# was slower in both.
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
+GEMV_MMVQ = {"Q4_K": {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1},
+             "Q6_K": {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1},
+             "Q8_0": {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}}
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,8 @@ class DecodeEngine:
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
-        self._launch_f32, self._launch_mmvq = {**GEMV_F32, **override}, {**GEMV_MMVQ, **override}
+        self._launch_f32 = {**GEMV_F32, **override}
+        self._launch_mmvq = {t: {**launch, **override} for t, launch in GEMV_MMVQ.items()}
         if prefill is not None:
             self.context = prefill.context
             self.stream = stream if stream is not None else prefill.stream
@@ -251,7 +256,8 @@ class DecodeEngine:
                 bias_add(out.reshape(1, m.od), residual, stream=self.stream)
             return
         if xq is not None and m.qtype in MMVQ_TYPES:
-            gemv_q(m.raw, m.qtype, m.od, m.id, xq, out, residual=residual, stream=self.stream, **self._launch_mmvq)
+            gemv_q(m.raw, m.qtype, m.od, m.id, xq, out, residual=residual, stream=self.stream,
+                   **self._launch_mmvq[m.qtype])
         else:
             gemv_q(m.raw, m.qtype, m.od, m.id, x, out, residual=residual, stream=self.stream, **self._launch_f32)
 
