@@ -45,13 +45,15 @@ from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
 # Mat-vec launch knobs (`kernels.gemv_q`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
-# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ), per format: ledger #24 (Q4_K, ffn_up: RPB=8,
-# WPR=1 17.0 µs; RPB=4, WPR=2 20.1) and #25 (Q6_K, ffn_down: RPB=4, WPR=2 29.3 µs; RPB=8, WPR=1 131); UNROLL=2
-# was slower in both.
+# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ): RPB=4, WPR=2 (ledger #25: Q6_K at ffn_down
+# 29.3 µs, the fastest; RPB=8, WPR=1 131 µs), except Q4_K with many rows, where one warp per 8 rows wins (ledger
+# #24, ffn_up od=18944: 17.0 µs vs 20.1) — but not on od=3584..4608 (1 warp per 8 rows leaves ~450 warps for 132
+# SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ = {"Q4_K": {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1},
-             "Q6_K": {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1},
-             "Q8_0": {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}}
+GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
+GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
+"""`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
+WIDE_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ class DecodeEngine:
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
         self._launch_f32 = {**GEMV_F32, **override}
-        self._launch_mmvq = {t: {**launch, **override} for t, launch in GEMV_MMVQ.items()}
+        self._launch_mmvq = {**GEMV_MMVQ, **override}
+        self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
         if prefill is not None:
             self.context = prefill.context
             self.stream = stream if stream is not None else prefill.stream
@@ -256,8 +259,9 @@ class DecodeEngine:
                 bias_add(out.reshape(1, m.od), residual, stream=self.stream)
             return
         if xq is not None and m.qtype in MMVQ_TYPES:
+            wide = m.qtype == "Q4_K" and m.od >= WIDE_ROWS
             gemv_q(m.raw, m.qtype, m.od, m.id, xq, out, residual=residual, stream=self.stream,
-                   **self._launch_mmvq[m.qtype])
+                   **(self._launch_mmvq_wide if wide else self._launch_mmvq))
         else:
             gemv_q(m.raw, m.qtype, m.od, m.id, x, out, residual=residual, stream=self.stream, **self._launch_f32)
 
