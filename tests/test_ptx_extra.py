@@ -1,4 +1,5 @@
-"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle).
+"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and `dp4a_s32` (four-way int8 dot
+product).
 
 Numbers in the simulator session (the fallback), the instruction in the compiled PTX (`compile`), the same numbers
 on a real GPU (`gpu`)."""
@@ -70,3 +71,46 @@ def test_shfl_rejects_an_integer_value():
 
     with pytest.raises(TypingError, match="must be Float"):
         cuda.compile_ptx(k, (types.int32[::1],), cc=(9, 0))
+
+
+# ---- dp4a_s32 ------------------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def _k_dp4a(a, b, c, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = P.dp4a_s32(a[i], b[i], c[i])
+
+
+def check_dp4a(rng) -> None:
+    """Random bytes of both signs, extreme bytes (-128 * -128 four times) and accumulators near the int32 ends."""
+    n = 64
+    a = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
+    a[:2] = b[:2] = 0x80808080
+    c = rng.integers(-(2**31), 2**31 - 70000, size=n, dtype=np.int64).astype(np.int32)
+    out = cuda.to_device(np.full(n, -7, np.int32))
+    _k_dp4a[1, n](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), out)
+    want = c.astype(np.int64) + (a.view(np.int8).reshape(n, 4).astype(np.int64)
+                                 * b.view(np.int8).reshape(n, 4).astype(np.int64)).sum(axis=1)
+    np.testing.assert_array_equal(out.copy_to_host(), want.astype(np.int32))
+    assert want[0] - c[0] == 4 * 128 * 128
+
+
+@sim
+def test_dp4a_fallback_numbers():
+    check_dp4a(np.random.default_rng())
+
+
+@pytest.mark.gpu
+def test_dp4a_gpu_numbers():
+    check_dp4a(np.random.default_rng())
+
+
+@pytest.mark.compile
+def test_dp4a_instruction_in_ptx():
+    u32 = types.Array(types.uint32, 1, "C")
+    i32 = types.Array(types.int32, 1, "C")
+    ptx, _ = cuda.compile_ptx(_k_dp4a.py_func, (u32, u32, i32, i32), cc=(9, 0))
+    assert "dp4a.s32.s32" in ptx
