@@ -1,5 +1,5 @@
-"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and `dp4a_s32` (four-way int8 dot
-product).
+"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and
+`dp4a_s32` (four-way int8 dot product).
 
 Numbers in the simulator session (the fallback), the instruction in the compiled PTX (`compile`), the same numbers
 on a real GPU (`gpu`)."""
