@@ -311,9 +311,12 @@ def _dot_q3_k(raw, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
-def _dot_q6_k(raw, bi, j, xs):
+def _q6_k_lane(raw, bi, j):
     """Q6_K, uint16 view (105 per block): ql[128] | qh[64] | scales[16] int8 | d. Weight 128h + 32s + t (t < 32):
-    low 4 bits of ql[64h + 32*(s%2) + t] >> 4*(s/2), high 2 of qh[32h + t] >> 2s; scale 8h + 2s + t/16."""
+    low 4 bits of ql[64h + 32*(s%2) + t] >> 4*(s/2), high 2 of qh[32h + t] >> 2s; scale 8h + 2s + t/16.
+    Lane j (h = j/4, t0 = 8*(j%4)) gets d, the words a0, a1 (ql bytes 64h + t0 ..+7), b0, b1 (ql 64h + 32 + t0
+    ..+7), m0, m1 (qh 32h + t0 ..+7) and its four int8 scales as bytes (`_i8`); `_q6_bytes` makes the stored
+    6-bit q (0..63, weight = d * scale * (q - 32)) of plane s from the words."""
     base = bi * 105
     h = j >> 2
     e = (j & 3) >> 1
@@ -331,18 +334,29 @@ def _dot_q6_k(raw, bi, j, xs):
     c1 = (int(raw[U(si + 1)]) >> (8 * e)) & 0xFF
     c2 = (int(raw[U(si + 2)]) >> (8 * e)) & 0xFF
     c3 = (int(raw[U(si + 3)]) >> (8 * e)) & 0xFF
-    s = np.float32(c0 - ((c0 & 0x80) << 1)) * _dot8(
-        (a0 & N4) | ((m0 & N2) << 4), (a1 & N4) | ((m1 & N2) << 4), M32, xs[0]
-    )
-    s += np.float32(c1 - ((c1 & 0x80) << 1)) * _dot8(
-        (b0 & N4) | (((m0 >> 2) & N2) << 4), (b1 & N4) | (((m1 >> 2) & N2) << 4), M32, xs[1]
-    )
-    s += np.float32(c2 - ((c2 & 0x80) << 1)) * _dot8(
-        ((a0 >> 4) & N4) | (((m0 >> 4) & N2) << 4), ((a1 >> 4) & N4) | (((m1 >> 4) & N2) << 4), M32, xs[2]
-    )
-    s += np.float32(c3 - ((c3 & 0x80) << 1)) * _dot8(
-        ((b0 >> 4) & N4) | (((m0 >> 6) & N2) << 4), ((b1 >> 4) & N4) | (((m1 >> 6) & N2) << 4), M32, xs[3]
-    )
+    return d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3
+
+
+@cuda.jit(device=True, inline="always")
+def _i8(c):
+    """The int8 value of byte c (0..255), as float32."""
+    return np.float32(c - ((c & 0x80) << 1))
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_bytes(lo, m, s):
+    """Plane s (0..3) of a Q6_K lane word: low nibble (s < 2) or high nibble of ``lo`` | 2 bits of ``m`` << 4."""
+    return ((lo >> (4 * (s >> 1))) & N4) | (((m >> (2 * s)) & N2) << 4)
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q6_k(raw, bi, j, xs):
+    """Q6_K x f32 (layout: `_q6_k_lane`): d * Σ_s sc_s * Σ((q - 32)·x)."""
+    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = _q6_k_lane(raw, bi, j)
+    s = _i8(c0) * _dot8(_q6_bytes(a0, m0, 0), _q6_bytes(a1, m1, 0), M32, xs[0])
+    s += _i8(c1) * _dot8(_q6_bytes(b0, m0, 1), _q6_bytes(b1, m1, 1), M32, xs[1])
+    s += _i8(c2) * _dot8(_q6_bytes(a0, m0, 2), _q6_bytes(a1, m1, 2), M32, xs[2])
+    s += _i8(c3) * _dot8(_q6_bytes(b0, m0, 3), _q6_bytes(b1, m1, 3), M32, xs[3])
     return d * s
 
 
@@ -555,36 +569,16 @@ def _q6_signed(v):
 
 @cuda.jit(device=True, inline="always")
 def _dotq_q6_k(raw, bi, j, xs):
-    """Q6_K x Q8_1 (same loads and weight order as `_dot_q6_k`): d * Σ_s sc_s * dx_s * Σ((q - 32)·xq)."""
-    base = bi * 105
-    h = j >> 2
-    e = (j & 3) >> 1
-    d = f32_from_f16_bits(int(raw[U(base + 104)]))
-    li = base + 32 * h + 4 * (j & 3)
-    mi = base + 64 + 16 * h + 4 * (j & 3)
-    a0 = _h2(raw, li)
-    a1 = _h2(raw, li + 2)
-    b0 = _h2(raw, li + 16)
-    b1 = _h2(raw, li + 18)
-    m0 = _h2(raw, mi)
-    m1 = _h2(raw, mi + 2)
-    si = base + 96 + 4 * h
-    c0 = (int(raw[U(si)]) >> (8 * e)) & 0xFF
-    c1 = (int(raw[U(si + 1)]) >> (8 * e)) & 0xFF
-    c2 = (int(raw[U(si + 2)]) >> (8 * e)) & 0xFF
-    c3 = (int(raw[U(si + 3)]) >> (8 * e)) & 0xFF
-    s0 = dp4a_s32(_q6_signed((a0 & N4) | ((m0 & N2) << 4)), xs[0],
-                  dp4a_s32(_q6_signed((a1 & N4) | ((m1 & N2) << 4)), xs[1], 0))
-    s1 = dp4a_s32(_q6_signed((b0 & N4) | (((m0 >> 2) & N2) << 4)), xs[2],
-                  dp4a_s32(_q6_signed((b1 & N4) | (((m1 >> 2) & N2) << 4)), xs[3], 0))
-    s2 = dp4a_s32(_q6_signed(((a0 >> 4) & N4) | (((m0 >> 4) & N2) << 4)), xs[4],
-                  dp4a_s32(_q6_signed(((a1 >> 4) & N4) | (((m1 >> 4) & N2) << 4)), xs[5], 0))
-    s3 = dp4a_s32(_q6_signed(((b0 >> 4) & N4) | (((m0 >> 6) & N2) << 4)), xs[6],
-                  dp4a_s32(_q6_signed(((b1 >> 4) & N4) | (((m1 >> 6) & N2) << 4)), xs[7], 0))
-    r = np.float32(c0 - ((c0 & 0x80) << 1)) * xs[8] * np.float32(s0)
-    r += np.float32(c1 - ((c1 & 0x80) << 1)) * xs[9] * np.float32(s1)
-    r += np.float32(c2 - ((c2 & 0x80) << 1)) * xs[10] * np.float32(s2)
-    r += np.float32(c3 - ((c3 & 0x80) << 1)) * xs[11] * np.float32(s3)
+    """Q6_K x Q8_1 (layout: `_q6_k_lane`): d * Σ_s sc_s * dx_s * Σ((q - 32)·xq)."""
+    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = _q6_k_lane(raw, bi, j)
+    s0 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 0)), xs[0], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 0)), xs[1], 0))
+    s1 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 1)), xs[2], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 1)), xs[3], 0))
+    s2 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 2)), xs[4], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 2)), xs[5], 0))
+    s3 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 3)), xs[6], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 3)), xs[7], 0))
+    r = _i8(c0) * xs[8] * np.float32(s0)
+    r += _i8(c1) * xs[9] * np.float32(s1)
+    r += _i8(c2) * xs[10] * np.float32(s2)
+    r += _i8(c3) * xs[11] * np.float32(s3)
     return d * r
 
 
