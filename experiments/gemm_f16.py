@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels import gemm_f16 as kernel
-from minfer_cli.experiment import Cost, Experiment, Workload, register
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
 _DOCS = {
@@ -90,6 +90,15 @@ class GemmF16Experiment(Experiment):
 
         output.copy_to_device(np.full(output.shape, np.nan, dtype=np.float32))
         cuda.synchronize()
+
+    def kernels(self, config, workload):
+        """The compiled gemm instance of ``config`` (none for the cuBLAS arm), for `minfer kernels`."""
+        if config.get("IMPL") == "cublas":
+            return []
+        built = kernel.build({k: config[k] for k in kernel.KNOBS})
+        g = built.geometry
+        name = f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop}]"
+        return [KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes)]
 
     def check(self, config, workload, inputs, output) -> float:
         a, b = inputs

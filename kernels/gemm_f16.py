@@ -12,6 +12,11 @@ block tile. Two tensor-core paths:
   epilogue through an f32 C tile in shared memory (the wmma fragment layout is opaque; the tile reuses the ring,
   so shared memory is max(ring, TN*(TM+4)*4 bytes)), written out coalesced with the tail masks.
 
+* ``MMA="wgmma"`` (sm_90a, Hopper): `wgmma.mma_async.m64nNk16` with both operands read by the tensor cores
+  straight from the same XOR-swizzled cp.async tiles (which are wgmma's 64-/128-byte swizzled K-major layout)
+  through shared-memory matrix descriptors; one warpgroup (4 warps) per 64 x N sub-tile, accumulators in registers
+  in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx_wgmma.py, _make_kernel_wgmma).
+
 Staging: ``STAGING="cp_async"`` issues `cp.async.cg` 16-byte copies (src-size 0 = hardware zero-fill for rows past
 nt/od and k past id: tails need no branches) and keeps STAGES-1 tiles in flight (`cp.async.wait_group STAGES-2`);
 ``STAGING="sync"`` runs the same ring schedule with predicated `ld.global.v4` + `st.shared.v4`.
@@ -20,7 +25,7 @@ Program order: a 1-D grid; ``GROUP`` od tiles form a group whose blocks run od-f
 and the nt-tile A panels they pair with are reused from L2 (Triton tutorial 03 "L2 cache optimizations");
 GROUP=1 is nt-fastest order, where consecutive blocks share one B panel (the prefill-GEMM chapter's order).
 
-Sources: PTX ISA 9.x (mma m16n8k16 fragments, ldmatrix, cp.async, wmma); the prefill-GEMM chapter (64x64x32,
+Sources: PTX ISA 9.x (mma m16n8k16 fragments, ldmatrix, cp.async, wmma; wgmma §9.7.15); the prefill-GEMM chapter (64x64x32,
 cp.async double buffering, the "+16 elements, not +16 rows" wmma trap, the >48 KB opt-in before graph capture);
 Triton's matmul tutorial (grouped order).
 """
@@ -31,7 +36,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
@@ -52,10 +57,23 @@ from kernels.ptx import (
     wmma_mma_f32_f16,
     wmma_store_d_f32_shared,
 )
+from kernels.ptx_wgmma import (
+    SWIZZLE_64B,
+    SWIZZLE_128B,
+    fence_proxy_async_shared,
+    wgmma_commit_group,
+    wgmma_desc,
+    wgmma_fence,
+    wgmma_m64nNk16_f32_f16,
+    wgmma_wait_group,
+)
 
 # Allowed knob values. The baseline arm is MMA=mma_sync TM=64 TN=64 KS=32 STAGES=2 STAGING=cp_async GROUP=1.
 KNOBS: dict[str, tuple] = {
-    "MMA": ("mma_sync", "wmma"),  # wmma: +23% time vs mma_sync at the 64x64x32 baseline on H200 (ledger #9)
+    # wmma: +23% time vs mma_sync at the 64x64x32 baseline on H200 (ledger #9). wgmma (sm_90a): Hopper warpgroup
+    # MMA m64nNk16 with both operands in shared memory (descriptors over the same swizzled cp.async tiles), one
+    # warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async and LOOP=addr32|pipe (see _make_kernel_wgmma).
+    "MMA": ("mma_sync", "wmma", "wgmma"),
     "TM": (64, 128, 256),  # od tile (B rows per block); TM=128 -16.5% vs 64 at the baseline (ledger #6)
     "TN": (64, 128),  # nt tile (A rows per block)
     "KS": (32, 64),  # k step per shared tile; KS=64 -11.5% at the baseline (#7) but slower at 3 stages (#5)
@@ -66,15 +84,23 @@ KNOBS: dict[str, tuple] = {
     # index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as
     # 32-bit shared / 64-bit global byte offsets. pipe: addr32 + fragments double-buffered in registers across
     # the k16 sub-steps (CUTLASS sm80 multistage order). At 256x128x32/3 stages on ffn_up: v1 1102 µs, addr32 957,
-    # pipe 826 (ledger #12).
+    # pipe 826 (ledger #12). With MMA=wgmma: addr32 waits for each k tile's wgmma batch before the next barrier;
+    # pipe keeps one batch in flight (wgmma.wait_group 1; copies then run STAGES-2 tiles ahead; needs STAGES >= 3).
     "LOOP": ("v1", "addr32", "pipe"),
 }
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
                   "LOOP": "v1"}
-# The best measured on the H200 (ledger #12: 826 µs = 337 TFLOP/s at nt=2048, od=18944, id=3584; 45% of cuBLAS,
-# ledger #17/#18): 256x128 tile, 8 warps, k step 32, 3-stage cp.async ring, grouped order 8, pipelined loop.
-DEFAULT: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async", "GROUP": 8,
+# The best measured on the H200: wgmma (2 warpgroups of m64n256k16 on a 128 x 256 tile), k step 64 (128-byte
+# swizzle), 4-stage cp.async ring, grouped order 8, one wgmma batch in flight: ffn_up 499.5 µs (cuBLAS 367.2 in the
+# same session: 74%), ffn_down 467.7 µs (cuBLAS 383.5: 82%); 216 registers, no spills. The previous best, the same
+# tile with mma_sync, KS=32, 3 stages (ledger #12: 826 µs; 829 / 831 µs in that session) is MMA_SYNC_BEST.
+# wgmma dead ends in that session (ffn_up): KS=32 3 stages 998 µs (copies only one k tile ahead of the tensor
+# cores), KS=32 4 stages 636, KS=64 3 stages 632, LOOP=addr32 (KS=64, 4 stages) 628, TM=128 (KS=64, 3 or 4 stages)
+# 607-609, TN=64 (64 x 256, KS=64, 4 stages) 683, GROUP=4 497 (same as 8).
+DEFAULT: dict = {"MMA": "wgmma", "TM": 256, "TN": 128, "KS": 64, "STAGES": 4, "STAGING": "cp_async", "GROUP": 8,
                  "LOOP": "pipe"}
+MMA_SYNC_BEST: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async",
+                       "GROUP": 8, "LOOP": "pipe"}
 
 
 
@@ -118,12 +144,26 @@ def resolve_config(config: dict | None) -> dict:
                 raise KernelConstraintError(f"gemm_f16 {key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
             value = match[0]
         cfg[key] = value
-    if cfg["LOOP"] != "v1" and (cfg["MMA"] != "mma_sync" or cfg["STAGING"] != "cp_async"):
-        raise KernelConstraintError(
-            f"gemm_f16 LOOP={cfg['LOOP']} needs MMA=mma_sync and STAGING=cp_async "
-            f"(got MMA={cfg['MMA']}, STAGING={cfg['STAGING']}); only LOOP=v1 has the wmma and sync paths"
-        )
+    problem = _invalid(cfg)
+    if problem:
+        raise KernelConstraintError(problem)
     return cfg
+
+
+def _invalid(cfg: dict) -> str | None:
+    """Why a (complete) knob combination is refused, or None."""
+    if cfg["MMA"] == "wgmma":
+        if cfg["STAGING"] != "cp_async" or cfg["LOOP"] == "v1":
+            return (f"gemm_f16 MMA=wgmma needs STAGING=cp_async and LOOP=addr32 or pipe "
+                    f"(got STAGING={cfg['STAGING']}, LOOP={cfg['LOOP']})")
+        if cfg["LOOP"] == "pipe" and cfg["STAGES"] < 3:
+            return ("gemm_f16 MMA=wgmma LOOP=pipe needs STAGES >= 3 (one wgmma batch in flight holds a ring slot; "
+                    f"got STAGES={cfg['STAGES']}); use LOOP=addr32 with 2 stages")
+        return None
+    if cfg["LOOP"] != "v1" and (cfg["MMA"] != "mma_sync" or cfg["STAGING"] != "cp_async"):
+        return (f"gemm_f16 LOOP={cfg['LOOP']} needs MMA=mma_sync and STAGING=cp_async "
+                f"(got MMA={cfg['MMA']}, STAGING={cfg['STAGING']}); only LOOP=v1 has the wmma and sync paths")
+    return None
 
 
 def geometry(config: dict | None) -> Geometry:
@@ -132,7 +172,7 @@ def geometry(config: dict | None) -> Geometry:
     warps = 4 if tm * tn <= 64 * 128 else 8
     warps_n = 2
     warps_m = warps // warps_n
-    row = ks if cfg["MMA"] == "mma_sync" else ks + 8
+    row = ks + 8 if cfg["MMA"] == "wmma" else ks
     smem = stages * (tm + tn) * row * 2
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
@@ -142,11 +182,11 @@ def geometry(config: dict | None) -> Geometry:
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
-    addr32 / pipe (648)."""
+    addr32 / pipe (648), plus 180 MMA=wgmma ones (cp_async; addr32, or pipe with 3-4 stages): 828."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))
-        if cfg["LOOP"] != "v1" and (cfg["MMA"] != "mma_sync" or cfg["STAGING"] != "cp_async"):
+        if _invalid(cfg):
             continue
         yield cfg
 
@@ -172,6 +212,8 @@ else:
 
 
 def _make_kernel(g: Geometry):
+    if g.mma == "wgmma":
+        return _make_kernel_wgmma(g)
     if g.loop != "v1":
         return _make_kernel_v2(g)
     TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
@@ -610,12 +652,178 @@ def _make_kernel_v2(g: Geometry):
     return gemm_kernel
 
 
+def _make_kernel_wgmma(g: Geometry):
+    """MMA=wgmma (sm_90a; STAGING=cp_async; LOOP=addr32 or pipe): Hopper warpgroup MMA with both operands read
+    from shared memory through matrix descriptors (kernels/ptx_wgmma.py).
+
+    * Tiles: LOOP=addr32/pipe's copy plan and XOR-swizzled shared tiles, unchanged: a KS=32 tile row is 64 bytes
+      with 16-byte chunk c of row r stored at chunk c ^ ((r >> 1) & 3), a KS=64 row 128 bytes with c ^ (r & 7).
+      As every tile starts at a multiple of 1024 bytes (declared alignment of the dynamic shared memory; stage,
+      A/B and 8-row offsets are multiples of it or of 512 / 1024), that is exactly wgmma's K-major 64-byte /
+      128-byte swizzled canonical layout (the XOR of address bits 4.. with bits 7..): descriptors with SBO = 8 rows
+      and the swizzle mode describe the cp.async tiles as they are, and the k16 step kq is start + 32 * kq bytes.
+    * Warpgroups: warps // 4 of them; WG_N = min(warpgroups, TN // 64) split the nt rows, the rest split the od
+      columns; each warpgroup issues, per k16 step, MT64 = (TN / WG_N) / 64 instructions m64nNk16 with
+      N = TM / WG_M (the accumulators: MT64 * N / 2 f32 per thread, 128 at 256x128).
+    * Schedule per k tile kt: cp.async.wait_group (tile kt landed), fence.proxy.async (generic-proxy writes ->
+      wgmma's async proxy), barrier, copies of tile kt + P into the slot of tile kt - 1 - D, wgmma.fence, the
+      K16 * MT64 wgmma, commit, wgmma.wait_group D. LOOP=addr32: D = 0 (the batch of tile kt is done before the
+      next barrier); LOOP=pipe: D = 1 (one batch stays in flight across the barrier, so the tensor cores never
+      wait for it; its ring slot is refilled one tile later, so copies run P = STAGES-1-D tiles ahead). The
+      barrier after every thread's wait_group D is what frees the slot of tile kt - 1 - D for the copies.
+    * Epilogue: the accumulator fragment is per warp N/8 mma.m16n8k16 C fragments (rows 16 * warp-in-group + g,
+      + 8), written with the nt/od tail masks as the mma_sync epilogue.
+    """
+    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
+    ROWB = KS * 2
+    THREADS = g.threads
+    WGS = g.warps // 4
+    WG_N = min(WGS, TN // 64)
+    WG_M = WGS // WG_N
+    WTN = TN // WG_N  # nt rows per warpgroup
+    MT64 = WTN // 64
+    N = TM // WG_M  # wgmma n (od columns per warpgroup)
+    NH = N // 2  # accumulators per thread per m64 slice
+    ACC_N = MT64 * NH
+    CPR = KS // 8
+    SWS = 1 if CPR == 4 else 0
+    SWM = CPR - 1
+    SWIZZLE = SWIZZLE_64B if KS == 32 else SWIZZLE_128B
+    SBO = 8 * ROWB  # bytes between 8-row groups
+    LBO = 16  # unused by swizzled K-major layouts whose k16 step stays inside one row (encoded 1, as CUTLASS)
+    SA_B = TN * ROWB
+    STAGE_B = (TN + TM) * ROWB
+    RING_B = STAGES * STAGE_B
+    RPT = THREADS // CPR
+    REP_B = RPT * ROWB
+    CH_A = TN // RPT
+    CH_B = TM // RPT
+    CH_ALL = CH_A + CH_B
+    KTAIL = KS > 32
+    KS_B = KS * 2
+    K16 = KS // 16
+    D = 1 if g.loop == "pipe" else 0
+    P = STAGES - 1 - D  # k tiles the copies run ahead
+    WAIT = P - 1
+    M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
+    SMEM_ALIGN = None if SIMULATOR else 1024
+
+    def gemm_kernel(a, b, out, nt, od, kdim):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        row0 = (wg % WG_N) * WTN
+        col0 = (wg // WG_N) * N
+
+        pid = cuda.blockIdx.x
+        num_n = (nt + TN - 1) // TN
+        num_m = (od + TM - 1) // TM
+        in_group = GROUP * num_n
+        first_m = (pid // in_group) * GROUP
+        gsize = min(num_m - first_m, GROUP)
+        local = pid % in_group
+        n0 = (local // gsize) * TN
+        m0 = (first_m + local % gsize) * TM
+
+        # No zero fill: the first k tile's wgmma runs with scale-d = 0 (D = A·B), which also spares the 128-iteration
+        # store loop that NVVM does not unroll (it would leave the array in local memory).
+        acc = cuda.local.array(ACC_N, float32)
+
+        cch = tid % CPR
+        crow = tid // CPR
+        dst0 = uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
+        goff = cuda.local.array(CH_ALL, types.int64)
+        gsz = cuda.local.array(CH_ALL, uint32)
+        for rep in range(CH_A):
+            grow = n0 + crow + rep * RPT
+            if grow < nt:
+                goff[rep] = (grow * kdim + cch * 8) * 2
+                gsz[rep] = 16
+            else:
+                goff[rep] = 0
+                gsz[rep] = 0
+        for rep in range(CH_B):
+            grow = m0 + crow + rep * RPT
+            if grow < od:
+                goff[CH_A + rep] = (grow * kdim + cch * 8) * 2
+                gsz[CH_A + rep] = 16
+            else:
+                goff[CH_A + rep] = 0
+                gsz[CH_A + rep] = 0
+        desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE)
+        desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE)
+
+        ktiles = (kdim + KS - 1) // KS
+        woff = uint32(0)
+        roff = uint32(0)
+        for it in range(ktiles + P):
+            kt = it - P
+            if kt >= 0:
+                cp_async_wait_group(WAIT)
+                fence_proxy_async_shared()
+                cuda.syncthreads()
+            if it < ktiles:
+                kb = it * KS_B
+                kin = True
+                if KTAIL:
+                    kin = it * KS + cch * 8 < kdim
+                for rep in range(CH_ALL):
+                    n = gsz[rep]
+                    src = goff[rep] + kb
+                    if not kin:
+                        n = 0
+                        src = 0
+                    if rep < CH_A:
+                        cp_async_16_off(smem, woff + dst0 + rep * REP_B, a, src, n)
+                    else:
+                        cp_async_16_off(smem, woff + SA_B + dst0 + (rep - CH_A) * REP_B, b, src, n)
+            cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
+            woff = uint32(woff + STAGE_B)
+            if woff == RING_B:
+                woff = uint32(0)
+            if kt >= 0:
+                wgmma_fence()
+                step = uint64(roff >> 4)
+                for kq in range(K16):
+                    db = desc_b0 + step + uint64(kq * 2)
+                    scale_d = uint32(1) if kq > 0 or kt > 0 else uint32(0)
+                    for i in range(MT64):
+                        da = desc_a0 + step + uint64(kq * 2 + i * (M64_B >> 4))
+                        wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
+                wgmma_commit_group()
+                wgmma_wait_group(D)
+                roff = uint32(roff + STAGE_B)
+                if roff == RING_B:
+                    roff = uint32(0)
+        wgmma_wait_group(0)
+        cp_async_wait_group(0)
+
+        lane = tid & 31
+        rbase = n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
+        cbase = m0 + col0 + (lane & 3) * 2
+        for i in range(MT64):
+            for h in range(2):
+                rowi = rbase + i * 64 + h * 8
+                if rowi < nt:
+                    for j in range(N // 8):
+                        c = i * NH + j * 4 + 2 * h
+                        col = cbase + j * 8
+                        if col < od:
+                            out[rowi, col] = acc[c]
+                        if col + 1 < od:
+                            out[rowi, col + 1] = acc[c + 1]
+
+    return gemm_kernel
+
+
 SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.int64, types.int64, types.int64)
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 
 
-def kernel_ptx(config: dict | None, cc=(9, 0)) -> str:
-    """PTX of the kernel for ``config`` (compiled with NVVM for ``cc``; needs no GPU; not under the simulator)."""
+def kernel_ptx(config: dict | None, cc=(9, 0, "a")) -> str:
+    """PTX of the kernel for ``config`` (compiled with NVVM for ``cc``, sm_90a by default -- the target a CUDA
+    launch on an H200 compiles for, and the only one where MMA=wgmma exists; needs no GPU; not under the
+    simulator)."""
     g = geometry(config)
     ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE, cc=cc, launch_bounds=(g.threads,))
     return ptx
@@ -658,8 +866,9 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0):
 
     a: f16 device array [nt, id], row-major (activations). b: f16 device array [od, id], row-major (a dequantized
     weight, K-major). out: optional f32 device array [nt, od], row-major; allocated when None. Products are
-    accumulated in f32 on the tensor cores (mma.sync m16n8k16 or wmma m16n16k16).
-    config: knob dict (see KNOBS; missing knobs take DEFAULT): MMA, TM, TN, KS, STAGES, STAGING, GROUP.
+    accumulated in f32 on the tensor cores (mma.sync m16n8k16, wmma m16n16k16, or wgmma m64nNk16 on sm_90a).
+    config: knob dict (see KNOBS; missing knobs take DEFAULT): MMA, TM, TN, KS, STAGES, STAGING, GROUP, LOOP.
+    MMA=wgmma (the default) needs an sm_90a device (H100/H200), STAGING=cp_async and LOOP=addr32|pipe.
 
     Constraints (KernelConstraintError, a ValueError, one line): both operands 2-D, float16, C-contiguous; inner
     dimensions equal; ``id % 32 == 0`` (16-byte cp.async chunks never straddle a row; all GGUF block sizes are

@@ -15,6 +15,7 @@ from kernels.ptx import SIMULATOR
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 B = G.BASELINE
+MS = G.MMA_SYNC_BEST  # the best mma_sync arm (the default before MMA=wgmma)
 
 
 def _run(config, nt, od, id_, seed=0):
@@ -38,13 +39,14 @@ SIM_CASES = [
     ("wmma + sync staging", dict(B, MMA="wmma", STAGING="sync"), (33, 70, 64)),
     ("KS=64, 3 stages, k tail", dict(B, KS=64, STAGES=3), (17, 9, 96)),
     ("4 stages, GROUP=4, 2x3 tiles", dict(B, STAGES=4, GROUP=4), (70, 140, 64)),
-    ("default: 256x128 pipe, 8 warps", G.DEFAULT, (33, 70, 64)),
+    ("default: 256x128 wgmma, KS=64, 4 stages", G.DEFAULT, (33, 70, 64)),
+    ("mma_sync best: 256x128 pipe, 8 warps", MS, (33, 70, 64)),
     ("LOOP=addr32, tails", dict(B, LOOP="addr32"), (33, 70, 128)),
     ("LOOP=pipe, tails", dict(B, LOOP="pipe"), (33, 70, 256)),
     ("LOOP=pipe, KS=64, 3 stages, k tail", dict(B, LOOP="pipe", KS=64, STAGES=3), (17, 9, 96)),
     ("LOOP=addr32, KS=64, 4 stages, k tail, 2x2 tiles", dict(B, LOOP="addr32", KS=64, STAGES=4, GROUP=4), (70, 70, 96)),
     ("LOOP=pipe, 2 k tiles < STAGES-1", dict(B, LOOP="pipe", STAGES=4), (33, 70, 64)),
-    ("LOOP=pipe, 256x128, 8 warps", dict(G.DEFAULT, LOOP="pipe", TM=256), (33, 70, 64)),
+    ("LOOP=pipe, 256x128, 8 warps", dict(MS, LOOP="pipe", TM=256), (33, 70, 64)),
 ]
 
 
@@ -103,7 +105,8 @@ def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
 
 def test_every_combination_fits_the_h200():
     sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
-    assert len(sizes) == 432 + 2 * 108  # LOOP=addr32/pipe only with mma_sync + cp_async
+    # LOOP=addr32/pipe only with mma_sync + cp_async; wgmma: cp_async, addr32 (2-4 stages) or pipe (3-4 stages)
+    assert len(sizes) == 432 + 2 * 108 + 180
     assert max(sizes) <= H200_SMEM_OPTIN
 
 
@@ -129,10 +132,16 @@ def _ptx(config) -> str:
 
 def _assert_instructions(config, ptx):
     cfg = G.resolve_config(config)
+    d = 0
     if cfg["MMA"] == "mma_sync":
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
-        assert "wmma." not in ptx
+        assert "wmma." not in ptx and "wgmma" not in ptx
+    elif cfg["MMA"] == "wgmma":  # (details in tests/test_gemm_wgmma.py)
+        d = 1 if cfg["LOOP"] == "pipe" else 0
+        assert "wgmma.mma_async.sync.aligned.m64n" in ptx and "fence.proxy.async.shared::cta" in ptx
+        assert f"wgmma.wait_group.sync.aligned {d};" in ptx
+        assert "mma.sync" not in ptx and "ldmatrix" not in ptx
     else:
         assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32" in ptx
         assert "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16" in ptx
@@ -140,7 +149,7 @@ def _assert_instructions(config, ptx):
         assert "mma.sync.aligned.m16n8k16" not in ptx and "ldmatrix" not in ptx
     if cfg["STAGING"] == "cp_async":
         assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
-        assert f"cp.async.wait_group {cfg['STAGES'] - 2};" in ptx
+        assert f"cp.async.wait_group {cfg['STAGES'] - 2 - d};" in ptx
     else:
         assert "cp.async" not in ptx
         assert "ld.global.v4.b32" in ptx and "st.shared.v4.b32" in ptx
@@ -154,6 +163,8 @@ PER_KNOB = [(k, v) for k, values in G.KNOBS.items() for v in values]
 @pytest.mark.parametrize("knob,value", PER_KNOB, ids=[f"{k}={v}" for k, v in PER_KNOB])
 def test_each_knob_value_compiles_and_changes_the_code(knob, value):
     config = dict(B, **{knob: value})
+    if value == "wgmma":
+        config["LOOP"] = "addr32"  # wgmma has no LOOP=v1 (the baseline's)
     ptx = _ptx(config)
     _assert_instructions(config, ptx)
     if value != B[knob]:
@@ -162,13 +173,13 @@ def test_each_knob_value_compiles_and_changes_the_code(knob, value):
 
 REPRESENTATIVE = [
     G.DEFAULT,
-    dict(G.DEFAULT, TM=256),
-    dict(G.DEFAULT, TM=256, KS=64, STAGES=4),
-    dict(G.DEFAULT, MMA="wmma", TM=256, KS=64, STAGES=4, STAGING="sync", LOOP="v1"),
-    dict(G.DEFAULT, MMA="wmma", TN=64, STAGING="sync", GROUP=1, LOOP="v1"),
-    dict(G.DEFAULT, TM=256, LOOP="pipe"),
-    dict(G.DEFAULT, TM=256, LOOP="addr32", STAGES=4),
-    dict(G.DEFAULT, TM=256, LOOP="pipe", KS=64, STAGES=4),
+    MS,
+    dict(MS, TM=256, KS=64, STAGES=4),
+    dict(MS, MMA="wmma", TM=256, KS=64, STAGES=4, STAGING="sync", LOOP="v1"),
+    dict(MS, MMA="wmma", TN=64, STAGING="sync", GROUP=1, LOOP="v1"),
+    dict(MS, TM=256, LOOP="pipe"),
+    dict(MS, TM=256, LOOP="addr32", STAGES=4),
+    dict(MS, TM=256, LOOP="pipe", KS=64, STAGES=4),
 ]
 
 
@@ -202,7 +213,7 @@ def _int64_ops(body: list[str]) -> int:
 
 @pytest.mark.compile
 def test_loop_variants_differ_and_shed_64_bit_index_math():
-    best = dict(G.DEFAULT, TM=256)
+    best = dict(MS, TM=256)
     v1, addr32, pipe = (_ptx(dict(best, LOOP=v)) for v in ("v1", "addr32", "pipe"))
     assert len({v1, addr32, pipe}) == 3
     loops = {name: _main_loop(p) for name, p in (("v1", v1), ("addr32", addr32), ("pipe", pipe))}
@@ -239,7 +250,7 @@ def _torch_rel(a, b, out) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [G.DEFAULT, B, dict(B, MMA="wmma")], ids=["default", "baseline", "wmma"])
+@pytest.mark.parametrize("config", [G.DEFAULT, MS, B, dict(B, MMA="wmma")], ids=["default", "mma_sync-best", "baseline", "wmma"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_gpu_matches_torch(config, shape):
     nt, od, id_ = shape

@@ -1,0 +1,289 @@
+"""kernels/ptx_wgmma.py and gemm_f16's MMA=wgmma path (sm_90a warpgroup MMA), tested like kernels/ptx.py's helpers:
+
+* simulator session: the fallback's numbers for one m64nNk16 product read through descriptors (no-swizzle core
+  matrices with LBO/SBO, and the 64-byte swizzle the GEMM tiles use), checked against the accumulator fragment
+  table of the PTX ISA written out here independently; the shared-memory layout rule against the GEMM's
+  cp.async staging formula; small GEMMs with nt/od (and k) tails against float64;
+* `compile`: the instructions are in the sm_90a PTX, the wait depths follow the knobs, nothing spills;
+* `gpu`: the same product on the H200, and real Qwen2-7B shapes against torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, float32, types
+
+from kernels import gemm_f16 as G
+from kernels import ptx_wgmma as W
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+# 256x128x32, 3 stages, GROUP 8, LOOP=pipe: 2 warpgroups of m64n256 (64-byte swizzle); G.DEFAULT is the same with
+# KS=64 (128-byte swizzle) and 4 stages
+WG = dict(G.MMA_SYNC_BEST, MMA="wgmma")
+
+
+# ---- the shared-memory layouts, written from the PTX ISA independently of operand_byte_offsets -------------
+
+
+def _place_noswizzle(mat, lbo, sbo):
+    """Byte image of a K-major [rows, 16] f16 operand as 8x16-byte core matrices (PTX ISA "Shared Memory Matrix
+    Layout", no swizzle): core matrix (r // 8, k // 8) at (r // 8) * sbo + (k // 8) * lbo, its row r % 8 at +16 B."""
+    rows = mat.shape[0]
+    img = np.zeros((rows // 8 - 1) * sbo + lbo + 128, np.uint8)
+    bits = mat.astype(np.float16).view(np.uint8).reshape(rows, 16, 2)
+    for r in range(rows):
+        for kc in range(2):
+            at = (r // 8) * sbo + kc * lbo + (r % 8) * 16
+            img[at : at + 16] = bits[r, 8 * kc : 8 * kc + 8].reshape(-1)
+    return img
+
+
+def _place_gemm_tile(mat, ks):
+    """Byte image of a [rows, ks] f16 tile as gemm_f16 stages it (kernels/gemm_f16.py copy plan): row r at r * 2ks
+    bytes, its 16-byte chunk c at chunk c ^ ((r >> 1) & 3) (KS=32) or c ^ (r & 7) (KS=64)."""
+    rows = mat.shape[0]
+    rowb = 2 * ks
+    img = np.zeros(rows * rowb, np.uint8)
+    bits = mat.astype(np.float16).view(np.uint8).reshape(rows, ks // 8, 16)
+    for r in range(rows):
+        for c in range(ks // 8):
+            p = c ^ (((r >> 1) & 3) if ks == 32 else (r & 7))
+            img[r * rowb + 16 * p : r * rowb + 16 * p + 16] = bits[r, c]
+    return img
+
+
+def _d_from_fragments(regs, n):
+    """D[64, n] from the 128 threads' n/2 accumulators (PTX ISA "Matrix Fragments for wgmma.m64nNk16", f32 D)."""
+    d = np.zeros((64, n), np.float64)
+    for tw in range(128):
+        w, lane = tw // 32, tw % 32
+        g, t = lane // 4, lane % 4
+        for j in range(n // 8):
+            d[16 * w + g, 8 * j + 2 * t], d[16 * w + g, 8 * j + 2 * t + 1] = regs[tw, 4 * j], regs[tw, 4 * j + 1]
+            d[16 * w + g + 8, 8 * j + 2 * t], d[16 * w + g + 8, 8 * j + 2 * t + 1] = regs[tw, 4 * j + 2], regs[tw, 4 * j + 3]
+    return d
+
+
+@pytest.mark.parametrize("ks", [32, 64])
+def test_swizzled_layout_rule_is_the_gemm_staging(ks):
+    """Descriptors over gemm_f16's cp.async tiles: element (r, k) of the k16 step kq, addressed by the swizzle rule
+    with start 32 * kq and SBO = 8 rows, is where the staging put it."""
+    rng = np.random.default_rng(1)
+    tile = rng.standard_normal((64, ks)).astype(np.float16)
+    img = _place_gemm_tile(tile, ks)
+    mode = W.SWIZZLE_64B if ks == 32 else W.SWIZZLE_128B
+    for kq in range(ks // 16):
+        addr = W.operand_byte_offsets(W.desc_value(32 * kq, 16, 16 * ks, mode), 64)
+        got = (img[addr].astype(np.uint16) | (img[addr + 1].astype(np.uint16) << 8)).view(np.float16)
+        np.testing.assert_array_equal(got, tile[:, 16 * kq : 16 * kq + 16])
+
+
+def test_descriptor_bits():
+    d = W.desc_value(0x1_2340, 128, 1024, W.SWIZZLE_128B)
+    assert d & 0x3FFF == 0x1234 and (d >> 16) & 0x3FFF == 8 and (d >> 32) & 0x3FFF == 64 and d >> 62 == 1
+    assert (d >> 49) & 7 == 0
+
+
+# ---- one m64nNk16 product through a kernel --------------------------------------------------------------------
+
+N_TEST = 16
+N_HALF = N_TEST // 2  # (numba needs the array size as a plain global constant)
+_IMG = 8192
+_ALIGN = None if SIMULATOR else 1024  # the simulator refuses an alignment argument
+
+
+@cuda.jit
+def _k_wgmma(img, lbo, sbo, mode, b_off, c, out, scale):
+    smem = cuda.shared.array(_IMG, types.uint8, alignment=_ALIGN)  # swizzled layouts: 512/1024-byte aligned
+    tid = cuda.threadIdx.x
+    for i in range(tid, _IMG, 128):
+        smem[i] = img[i]
+    acc = cuda.local.array(N_HALF, float32)
+    for i in range(N_HALF):
+        acc[i] = c[tid * (N_HALF) + i]
+    W.fence_proxy_async_shared()
+    cuda.syncthreads()
+    da = W.wgmma_desc(smem, 0, lbo, sbo, mode)
+    db = W.wgmma_desc(smem, b_off, lbo, sbo, mode)
+    W.wgmma_fence()
+    W.wgmma_m64nNk16_f32_f16(smem, acc, 0, da, db, scale, N_TEST)
+    W.wgmma_commit_group()
+    W.wgmma_wait_group(0)
+    for i in range(N_HALF):
+        out[tid * (N_HALF) + i] = acc[i]
+
+
+def _check_one_product(layout: str, scale: int, placed_sbo: int | None = None):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 16)).astype(np.float16)
+    b = rng.standard_normal((N_TEST, 16)).astype(np.float16)
+    c = rng.standard_normal((128, N_TEST // 2)).astype(np.float32)
+    img = np.zeros(_IMG, np.uint8)
+    if layout == "none":
+        lbo, sbo, mode, b_off = 128, 256, W.SWIZZLE_NONE, 2048  # K-adjacent core matrices 128 B apart, 8-row groups 256 B
+        ia, ib = _place_noswizzle(a, lbo, placed_sbo or sbo), _place_noswizzle(b, lbo, placed_sbo or sbo)
+    else:  # the gemm's KS=32 tiles: 64-byte rows, 64-byte swizzle, 8-row groups 512 B apart; k16 step 0
+        lbo, sbo, mode, b_off = 16, 512, W.SWIZZLE_64B, 4096
+        pad = np.zeros((64, 16), np.float16)
+        ia = _place_gemm_tile(np.concatenate([a, pad], 1), 32)
+        ib = _place_gemm_tile(np.concatenate([b, pad[:N_TEST]], 1), 32)
+    img[: ia.size] = ia
+    img[b_off : b_off + ib.size] = ib
+    out = cuda.to_device(np.full(128 * (N_TEST // 2), np.nan, np.float32))
+    _k_wgmma[1, 128](cuda.to_device(img), lbo, sbo, mode, b_off, cuda.to_device(c.reshape(-1)), out, scale)
+    got = _d_from_fragments(out.copy_to_host().reshape(128, N_TEST // 2), N_TEST)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    if scale:
+        ref += _d_from_fragments(c, N_TEST)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+
+
+@sim
+@pytest.mark.parametrize("layout", ["none", "swizzle64"])
+def test_wgmma_simulator_numbers(layout):
+    _check_one_product(layout, 1)
+
+
+@sim
+def test_wgmma_simulator_scale_d_zero_ignores_c():
+    _check_one_product("swizzle64", 0)
+
+
+@sim
+def test_wgmma_simulator_catches_a_wrong_sbo():
+    with pytest.raises(AssertionError):  # core matrices placed 384 B apart, the descriptor says 256
+        _check_one_product("none", 1, placed_sbo=384)
+
+
+# ---- gemm_f16 MMA=wgmma in the simulator ----------------------------------------------------------------------
+
+
+def _run(config, nt, od, id_, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isfinite(got).all(), "some outputs were never written"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+SIM_CASES = [
+    ("64x64, pipe, 3 stages, tails, 2 od tiles", dict(WG, TM=64, TN=64), (33, 70, 128)),
+    ("64x64, addr32, 2 stages, GROUP 1", dict(WG, TM=64, TN=64, STAGES=2, LOOP="addr32", GROUP=1), (33, 70, 96)),
+    ("128x64 (2 m64 slices per warpgroup), KS=64 k tail", dict(WG, TM=64, TN=128, KS=64, STAGES=4), (17, 9, 96)),
+    ("256x128x32: 2 warpgroups m64n256", WG, (33, 70, 64)),
+    ("default: 256x128x64, 4 stages, k tail", G.DEFAULT, (33, 70, 96)),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,shape", [c[1:] for c in SIM_CASES], ids=[c[0] for c in SIM_CASES])
+def test_gemm_wgmma_simulator_matches_float64(config, shape):
+    assert _run(config, *shape) < 1e-3
+
+
+def test_wgmma_invalid_combinations_are_refused():
+    for bad, match in (
+        (dict(WG, STAGING="sync"), "MMA=wgmma needs STAGING=cp_async"),
+        (dict(WG, LOOP="v1"), "LOOP=addr32 or pipe"),
+        (dict(WG, STAGES=2), "STAGES >= 3"),
+    ):
+        with pytest.raises(KernelConstraintError, match=match):
+            G.resolve_config(bad)
+    assert G.resolve_config(dict(WG, STAGES=2, LOOP="addr32"))["MMA"] == "wgmma"
+
+
+def test_wgmma_geometry():
+    # 256x128: 2 warpgroups split nt (m64 each), n = 256; 64x256: 2 warpgroups split od, n = 128
+    assert G.geometry(WG).threads == 256
+    assert G.geometry(dict(WG, TN=64, TM=64)).threads == 128
+    n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma")
+    assert n_wgmma == 3 * 2 * 2 * 3 * (3 + 2)  # TM x TN x KS x GROUP x (addr32: 3 stage counts, pipe: 2)
+
+
+# ---- compile: sm_90a PTX -------------------------------------------------------------------------------------
+
+
+def _expected_n(cfg):
+    g = G.geometry(cfg)
+    wgs = g.warps // 4
+    wg_n = min(wgs, g.tn // 64)
+    return g.tm // (wgs // wg_n)
+
+
+COMPILE_CASES = [
+    G.DEFAULT,
+    WG,
+    dict(WG, LOOP="addr32"),
+    dict(WG, KS=64, STAGES=4),
+    dict(WG, TM=64, TN=64, STAGES=2, LOOP="addr32"),
+    dict(WG, TM=256, TN=64),
+    dict(WG, TM=64, TN=128),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("config", COMPILE_CASES, ids=lambda c: " ".join(f"{k}={v}" for k, v in c.items()))
+def test_wgmma_ptx(config):
+    cfg = G.resolve_config(config)
+    ptx = G.kernel_ptx(config)
+    d = 1 if cfg["LOOP"] == "pipe" else 0
+    assert ".target sm_90a" in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{_expected_n(cfg)}k16.f32.f16.f16" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.fence.sync.aligned" in ptx
+    assert "wgmma.commit_group.sync.aligned" in ptx and f"wgmma.wait_group.sync.aligned {d};" in ptx
+    assert f"cp.async.wait_group {cfg['STAGES'] - 2 - d};" in ptx
+    assert ".extern .shared .align 1024" in ptx
+    assert "ldmatrix" not in ptx and "mma.sync" not in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators in local memory"
+
+
+@pytest.mark.compile
+def test_wgmma_helper_kernel_ptx():
+    sig = (types.uint8[::1], types.int64, types.int64, types.int64, types.int64, types.float32[::1], types.float32[::1],
+           types.int64)
+    ptx, _ = cuda.compile_ptx(_k_wgmma.py_func, types.void(*sig), cc=(9, 0, "a"))
+    assert f"wgmma.mma_async.sync.aligned.m64n{N_TEST}k16.f32.f16.f16" in ptx
+    assert "wgmma.wait_group.sync.aligned 0;" in ptx and "fence.proxy.async.shared::cta" in ptx
+
+
+# ---- gpu ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["none", "swizzle64"])
+def test_wgmma_gpu_numbers(layout):
+    _check_one_product(layout, 1)
+    _check_one_product(layout, 0)
+
+
+def _torch_rel(a, b, out) -> float:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = (torch.from_numpy(a).cuda().float() @ torch.from_numpy(b).cuda().float().T).double().cpu().numpy()
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [G.DEFAULT, WG, dict(WG, LOOP="addr32"), dict(WG, TM=128, TN=128),
+                                    dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32")],
+                         ids=["default", "ks32", "addr32", "128x128", "128x64"])
+@pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
+def test_wgmma_gpu_matches_torch(config, shape):
+    pytest.importorskip("torch")
+    nt, od, id_ = shape
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
+    b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
+    got = out.copy_to_host()
+    assert np.isfinite(got).all()
+    assert _torch_rel(a, b, got) < 1e-3
