@@ -191,19 +191,6 @@ def all_configs():
         yield cfg
 
 
-if SIMULATOR:
-
-    def _device_helper(fn):
-        return fn
-
-else:
-    from numba.cuda.extending import register_jitable
-
-    # register_jitable (an @overload), not cuda.jit(device=True): a device dispatcher asks the driver for the
-    # current device's compute capability when compiled, which breaks compile_ptx on a machine without a GPU.
-    _device_helper = register_jitable(inline="always")
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Kernel factory: one Python function per knob combination, closing over the constants (numba freezes closure
 # variables as compile-time constants, so every loop below has a constant trip count and is fully unrolled;
@@ -428,6 +415,42 @@ def _make_kernel(g: Geometry):
     return gemm_kernel
 
 
+def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int):
+    """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as a device helper for one geometry.
+
+    ``plan(tid, n0, m0, nt, od, kdim, goff, gsz)``: thread ``tid`` copies 16-byte chunk column ``tid % CPR`` of
+    tile rows ``tid // CPR + rep * RPT`` (A rows of the nt tile at n0: rep < CH_A; then B rows of the od tile at
+    m0); fills ``goff`` (int64 [CH_A + CH_B], global byte offsets; rows past nt/od point at element 0) and ``gsz``
+    (uint32, the cp.async src-size: 16, or 0 to zero-fill those rows) and returns the thread's XOR-swizzled shared
+    byte offset in a stage (every later chunk adds a multiple of RPT rows, which keeps the swizzle term)."""
+    SWS = 1 if CPR == 4 else 0  # rows per 128-byte line: 2 (KS=32) or 1 (KS=64)
+    SWM = CPR - 1
+
+    @cuda.jit(device=True, inline="always")
+    def plan(tid, n0, m0, nt, od, kdim, goff, gsz):
+        cch = tid % CPR
+        crow = tid // CPR
+        for rep in range(CH_A):
+            grow = n0 + crow + rep * RPT
+            if grow < nt:
+                goff[rep] = (grow * kdim + cch * 8) * 2
+                gsz[rep] = 16
+            else:
+                goff[rep] = 0
+                gsz[rep] = 0
+        for rep in range(CH_B):
+            grow = m0 + crow + rep * RPT
+            if grow < od:
+                goff[CH_A + rep] = (grow * kdim + cch * 8) * 2
+                gsz[CH_A + rep] = 16
+            else:
+                goff[CH_A + rep] = 0
+                gsz[CH_A + rep] = 0
+        return uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
+
+    return plan
+
+
 def _make_kernel_v2(g: Geometry):
     """LOOP=addr32 / LOOP=pipe (mma_sync, cp_async): the v1 tile and swizzle layout, with a main loop that does
     no index arithmetic beyond a handful of 32-bit adds per k tile.
@@ -479,6 +502,7 @@ def _make_kernel_v2(g: Geometry):
     AF_ALL = NBUF * AF_N  # (local.array sizes must be plain constants: numba does not fold products)
     BF_ALL = NBUF * BF_N
     CH_ALL = CH_A + CH_B
+    copy_plan = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB)
     SMEM_ALIGN = None if SIMULATOR else 128
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -507,26 +531,9 @@ def _make_kernel_v2(g: Geometry):
 
         # Copy plan: chunk column cch of rows crow + rep * RPT (A: rep < CH_A, then B).
         cch = tid % CPR
-        crow = tid // CPR
-        dst0 = uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
         goff = cuda.local.array(CH_ALL, types.int64)
         gsz = cuda.local.array(CH_ALL, uint32)
-        for rep in range(CH_A):
-            grow = n0 + crow + rep * RPT
-            if grow < nt:
-                goff[rep] = (grow * kdim + cch * 8) * 2
-                gsz[rep] = 16
-            else:
-                goff[rep] = 0
-                gsz[rep] = 0
-        for rep in range(CH_B):
-            grow = m0 + crow + rep * RPT
-            if grow < od:
-                goff[CH_A + rep] = (grow * kdim + cch * 8) * 2
-                gsz[CH_A + rep] = 16
-            else:
-                goff[CH_A + rep] = 0
-                gsz[CH_A + rep] = 0
+        dst0 = copy_plan(tid, n0, m0, nt, od, kdim, goff, gsz)
         # ldmatrix plan (lane -> row and 8-column chunk as in v1), per k16 step.
         ar = wn0 + (lane & 15)
         br = wm0 + (lane & 7) + ((lane >> 4) << 3)
@@ -686,8 +693,6 @@ def _make_kernel_wgmma(g: Geometry):
     NH = N // 2  # accumulators per thread per m64 slice
     ACC_N = MT64 * NH
     CPR = KS // 8
-    SWS = 1 if CPR == 4 else 0
-    SWM = CPR - 1
     SWIZZLE = SWIZZLE_64B if KS == 32 else SWIZZLE_128B
     SBO = 8 * ROWB  # bytes between 8-row groups
     LBO = 16  # unused by swizzled K-major layouts whose k16 step stays inside one row (encoded 1, as CUTLASS)
@@ -699,6 +704,7 @@ def _make_kernel_wgmma(g: Geometry):
     CH_A = TN // RPT
     CH_B = TM // RPT
     CH_ALL = CH_A + CH_B
+    copy_plan = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB)
     KTAIL = KS > 32
     KS_B = KS * 2
     K16 = KS // 16
@@ -730,26 +736,9 @@ def _make_kernel_wgmma(g: Geometry):
         acc = cuda.local.array(ACC_N, float32)
 
         cch = tid % CPR
-        crow = tid // CPR
-        dst0 = uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
         goff = cuda.local.array(CH_ALL, types.int64)
         gsz = cuda.local.array(CH_ALL, uint32)
-        for rep in range(CH_A):
-            grow = n0 + crow + rep * RPT
-            if grow < nt:
-                goff[rep] = (grow * kdim + cch * 8) * 2
-                gsz[rep] = 16
-            else:
-                goff[rep] = 0
-                gsz[rep] = 0
-        for rep in range(CH_B):
-            grow = m0 + crow + rep * RPT
-            if grow < od:
-                goff[CH_A + rep] = (grow * kdim + cch * 8) * 2
-                gsz[CH_A + rep] = 16
-            else:
-                goff[CH_A + rep] = 0
-                gsz[CH_A + rep] = 0
+        dst0 = copy_plan(tid, n0, m0, nt, od, kdim, goff, gsz)
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE)
 
