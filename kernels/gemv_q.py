@@ -33,6 +33,8 @@ decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
@@ -638,7 +640,7 @@ _CACHE: dict[tuple, object] = {}
 
 
 _KERNEL_TEMPLATE = """
-def {fname}(raw, {xargs}, y, res, od, id):
+def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -655,33 +657,20 @@ def {fname}(raw, {xargs}, y, res, od, id):
 {epilogue}
 """
 
-_EPILOGUE_ONE_WARP = """
-    if lane == 0:
-{per_row_store}
-"""
 
-_EPILOGUE_WARPS = """
-    part = cuda.shared.array({smem_n}, np.float32)
-    if lane == 0:
-{per_row_part}
-    cuda.syncthreads()
-    if tid < {rpb}:
-        row = row0 + tid
-        if row < od:
-            v = part[tid]
-            for w in range(1, {wpr}):
-                v += part[w * {rpb} + tid]
-            y[row] = v{res_tail}
-"""
+@cuda.jit(device=True, inline="always")
+def _silu_mul(g, u):
+    """SwiGLU of one element, the expression of `kernels.activation` (so fused and unfused agree bit for bit)."""
+    return g / (np.float32(1.0) + math.exp(-g)) * u
 
 
-def _chunk_body(rows, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> str:
-    """The loop body over ``unroll`` chunks. One chunk: a guarded block (a lane past the row's end skips it).
-    Several: every chunk's block index is clamped to the row (valid memory), all x loads and block dots are
-    issued unconditionally in one basic block, so their loads can all be in flight together, and a lane past
-    the end adds zero (a select, not a branch)."""
+def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> str:
+    """The loop body over ``unroll`` chunks; ``mats`` pairs each accumulator prefix with its weight array. One
+    chunk: a guarded block (a lane past the row's end skips it). Several: every chunk's block index is clamped to
+    the row (valid memory), all x loads and block dots are issued unconditionally in one basic block, so their
+    loads can all be in flight together, and a lane past the end adds zero (a select, not a branch)."""
     if unroll == 1:
-        dots = "\n".join(f"            acc{r} += dot(raw, rb{r} + b, j, xs)" for r in rows)
+        dots = "\n".join(f"            {p}{r} += dot({w}, rb{r} + b, j, xs)" for r in rows for p, w in mats)
         return f"        b = c * {bpc} + bl\n        if b < nb:\n            xs = xload({xargs}, b * {bs}, j)\n{dots}"
     lines = []
     for u in range(unroll):
@@ -691,32 +680,48 @@ def _chunk_body(rows, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> s
                   f"        xs{u} = xload({xargs}, b{u} * {bs}, j)"]
     for u in range(unroll):
         for r in rows:
-            lines += [f"        d = dot(raw, rb{r} + b{u}, j, xs{u})", f"        acc{r} += d if v{u} else ZERO"]
+            for p, w in mats:
+                lines += [f"        d = dot({w}, rb{r} + b{u}, j, xs{u})", f"        {p}{r} += d if v{u} else ZERO"]
     return "\n".join(lines)
 
 
-def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL): the per-row code is written
-    out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block
-    decode is long, which puts the accumulators in local memory)."""
+def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
+    """Reduce the warps' row sums (shared memory when WPR > 1) and store y: the sum (+ res), or with two
+    matrices (gate, up) silu(gate row) * up row."""
+    glu = len(mats) == 2
+
+    def value(a, u, r):
+        return f"_silu_mul({a}, {u})" if glu else a + (f" + res[{r}]" if residual else "")
+
+    if wpr == 1:
+        return "    if lane == 0:\n" + "\n".join(
+            f"        if row0 + {r} < od:\n            y[row0 + {r}] = {value(f'acc{r}', f'acu{r}', f'row0 + {r}')}"
+            for r in rows)
+    lines = [f"    part = cuda.shared.array({len(mats) * rpb * wpr}, np.float32)", "    if lane == 0:"]
+    lines += [f"        part[({m * wpr} + warp) * {rpb} + {r}] = {p}{r}" for r in rows for m, (p, _) in enumerate(mats)]
+    lines += ["    cuda.syncthreads()", f"    if tid < {rpb}:", "        row = row0 + tid", "        if row < od:"]
+    for m, v in enumerate(("v", "u")[: len(mats)]):
+        lines += [f"            {v} = part[{m * wpr * rpb} + tid]",
+                  f"            for w in range(1, {wpr}):",
+                  f"                {v} += part[({m * wpr} + w) * {rpb} + tid]"]
+    lines.append(f"            y[row] = {value('v', 'u', 'row')}")
+    return "\n".join(lines)
+
+
+def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU): the per-row code is
+    written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the
+    block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the same
+    format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
+    mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
-    res = " + res[row0 + {r}]" if residual else ""
-    if wpr == 1:
-        store = "\n".join(
-            f"        if row0 + {r} < od:\n            y[row0 + {r}] = acc{r}" + res.format(r=r) for r in rows
-        )
-        epilogue = _EPILOGUE_ONE_WARP.format(per_row_store=store)
-    else:
-        part = "\n".join(f"        part[warp * {rpb} + {r}] = acc{r}" for r in rows)
-        epilogue = _EPILOGUE_WARPS.format(
-            smem_n=rpb * wpr, per_row_part=part, rpb=rpb, wpr=wpr, res_tail=" + res[row]" if residual else ""
-        )
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
+        wargs="up, " if glu else "",
         xargs=xargs,
         lpb=lpb,
         bs=bs,
@@ -724,15 +729,16 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         rpb=rpb,
         step=wpr * unroll,
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
-        per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n    acc{r} = ZERO" for r in rows),
-        chunk_body=_chunk_body(rows, unroll, wpr, 32 // lpb, bs, xargs),
-        per_row_reduce="\n".join(f"    acc{r} = _warp_sum(acc{r})" for r in rows),
-        epilogue=epilogue,
+        per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
+                                for r in rows),
+        chunk_body=_chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs),
+        per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
+        epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
-    scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "xload": xload, "dot": dot}
+    scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "_silu_mul": _silu_mul, "xload": xload,
+             "dot": dot}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     return cuda.jit(scope[fname])
-
 
 
 def _check_knobs(rows_per_block, warps_per_row, unroll=1) -> None:
@@ -763,19 +769,22 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False, unroll: int = DEFAULT_UNROLL):
+               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
-    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration)."""
+    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
+    two-weight SwiGLU kernel of `gemv_glu`, which has no residual)."""
     name = _format_name(qtype, mmvq)
     _check_knobs(rows_per_block, warps_per_row, unroll)
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll))
+    if glu and residual:
+        raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
     return k
 
 
-def kernel_signature(qtype, mmvq: bool = False) -> tuple:
+def kernel_signature(qtype, mmvq: bool = False, glu: bool = False) -> tuple:
     """The numba argument types ``gemv_q`` launches format ``qtype``'s kernels with (for `compile_ptx`)."""
     from numba import types
     from numba.np.numpy_support import from_dtype
@@ -785,7 +794,8 @@ def kernel_signature(qtype, mmvq: bool = False) -> tuple:
     f32 = types.Array(types.float32, 1, "C")
     u32 = types.Array(types.uint32, 1, "C")
     x = (u32, f32, f32) if mmvq else (u32,)
-    return (types.Array(from_dtype(np.dtype(view)), 1, "C"), *x, f32, f32, types.int64, types.int64)
+    w = types.Array(from_dtype(np.dtype(view)), 1, "C")
+    return (*(w, w)[: 1 + bool(glu)], *x, f32, f32, types.int64, types.int64)
 
 
 def threads_per_block(warps_per_row: int) -> int:
@@ -836,6 +846,39 @@ def gemv_q(
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
     MMVQ kernel.
     """
+    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, stream)
+
+
+def gemv_glu(
+    raw_gate,
+    raw_up,
+    qtype,
+    od: int,
+    id: int,
+    x,
+    out=None,
+    *,
+    rows_per_block: int = DEFAULT_RPB,
+    warps_per_row: int = DEFAULT_WPR,
+    unroll: int = DEFAULT_UNROLL,
+    stream=0,
+):
+    """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
+    ``silu(g) = g / (1 + exp(-g))`` (the expression of `kernels.activation`: bit-identical to `gemv_q` twice and
+    `swiglu`), and return ``y`` (f32, ``[od]``). Each CUDA block decodes the same RPB rows of both weights, so the
+    gate and up outputs never go to memory and one launch replaces three.
+
+    raw_gate, raw_up: the two weights' GGUF bytes, both of format ``qtype`` and shape ``[od, id]`` (as for
+    `gemv_q`); x: f32 or `Q8Blocks` as for `gemv_q`; out, knobs, stream: as for `gemv_q` (no residual).
+    Source: the fused gate/up pass of llama.cpp's ``ggml_cuda_mul_mat_vec_q`` with ``GGML_GLU_OP_SWIGLU``.
+
+    Raises KernelConstraintError for everything `gemv_q` refuses, for either weight.
+    """
+    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, stream)
+
+
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, stream):
+    """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
     _check_knobs(rows_per_block, warps_per_row, unroll)
@@ -845,6 +888,7 @@ def gemv_q(
             f"id={id} is not a multiple of {FLOAT_GROUP}; gemv_q reads {fmt.name} rows in whole 16-byte groups"
         )
     raw = _check_raw(fmt, raw, od, id)
+    weights = (raw,) if raw_up is None else (raw, _check_raw(fmt, raw_up, od, id))
     if mmvq:
         if x.size != id:
             raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
@@ -865,10 +909,10 @@ def gemv_q(
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll)
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
-        raw.view(view) if view is not np.uint8 else raw,
+        *(w.view(view) if view is not np.uint8 else w for w in weights),
         *xargs,
         out,
         out if residual is None else residual,

@@ -202,6 +202,22 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
         seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
 
 
+def test_fused_glu_step_equals_the_unfused_step(micro_weights):
+    """FUSE_GLU=1 wiring: one eager MMVQ step, logits bit-identical to the three-kernel gate/up/SwiGLU path."""
+    from minfer_cli.engine.decode import DecodeEngine
+
+    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
+    logits = []
+    for fuse in (False, True):
+        engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, fuse_glu=fuse), splits=1,
+                              rows_per_block=8, warps_per_row=1)
+        engine.start(first, 0)
+        logits.append(engine.step().copy_to_host())
+    assert engine.layers[0].gate.qtype == engine.layers[0].up.qtype  # so the fused kernel did run
+    assert np.isfinite(logits[0]).all()
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
 def test_decode_refuses_what_does_not_fit(micro_weights):
     from minfer_cli.engine.decode import DecodeEngine
 
@@ -237,8 +253,9 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["GRAPHS"].values == (0, 1) and knobs["GRAPHS"].default == 1
     assert knobs["MMVQ"].values == (0, 1) and knobs["MMVQ"].default == 1
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).fuse_add is False
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "1"}, "e")).fuse_glu is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
-    assert default.graphs is True and default.mmvq is True
+    assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is False
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
 
@@ -395,9 +412,11 @@ def test_bench_tg_workload_times_and_checks(arm):
 
 
 @pytest.mark.gpu
-def test_unfused_adds_give_bit_identical_logits():
-    """FUSE_ADD=0 (bias and residual adds as separate kernels) computes the same single float32 addition per
-    element as the fused epilogue: logits and tokens bit-identical over 8 graph-replayed steps."""
+@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": True}], ids=["FUSE_ADD=0", "FUSE_GLU=1"])
+def test_fusion_knobs_give_bit_identical_logits(knob):
+    """FUSE_ADD=0 (bias and residual adds as separate kernels) and FUSE_GLU=1 (gate, up and SwiGLU in one kernel)
+    compute the same float32 operations in the same order as the default path (one launch shape for every
+    mat-vec, so the sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 
@@ -405,8 +424,8 @@ def test_unfused_adds_give_bit_identical_logits():
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
     runs = []
-    for fuse in (True, False):
-        engine = DecodeEngine(weights, 16, EngineOptions(fuse_add=fuse))
+    for options in (EngineOptions(), EngineOptions(**knob)):
+        engine = DecodeEngine(weights, 16, options, rows_per_block=4, warps_per_row=2)
         engine.start(first, 0)
         runs.append((engine.generate(8), engine.logits.copy_to_host(stream=engine.stream)))
         engine.stream.synchronize()

@@ -20,7 +20,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, gemv_q, kernel_for, kernel_signature
+from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -182,6 +182,44 @@ def test_mmvq_rejects_a_type_without_a_kernel_and_a_wrong_length():
         gemv_q(_w(), "Q4_K", 2, 256, q8_blocks(512))
 
 
+# ---- simulator: the SwiGLU kernel (gate and up in one pass) ------------------------------------------------
+
+
+@pytest.mark.parametrize("name, rpb, wpr, mmvq", [("Q4_K", 2, 1, True), ("Q6_K", 4, 2, True), ("Q5_0", 2, 2, False),
+                                                  ("F16", 4, 1, False)])
+def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
+    """silu(Wg·x) * (Wu·x) in one kernel: against float64 (each product's own reference) and bit for bit against
+    `gemv_q` twice plus `kernels.activation.swiglu` (the unfused decode path)."""
+    from experiments.gemv import reference_mmvq
+    from kernels.activation import swiglu
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    od, id = 5, _tiny_id(name)
+    wg, wu = random_blocks(name, od, id, rng), random_blocks(name, od, id, rng)
+    x = rng.standard_normal(id)
+    x = (x * 8.0 / np.abs(_reference(wg, name, od, id, x)).max()).astype(np.float32)  # |gate| ~ 8: silu's range
+    xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
+    dg, du = cuda.to_device(wg), cuda.to_device(wu)
+    out = cuda.to_device(np.full(od, np.nan, np.float32))
+    assert gemv_glu(dg, du, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr) is out
+    ref_fn = reference_mmvq if mmvq else _reference
+    g, u = ref_fn(wg, name, od, id, x), ref_fn(wu, name, od, id, x)
+    _assert_close(out.copy_to_host(), g / (1.0 + np.exp(-g)) * u)
+    gu = cuda.to_device(np.full((1, 2 * od), np.nan, np.float32))
+    gemv_q(dg, name, od, id, xd, gu.reshape(2 * od)[:od], rows_per_block=rpb, warps_per_row=wpr)
+    gemv_q(du, name, od, id, xd, gu.reshape(2 * od)[od:], rows_per_block=rpb, warps_per_row=wpr)
+    unfused = swiglu(gu, out_dtype=np.float32).copy_to_host().reshape(od)
+    np.testing.assert_array_equal(out.copy_to_host(), unfused)
+
+
+def test_glu_rejects_a_wrong_up_and_a_residual():
+    with pytest.raises(KernelConstraintError, match="holds 288 bytes .* od=3 x id=256 needs 432"):
+        gemv_glu(_w(3), _w(2), "Q4_K", 3, 256, _x())
+    with pytest.raises(KernelConstraintError, match="no residual"):
+        kernel_for("Q4_K", 2, 2, residual=True, glu=True)
+
+
 # ---- simulator: rejected inputs -----------------------------------------------------------------------------
 
 
@@ -288,11 +326,12 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1):
-    key = (name, rpb, wpr, residual, mmvq, unroll)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False):
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu)
     if key not in _PTX:
         _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual, mmvq, unroll).py_func, kernel_signature(name, mmvq), cc=(9, 0)
+            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu).py_func, kernel_signature(name, mmvq, glu),
+            cc=(9, 0),
         )[0]
     return _PTX[key]
 
@@ -349,6 +388,9 @@ def test_every_knob_changes_the_code():
     assert "bar.sync" in _ptx("Q4_K", 1, 2) and "bar.sync" not in base
     assert _ptx("Q4_K", 1, 1, residual=True) != base
     assert _ptx("Q4_K", 1, 1, unroll=2) != base  # UNROLL: two chunks' loads per iteration
+    glu = _ptx("Q4_K", 4, 2, mmvq=True, glu=True)  # the SwiGLU kernel: two weights, ex2 of the silu, no spills
+    assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
+        "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
     assert ".local" not in _ptx("Q4_K", 4, 2, mmvq=True, unroll=2)
 
 
@@ -382,6 +424,25 @@ def test_real_ffn_shapes(name, od, id):
 @pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
 def test_mmvq_real_shapes(name, od, id):
     _assert_close(*_run(name, od, id, rpb=2, wpr=2, mmvq=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rpb, wpr", [(4, 2), (8, 1)])
+def test_glu_real_shape(rpb, wpr):
+    """The fused gate/up SwiGLU pass at Qwen2-7B's ffn shape, MMVQ Q4_K, against float64 references."""
+    from experiments.gemv import reference_mmvq
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    od, id = 18944, 3584
+    wg, wu = random_blocks("Q4_K", od, id, rng), random_blocks("Q4_K", od, id, rng)
+    x = rng.standard_normal(id)
+    x = (x * 8.0 / np.abs(_reference(wg, "Q4_K", od, id, x)).max()).astype(np.float32)  # |gate| <= 8
+    out = cuda.to_device(np.full(od, np.nan, np.float32))
+    gemv_glu(cuda.to_device(wg), cuda.to_device(wu), "Q4_K", od, id, quantize_q8_1(cuda.to_device(x), q8_blocks(id)),
+             out, rows_per_block=rpb, warps_per_row=wpr)
+    g, u = reference_mmvq(wg, "Q4_K", od, id, x), reference_mmvq(wu, "Q4_K", od, id, x)
+    _assert_close(out.copy_to_host(), g / (1.0 + np.exp(-g)) * u)
 
 
 @pytest.mark.gpu

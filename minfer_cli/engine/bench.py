@@ -35,9 +35,8 @@ FA_PREFIX = "FA_"
 
 
 def engine_knobs() -> tuple[Knob, ...]:
-    """The knobs of the whole engine: W16, GRAPHS, MMVQ and FUSE_ADD (decode), the GEMM's tile knobs, and the
-    flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, GRAPHS, MMVQ and FUSE_ADD on
-    tg."""
+    """The knobs of the whole engine: W16, GRAPHS, MMVQ, FUSE_ADD and FUSE_GLU (decode), the GEMM's tile knobs,
+    and the flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the decode ones on tg."""
     from kernels import attention, gemm_f16
 
     knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
@@ -46,6 +45,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs")]
     knobs += [Knob("FUSE_ADD", (0, 1), 1, "decode (tg): 1 adds q/k/v biases and the residual in the mat-vec "
                                           "epilogue; 0 runs them as separate kernels")]
+    knobs += [Knob("FUSE_GLU", (0, 1), 0, "decode (tg): 1 runs gate, up and SwiGLU as one mat-vec kernel; 0 as three "
+                                          "(default 0 until an A/B on the H200 says otherwise)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -60,7 +61,8 @@ def engine_options(config: Config) -> EngineOptions:
     gemm = {k: config[k] for k in gemm_f16.KNOBS}
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
-                         mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)))
+                         mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
+                         fuse_glu=bool(config.get("FUSE_GLU", 0)))
 
 
 @dataclass

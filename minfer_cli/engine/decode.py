@@ -26,6 +26,8 @@ to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run th
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
+``FUSE_GLU=1`` (``options.fuse_glu``) computes ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel
+(`kernels.gemv_q.gemv_glu`) when gate and up share a format, instead of two mat-vecs and `swiglu`.
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -135,6 +137,7 @@ class DecodeEngine:
         self.graphs = bool(options.graphs)
         self.mmvq = bool(options.mmvq)
         self.fuse_add = bool(options.fuse_add)
+        self.fuse_glu = bool(options.fuse_glu)
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
@@ -265,6 +268,17 @@ class DecodeEngine:
         else:
             gemv_q(m.raw, m.qtype, m.od, m.id, x, out, residual=residual, stream=self.stream, **self._launch_f32)
 
+    def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
+        """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
+        the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape: with two weights that
+        would be 16 accumulators per lane (not yet swept)."""
+        from kernels.gemv_q import MMVQ_TYPES, gemv_glu
+
+        if xq is not None and gate.qtype in MMVQ_TYPES:
+            gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, xq, out, stream=self.stream, **self._launch_mmvq)
+        else:
+            gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x, out, stream=self.stream, **self._launch_f32)
+
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
         from kernels.activation import swiglu
@@ -292,9 +306,12 @@ class DecodeEngine:
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             rms_norm(self.x, layer.ffn_norm, c.rms_eps, out=self.h, stream=s)
             hq = self._quantize(self._h1, self._q8_hidden)
-            self._matvec(layer.gate, self._h1, self._gate_out, xq=hq)
-            self._matvec(layer.up, self._h1, self._up_out, xq=hq)
-            swiglu(self._gu2, out=self.act, stream=s)
+            if self.fuse_glu and layer.gate.qtype == layer.up.qtype:
+                self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)
+            else:
+                self._matvec(layer.gate, self._h1, self._gate_out, xq=hq)
+                self._matvec(layer.up, self._h1, self._up_out, xq=hq)
+                swiglu(self._gu2, out=self.act, stream=s)
             self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=self._quantize(self._act1, self._q8_ffn))
         rms_norm(self.x, self.output_norm, c.rms_eps, out=self.h, stream=s)
         self._matvec(self.output, self._h1, self.logits, xq=self._quantize(self._h1, self._q8_hidden))

@@ -38,8 +38,9 @@ class EngineOptions:
     settings passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph
     (True) or launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized
     to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of f32; fuse_add: decode's bias and residual adds run in the
-    mat-vec epilogue (True) or as separate kernels (False) — graphs, mmvq and fuse_add are read by
-    `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
+    mat-vec epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run
+    as one kernel (`kernels.gemv_q.gemv_glu`, True) or as three (False) — graphs, mmvq, fuse_add and fuse_glu are
+    read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -47,6 +48,7 @@ class EngineOptions:
     graphs: bool = True
     mmvq: bool = True
     fuse_add: bool = True
+    fuse_glu: bool = False
 
 
 @dataclass
