@@ -5,6 +5,7 @@ One CUDA block per row. Each thread accumulates the squares of columns ``tid, ti
 over the per-warp sums held in shared memory (every warp reduces them, so no broadcast barrier is needed), and
 each thread writes its columns ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the
 mat-vec takes f32 x). The second pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
+`rms_norm_q8` also quantizes the f32 output to Q8_1 blocks in that pass (decode with MMVQ: one launch, not two).
 
 Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and
 HF's ``Qwen2RMSNorm`` / ``LlamaRMSNorm`` (scale in f32, then times the weight); ``1/sqrt`` is the correctly
@@ -24,6 +25,7 @@ from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
+from kernels.quantize_q8 import QK, Q8Blocks, quantize_warp_block
 
 DEFAULT_TPB = 256
 """Threads per block (one block per row): 14 columns per thread at hidden 3584. Not yet measured."""
@@ -94,20 +96,70 @@ def _rms_norm(x, w, out, eps):
         c += step
 
 
+@cuda.jit
+def _rms_norm_q8(x, w, out, q, qd, qs, eps):
+    """`_rms_norm` with f32 out, and each warp also quantizes the 32 columns it just wrote (one Q8_1 block: the
+    block's threads are a multiple of 32 and d a multiple of 32, so warp-step columns are whole blocks)."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    d = x.shape[1]
+    partial = cuda.shared.array(32, float32)
+    acc = float32(0.0)
+    c = tid
+    while c < d:
+        v = x[row, c]
+        acc += v * v
+        c += step
+    total = block_allreduce_sum(acc, partial)
+    inv = float32(1.0) / math.sqrt(total / float32(d) + eps)
+    c = tid
+    while c < d:  # d % 32 == 0: a warp's 32 columns are all < d or all >= d, so warps stay whole (shuffles)
+        v = (x[row, c] * inv) * w[c]
+        out[row, c] = v
+        quantize_warp_block(v, row * d + c, q, qd, qs)
+        c += step
+
+
+def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB):
+    """Enqueue `rms_norm` with f32 ``out`` and, in the same kernel, the Q8_1 quantization of ``out`` into ``q8``
+    (`kernels.quantize_q8`: int8 values, d and sum per 32 columns, flattened row-major); return ``out``. Both
+    results are bit-identical to `rms_norm` followed by `kernels.quantize_q8.quantize_q8_1` (same operations in
+    the same order), in one launch instead of two (decode: the norm's output feeds MMVQ mat-vecs).
+
+    x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
+    `Q8Blocks` of ``nt * d`` activations.
+    Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
+    q8 of another size.
+    """
+    if out is None or _device(out, "out").dtype != np.float32:
+        raise KernelConstraintError("rms_norm_q8 needs an f32 out array (the quantized values come from it)")
+    out = rms_norm(x, w, eps, out=out, stream=stream, tpb=tpb, launch=False)
+    nt, d = x.shape
+    if d % QK:
+        raise KernelConstraintError(f"rms_norm_q8 needs d to be a multiple of {QK} (whole Q8_1 blocks), got {d}")
+    if not isinstance(q8, Q8Blocks) or q8.size != nt * d:
+        raise KernelConstraintError(f"q8 must be Q8Blocks of {nt * d} activations (q8_blocks({nt * d}))")
+    if nt:
+        _rms_norm_q8[nt, tpb, stream](x, w, out, q8.q, q8.d, q8.s, np.float32(eps))
+    return out
+
+
 def _device(a, name: str):
     if not devicearray.is_cuda_ndarray(a):
         raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
     return a
 
 
-def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB):
+def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB, launch: bool = True):
     """Enqueue ``out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w`` on ``stream`` and return ``out``.
 
     x: f32 device array ``[nt, d]``, C-contiguous (nt >= 0, d >= 1, any d). w: f32 device array ``[d]``,
     contiguous. eps: the model's ``rms_norm_eps`` (1e-6 for Qwen2, 1e-5 for Llama), used as f32.
     out: optional C-contiguous device array ``[nt, d]`` of f16 or f32; allocated when None with ``out_dtype``
     (default f16: prefill feeds the f16-A GEMM; pass f32 for the decode mat-vec, which takes f32 x).
-    tpb: threads per block, a multiple of 32 from 32 to 1024 (one block per row).
+    tpb: threads per block, a multiple of 32 from 32 to 1024 (one block per row). launch: False only checks the
+    arguments (and allocates out) without enqueuing anything (`rms_norm_q8` shares the checks).
 
     Sum of squares and scale in f32; error against a float64 reference: f16 rounding (~2^-11) for f16 out,
     ~1e-7 for f32 out. Source: Zhang & Sennrich 2019; llama.cpp ``rms_norm_f32``.
@@ -143,6 +195,6 @@ def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DE
             )
         if out_dtype is not None and out.dtype != np.dtype(out_dtype):
             raise KernelConstraintError(f"out is {out.dtype} but out_dtype={np.dtype(out_dtype)}; give one or agree")
-    if nt:
+    if nt and launch:
         _rms_norm[nt, tpb, stream](x, w, out, np.float32(eps))
     return out

@@ -72,13 +72,10 @@ def _roundf(v):
     return -r if v < ZERO else r
 
 
-@cuda.jit
-def _quantize_q8_1(x, q, d, s, n):
-    """x f32 [n] -> q int8 [n], d f32 [n/32], s f32 [n/32]; n a multiple of 32, so warps are whole blocks."""
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if i - (cuda.threadIdx.x & 31) >= n:  # the whole warp is past the end: it exits together
-        return
-    v = x[i]
+@cuda.jit(device=True, inline="always")
+def quantize_warp_block(v, i, q, d, s):
+    """The calling warp quantizes one 32-element block: lane l holds element ``i`` = 32b + l (value ``v``, f32)
+    and writes ``q[i]``; lane 0 writes ``d[b]`` and ``s[b]``. All 32 lanes must call it together (shuffles)."""
     m = abs(v)
     t = v
     for lane_mask in (16, 8, 4, 2, 1):
@@ -87,10 +84,19 @@ def _quantize_q8_1(x, q, d, s, n):
     dd = m / F127
     inv = ONE / dd if dd != ZERO else ZERO
     q[i] = np.int8(_roundf(v * inv))
-    if (cuda.threadIdx.x & 31) == 0:
+    if (i & 31) == 0:
         b = i // QK
         d[b] = dd
         s[b] = t
+
+
+@cuda.jit
+def _quantize_q8_1(x, q, d, s, n):
+    """x f32 [n] -> q int8 [n], d f32 [n/32], s f32 [n/32]; n a multiple of 32, so warps are whole blocks."""
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i - (cuda.threadIdx.x & 31) >= n:  # the whole warp is past the end: it exits together
+        return
+    quantize_warp_block(x[i], i, q, d, s)
 
 
 def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:

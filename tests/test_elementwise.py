@@ -21,7 +21,7 @@ from kernels.activation import swiglu
 from kernels.embedding import SUPPORTED as EMBED_TYPES
 from kernels.embedding import embedding
 from kernels.errors import KernelConstraintError
-from kernels.norm import rms_norm
+from kernels.norm import rms_norm, rms_norm_q8
 from kernels.residual import bias_add, residual_add
 from kernels.rope import rope
 from minfer_cli.quant_blocks import random_blocks
@@ -99,6 +99,43 @@ def test_rms_norm_allocates_f16_by_default_and_f32_on_request():
     assert rms_norm(dx, dw, 1e-5, tpb=32).dtype == np.float16
     got = rms_norm(dx, dw, 1e-5, out_dtype=np.float32, tpb=32)
     assert got.dtype == np.float32 and _rel(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
+
+
+def _check_rms_norm_q8(nt, d, tpb):
+    """The fused norm + Q8_1 kernel equals `rms_norm` then `quantize_q8_1`, bit for bit, and the reference."""
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = _rng()
+    x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    out, q8 = _poisoned((nt, d), np.float32), q8_blocks(nt * d)
+    q8.d.copy_to_device(np.full(nt * d // 32, np.nan, np.float32))
+    assert rms_norm_q8(dx, dw, 1e-6, out, q8, tpb=tpb) is out
+    ref_out = rms_norm(dx, dw, 1e-6, out_dtype=np.float32, tpb=tpb)
+    ref_q8 = quantize_q8_1(ref_out.reshape(nt * d), q8_blocks(nt * d))
+    np.testing.assert_array_equal(out.copy_to_host(), ref_out.copy_to_host())
+    for got, want in ((q8.q, ref_q8.q), (q8.d, ref_q8.d), (q8.s, ref_q8.s)):
+        np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < F32_TOL
+
+
+@pytest.mark.parametrize("nt, d, tpb", [(2, 320, 64), (1, 96, 256)])  # several blocks per warp; d < tpb
+def test_rms_norm_q8_equals_norm_then_quantize(nt, d, tpb):
+    _check_rms_norm_q8(nt, d, tpb)
+
+
+def test_rms_norm_q8_rejects_bad_input():
+    from kernels.quantize_q8 import q8_blocks
+
+    x, w = cuda.to_device(np.ones((1, 40), np.float32)), cuda.to_device(np.ones(40, np.float32))
+    with pytest.raises(KernelConstraintError, match="multiple of 32"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 40), np.float32)), q8_blocks(64))
+    x, w = cuda.to_device(np.ones((1, 64), np.float32)), cuda.to_device(np.ones(64, np.float32))
+    with pytest.raises(KernelConstraintError, match="f32 out"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float16)), q8_blocks(64))
+    with pytest.raises(KernelConstraintError, match="q8_blocks\\(64\\)"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float32)), q8_blocks(96))
 
 
 POSITIONS = np.array([0, 1, 7, 4095, 32767, 131071, 1_000_000], dtype=np.int32)
@@ -290,6 +327,8 @@ def _compile_cases():
     return {
         "rms_norm f16 out": (norm._rms_norm, f"{rows}, float32[::1], float16[:, ::1], float32"),
         "rms_norm f32 out": (norm._rms_norm, f"{rows}, float32[::1], {rows}, float32"),
+        "rms_norm q8": (norm._rms_norm_q8, f"{rows}, float32[::1], {rows}, int8[::1], float32[::1], float32[::1], "
+                                           "float32"),
         "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, boolean"),
         "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, boolean"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
@@ -308,7 +347,7 @@ def _compile_cases():
 
 
 COMPILE_NAMES = [
-    "rms_norm f16 out", "rms_norm f32 out", "rope contiguous", "rope qkv views", "swiglu two arrays",
+    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",
 ]  # fmt: skip
@@ -333,6 +372,11 @@ def test_compiles_for_sm90_without_local_memory(name):
 # ---- gpu: qwen2-7B shapes ----------------------------------------------------------------------------------
 
 NT, HIDDEN, FFN, NH, NKV, HD = 2048, 3584, 18944, 28, 4, 128
+
+
+@pytest.mark.gpu
+def test_rms_norm_q8_on_gpu():
+    _check_rms_norm_q8(1, HIDDEN, 256)
 
 
 @pytest.mark.gpu

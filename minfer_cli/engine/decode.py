@@ -28,6 +28,9 @@ quantization serves q, k and v, and gate and up); other weight types keep the f3
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``) computes ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel
 (`kernels.gemv_q.gemv_glu`) when gate and up share a format, instead of two mat-vecs and `swiglu`.
+``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
+(`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
+the output norm).
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -138,6 +141,7 @@ class DecodeEngine:
         self.mmvq = bool(options.mmvq)
         self.fuse_add = bool(options.fuse_add)
         self.fuse_glu = bool(options.fuse_glu)
+        self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
@@ -246,6 +250,18 @@ class DecodeEngine:
 
         return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream)
 
+    def _norm(self, weight):
+        """Enqueue h = rms_norm(x) * weight and, with MMVQ, h's Q8_1 blocks (returned; None without MMVQ): one
+        fused kernel with FUSE_NORM_Q8, else the norm and `quantize_q8_1`."""
+        from kernels.norm import rms_norm, rms_norm_q8
+
+        eps = self.config.rms_eps
+        if self.fuse_norm_q8 and self._q8_hidden is not None:
+            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream)
+            return self._q8_hidden
+        rms_norm(self.x, weight, eps, out=self.h, stream=self.stream)
+        return self._quantize(self._h1, self._q8_hidden)
+
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
         Without FUSE_ADD the add is a separate kernel: a bias (``residual`` is not ``out``) is added to ``out`` in
@@ -287,15 +303,13 @@ class DecodeEngine:
         from kernels.decode_state import advance
         from kernels.embedding import embedding
         from kernels.kv_cache import kv_append
-        from kernels.norm import rms_norm
         from kernels.rope import rope
 
         c, s = self.config, self.stream
         e = self.embedding
         embedding(e.raw, e.qtype, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
         for layer in self.layers:
-            rms_norm(self.x, layer.attn_norm, c.rms_eps, out=self.h, stream=s)
-            hq = self._quantize(self._h1, self._q8_hidden)
+            hq = self._norm(layer.attn_norm)
             for m, out, bias in layer.qkv:
                 self._matvec(m, self._h1, out, residual=bias, xq=hq)
             rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s)
@@ -304,8 +318,7 @@ class DecodeEngine:
                              splits=self.splits, workspace=self.attn_workspace, stream=s)
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
-            rms_norm(self.x, layer.ffn_norm, c.rms_eps, out=self.h, stream=s)
-            hq = self._quantize(self._h1, self._q8_hidden)
+            hq = self._norm(layer.ffn_norm)
             if self.fuse_glu and layer.gate.qtype == layer.up.qtype:
                 self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)
             else:
@@ -313,8 +326,7 @@ class DecodeEngine:
                 self._matvec(layer.up, self._h1, self._up_out, xq=hq)
                 swiglu(self._gu2, out=self.act, stream=s)
             self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=self._quantize(self._act1, self._q8_ffn))
-        rms_norm(self.x, self.output_norm, c.rms_eps, out=self.h, stream=s)
-        self._matvec(self.output, self._h1, self.logits, xq=self._quantize(self._h1, self._q8_hidden))
+        self._matvec(self.output, self._h1, self.logits, xq=self._norm(self.output_norm))
         argmax(self.logits, out=self.ids, blocks=self.argmax_blocks, workspace=self.argmax_workspace, stream=s)
         advance(self.state, self.history, stream=s)
 

@@ -39,8 +39,9 @@ class EngineOptions:
     (True) or launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized
     to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of f32; fuse_add: decode's bias and residual adds run in the
     mat-vec epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run
-    as one kernel (`kernels.gemv_q.gemv_glu`, True) or as three (False) — graphs, mmvq, fuse_add and fuse_glu are
-    read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
+    as one kernel (`kernels.gemv_q.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
+    writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
+    (False) — the decode options are read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -49,6 +50,7 @@ class EngineOptions:
     mmvq: bool = True
     fuse_add: bool = True
     fuse_glu: bool = False
+    fuse_norm_q8: bool = False
 
 
 @dataclass
