@@ -415,14 +415,22 @@ def _make_kernel(g: Geometry):
     return gemm_kernel
 
 
-def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int):
-    """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as a device helper for one geometry.
+def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int, KS: int, TN: int):
+    """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as two device helpers for one geometry.
 
     ``plan(tid, n0, m0, nt, od, kdim, goff, gsz)``: thread ``tid`` copies 16-byte chunk column ``tid % CPR`` of
     tile rows ``tid // CPR + rep * RPT`` (A rows of the nt tile at n0: rep < CH_A; then B rows of the od tile at
     m0); fills ``goff`` (int64 [CH_A + CH_B], global byte offsets; rows past nt/od point at element 0) and ``gsz``
     (uint32, the cp.async src-size: 16, or 0 to zero-fill those rows) and returns the thread's XOR-swizzled shared
-    byte offset in a stage (every later chunk adds a multiple of RPT rows, which keeps the swizzle term)."""
+    byte offset in a stage (every later chunk adds a multiple of RPT rows, which keeps the swizzle term).
+
+    ``copy_tile(smem, woff, dst0, a, b, goff, gsz, it, cch, kdim)``: issue the thread's cp.async chunks of k tile
+    ``it`` into the ring slot at byte ``woff`` (a KS=64 tile past ``kdim`` is zero-filled: src-size 0)."""
+    KTAIL = KS > 32  # id % 32 == 0 is enforced, so only KS=64 can have a partial last k tile
+    KS_B = KS * 2
+    REP_B = RPT * ROWB
+    SA_B = TN * ROWB
+    CH_ALL = CH_A + CH_B
     SWS = 1 if CPR == 4 else 0  # rows per 128-byte line: 2 (KS=32) or 1 (KS=64)
     SWM = CPR - 1
 
@@ -448,7 +456,24 @@ def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int):
                 gsz[CH_A + rep] = 0
         return uint32(crow * ROWB + ((cch ^ ((crow >> SWS) & SWM)) << 4))
 
-    return plan
+    @cuda.jit(device=True, inline="always")
+    def copy_tile(smem, woff, dst0, a, b, goff, gsz, it, cch, kdim):
+        kb = it * KS_B
+        kin = True
+        if KTAIL:
+            kin = it * KS + cch * 8 < kdim
+        for rep in range(CH_ALL):
+            n = gsz[rep]
+            src = goff[rep] + kb
+            if not kin:
+                n = 0
+                src = 0
+            if rep < CH_A:
+                cp_async_16_off(smem, woff + dst0 + rep * REP_B, a, src, n)
+            else:
+                cp_async_16_off(smem, woff + SA_B + dst0 + (rep - CH_A) * REP_B, b, src, n)
+
+    return plan, copy_tile
 
 
 def _make_kernel_v2(g: Geometry):
@@ -484,11 +509,8 @@ def _make_kernel_v2(g: Geometry):
     STAGE_B = (TN + TM) * ROWB
     RING_B = STAGES * STAGE_B
     RPT = THREADS // CPR  # tile rows covered by one round of the block's copies (a multiple of 16)
-    REP_B = RPT * ROWB
     CH_A = TN // RPT
     CH_B = TM // RPT
-    KTAIL = KS > 32  # id % 32 == 0 is enforced, so only KS=64 can have a partial last k tile
-    KS_B = KS * 2
     WAIT = STAGES - 2
     K16 = KS // 16
     MT = WTN // 16
@@ -502,7 +524,7 @@ def _make_kernel_v2(g: Geometry):
     AF_ALL = NBUF * AF_N  # (local.array sizes must be plain constants: numba does not fold products)
     BF_ALL = NBUF * BF_N
     CH_ALL = CH_A + CH_B
-    copy_plan = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB)
+    copy_plan, copy_tile = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB, KS, TN)
     SMEM_ALIGN = None if SIMULATOR else 128
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -595,20 +617,7 @@ def _make_kernel_v2(g: Geometry):
                         bf[y + 3] = q3
                 if kq == 0:
                     if it < ktiles:
-                        kb = it * KS_B
-                        kin = True
-                        if KTAIL:
-                            kin = it * KS + cch * 8 < kdim
-                        for rep in range(CH_ALL):
-                            n = gsz[rep]
-                            src = goff[rep] + kb
-                            if not kin:
-                                n = 0
-                                src = 0
-                            if rep < CH_A:
-                                cp_async_16_off(smem, woff + dst0 + rep * REP_B, a, src, n)
-                            else:
-                                cp_async_16_off(smem, woff + SA_B + dst0 + (rep - CH_A) * REP_B, b, src, n)
+                        copy_tile(smem, woff, dst0, a, b, goff, gsz, it, cch, kdim)
                     cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
                     woff = uint32(woff + STAGE_B)
                     if woff == RING_B:
@@ -700,13 +709,10 @@ def _make_kernel_wgmma(g: Geometry):
     STAGE_B = (TN + TM) * ROWB
     RING_B = STAGES * STAGE_B
     RPT = THREADS // CPR
-    REP_B = RPT * ROWB
     CH_A = TN // RPT
     CH_B = TM // RPT
     CH_ALL = CH_A + CH_B
-    copy_plan = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB)
-    KTAIL = KS > 32
-    KS_B = KS * 2
+    copy_plan, copy_tile = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB, KS, TN)
     K16 = KS // 16
     D = 1 if g.loop == "pipe" else 0
     P = STAGES - 1 - D  # k tiles the copies run ahead
@@ -752,20 +758,7 @@ def _make_kernel_wgmma(g: Geometry):
                 fence_proxy_async_shared()
                 cuda.syncthreads()
             if it < ktiles:
-                kb = it * KS_B
-                kin = True
-                if KTAIL:
-                    kin = it * KS + cch * 8 < kdim
-                for rep in range(CH_ALL):
-                    n = gsz[rep]
-                    src = goff[rep] + kb
-                    if not kin:
-                        n = 0
-                        src = 0
-                    if rep < CH_A:
-                        cp_async_16_off(smem, woff + dst0 + rep * REP_B, a, src, n)
-                    else:
-                        cp_async_16_off(smem, woff + SA_B + dst0 + (rep - CH_A) * REP_B, b, src, n)
+                copy_tile(smem, woff, dst0, a, b, goff, gsz, it, cch, kdim)
             cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
             woff = uint32(woff + STAGE_B)
             if woff == RING_B:
