@@ -74,10 +74,9 @@ def block_allreduce_sum(v, partial):
     return warp_allreduce_sum(w)
 
 
-@cuda.jit
-def _rms_norm(x, w, out, eps):
-    """Row ``blockIdx.x`` of x (f32 [nt, d]) -> out (f16 or f32 [nt, d]); w f32 [d]; eps f32."""
-    row = cuda.blockIdx.x
+@cuda.jit(device=True, inline="always")
+def _inv_rms(x, row, eps):
+    """``1 / sqrt(mean(x[row, :]^2) + eps)`` (f32), computed by the calling block and returned to every thread."""
     tid = cuda.threadIdx.x
     step = cuda.blockDim.x
     d = x.shape[1]
@@ -89,7 +88,17 @@ def _rms_norm(x, w, out, eps):
         acc += v * v
         c += step
     total = block_allreduce_sum(acc, partial)
-    inv = float32(1.0) / math.sqrt(total / float32(d) + eps)
+    return float32(1.0) / math.sqrt(total / float32(d) + eps)
+
+
+@cuda.jit
+def _rms_norm(x, w, out, eps):
+    """Row ``blockIdx.x`` of x (f32 [nt, d]) -> out (f16 or f32 [nt, d]); w f32 [d]; eps f32."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    d = x.shape[1]
+    inv = _inv_rms(x, row, eps)
     c = tid
     while c < d:
         out[row, c] = (x[row, c] * inv) * w[c]
@@ -104,15 +113,7 @@ def _rms_norm_q8(x, w, out, q, qd, qs, eps):
     tid = cuda.threadIdx.x
     step = cuda.blockDim.x
     d = x.shape[1]
-    partial = cuda.shared.array(32, float32)
-    acc = float32(0.0)
-    c = tid
-    while c < d:
-        v = x[row, c]
-        acc += v * v
-        c += step
-    total = block_allreduce_sum(acc, partial)
-    inv = float32(1.0) / math.sqrt(total / float32(d) + eps)
+    inv = _inv_rms(x, row, eps)
     c = tid
     while c < d:  # d % 32 == 0: a warp's 32 columns are all < d or all >= d, so warps stay whole (shuffles)
         v = (x[row, c] * inv) * w[c]
