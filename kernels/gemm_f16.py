@@ -236,6 +236,8 @@ def _make_kernel(g: Geometry):
     AF_N = MT * 4 if MMA_SYNC else FM * 8  # A fragment registers per lane
     BF_N = NT8 * 2 if MMA_SYNC else FN * 8
 
+    tile_origin = _program_order(TN, TM, GROUP)
+
     def gemm_kernel(a, b, out, nt, od, kdim):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
@@ -245,16 +247,7 @@ def _make_kernel(g: Geometry):
         wn0 = (warp % WARPS_N) * WTN
         wm0 = (warp // WARPS_N) * WTM
 
-        # Grouped program order (GROUP od tiles per group, od-fastest inside a group; GROUP=1: nt-fastest).
-        pid = cuda.blockIdx.x
-        num_n = (nt + TN - 1) // TN
-        num_m = (od + TM - 1) // TM
-        in_group = GROUP * num_n
-        first_m = (pid // in_group) * GROUP
-        gsize = min(num_m - first_m, GROUP)
-        local = pid % in_group
-        n0 = (local // gsize) * TN
-        m0 = (first_m + local % gsize) * TM
+        n0, m0 = tile_origin(nt, od)
 
         acc = cuda.local.array(ACC_N, float32)  # fully unrolled indexing below: these live in registers
         af = cuda.local.array(AF_N, uint32)
@@ -415,6 +408,25 @@ def _make_kernel(g: Geometry):
     return gemm_kernel
 
 
+def _program_order(TN: int, TM: int, GROUP: int):
+    """``tile_origin(nt, od) -> (n0, m0)``, the first nt row and od column of this CUDA block's C tile in grouped
+    program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
+    ("L2 cache optimizations")."""
+
+    @cuda.jit(device=True, inline="always")
+    def tile_origin(nt, od):
+        pid = cuda.blockIdx.x
+        num_n = (nt + TN - 1) // TN
+        num_m = (od + TM - 1) // TM
+        in_group = GROUP * num_n
+        first_m = (pid // in_group) * GROUP
+        gsize = min(num_m - first_m, GROUP)
+        local = pid % in_group
+        return (local // gsize) * TN, (first_m + local % gsize) * TM
+
+    return tile_origin
+
+
 def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int, KS: int, TN: int):
     """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as two device helpers for one geometry.
 
@@ -525,6 +537,7 @@ def _make_kernel_v2(g: Geometry):
     BF_ALL = NBUF * BF_N
     CH_ALL = CH_A + CH_B
     copy_plan, copy_tile = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB, KS, TN)
+    tile_origin = _program_order(TN, TM, GROUP)
     SMEM_ALIGN = None if SIMULATOR else 128
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -535,15 +548,7 @@ def _make_kernel_v2(g: Geometry):
         wn0 = (warp % WARPS_N) * WTN
         wm0 = (warp // WARPS_N) * WTM
 
-        pid = cuda.blockIdx.x
-        num_n = (nt + TN - 1) // TN
-        num_m = (od + TM - 1) // TM
-        in_group = GROUP * num_n
-        first_m = (pid // in_group) * GROUP
-        gsize = min(num_m - first_m, GROUP)
-        local = pid % in_group
-        n0 = (local // gsize) * TN
-        m0 = (first_m + local % gsize) * TM
+        n0, m0 = tile_origin(nt, od)
 
         acc = cuda.local.array(ACC_N, float32)
         af = cuda.local.array(AF_ALL, uint32)
@@ -718,6 +723,7 @@ def _make_kernel_wgmma(g: Geometry):
     P = STAGES - 1 - D  # k tiles the copies run ahead
     WAIT = P - 1
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
+    tile_origin = _program_order(TN, TM, GROUP)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -727,15 +733,7 @@ def _make_kernel_wgmma(g: Geometry):
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
 
-        pid = cuda.blockIdx.x
-        num_n = (nt + TN - 1) // TN
-        num_m = (od + TM - 1) // TM
-        in_group = GROUP * num_n
-        first_m = (pid // in_group) * GROUP
-        gsize = min(num_m - first_m, GROUP)
-        local = pid % in_group
-        n0 = (local // gsize) * TN
-        m0 = (first_m + local % gsize) * TM
+        n0, m0 = tile_origin(nt, od)
 
         # No zero fill: the first k tile's wgmma runs with scale-d = 0 (D = A·B), which also spares the 128-iteration
         # store loop that NVVM does not unroll (it would leave the array in local memory).
