@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from minfer_cli.engine.bench import engine_knobs, engine_options
+from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
 from minfer_cli.engine.presets import DEFAULT_PRESET
 from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
 
@@ -94,15 +94,17 @@ class BenchExperiment(Experiment):
                                   else PrefillEngine(model, workload.shape["nt"], options))
         return self._engines[key]
 
-    def _check_knobs_apply(self, config, workload: Workload) -> None:
-        """Refuse an arm that moves a knob this workload never reads (its A/B would time a no-op)."""
+    def refuse(self, config, workload: Workload) -> str | None:
+        """An arm that moves a knob this workload never reads (its A/B would time a no-op), or FUSE_NORM_Q8=1
+        without MMVQ (there is no Q8_1 vector to write)."""
         tg = self._is_tg(workload)
         default = self.default_config()
         idle = [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
         if idle:
             kind, other = ("tg", "pp") if tg else ("pp", "tg")
-            raise ValueError(f"{', '.join(idle)} act(s) on {other} workloads only; workload {workload.name} is {kind} "
-                             f"(tg knobs: {', '.join(DECODE_KNOBS)}; pp: every other engine knob)")
+            return (f"{', '.join(idle)} act(s) on {other} workloads only; workload {workload.name} is {kind} "
+                    f"(tg knobs: {', '.join(DECODE_KNOBS)}; pp: every other engine knob)")
+        return engine_conflict(config) if tg else None
 
     def input_set_bytes(self, workload: Workload) -> int:
         return 4 if self._is_tg(workload) else 4 * workload.shape["nt"]
@@ -123,7 +125,9 @@ class BenchExperiment(Experiment):
         return _TgOutput(vocab) if self._is_tg(workload) else cuda.device_array(vocab, dtype=np.float32)
 
     def prepare(self, config, workload):
-        self._check_knobs_apply(config, workload)
+        problem = self.refuse(config, workload)
+        if problem:
+            raise ValueError(problem)
         engine = self._engine(config, workload)
         if self._is_tg(workload):
             return self._prepare_tg(engine, workload.shape["n"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels import gemm_f16 as kernel
+from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
@@ -90,6 +91,16 @@ class GemmF16Experiment(Experiment):
 
         output.copy_to_device(np.full(output.shape, np.nan, dtype=np.float32))
         cuda.synchronize()
+
+    def refuse(self, config, workload):
+        """A knob combination `kernels.gemm_f16` refuses (e.g. MMA=wgmma with STAGING=sync); the cuBLAS arm never."""
+        if config.get("IMPL") == "cublas":
+            return None
+        try:
+            kernel.resolve_config({k: config[k] for k in kernel.KNOBS})
+        except KernelConstraintError as e:
+            return str(e)
+        return None
 
     def kernels(self, config, workload):
         """The compiled gemm instance of ``config`` (none for the cuBLAS arm), for `minfer kernels`."""

@@ -27,6 +27,7 @@ from kernels.gemv_q import (
     DEFAULT_UNROLL,
     DEFAULT_WPR,
     GEMV_TYPES,
+    MMVQ_TYPES,
     RPB_VALUES,
     UNROLL_VALUES,
     WPR_VALUES,
@@ -172,6 +173,12 @@ class GemvExperiment(Experiment):
         from numba import cuda
 
         return cuda.device_array(self._shape(workload)[0], dtype=np.float32)
+
+    def refuse(self, config, workload):
+        """MMVQ=1 for a TYPE without an MMVQ kernel."""
+        if int(config["MMVQ"]) and str(config["TYPE"]) not in MMVQ_TYPES:
+            return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {config['TYPE']}"
+        return None
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])

@@ -50,7 +50,7 @@ from kernels.ptx import dp4a_s32
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
-from kernels.quantize_q8 import Q8Blocks
+from kernels.quantize_q8 import Q8Blocks, check_q8
 
 RPB_VALUES = (1, 2, 4, 8)
 """Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
@@ -879,8 +879,10 @@ def gemv_glu(
     `gemv_q`); x: f32 or `Q8Blocks` as for `gemv_q`; out, knobs, stream: as for `gemv_q` (no residual).
     Source: the fused gate/up pass of llama.cpp's ``ggml_cuda_mul_mat_vec_q`` with ``GGML_GLU_OP_SWIGLU``.
 
-    Raises KernelConstraintError for everything `gemv_q` refuses, for either weight.
+    Raises KernelConstraintError for everything `gemv_q` refuses, for either weight (the message names which).
     """
+    if raw_up is None:
+        raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, stream)
 
 
@@ -894,11 +896,14 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError(
             f"id={id} is not a multiple of {FLOAT_GROUP}; gemv_q reads {fmt.name} rows in whole 16-byte groups"
         )
-    raw = _check_raw(fmt, raw, od, id)
-    weights = (raw,) if raw_up is None else (raw, _check_raw(fmt, raw_up, od, id))
+    if raw_up is None:
+        weights = (_check_raw(fmt, raw, od, id),)
+    else:
+        weights = tuple(_named(name, _check_raw, fmt, w, od, id) for name, w in (("raw_gate", raw), ("raw_up", raw_up)))
     if mmvq:
         if x.size != id:
             raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
+        check_q8(x, id, "x")
         xargs = (x.q.view(np.uint32), x.d, x.s)
     else:
         x = _check_vector(x, "x", id)
@@ -927,6 +932,14 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         id,
     )
     return out
+
+
+def _named(name: str, check, *args):
+    """``check(*args)``, with a KernelConstraintError's message prefixed by ``name`` (which argument was wrong)."""
+    try:
+        return check(*args)
+    except KernelConstraintError as e:
+        raise KernelConstraintError(f"{name}: {e}") from None
 
 
 def _check_vector(a, what: str, n: int):

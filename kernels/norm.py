@@ -25,7 +25,7 @@ from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
-from kernels.quantize_q8 import QK, Q8Blocks, quantize_warp_block
+from kernels.quantize_q8 import QK, check_q8, quantize_warp_block
 
 DEFAULT_TPB = 256
 """Threads per block (one block per row): 14 columns per thread at hidden 3584. Not yet measured."""
@@ -131,7 +131,8 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB):
     x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
     `Q8Blocks` of ``nt * d`` activations.
     Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
-    q8 of another size.
+    q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
+    nothing is written).
     """
     if out is None or _device(out, "out").dtype != np.float32:
         raise KernelConstraintError("rms_norm_q8 needs an f32 out array (the quantized values come from it)")
@@ -139,10 +140,10 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB):
     nt, d = x.shape
     if d % QK:
         raise KernelConstraintError(f"rms_norm_q8 needs d to be a multiple of {QK} (whole Q8_1 blocks), got {d}")
-    if not isinstance(q8, Q8Blocks) or q8.size != nt * d:
-        raise KernelConstraintError(f"q8 must be Q8Blocks of {nt * d} activations (q8_blocks({nt * d}))")
-    if nt:
-        _rms_norm_q8[nt, tpb, stream](x, w, out, q8.q, q8.d, q8.s, np.float32(eps))
+    if nt == 0:
+        return out
+    check_q8(q8, nt * d)
+    _rms_norm_q8[nt, tpb, stream](x, w, out, q8.q, q8.d, q8.s, np.float32(eps))
     return out
 
 

@@ -52,9 +52,9 @@ class Q8Blocks:
 def q8_blocks(n: int, stream=0) -> Q8Blocks:
     """Allocate (uninitialised) device buffers for ``n`` quantized activations (``n`` a multiple of 32).
 
-    Raises KernelConstraintError when ``n`` is not a positive multiple of 32."""
-    if n <= 0 or n % QK:
-        raise KernelConstraintError(f"Q8_1 activations need a positive multiple of {QK} elements, got {n}")
+    Raises KernelConstraintError when ``n`` is not a positive integer multiple of 32."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0 or n % QK:
+        raise KernelConstraintError(f"Q8_1 activations need a positive integer multiple of {QK} elements, got {n!r}")
     nb = n // QK
     return Q8Blocks(
         q=cuda.device_array(n, dtype=np.int8, stream=stream),
@@ -99,13 +99,32 @@ def _quantize_q8_1(x, q, d, s, n):
     quantize_warp_block(x[i], i, q, d, s)
 
 
+def check_q8(q8, n: int, what: str = "q8") -> Q8Blocks:
+    """``q8`` itself when it is a `Q8Blocks` of ``n`` activations whose three arrays are 1-D C-contiguous device
+    arrays of the right dtype and length (int8 [n], float32 [n/32] twice); else KernelConstraintError naming
+    ``what`` and the expected form."""
+    expected = f"{what} must be Q8Blocks of {n} activations (allocate it with q8_blocks({n}))"
+    if not isinstance(q8, Q8Blocks):
+        raise KernelConstraintError(f"{expected}, got {type(q8).__name__}")
+    for field, dtype, size in (("q", np.int8, n), ("d", np.float32, n // QK), ("s", np.float32, n // QK)):
+        a = getattr(q8, field)
+        if not devicearray.is_cuda_ndarray(a):
+            raise KernelConstraintError(f"{expected}; its {field} is a {type(a).__name__}, not a device array")
+        if a.dtype != np.dtype(dtype) or a.ndim != 1 or a.size != size or not a.is_c_contiguous():
+            raise KernelConstraintError(
+                f"{expected}; its {field} is {a.dtype} of shape {tuple(a.shape)}, expected a contiguous "
+                f"{np.dtype(dtype)} array of {size}"
+            )
+    return q8
+
+
 def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:
     """Enqueue the Q8_1 quantization of ``x`` into ``out`` on ``stream``; return ``out``.
 
     x: 1-D C-contiguous float32 device array of n elements, n a positive multiple of 32.
     out: `Q8Blocks` of the same n (from `q8_blocks`).
-    Raises KernelConstraintError for x of the wrong dtype, rank or layout, n not a multiple of 32, or ``out`` of
-    another size."""
+    Raises KernelConstraintError for x of the wrong dtype, rank or layout, n not a multiple of 32, or ``out`` not
+    `Q8Blocks` of n activations (`check_q8`)."""
     if not devicearray.is_cuda_ndarray(x):
         raise KernelConstraintError(f"x must be a CUDA device array (float32, 1-D), got {type(x).__name__}")
     if x.dtype != np.float32 or x.ndim != 1 or not x.is_c_contiguous():
@@ -113,8 +132,7 @@ def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:
     n = int(x.size)
     if n <= 0 or n % QK:
         raise KernelConstraintError(f"x has {n} elements; Q8_1 quantization needs a positive multiple of {QK}")
-    if out.size != n or out.d.size != n // QK or out.s.size != n // QK:
-        raise KernelConstraintError(f"out holds {out.size} activations; x has {n} (allocate it with q8_blocks({n}))")
+    check_q8(out, n, "out")
     grid = (n + THREADS - 1) // THREADS
     _quantize_q8_1[grid, THREADS, stream](x, out.q, out.d, out.s, n)
     return out

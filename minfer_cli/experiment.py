@@ -110,6 +110,12 @@ class Experiment(ABC):
     def default_config(self) -> Config:
         return {k.name: k.default for k in self.knobs}
 
+    def refuse(self, config: Config, workload: Workload) -> str | None:
+        """Why ``config`` can never run on ``workload`` (a knob combination the kernels refuse, a knob the workload
+        never reads), in one sentence, or None. `run`, `ab` and `calibrate` stop on it before the GPU is opened;
+        in a `sweep` such a point is INVALID."""
+        return None
+
     @abstractmethod
     def input_set_bytes(self, workload: Workload) -> int: ...
 

@@ -72,7 +72,10 @@ def cli() -> None:
         code = app(standalone_mode=False)
     except click_exceptions.UsageError as exc:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-        error_line(" ".join(exc.format_message().split()) + where)
+        message = " ".join(exc.format_message().split())
+        if not message and exc.ctx is not None:  # a command group run without its subcommand (help shown above)
+            message = f"`{exc.ctx.command_path}` needs a command"
+        error_line((message or "bad command line") + where)
         sys.exit(2)
     except KeyboardInterrupt:
         error_line("interrupted")

@@ -65,6 +65,15 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
         (["sweep", "copy", "FOO=1"], "unknown knob FOO for experiment copy"),
         (["sweep", "copy", "VEC"], "malformed grid axis"),
         (["sweep", "copy", "VEC=1", "VEC=2"], "given twice"),
+        (["ab", "bench", "-w", "tiny_pp16", "--arm", "GRAPHS=0", "--arm", "GRAPHS=1"],
+         "arm A cannot run: GRAPHS act(s) on tg workloads only; workload tiny_pp16 is pp"),
+        (["ab", "bench", "-w", "tg128", "--arm", "W16=0", "--arm", "W16=1"], "W16 act(s) on pp workloads only"),
+        (["ab", "bench", "-w", "tg128", "--arm", "FUSE_NORM_Q8=0,MMVQ=0", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"],
+         "arm B cannot run: FUSE_NORM_Q8=1 needs MMVQ=1"),
+        (["bench", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"], "FUSE_NORM_Q8=1 needs MMVQ=1"),
+        (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
+        (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
+        (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):
@@ -172,3 +181,20 @@ def test_console_script_errors_are_one_line(args, needle):
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_ledger_show_one_record_parses_back_as_yaml():
+    """Piped (not a terminal), `ledger show N` prints plain, unwrapped YAML: long values stay on one line."""
+    import yaml
+
+    r = invoke("ledger", "show", "1")
+    assert r.exit_code == 0, r.output
+    record = yaml.safe_load(r.output)
+    assert record["id"] == 1 and record["experiment"] == "copy"
+
+
+def test_group_without_a_command_says_so():
+    """`minfer ledger` alone: the group's help, then one error line that names what is missing."""
+    r = subprocess.run([sys.executable, "-m", "minfer_cli", "ledger"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "ledger` needs a command (see `" in r.stderr, r.stderr

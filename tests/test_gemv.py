@@ -180,6 +180,11 @@ def test_mmvq_rejects_a_type_without_a_kernel_and_a_wrong_length():
         gemv_q(_w(2, 256, "Q5_0"), "Q5_0", 2, 256, q8_blocks(256))
     with pytest.raises(KernelConstraintError, match="x holds 512 Q8_1 activations; W has id=256"):
         gemv_q(_w(), "Q4_K", 2, 256, q8_blocks(512))
+    from kernels.quantize_q8 import Q8Blocks
+
+    good = q8_blocks(256)
+    with pytest.raises(KernelConstraintError, match="x must be Q8Blocks of 256 activations .* its d"):
+        gemv_q(_w(), "Q4_K", 2, 256, Q8Blocks(good.q, cuda.to_device(np.zeros(1, np.float32)), good.s))
 
 
 # ---- simulator: the SwiGLU kernel (gate and up in one pass) ------------------------------------------------
@@ -214,8 +219,12 @@ def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
 
 
 def test_glu_rejects_a_wrong_up_and_a_residual():
-    with pytest.raises(KernelConstraintError, match="holds 288 bytes .* od=3 x id=256 needs 432"):
+    with pytest.raises(KernelConstraintError, match="raw_up: raw holds 288 bytes .* od=3 x id=256 needs 432"):
         gemv_glu(_w(3), _w(2), "Q4_K", 3, 256, _x())
+    with pytest.raises(KernelConstraintError, match="raw_gate: raw holds 288 bytes"):
+        gemv_glu(_w(2), _w(3), "Q4_K", 3, 256, _x())
+    with pytest.raises(KernelConstraintError, match="gemv_glu needs raw_up"):
+        gemv_glu(_w(2), None, "Q4_K", 2, 256, _x())
     with pytest.raises(KernelConstraintError, match="no residual"):
         kernel_for("Q4_K", 2, 2, residual=True, glu=True)
 

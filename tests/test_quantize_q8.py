@@ -67,6 +67,25 @@ def test_rejects_bad_input():
         quantize_q8_1(cuda.to_device(np.ones(64, dtype=np.float16)), q8_blocks(64))
     with pytest.raises(KernelConstraintError, match="device array"):
         quantize_q8_1(np.ones(64, dtype=np.float32), q8_blocks(64))
+    with pytest.raises(KernelConstraintError, match="out must be Q8Blocks of 64 activations .* got NoneType"):
+        quantize_q8_1(x, None)
+    for bad in (64.0, "64", None, True):
+        with pytest.raises(KernelConstraintError, match="positive integer multiple of 32"):
+            q8_blocks(bad)
+
+
+def test_check_q8_looks_inside():
+    from kernels.quantize_q8 import Q8Blocks, check_q8
+
+    good = q8_blocks(64)
+    assert check_q8(good, 64) is good
+    short_d = Q8Blocks(good.q, cuda.to_device(np.zeros(1, np.float32)), good.s)
+    with pytest.raises(KernelConstraintError, match="its d is float32 of shape \\(1,\\), expected a contiguous float32 array of 2"):
+        check_q8(short_d, 64, "x")
+    with pytest.raises(KernelConstraintError, match="its q is a ndarray, not a device array"):
+        check_q8(Q8Blocks(np.zeros(64, np.int8), good.d, good.s), 64)
+    with pytest.raises(KernelConstraintError, match="its s is float16"):
+        check_q8(Q8Blocks(good.q, good.d, cuda.to_device(np.zeros(2, np.float16))), 64)
 
 
 @pytest.mark.gpu

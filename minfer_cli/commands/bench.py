@@ -47,7 +47,7 @@ def bench(
 
     Example: minfer bench -p 2048 -n 128
     """
-    from minfer_cli.engine.bench import engine_knobs, engine_options, parse_counts, run_pp, run_tg
+    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, parse_counts, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
     from minfer_cli.knobs import parse_arm_text, resolve_config
     from minfer_cli.measure.device import require_timing_device
@@ -63,6 +63,9 @@ def bench(
         raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
     text = options.single_arm(arm)
     config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
+    conflict = engine_conflict(config)
+    if conflict:
+        raise UsageError(conflict)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     if record:
         options.check_ledger_writable(ledger)

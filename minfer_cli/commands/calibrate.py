@@ -37,6 +37,7 @@ def calibrate(
     exp = get(experiment)
     config = exp.config(options.single_arm(arm))
     wl = exp.workload(workload)
+    options.check_arms_can_run(exp, wl, [config], ["A"])
     if not no_record:
         options.check_ledger_writable(ledger)
     with progress(f"calibrate {exp.name}") as report:

@@ -63,8 +63,11 @@ def _show_one(record: dict[str, Any], fmt: str) -> None:
     if fmt == "json":
         print(json.dumps(_json_safe(record), indent=2, ensure_ascii=False))
     elif fmt == "table":
-        text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
-        out.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
+        text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True, width=10**6)
+        if out.is_terminal:
+            out.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
+        else:  # piped or redirected: plain text, never wrapped, so that it parses back as YAML
+            print(text.rstrip("\n"))
     else:
         print(core.export([record], fmt).rstrip("\n"))
 

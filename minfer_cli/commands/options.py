@@ -60,3 +60,13 @@ def check_ledger_writable(ledger: Optional[str]) -> None:
     from minfer_cli import ledger as ledger_core
 
     ledger_core.check_writable(ledger_core.ledger_dir(ledger))
+
+
+def check_arms_can_run(exp, workload, configs: list, labels: list[str]) -> None:
+    """UsageError, before any GPU work, for an arm the experiment refuses on this workload (`Experiment.refuse`)."""
+    from minfer_cli.errors import UsageError
+
+    for label, config in zip(labels, configs):
+        problem = exp.refuse(config, workload)
+        if problem:
+            raise UsageError(f"arm {label} cannot run: {problem}")

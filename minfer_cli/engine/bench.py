@@ -57,6 +57,13 @@ def engine_knobs() -> tuple[Knob, ...]:
     return tuple(knobs)
 
 
+def engine_conflict(config: Config) -> str | None:
+    """Why a full engine knob configuration cannot run, in one sentence, or None."""
+    if config.get("FUSE_NORM_Q8") and not config.get("MMVQ"):
+        return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
+    return None
+
+
 def engine_options(config: Config) -> EngineOptions:
     """EngineOptions from a full engine knob configuration."""
     from kernels import gemm_f16
