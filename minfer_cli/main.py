@@ -16,7 +16,7 @@ app = typer.Typer(
     help=(
         "minfer: a command-line lab for GPU inference kernels. Experiments with named knobs, timed against "
         "L2-defeating inputs, interleaved A/B comparisons with real statistics, and a YAML ledger of "
-        "LANDED / REVERTED / NEUTRAL verdicts.\n\n"
+        "LANDED / REVERTED / NEUTRAL / INVALID verdicts.\n\n"
         "Example: minfer ab copy --arm VEC=1 --arm VEC=4"
     ),
     no_args_is_help=True,
