@@ -74,6 +74,8 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
         (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
         (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
         (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),
+        (["ledger", "show", "-e", "nope"], "no record of experiment 'nope'"),
+        (["bench", "-m", "/nonexistent/model.gguf"], "-m /nonexistent/model.gguf: no such file"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):

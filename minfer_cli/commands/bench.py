@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -67,6 +68,8 @@ def bench(
     if conflict:
         raise UsageError(conflict)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
+    if model and not Path(model).is_file():
+        raise UsageError(f"-m {model}: no such file (give a GGUF file, or leave -m out for the built-in preset)")
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()

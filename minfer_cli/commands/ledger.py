@@ -137,6 +137,10 @@ def show(
         out.print(_records_table(records))
     for problem in contents.problems:
         err.print(f"skipped {problem.file}: {problem.reason}", markup=False, soft_wrap=True, style="yellow")
+    if experiment is not None and not any(r.get("experiment") == experiment for r in contents.records):
+        known = sorted({str(r.get("experiment")) for r in contents.records})
+        raise UsageError(f"no record of experiment {experiment!r} in {directory}; recorded experiments: "
+                         f"{', '.join(known) or 'none yet'}")
     if not records:
         if contents.records:
             message = f"no records match (the ledger in {directory} holds {len(contents.records)})"
