@@ -237,6 +237,7 @@ def _make_kernel(g: Geometry):
     BF_N = NT8 * 2 if MMA_SYNC else FN * 8
 
     tile_origin = _program_order(TN, TM, GROUP)
+    store_c = _c_fragment_store(MT, NT8, 16)
 
     def gemm_kernel(a, b, out, nt, od, kdim):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -369,19 +370,7 @@ def _make_kernel(g: Geometry):
 
         if MMA_SYNC:
             # C fragment: lane l holds rows g, g+8 and columns 2t, 2t+1 of each m16 x n8 tile (g = l>>2, t = l&3).
-            gr = lane >> 2
-            tc = (lane & 3) * 2
-            for i in range(MT):
-                for j in range(NT8):
-                    c = (i * NT8 + j) * 4
-                    col = m0 + wm0 + j * 8 + tc
-                    for h in range(2):
-                        rowi = n0 + wn0 + i * 16 + gr + h * 8
-                        if rowi < nt:
-                            if col < od:
-                                out[rowi, col] = acc[c + 2 * h]
-                            if col + 1 < od:
-                                out[rowi, col + 1] = acc[c + 2 * h + 1]
+            store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od)
         else:
             # The wmma accumulator layout is opaque: each warp stores its fragments into a block-wide f32 C tile in
             # shared memory (reusing the ring, hence the barrier), then the block writes it out row-contiguously
@@ -406,6 +395,30 @@ def _make_kernel(g: Geometry):
                     out[rowi, col] = cscr[r * CROW + cc]
 
     return gemm_kernel
+
+
+def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
+    """``store_c(out, acc, rbase, cbase, nt, od)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
+    (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
+    t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
+    masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
+    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t."""
+
+    @cuda.jit(device=True, inline="always")
+    def store_c(out, acc, rbase, cbase, nt, od):
+        for i in range(MI):
+            for h in range(2):
+                rowi = rbase + i * ISTEP + h * 8
+                if rowi < nt:
+                    for j in range(NJ):
+                        c = (i * NJ + j) * 4 + 2 * h
+                        col = cbase + j * 8
+                        if col < od:
+                            out[rowi, col] = acc[c]
+                        if col + 1 < od:
+                            out[rowi, col + 1] = acc[c + 1]
+
+    return store_c
 
 
 def _program_order(TN: int, TM: int, GROUP: int):
@@ -538,6 +551,7 @@ def _make_kernel_v2(g: Geometry):
     CH_ALL = CH_A + CH_B
     copy_plan, copy_tile = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB, KS, TN)
     tile_origin = _program_order(TN, TM, GROUP)
+    store_c = _c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -655,20 +669,7 @@ def _make_kernel_v2(g: Geometry):
                     roff = uint32(0)
         cp_async_wait_group(0)
 
-        # Epilogue as v1's mma_sync one: lane l holds rows g, g+8, columns 2t, 2t+1 of each m16 x n8 tile.
-        gr = lane >> 2
-        tc = (lane & 3) * 2
-        for i in range(MT):
-            for j in range(NT8):
-                c = (i * NT8 + j) * 4
-                col = m0 + wm0 + j * 8 + tc
-                for h in range(2):
-                    rowi = n0 + wn0 + i * 16 + gr + h * 8
-                    if rowi < nt:
-                        if col < od:
-                            out[rowi, col] = acc[c + 2 * h]
-                        if col + 1 < od:
-                            out[rowi, col + 1] = acc[c + 2 * h + 1]
+        store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od)  # as v1's mma_sync epilogue
 
     return gemm_kernel
 
@@ -724,6 +725,7 @@ def _make_kernel_wgmma(g: Geometry):
     WAIT = P - 1
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
     tile_origin = _program_order(TN, TM, GROUP)
+    store_c = _c_fragment_store(MT64, N // 8, 64)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     def gemm_kernel(a, b, out, nt, od, kdim):
@@ -779,19 +781,7 @@ def _make_kernel_wgmma(g: Geometry):
         cp_async_wait_group(0)
 
         lane = tid & 31
-        rbase = n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
-        cbase = m0 + col0 + (lane & 3) * 2
-        for i in range(MT64):
-            for h in range(2):
-                rowi = rbase + i * 64 + h * 8
-                if rowi < nt:
-                    for j in range(N // 8):
-                        c = i * NH + j * 4 + 2 * h
-                        col = cbase + j * 8
-                        if col < od:
-                            out[rowi, col] = acc[c]
-                        if col + 1 < od:
-                            out[rowi, col + 1] = acc[c + 1]
+        store_c(out, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od)
 
     return gemm_kernel
 
