@@ -262,11 +262,23 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream)
         return self._quantize(self._h1, self._q8_hidden)
 
+    def _input(self, m: _Gemv, x, xq, wide: bool):
+        """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
+        MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
+        least WIDE_ROWS rows), else f32 ``x`` and the f32 shape."""
+        from kernels.gemv_q import MMVQ_TYPES
+
+        if xq is None or m.qtype not in MMVQ_TYPES:
+            return x, self._launch_f32
+        if wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
+            return xq, self._launch_mmvq_wide
+        return xq, self._launch_mmvq
+
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
         Without FUSE_ADD the add is a separate kernel: a bias (``residual`` is not ``out``) is added to ``out`` in
         place; the residual stream (``residual`` is ``out``) gets W·x through a scratch vector."""
-        from kernels.gemv_q import MMVQ_TYPES, gemv_q
+        from kernels.gemv_q import gemv_q
         from kernels.residual import bias_add, residual_add
 
         if residual is not None and not self.fuse_add:
@@ -277,23 +289,17 @@ class DecodeEngine:
                 self._matvec(m, x, out, xq=xq)
                 bias_add(out.reshape(1, m.od), residual, stream=self.stream)
             return
-        if xq is not None and m.qtype in MMVQ_TYPES:
-            wide = m.qtype == "Q4_K" and m.od >= WIDE_ROWS
-            gemv_q(m.raw, m.qtype, m.od, m.id, xq, out, residual=residual, stream=self.stream,
-                   **(self._launch_mmvq_wide if wide else self._launch_mmvq))
-        else:
-            gemv_q(m.raw, m.qtype, m.od, m.id, x, out, residual=residual, stream=self.stream, **self._launch_f32)
+        x_in, launch = self._input(m, x, xq, wide=True)
+        gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, residual=residual, stream=self.stream, **launch)
 
     def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape: with two weights that
         would be 16 accumulators per lane (not yet swept)."""
-        from kernels.gemv_q import MMVQ_TYPES, gemv_glu
+        from kernels.gemv_q import gemv_glu
 
-        if xq is not None and gate.qtype in MMVQ_TYPES:
-            gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, xq, out, stream=self.stream, **self._launch_mmvq)
-        else:
-            gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x, out, stream=self.stream, **self._launch_f32)
+        x_in, launch = self._input(gate, x, xq, wide=False)
+        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, stream=self.stream, **launch)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
