@@ -4,8 +4,8 @@ experiments.
 `minfer ab bench --arm W16=0 --arm W16=1` (pp2048) or `minfer ab bench -w tg128 --arm GRAPHS=0 --arm GRAPHS=1`
 compares two engine settings at the model level through the same interleaved harness, metric tok/s (higher is
 better). Knobs: the engine's (W16, the gemm_f16 tile knobs and FA_* flash-attention knobs act on pp workloads;
-GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU and FUSE_NORM_Q8 on tg workloads; an arm that sets a knob the workload does not
-use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the harness's CUDA graphs do
+GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8 and PREFETCH on tg workloads; an arm that sets a knob the
+workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the harness's CUDA graphs do
 not apply to a forward that launches hundreds of kernels from Python):
 
 * pp<nt>: one prefill of nt random prompt tokens into an empty cache, around the synchronised forward.
@@ -37,7 +37,7 @@ _PRESET = {"pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny
            "tg128": DEFAULT_PRESET, "tiny_tg8": "tiny"}
 PP_TOLERANCE = 2e-2
 TG_TOLERANCE = 5e-2
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH")
 """Engine knobs that act on tg workloads only; every other engine knob acts on pp workloads only."""
 
 

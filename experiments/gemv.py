@@ -2,7 +2,8 @@
 
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
 by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
-of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), MMVQ (1: x is
+of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
+block's rows are first streamed into L2 by one TMA bulk prefetch), MMVQ (1: x is
 quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a kernel runs; TYPE must be
 one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level tg A/B, where one
 quantized x serves several mat-vecs).
@@ -23,11 +24,13 @@ import weakref
 import numpy as np
 
 from kernels.gemv_q import (
+    DEFAULT_PREFETCH,
     DEFAULT_RPB,
     DEFAULT_UNROLL,
     DEFAULT_WPR,
     GEMV_TYPES,
     MMVQ_TYPES,
+    PREFETCH_VALUES,
     RPB_VALUES,
     UNROLL_VALUES,
     WPR_VALUES,
@@ -133,6 +136,8 @@ class GemvExperiment(Experiment):
         Knob("RPB", RPB_VALUES, DEFAULT_RPB, "rows per CUDA block, decoded together by every warp (x reuse)"),
         Knob("WPR", WPR_VALUES, DEFAULT_WPR, "warps per row (split of each row's blocks); threads = 32*WPR"),
         Knob("UNROLL", UNROLL_VALUES, DEFAULT_UNROLL, "chunks of a row per warp loop iteration (loads in flight)"),
+        Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
+             "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
     workloads = (
@@ -182,9 +187,9 @@ class GemvExperiment(Experiment):
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll = int(config["UNROLL"])
+        unroll, prefetch = int(config["UNROLL"]), int(config["PREFETCH"])
         od, id = self._shape(workload)
-        kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll)  # refuses a TYPE without an MMVQ kernel up front
+        kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, prefetch=prefetch)  # refuses a bad TYPE up front
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype)
             if mmvq:
@@ -193,7 +198,8 @@ class GemvExperiment(Experiment):
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
-            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, stream=stream)
+            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll,
+                   prefetch=prefetch, stream=stream)
 
         return launch
 
@@ -217,11 +223,12 @@ class GemvExperiment(Experiment):
 
     def kernels(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll = int(config["UNROLL"])
-        dispatcher = kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll)
+        unroll, prefetch = int(config["UNROLL"]), int(config["PREFETCH"])
+        dispatcher = kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, prefetch=prefetch)
         signature = kernel_signature(qtype, mmvq)
         dispatcher.compile(signature)
-        name = f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',MMVQ' if mmvq else ''}]"
+        name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
+                f"{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 
     def cost(self, workload: Workload, config=None) -> Cost:

@@ -34,8 +34,9 @@ or 4-byte words (Q6_K).
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
 decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`` chunks per loop iteration,
-``residual`` (fused ``y += residual``), the x form (f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`:
-two weights of one shape, gate and up, and ``y = silu(gate·x) * (up·x)`` in the epilogue).
+``PREFETCH`` (an L2 bulk prefetch of the block's rows first), ``residual`` (fused ``y += residual``), the x form
+(f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
+``y = silu(gate·x) * (up·x)`` in the epilogue).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import numpy as np
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.ptx import dp4a_s32
+from kernels.ptx import dp4a_s32, prefetch_l2_bulk
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
@@ -58,9 +59,14 @@ WPR_VALUES = (1, 2, 4, 8)
 """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
 UNROLL_VALUES = (1, 2)
 """Chunks of a row each warp takes per loop iteration (2: both chunks' loads issued before either is decoded)."""
+PREFETCH_VALUES = (0, 1)
+"""1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
+(`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
+warps' registers hold; 0: the warps' own loads only."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
 DEFAULT_UNROLL = 1
+DEFAULT_PREFETCH = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -657,7 +663,7 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     last = od - 1
     nb = id // {bs}
     nchunks = (nb + {bpc} - 1) // {bpc}
-{per_row_init}
+{prefetch}{per_row_init}
     for c in range(warp, nchunks, {step}):
 {chunk_body}
 {per_row_reduce}
@@ -715,14 +721,26 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     return "\n".join(lines)
 
 
-def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU): the per-row code is
-    written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the
-    block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the same
-    format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
+def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
+    """Thread 0's L2 prefetch of the CUDA block's rows ``row0 .. min(row0 + RPB, od) - 1`` of every weight (one
+    contiguous byte range each; ranges under 32 bytes are skipped, as `prefetch_l2_bulk` requires)."""
+    return ("    if tid == 0:\n"
+            f"        pb = row0 * nb * {row_bytes_per_block}\n"
+            f"        pe = min(row0 + {rpb}, od) * nb * {row_bytes_per_block}\n"
+            "        if pe - pb >= 32:\n"
+            + "".join(f"            prefetch_l2_bulk({w}, pb, pe)\n" for _, w in mats))
+
+
+def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
+           prefetch: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH): the per-row
+    code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
+    the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
+    same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
+    fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -735,6 +753,8 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         bpc=32 // lpb,
         rpb=rpb,
         step=wpr * unroll,
+        # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
+        prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch else "",
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
         per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
@@ -743,12 +763,16 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "_silu_mul": _silu_mul, "xload": xload,
-             "dot": dot}
+             "dot": dot, "prefetch_l2_bulk": prefetch_l2_bulk}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     return cuda.jit(scope[fname])
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0) -> None:
+    if prefetch not in PREFETCH_VALUES:
+        raise KernelConstraintError(
+            f"prefetch={prefetch!r} is not supported; allowed: {', '.join(map(str, PREFETCH_VALUES))}"
+        )
     if unroll not in UNROLL_VALUES:
         raise KernelConstraintError(
             f"unroll={unroll!r} is not supported; allowed: {', '.join(map(str, UNROLL_VALUES))}"
@@ -776,15 +800,16 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False):
+               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
-    two-weight SwiGLU kernel of `gemv_glu`, which has no residual)."""
+    two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu))
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
+           bool(prefetch))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -820,6 +845,7 @@ def gemv_q(
     rows_per_block: int = DEFAULT_RPB,
     warps_per_row: int = DEFAULT_WPR,
     unroll: int = DEFAULT_UNROLL,
+    prefetch: int = DEFAULT_PREFETCH,
     residual=None,
     stream=0,
 ):
@@ -839,6 +865,7 @@ def gemv_q(
     rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
     unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
+    prefetch: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk prefetch (``PREFETCH_VALUES``).
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -853,7 +880,8 @@ def gemv_q(
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
     MMVQ kernel.
     """
-    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, stream)
+    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
+                   stream)
 
 
 def gemv_glu(
@@ -868,6 +896,7 @@ def gemv_glu(
     rows_per_block: int = DEFAULT_RPB,
     warps_per_row: int = DEFAULT_WPR,
     unroll: int = DEFAULT_UNROLL,
+    prefetch: int = DEFAULT_PREFETCH,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -883,14 +912,15 @@ def gemv_glu(
     """
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
-    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, stream)
+    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
+                   stream)
 
 
-def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, stream):
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -921,7 +951,8 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None)
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
+                      prefetch)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

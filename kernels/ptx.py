@@ -900,3 +900,47 @@ else:
             return _asm(builder, ir.IntType(32), v, "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", False)
 
         return sig, codegen
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Cache hints (added for the mat-vec: the TMA engine streams a CUDA block's weight rows into L2).
+# ------------------------------------------------------------------------------------------------------------
+
+if SIMULATOR:
+
+    def prefetch_l2_bulk(array, byte_begin, byte_end):
+        """Simulator form of `cp.async.bulk.prefetch.L2.global`: a cache hint, so no visible effect; the operands
+        are checked as on the device (the range inside the array and at least 32 bytes long)."""
+        nbytes = _ndarray(array).nbytes
+        if not 0 <= int(byte_begin) and int(byte_begin) + 32 <= int(byte_end) <= nbytes:
+            raise IndexError(f"prefetch_l2_bulk: bytes [{byte_begin}, {byte_end}) are not a range of at least 32 "
+                             f"bytes inside the array's {nbytes}")
+
+else:
+
+    @intrinsic
+    def prefetch_l2_bulk(typingctx, array, byte_begin, byte_end):
+        """`cp.async.bulk.prefetch.L2.global [a], size` (PTX ISA, data movement instructions:
+        "cp.async.bulk.prefetch"; sm_90, PTX 8.0): ask the TMA engine to bring bytes ``[byte_begin, byte_end)`` of a 1-D array (offsets from its
+        data pointer, any dtype) into L2, asynchronously, with no register or shared-memory cost. The instruction
+        needs a 16-byte aligned address and a size that is a multiple of 16, so both ends are rounded down to 16
+        bytes (at most 15 bytes at each end are left out; the start never moves below the array's first byte when
+        the array is 16-byte aligned, as device allocations and GGUF tensors are). The caller must ensure
+        ``byte_end - byte_begin >= 32``, so the rounded size is never zero. A hint: no visible effect, no fault."""
+        _check_1d_array("prefetch_l2_bulk", array, byte_begin)
+        _check_scalars("prefetch_l2_bulk", (byte_begin, byte_end), types.Integer, 2)
+        sig = types.void(array, byte_begin, byte_end)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            begin, end = (context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], sig.args[1:]))
+            addr = builder.ptrtoint(data, i64)
+            mask = ir.Constant(i64, ~15)
+            lo = builder.and_(builder.add(addr, begin), mask)
+            hi = builder.and_(builder.add(addr, end), mask)
+            size = builder.trunc(builder.sub(hi, lo), ir.IntType(32))
+            _asm(builder, ir.VoidType(), [lo, size], "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", True)
+            return context.get_dummy_value()
+
+        return sig, codegen

@@ -41,7 +41,7 @@ def _tiny_id(name: str) -> int:
     return 512 if bs == 256 else 768 if bs == 32 else 40
 
 
-def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1):
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference). mmvq: x is
     quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -54,7 +54,8 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
-    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, residual=res)
+    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
+                 residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -88,6 +89,20 @@ def test_knobs_do_not_change_the_result(rpb, wpr):
 def test_unroll_two_with_chunks_past_the_row(name, wpr, mmvq):
     """UNROLL=2: the second chunk of an iteration is partly (or wholly) past the row; those lanes add zero."""
     _assert_close(*_run(name, 5, _tiny_id(name), rpb=2, wpr=wpr, mmvq=mmvq, unroll=2))
+
+
+@pytest.mark.parametrize("name, rpb, mmvq", [("Q4_K", 4, True), ("Q6_K", 2, True), ("Q5_0", 8, False),
+                                             ("Q8_0", 1, True), ("F16", 1, False)])
+def test_prefetch_with_a_partial_last_block_and_an_odd_block_start(name, rpb, mmvq):
+    """PREFETCH=1 adds one L2 bulk prefetch per CUDA block (a hint: the numbers are the same); its byte range must
+    stay inside W (the simulator fallback checks it) for a partial last CUDA block and W starting one block into
+    its allocation."""
+    _assert_close(*_run(name, 5, _tiny_id(name), rpb=rpb, wpr=2, mmvq=mmvq, prefetch=1))
+    if FORMATS[name].block_size == 1:
+        return  # float rows are read 16 bytes at a time: W must start 16-byte aligned
+    ts = FORMATS[name].type_size
+    _assert_close(*_run(name, 3, _tiny_id(name), rpb=rpb, wpr=1, mmvq=mmvq, prefetch=1,
+                        raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
@@ -298,16 +313,16 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, unroll, stream: seen.append(
-            (qtype, rows_per_block, warps_per_row, raw.size)
+        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, unroll, prefetch, stream: seen.append(
+            (qtype, rows_per_block, warps_per_row, prefetch, raw.size)
         ),
     )
     exp = get("gemv")
     wl = exp.workload("tiny")
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
-    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1"):
+    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1"):
         exp.prepare(exp.config(arm), wl)(inputs, output, 0)
-    assert seen == [("Q4_K", 1, 8, 5 * 2 * 144), ("Q8_0", 8, 1, 5 * 16 * 34)]
+    assert seen == [("Q4_K", 1, 8, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 5 * 16 * 34)]
 
 
 def test_experiment_cost_and_workloads():
@@ -335,11 +350,11 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False):
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0):
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch)
     if key not in _PTX:
         _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu).py_func, kernel_signature(name, mmvq, glu),
+            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch).py_func, kernel_signature(name, mmvq, glu),
             cc=(9, 0),
         )[0]
     return _PTX[key]
@@ -401,6 +416,9 @@ def test_every_knob_changes_the_code():
     assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
         "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
     assert ".local" not in _ptx("Q4_K", 4, 2, mmvq=True, unroll=2)
+    prefetch = "cp.async.bulk.prefetch.L2.global"
+    assert prefetch not in base and _ptx("Q4_K", 1, 1, prefetch=1).count(prefetch) == 1  # PREFETCH: one per block
+    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=1).count(prefetch) == 2  # GLU: both weights
 
 
 @pytest.mark.compile
@@ -433,6 +451,18 @@ def test_real_ffn_shapes(name, od, id):
 @pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
 def test_mmvq_real_shapes(name, od, id):
     _assert_close(*_run(name, od, id, rpb=2, wpr=2, mmvq=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, rpb, wpr", [("Q4_K", 8, 1), ("Q6_K", 4, 2), ("Q8_0", 4, 2)])
+@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
+def test_prefetch_real_shapes(name, rpb, wpr, od, id):
+    """PREFETCH=1 on the device (the instruction runs: a wrong address or size would fault) at the real shapes and
+    with W starting one block into its allocation (the rounded-down prefetch start stays inside the buffer)."""
+    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1))
+    ts = FORMATS[name].type_size
+    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1,
+                        raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
 
 
 @pytest.mark.gpu

@@ -35,7 +35,8 @@ FA_PREFIX = "FA_"
 
 
 def engine_knobs() -> tuple[Knob, ...]:
-    """The knobs of the whole engine: W16, the decode ones (GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8), the
+    """The knobs of the whole engine: W16, the decode ones (GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8,
+    PREFETCH), the
     GEMM's tile knobs, and the flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the
     decode ones on tg."""
     from kernels import attention, gemm_f16
@@ -50,6 +51,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "(default 0 until an A/B on the H200 says otherwise)")]
     knobs += [Knob("FUSE_NORM_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 quantizes h to Q8_1 inside the RMSNorm kernel; 0 "
                                               "in a separate kernel (default 0 until measured)")]
+    knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
+                                          "L2 first (one TMA bulk prefetch each); 0 the warps' loads only")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -72,7 +75,8 @@ def engine_options(config: Config) -> EngineOptions:
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
-                         fuse_glu=bool(config.get("FUSE_GLU", 0)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)))
+                         fuse_glu=bool(config.get("FUSE_GLU", 0)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
+                         prefetch=bool(config.get("PREFETCH", 0)))
 
 
 @dataclass
