@@ -12,7 +12,11 @@ Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
    heads); lane l owns dims 4l..4l+3: per key, G dot products reduced with 5 butterfly shuffles, then an online
    softmax in f32 (log2 domain). It writes its partition's (m, l) per head and the unnormalised accumulator
    acc[128] to a workspace (an empty partition writes m = -1e30, l = 0, acc = 0).
-2. ``combine``: grid n_heads, 128 threads (one per dim): M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p.
+2. ``combine``: grid (n_heads, 128 / 32), 8 warps per block, lane = one of the block's 32 dims: M = max_p m_p,
+   out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the denominator over all partitions itself
+   (shuffles, no barrier) and sums every 8th partition's acc with four rows' loads in flight; one shared-memory
+   sum joins the 8 warps. (A first version, one thread per dim looping over all P partitions one dependent load
+   at a time on n_heads blocks, took 33 µs per call at P = 128 on the H200: 21% of a tg step.)
 
 Plain FMA (memory-bound: each step reads 2 · L · n_kv_heads · 128 · 2 bytes of cache). Sources: Flash-Decoding
 (https://crfm.stanford.edu/2023/10/12/flashdecoding.html); online softmax (Milakov & Gimelshein 2018).
@@ -31,6 +35,8 @@ from kernels.ptx import shfl_xor_f32
 
 HEAD_DIM = 128
 WARPS = 4
+COMBINE_WARPS = 8
+"""Warps of a combine block: each sums every 8th partition for one 32-dim slice of one head."""
 DEFAULT_SPLITS = 32
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -109,23 +115,59 @@ def _make_partial(G: int):
 
 def _make_combine():
     D = HEAD_DIM
+    CW = COMBINE_WARPS
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
 
     def combine_kernel(ws_ml, ws_acc, out, parts, n_heads):
         h = cuda.blockIdx.x
-        d = cuda.threadIdx.x
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        d = cuda.blockIdx.y * 32 + lane
+        # every warp finds M = max_p m_p and the denominator itself (1 KiB of (m, l) pairs: no barrier needed)
         mx = M_INIT
-        for p in range(parts):
+        for p in range(lane, parts, 32):
             mx = max(mx, ws_ml[(p * n_heads + h) * 2])
-        num = ZERO
+        for off in (16, 8, 4, 2, 1):
+            mx = max(mx, shfl_xor_f32(mx, off))
         den = ZERO
-        for p in range(parts):
+        for p in range(lane, parts, 32):
             row = p * n_heads + h
-            w = math.exp2(ws_ml[row * 2] - mx)
-            den += w * ws_ml[row * 2 + 1]
-            num += w * ws_acc[row * D + d]
-        out[h * D + d] = num / den if den > ZERO else ZERO
+            den += math.exp2(ws_ml[row * 2] - mx) * ws_ml[row * 2 + 1]
+        for off in (16, 8, 4, 2, 1):
+            den += shfl_xor_f32(den, off)
+        # warp w sums partitions w, w + CW, ...: four rows' loads issued together per iteration
+        n0 = ZERO
+        n1 = ZERO
+        n2 = ZERO
+        n3 = ZERO
+        p = warp
+        while p + 3 * CW < parts:
+            r0 = p * n_heads + h
+            r1 = r0 + CW * n_heads
+            r2 = r1 + CW * n_heads
+            r3 = r2 + CW * n_heads
+            a0 = ws_acc[r0 * D + d]
+            a1 = ws_acc[r1 * D + d]
+            a2 = ws_acc[r2 * D + d]
+            a3 = ws_acc[r3 * D + d]
+            n0 += math.exp2(ws_ml[r0 * 2] - mx) * a0
+            n1 += math.exp2(ws_ml[r1 * 2] - mx) * a1
+            n2 += math.exp2(ws_ml[r2 * 2] - mx) * a2
+            n3 += math.exp2(ws_ml[r3 * 2] - mx) * a3
+            p += 4 * CW
+        while p < parts:
+            r0 = p * n_heads + h
+            n0 += math.exp2(ws_ml[r0 * 2] - mx) * ws_acc[r0 * D + d]
+            p += CW
+        part = cuda.shared.array((CW, 32), float32)
+        part[warp, lane] = (n0 + n1) + (n2 + n3)
+        cuda.syncthreads()
+        if warp == 0:
+            num = part[0, lane]
+            for w in range(1, CW):
+                num += part[w, lane]
+            out[h * D + d] = num / den if den > ZERO else ZERO
 
     return combine_kernel
 
@@ -156,7 +198,7 @@ def build(group: int, q_dtype=np.float32):
             else:
                 _BUILT[key] = (
                     cuda.jit(partial_signature(q_dtype), launch_bounds=(WARPS * 32,))(_make_partial(group)),
-                    cuda.jit(COMBINE_SIGNATURE, launch_bounds=(HEAD_DIM,))(_make_combine()),
+                    cuda.jit(COMBINE_SIGNATURE, launch_bounds=(COMBINE_WARPS * 32,))(_make_combine()),
                 )
         return _BUILT[key]
 
@@ -164,7 +206,7 @@ def build(group: int, q_dtype=np.float32):
 def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0)) -> tuple[str, str]:
     """PTX of (partial, combine) for ``group`` (NVVM; no GPU needed; not under the simulator)."""
     a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
-    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(HEAD_DIM,))
+    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
@@ -243,5 +285,6 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
         q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml, ws_acc,
         l_max, n_heads, n_kv_heads,
     )
-    combine[n_heads, HEAD_DIM, stream](ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts, n_heads)
+    combine[(n_heads, HEAD_DIM // 32), COMBINE_WARPS * 32, stream](ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts,
+                                                                    n_heads)
     return out

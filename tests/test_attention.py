@@ -86,7 +86,9 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1):
     (1, 16, 4, 2, 2, np.float32),
     (7, 16, 4, 2, 2, np.float16),
     (300, 320, 2, 1, 4, np.float32),
-], ids=["L=1", "L=7 f16 q", "L=300"])
+    (300, 320, 2, 1, 16, np.float32),
+    (7, 16, 4, 2, 1, np.float32),
+], ids=["L=1", "L=7 f16 q", "L=300", "L=300 64 partitions", "L=7 4 partitions"])
 def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype):
     assert _decode(L, l_max, h, hk, splits, q_dtype) < 1e-4
 

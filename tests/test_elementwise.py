@@ -81,8 +81,10 @@ def _embedding_ref(raw, name, vocab, hidden, ids):
 
 
 @pytest.mark.parametrize("out_dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("nt, d, tpb", [(3, 200, 64), (1, 5, 32), (2, 300, 96)])  # tails, d < tpb, 3 warps
+@pytest.mark.parametrize("nt, d, tpb", [(3, 200, 64), (1, 5, 32), (2, 300, 96), (2, 1000, 32)])
 def test_rms_norm(nt, d, tpb, out_dtype):
+    """Tails of the four-column loop (200 / 64: 8 threads take one unrolled pass), d < tpb, 3 warps, and several
+    unrolled passes plus a tail (1000 / 32)."""
     rng = _rng()
     x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
     w = rng.standard_normal(d).astype(np.float32)
@@ -90,6 +92,14 @@ def test_rms_norm(nt, d, tpb, out_dtype):
     got = rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out, tpb=tpb)
     assert got is out
     assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+
+
+def test_row_tpb_gives_each_thread_at_most_four_columns():
+    from kernels.norm import row_tpb
+
+    assert row_tpb(3584) == 896 and row_tpb(4096) == 1024 and row_tpb(5) == 32 and row_tpb(8192) == 1024
+    for d in (5, 100, 3584, 4000):
+        assert row_tpb(d) % 32 == 0 and 4 * row_tpb(d) >= d
 
 
 def test_rms_norm_allocates_f16_by_default_and_f32_on_request():

@@ -254,13 +254,13 @@ class DecodeEngine:
     def _norm(self, weight):
         """Enqueue h = rms_norm(x) * weight and, with MMVQ, h's Q8_1 blocks (returned; None without MMVQ): one
         fused kernel with FUSE_NORM_Q8, else the norm and `quantize_q8_1`."""
-        from kernels.norm import rms_norm, rms_norm_q8
+        from kernels.norm import rms_norm, rms_norm_q8, row_tpb
 
-        eps = self.config.rms_eps
+        eps, tpb = self.config.rms_eps, row_tpb(self.config.hidden)
         if self.fuse_norm_q8 and self._q8_hidden is not None:
-            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream)
+            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream, tpb=tpb)
             return self._q8_hidden
-        rms_norm(self.x, weight, eps, out=self.h, stream=self.stream)
+        rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb)
         return self._quantize(self._h1, self._q8_hidden)
 
     def _input(self, m: _Gemv, x, xq, wide: bool):
