@@ -256,11 +256,11 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["GRAPHS"].values == (0, 1) and knobs["GRAPHS"].default == 1
     assert knobs["MMVQ"].values == (0, 1) and knobs["MMVQ"].default == 1
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).fuse_add is False
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "1"}, "e")).fuse_glu is True
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "0"}, "e")).fuse_glu is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).fuse_norm_q8 is True
     assert engine_options(resolve_config(engine_knobs(), {"PREFETCH": "1"}, "e")).prefetch is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
-    assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is False
+    assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
 
@@ -417,10 +417,10 @@ def test_bench_tg_workload_times_and_checks(arm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": True}, {"fuse_norm_q8": True}, {"prefetch": True}],
-                         ids=["FUSE_ADD=0", "FUSE_GLU=1", "FUSE_NORM_Q8=1", "PREFETCH=1"])
+@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True}],
+                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
-    """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=1 (gate, up and SwiGLU in one kernel) and
+    """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
     default path, and PREFETCH=1 only adds a cache hint (one launch shape for every
     mat-vec, so the sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""

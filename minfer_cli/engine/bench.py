@@ -47,12 +47,13 @@ def engine_knobs() -> tuple[Knob, ...]:
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs")]
     knobs += [Knob("FUSE_ADD", (0, 1), 1, "decode (tg): 1 adds q/k/v biases and the residual in the mat-vec "
                                           "epilogue; 0 runs them as separate kernels")]
-    knobs += [Knob("FUSE_GLU", (0, 1), 0, "decode (tg): 1 runs gate, up and SwiGLU as one mat-vec kernel; 0 as three "
-                                          "(default 0 until an A/B on the H200 says otherwise)")]
+    knobs += [Knob("FUSE_GLU", (0, 1), 1, "decode (tg): 1 runs gate, up and SwiGLU as one mat-vec kernel; 0 as three "
+                                          "(1: +7.5% tg128 on the H200, ledger #39)")]
     knobs += [Knob("FUSE_NORM_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 quantizes h to Q8_1 inside the RMSNorm kernel; 0 "
-                                              "in a separate kernel (default 0 until measured)")]
+                                              "in a separate kernel (1 measured -0.4%, NEUTRAL, on the H200: ledger #40)")]
     knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
-                                          "L2 first (one TMA bulk prefetch each); 0 the warps' loads only")]
+                                          "L2 first (one TMA bulk prefetch each); 0 the warps' loads only (1 was slower at "
+                                          "every fast gemv launch shape, ledger #36, #37)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -75,7 +76,7 @@ def engine_options(config: Config) -> EngineOptions:
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
-                         fuse_glu=bool(config.get("FUSE_GLU", 0)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
+                         fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                          prefetch=bool(config.get("PREFETCH", 0)))
 
 

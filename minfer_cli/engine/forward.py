@@ -50,7 +50,7 @@ class EngineOptions:
     graphs: bool = True
     mmvq: bool = True
     fuse_add: bool = True
-    fuse_glu: bool = False
+    fuse_glu: bool = True
     fuse_norm_q8: bool = False
     prefetch: bool = False
 
