@@ -3,7 +3,9 @@
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
 by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
-block's rows are first streamed into L2 by one TMA bulk prefetch), MMVQ (1: x is
+block's rows are first streamed into L2 by one TMA bulk prefetch), GLU (1: decode's fused gate/up pass,
+`kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
+counted), MMVQ (1: x is
 quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a kernel runs; TYPE must be
 one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level tg A/B, where one
 quantized x serves several mat-vecs).
@@ -34,6 +36,7 @@ from kernels.gemv_q import (
     RPB_VALUES,
     UNROLL_VALUES,
     WPR_VALUES,
+    gemv_glu,
     gemv_q,
     kernel_for,
     kernel_signature,
@@ -70,13 +73,15 @@ class _InputSet:
             self._q8 = quantize_q8_1(self.x, q8_blocks(self.id))
         return self._q8
 
-    def materialise(self, qtype: str):
-        raw = self.raw.get(qtype)
+    def materialise(self, qtype: str, up: bool = False):
+        """W's device bytes for ``qtype`` (``up``: the second, independent weight of a GLU arm)."""
+        key = (qtype, bool(up))
+        raw = self.raw.get(key)
         if raw is None:
             from numba import cuda
 
-            rng = np.random.default_rng([self.seed, 1 + GEMV_TYPES.index(qtype)])
-            raw = self.raw[qtype] = cuda.to_device(random_blocks(qtype, self.od, self.id, rng))
+            rng = np.random.default_rng([self.seed, 1 + GEMV_TYPES.index(qtype), int(up)])
+            raw = self.raw[key] = cuda.to_device(random_blocks(qtype, self.od, self.id, rng))
         return raw
 
 
@@ -138,6 +143,7 @@ class GemvExperiment(Experiment):
         Knob("UNROLL", UNROLL_VALUES, DEFAULT_UNROLL, "chunks of a row per warp loop iteration (loads in flight)"),
         Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
              "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
+        Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
     workloads = (
@@ -187,19 +193,24 @@ class GemvExperiment(Experiment):
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll, prefetch = int(config["UNROLL"]), int(config["PREFETCH"])
+        unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
         od, id = self._shape(workload)
-        kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, prefetch=prefetch)  # refuses a bad TYPE up front
+        kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, glu=glu, prefetch=prefetch)  # refuses a bad TYPE
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype)
+            if glu:
+                inputs.materialise(qtype, up=True)
             if mmvq:
                 inputs.q8  # noqa: B018 (quantize x now, outside the timed launches)
 
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
-            gemv_q(raw, qtype, od, id, x, output, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll,
-                   prefetch=prefetch, stream=stream)
+            knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch}
+            if glu:
+                gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
+            else:
+                gemv_q(raw, qtype, od, id, x, output, stream=stream, **knobs)
 
         return launch
 
@@ -210,12 +221,15 @@ class GemvExperiment(Experiment):
         cuda.synchronize()
 
     def check(self, config, workload, inputs, output) -> float:
-        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (MMVQ: `reference_mmvq`; inf if any element
-        is still NaN)."""
+        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (MMVQ: `reference_mmvq`; GLU: silu(g) * u of
+        the two weights' float64 products; inf if any element is still NaN)."""
         qtype = str(config["TYPE"])
         od, id = self._shape(workload)
         ref_fn = reference_mmvq if int(config.get("MMVQ", 0)) else reference
         ref = ref_fn(inputs.materialise(qtype).copy_to_host(), qtype, od, id, inputs.x_host)
+        if int(config.get("GLU", 0)):
+            up = ref_fn(inputs.materialise(qtype, up=True).copy_to_host(), qtype, od, id, inputs.x_host)
+            ref = ref / (1.0 + np.exp(-ref)) * up
         return relative_error(output.copy_to_host(), ref)
 
     def tolerance(self, config, workload) -> float:
@@ -223,21 +237,23 @@ class GemvExperiment(Experiment):
 
     def kernels(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll, prefetch = int(config["UNROLL"]), int(config["PREFETCH"])
-        dispatcher = kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, prefetch=prefetch)
-        signature = kernel_signature(qtype, mmvq)
+        unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
+        dispatcher = kernel_for(qtype, rpb, wpr, mmvq=mmvq, unroll=unroll, glu=glu, prefetch=prefetch)
+        signature = kernel_signature(qtype, mmvq, glu)
         dispatcher.compile(signature)
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
-                f"{',MMVQ' if mmvq else ''}]")
+                f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 
     def cost(self, workload: Workload, config=None) -> Cost:
-        """2*od*id FLOPs; W's quantized bytes (``config``'s TYPE, default Q4_K) + x read once (4*id bytes in f32;
-        MMVQ: id int8 + 8 bytes of d and sum per 32) + 4*od (y)."""
+        """2*od*id FLOPs per weight; W's quantized bytes (``config``'s TYPE, default Q4_K; GLU: two weights) + x
+        read once (4*id bytes in f32; MMVQ: id int8 + 8 bytes of d and sum per 32) + 4*od (y)."""
         qtype = str((config or {}).get("TYPE", "Q4_K"))
         od, id = self._shape(workload)
+        weights = 2 if int((config or {}).get("GLU", 0)) else 1
         x_bytes = id + 8 * (id // 32) if int((config or {}).get("MMVQ", 0)) else 4 * id
-        return Cost(flops=2.0 * od * id, bytes=float(self._quant_bytes(qtype, workload) + x_bytes + 4 * od))
+        return Cost(flops=2.0 * od * id * weights,
+                    bytes=float(weights * self._quant_bytes(qtype, workload) + x_bytes + 4 * od))
 
 
 register(GemvExperiment())

@@ -291,7 +291,7 @@ def test_experiment_check_passes_and_sees_a_wrong_row():
 
     exp = get("gemv")
     wl = exp.workload("tiny")
-    for arm in ("TYPE=Q6_K,RPB=2,WPR=1", "TYPE=Q5_0", "TYPE=Q4_K,MMVQ=1"):
+    for arm in ("TYPE=Q6_K,RPB=2,WPR=1", "TYPE=Q5_0", "TYPE=Q4_K,MMVQ=1", "TYPE=Q4_K,MMVQ=1,GLU=1", "TYPE=Q8_0,GLU=1"):
         config = exp.config(arm)
         inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
         launch = exp.prepare(config, wl)
@@ -313,7 +313,7 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, rows_per_block, warps_per_row, unroll, prefetch, stream: seen.append(
+        lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch: seen.append(
             (qtype, rows_per_block, warps_per_row, prefetch, raw.size)
         ),
     )
@@ -338,6 +338,7 @@ def test_experiment_cost_and_workloads():
     assert exp.cost(wl).bytes == od * id // 256 * 144 + 4 * id + 4 * od
     assert exp.cost(wl, {"TYPE": "Q6_K"}).bytes == od * id // 256 * 210 + 4 * id + 4 * od
     assert exp.cost(wl).flops == 2 * od * id
+    assert exp.cost(wl, {"TYPE": "Q4_K", "GLU": 1}).bytes == 2 * od * id // 256 * 144 + 4 * id + 4 * od
     assert exp.cost(wl, {"TYPE": "Q4_K", "MMVQ": 1}).bytes == od * id // 256 * 144 + id + 8 * id // 32 + 4 * od
     assert exp.ceiling == "copy"
     with pytest.raises(KernelConstraintError, match="MMVQ"):
