@@ -56,6 +56,8 @@ from minfer_cli.engine.weights import ModelWeights
 # 29.3 µs, the fastest; RPB=8, WPR=1 131 µs), except Q4_K with many rows, where one warp per 8 rows wins (ledger
 # #24, ffn_up od=18944: 17.0 µs vs 20.1) — but not on od=3584..4608 (1 warp per 8 rows leaves ~450 warps for 132
 # SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
+# More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
+# (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
