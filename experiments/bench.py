@@ -102,8 +102,10 @@ class BenchExperiment(Experiment):
         idle = [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
         if idle:
             kind, other = ("tg", "pp") if tg else ("pp", "tg")
-            return (f"{', '.join(idle)} act(s) on {other} workloads only; workload {workload.name} is {kind} "
-                    f"(tg knobs: {', '.join(DECODE_KNOBS)}; pp: every other engine knob)")
+            verb = "acts" if len(idle) == 1 else "act"
+            names = ", ".join(w.name for w in self.workloads if self._is_tg(w) != tg)
+            return (f"{', '.join(idle)} {verb} on {other} workloads only and {workload.name} is a {kind} workload; "
+                    f"pick a {other} one with -w ({names})")
         return engine_conflict(config) if tg else None
 
     def input_set_bytes(self, workload: Workload) -> int:

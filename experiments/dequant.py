@@ -51,6 +51,7 @@ class DequantExperiment(Experiment):
         Workload("tiny", {"od": 4, "id": 512}, "4 x 512, for the CUDA simulator in CI"),
     )
     ceiling = "copy"
+    work_knobs = ("TYPE",)
 
     def __init__(self) -> None:
         self._sets: dict[str, weakref.WeakSet] = {}

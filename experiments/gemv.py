@@ -155,6 +155,7 @@ class GemvExperiment(Experiment):
         Workload("tiny", {"od": 5, "id": 512}, "5 x 512, for the CUDA simulator in CI (a partial last CUDA block)"),
     )
     ceiling = "copy"
+    work_knobs = ("TYPE", "GLU")
 
     def __init__(self) -> None:
         self._sets: dict[str, weakref.WeakSet] = {}

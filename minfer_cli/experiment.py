@@ -110,6 +110,10 @@ class Experiment(ABC):
     def default_config(self) -> Config:
         return {k.name: k.default for k in self.knobs}
 
+    work_knobs: tuple[str, ...] = ()
+    """Knobs that change the work itself (what is computed or how many bytes must move), not how: `ab` refuses two
+    arms that differ in one (their times measure different tasks); `sweep` ranks such points by throughput."""
+
     def refuse(self, config: Config, workload: Workload) -> str | None:
         """Why ``config`` can never run on ``workload`` (a knob combination the kernels refuse, a knob the workload
         never reads), in one sentence, or None. `run`, `ab` and `calibrate` stop on it before the GPU is opened;

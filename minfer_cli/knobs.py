@@ -97,8 +97,7 @@ def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: st
     config: Config = {k.name: k.default for k in by_name.values()}
     for key, text in settings.items():
         if key not in by_name:
-            valid = ", ".join(by_name) or "(none)"
-            raise UsageError(f"unknown knob {key} for {owner}; its knobs are: {valid}")
+            raise UsageError(_unknown(key, by_name, owner))
         config[key] = by_name[key].parse(text)
     return config
 
@@ -106,6 +105,20 @@ def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: st
 def format_config(config: Mapping[str, KnobValue]) -> str:
     """``K=V,K=V`` in declaration order: the same syntax ``--arm`` takes."""
     return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def _unknown(key: str, by_name: Mapping[str, Knob], owner: str) -> str:
+    """The message for an unknown knob: the closest names first (knob names are upper case), then every knob."""
+    import difflib
+
+    upper = key.upper()
+    near = difflib.get_close_matches(upper, list(by_name), n=2, cutoff=0.6)
+    if len(upper) >= 3:  # GLU -> FUSE_GLU: a knob name that contains the given one
+        near = [n for n in by_name if upper in n and n not in near][:2] + near
+    if upper in by_name:
+        near = [upper]
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    return f"unknown knob {key} for {owner}{hint}; its knobs are: {', '.join(by_name) or '(none)'}"
 
 
 def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str) -> list[Config]:
@@ -123,7 +136,7 @@ def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str) -> list[C
         if not sep or not key or not text.strip():
             raise UsageError(f"malformed grid axis {axis!r}; expected K=v1,v2,... e.g. TM=64,128,256")
         if key not in by_name:
-            raise UsageError(f"unknown knob {key} for {owner}; its knobs are: {', '.join(by_name) or '(none)'}")
+            raise UsageError(_unknown(key, by_name, owner))
         if key in names:
             raise UsageError(f"knob {key} is given twice in the grid")
         names.append(key)

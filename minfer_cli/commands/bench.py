@@ -23,6 +23,20 @@ def _rows_dicts(rows) -> list[dict]:
             for r in rows]
 
 
+def _check_knobs_are_read(config, pp: list, tg: list) -> None:
+    """Refuse an --arm that moves a knob no requested test reads (a tg knob with -n 0, a pp knob with -p 0): its
+    numbers would be labelled with a setting that had no effect."""
+    from experiments.bench import DECODE_KNOBS
+    from minfer_cli.engine.bench import engine_knobs
+
+    default = {k.name: k.default for k in engine_knobs()}
+    moved = [k for k, v in config.items() if v != default[k]]
+    unread = [k for k in moved if (k in DECODE_KNOBS and not tg) or (k not in DECODE_KNOBS and not pp)]
+    if unread:
+        kind = ", ".join(f"{k} ({'tg: needs -n' if k in DECODE_KNOBS else 'pp: needs -p'} > 0)" for k in unread)
+        raise UsageError(f"--arm sets a knob no requested test reads: {kind}")
+
+
 @guard
 def bench(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A GGUF file (llama or qwen2). Default: the built-in preset."),
@@ -67,6 +81,7 @@ def bench(
     conflict = engine_conflict(config)
     if conflict:
         raise UsageError(conflict)
+    _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     if model and not Path(model).is_file():
         raise UsageError(f"-m {model}: no such file (give a GGUF file, or leave -m out for the built-in preset)")

@@ -19,7 +19,7 @@ app = typer.Typer(name="experiments", help="The registered experiments (one file
 def list_experiments(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List every experiment: purpose, knobs (allowed values, default in bold), workloads (name: shape).
+    """List every experiment: purpose, knobs (allowed values, the default marked *), workloads (name: shape).
 
     Example: minfer experiments list
     """
@@ -37,11 +37,11 @@ def list_experiments(
         print(json.dumps(data, indent=2))
         return
     t = Table(title="experiments", title_justify="left", show_lines=True)
-    for col in ("experiment", "knobs (default in bold)", "workloads"):
+    for col in ("experiment", "knobs (* default)", "workloads"):
         t.add_column(col)
     for e in registry.values():
         knobs = "\n".join(
-            f"{k.name} ∈ {{{', '.join(f'[bold]{v}[/]' if v == k.default else str(v) for v in k.values)}}}  [dim]{k.doc}[/]"
+            f"{k.name} ∈ {{{', '.join(f'[bold]{v}*[/]' if v == k.default else str(v) for v in k.values)}}}  [dim]{k.doc}[/]"
             for k in e.knobs
         ) or "(none)"
         workloads = "\n".join(f"{w.name}: {w.describe()}" for w in e.workloads)

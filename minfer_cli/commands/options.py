@@ -16,7 +16,7 @@ FLUSH = typer.Option(False, "--flush", help="Also write a 2x L2 buffer between s
 WARMUP = typer.Option(1.0, "--warmup", min=0.0, max=60.0, help="Warm-up seconds per arm before sampling (clocks settle; JIT is never timed).")
 LEDGER = typer.Option(None, "--ledger", help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of the project).")
 NOTE = typer.Option("", "--note", help="Free-text note stored in the ledger record.")
-TITLE = typer.Option(None, "--title", help="Record title (default: experiment and arms).")
+TITLE = typer.Option(None, "--title", help="Record title (default: the experiment and the knobs compared).")
 SEED = typer.Option(None, "--seed", min=0, help="Seed of the random inputs, >= 0 (default: fresh each run).")
 BAR = typer.Option(1.0, "--bar", min=0.01, max=50.0,
                    help="Smallest change, in percent (0.01..50), that counts as a verdict (LANDED/REVERTED).")
@@ -70,3 +70,17 @@ def check_arms_can_run(exp, workload, configs: list, labels: list[str]) -> None:
         problem = exp.refuse(config, workload)
         if problem:
             raise UsageError(f"arm {label} cannot run: {problem}")
+
+
+def check_same_work(exp, configs: list) -> None:
+    """UsageError, before any GPU work, when two A/B arms differ in a knob that changes the work itself
+    (`Experiment.work_knobs`): their times do not measure the same task, so no verdict can come of them."""
+    from minfer_cli.errors import UsageError
+
+    a, b = configs
+    differ = [k for k in exp.work_knobs if a[k] != b[k]]
+    if differ:
+        knobs = ", ".join(f"{k}={a[k]} vs {b[k]}" for k in differ)
+        raise UsageError(f"arms A and B do different work ({knobs}), so their times are not comparable; rank them "
+                         f"by GB/s or % of roofline with `minfer sweep {exp.name} "
+                         f"{' '.join(f'{k}={a[k]},{b[k]}' for k in differ)}`")

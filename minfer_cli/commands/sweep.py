@@ -9,6 +9,7 @@ import typer
 
 from minfer_cli.commands import options, render
 from minfer_cli.console import guard, out, progress
+from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get
 from minfer_cli.knobs import parse_grid
 
@@ -39,6 +40,9 @@ def sweep(
     exp = get(experiment)
     configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
     wl = exp.workload(workload)
+    problems = [exp.refuse(config, wl) for config in configs]
+    if all(problems):
+        raise UsageError(f"no point of the grid can run on workload {wl.name}: {problems[0]}")
     if record:
         options.check_ledger_writable(ledger)
     with progress(f"sweep {exp.name} {wl.name} ({len(configs)} points)") as report:

@@ -53,7 +53,7 @@ def engine_knobs() -> tuple[Knob, ...]:
                                               "in a separate kernel (1 measured -0.4%, NEUTRAL, on the H200: ledger #40)")]
     knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
                                           "L2 first (one TMA bulk prefetch each); 0 the warps' loads only (1 was slower at "
-                                          "every fast gemv launch shape, ledger #36, #37)")]
+                                          "the best gemv launch shapes, ledger #36, #37)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
