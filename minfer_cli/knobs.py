@@ -15,11 +15,11 @@ from minfer_cli.errors import UsageError
 
 # Every environment variable minfer reads, declared here and nowhere else.
 ENV_LEDGER = "MINFER_LEDGER"  # ledger directory (default: ledger/records under the project root)
-ENV_GIT_COMMIT = "MINFER_GIT_COMMIT"  # commit to stamp on records when the tree is a copy without .git
+ENV_GIT_COMMIT = "MINFER_GIT_COMMIT"  # commit to stamp on records (a copy of the tree; overrides git)
 ENV_GIT_DIRTY = "MINFER_GIT_DIRTY"  # "1"/"0": whether that copy had uncommitted changes
 ENV_VARS = {
     ENV_LEDGER: "directory of the YAML ledger records (default: ./ledger/records of the project)",
-    ENV_GIT_COMMIT: "git commit stamped on records when the checkout is a copy without .git (e.g. on a GPU host)",
+    ENV_GIT_COMMIT: "git commit stamped on records instead of what git says (a copy of the tree on a GPU host)",
     ENV_GIT_DIRTY: "1 or 0: whether that copy had uncommitted changes (with MINFER_GIT_COMMIT)",
 }
 

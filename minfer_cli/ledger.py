@@ -550,6 +550,10 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     arms = record.get("arms") or []
     arm_a = arms[0] if arms else None
     arm_b = arms[1] if len(arms) > 1 else None
+    if record.get("kind") == "sweep":  # a grid: its best point, not the first two points
+        best = (record.get("best") or {}).get("label")
+        arm_a = next((a for a in arms if a.get("label") == best), None)
+        arm_b = None
     comparison = record.get("comparison") or {}
     git = record.get("git") or {}
     p_value = comparison.get("p_value")
@@ -580,7 +584,7 @@ def to_frame(records: Iterable[Mapping[str, Any]]) -> "pd.DataFrame":
     """One row per record with the flat columns of `COLUMNS` (nullable dtypes; a missing value is <NA>).
 
     ``date`` is the timestamp; ``arm_a``/``arm_b`` are `arm_text` of arms[0]/arms[1] (<NA> without a second
-    arm); ``a_median``/``b_median`` the arms' ``stats.median`` in ``unit``; ``delta_pct``, ``ci_low_pct``,
+    arm; a sweep gives its best point as ``arm_a`` and no ``arm_b``); ``a_median``/``b_median`` the arms' ``stats.median`` in ``unit``; ``delta_pct``, ``ci_low_pct``,
     ``ci_high_pct`` and ``bar_pct`` are the comparison and the bar in percent; ``commit``/``dirty`` come from
     ``git``. An empty string is stored as missing, so that every export reads back to the same frame.
     """

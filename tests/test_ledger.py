@@ -242,6 +242,12 @@ def test_frame_columns_and_values():
     assert pd.isna(second["arm_b"]) and pd.isna(second["delta_pct"]) and pd.isna(second["commit"])
 
 
+def test_a_sweep_row_shows_its_best_point():
+    record = make_record(kind="sweep", verdict="MEASURED", comparison=None, best={"label": "B", "knobs": {"VEC": 4}})
+    row = ledger.to_frame([dict(record, id=1)]).iloc[0]
+    assert (row["arm_a"], row["a_median"]) == ("VEC=4", 790.25) and pd.isna(row["arm_b"]) and pd.isna(row["b_median"])
+
+
 def test_exports_round_trip(tmp_path):
     records = [dict(make_record(title="a, \"quoted\" title"), id=1), dict(single_arm_record(), id=2)]
     frame = ledger.to_frame(records)
@@ -352,3 +358,15 @@ def test_cli_help_shows_an_example(cli):
     result = cli("show", "--help")
     assert result.exit_code == 0
     assert "minfer ledger show --experiment copy" in result.stdout and "--verdict" in result.stdout
+
+
+def test_git_state_prefers_the_commit_a_copy_was_made_from(monkeypatch, tmp_path):
+    """A tree copied to a GPU host may sit inside another (stale) checkout: MINFER_GIT_COMMIT wins over its git."""
+    from minfer_cli.measure.environment import git_state
+
+    monkeypatch.setenv("MINFER_GIT_COMMIT", "4d5abc0d1252a335c203ebaad3b6aaf78e91e960")
+    monkeypatch.setenv("MINFER_GIT_DIRTY", "0")
+    assert git_state() == {"commit": "4d5abc0d1252a335c203ebaad3b6aaf78e91e960", "dirty": False}
+    monkeypatch.delenv("MINFER_GIT_COMMIT")
+    monkeypatch.delenv("MINFER_GIT_DIRTY")
+    assert git_state(tmp_path) == {"commit": None, "dirty": None}  # no git there, no override

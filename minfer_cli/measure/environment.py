@@ -120,10 +120,14 @@ def software_versions() -> dict:
 
 
 def git_state(cwd: Path | None = None) -> dict:
-    """{commit, dirty} of the git checkout holding the project. Where git cannot tell (a copy of the working tree
-    on a GPU host), MINFER_GIT_COMMIT / MINFER_GIT_DIRTY say what it was copied from; otherwise both None."""
+    """{commit, dirty} of the git checkout holding the project. MINFER_GIT_COMMIT / MINFER_GIT_DIRTY, when set,
+    say what a copy of the working tree (a GPU host) was made from and take precedence: such a copy may sit inside
+    an unrelated or stale checkout whose git would answer for it. Otherwise git; where git cannot tell, None."""
     from minfer_cli.knobs import ENV_GIT_COMMIT, ENV_GIT_DIRTY, env
 
+    if env(ENV_GIT_COMMIT) is not None:
+        dirty = env(ENV_GIT_DIRTY)
+        return {"commit": env(ENV_GIT_COMMIT), "dirty": None if dirty is None else dirty == "1"}
     root = cwd or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
