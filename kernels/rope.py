@@ -16,8 +16,8 @@ to ~1e-7 at small p). Here theta = p * base^(-2i/d) in f64 (``pow`` in f64), red
 a two-constant Cody-Waite step (fdlibm's pio2_1/pio2_1t: exact for quadrant numbers k < 2^20, i.e. theta < 1.6e6,
 which covers any p < 1.6e6), and sin/cos of r by their Taylor series to degree 15/16 (truncation < 5e-17). We
 do not call libdevice's ``sin``/``cos``: their large-argument (Payne-Hanek) path puts a local-memory array in
-every kernel that calls them, f32 or f64. The f64 work is per (token, pair), shared by all the token's heads (a
-thread rotates its pair in every head), so its cost is amortised 32x at 28+4 heads.
+every kernel that calls them, f32 or f64. The f64 work is per (token, pair), done once by the threads of row
+``threadIdx.y == 0`` into a shared (cos, sin) table and used for all the token's heads.
 
 One CUDA block per token, threads ``(tx, ty)``: tx walks the pairs, ty the heads (q's then k's); in ``neox``
 mode a warp's loads are 4-byte, consecutive (coalesced), in ``norm`` mode 8-byte pairs at consecutive addresses.
@@ -39,8 +39,11 @@ from kernels.errors import KernelConstraintError
 MODES = ("neox", "norm")
 THREADS = 1024
 """Threads per block: min(head_dim/2, 128) along the pairs times as many heads as fit (qwen2-7B: 64 x 16, two
-heads per thread; with 256 threads, eight dependent load-rotate-store rounds made a decode step's rope 4.5 µs on
-the H200)."""
+heads per thread). With 256 threads a decode step's rope took 4.5 µs on the H200, with 1024 threads and every
+thread computing its pairs' angles in f64 4.1 µs: the angles are now computed once per pair (a shared table)."""
+MAX_HEAD_DIM = 1024
+MAX_PAIRS = MAX_HEAD_DIM // 2
+"""Rows of the per-block (cos, sin) table: head_dim up to 1024."""
 
 TWO_OVER_PI = 6.36619772367581382433e-01
 PIO2_1 = 1.57079632673412561417e00  # first 33 bits of pi/2: k * PIO2_1 is exact for k < 2^20
@@ -80,19 +83,29 @@ def _rotate(x, t, h, i0, i1, cs, sn):
 
 @cuda.jit
 def _rope(q, k, pos, base, interleaved):
-    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64."""
+    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64.
+    The threads of row ``threadIdx.y == 0`` compute each pair's (cos, sin) once into shared memory; then every
+    thread rotates its pairs in its heads."""
     t = cuda.blockIdx.x
     nh = q.shape[1]
     n_heads = nh + k.shape[1]
     hd = q.shape[2]
     half = hd >> 1
-    p = float64(pos[t])
+    table = cuda.shared.array((MAX_PAIRS, 2), float32)
+    if cuda.threadIdx.y == 0:
+        p = float64(pos[t])
+        i = cuda.threadIdx.x
+        while i < half:
+            theta = p * math.pow(base, float64(-2 * i) / float64(hd))
+            s64, c64 = sincos_f64(theta)
+            table[i, 0] = float32(c64)
+            table[i, 1] = float32(s64)
+            i += cuda.blockDim.x
+    cuda.syncthreads()
     i = cuda.threadIdx.x
     while i < half:
-        theta = p * math.pow(base, float64(-2 * i) / float64(hd))
-        s64, c64 = sincos_f64(theta)
-        sn = float32(s64)
-        cs = float32(c64)
+        cs = table[i, 0]
+        sn = table[i, 1]
         if interleaved:
             i0 = 2 * i
             i1 = i0 + 1
@@ -153,8 +166,10 @@ def rope(q, k, pos, base: float, mode: str, stream=0) -> None:
     nt, nh, hd = q.shape
     if k.shape[0] != nt or k.shape[2] != hd:
         raise KernelConstraintError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same nt and head_dim")
-    if hd < 2 or hd % 2:
-        raise KernelConstraintError(f"head_dim={hd} must be even and >= 2 (rotations act on pairs)")
+    if hd < 2 or hd % 2 or hd > MAX_HEAD_DIM:
+        raise KernelConstraintError(
+            f"head_dim={hd} must be even and between 2 and {MAX_HEAD_DIM} (rotations act on pairs)"
+        )
     if pos.dtype != np.int32 or tuple(pos.shape) != (nt,) or not pos.is_c_contiguous():
         raise KernelConstraintError(
             f"pos must be a contiguous int32 array of shape ({nt},), got {pos.dtype} {tuple(pos.shape)}"
