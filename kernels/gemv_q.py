@@ -62,7 +62,8 @@ UNROLL_VALUES = (1, 2)
 PREFETCH_VALUES = (0, 1)
 """1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
 (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
-warps' registers hold; 0: the warps' own loads only."""
+warps' registers hold; 0: the warps' own loads only. On the H200 1 was slower at the best launch shapes (Q4_K
+ffn_up 17.0 -> 22.2 µs, Q6_K ffn_down 29.1 -> 52.8 µs; ledger #36, #37), so the default is 0."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
 DEFAULT_UNROLL = 1
