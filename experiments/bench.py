@@ -5,8 +5,8 @@ experiments.
 compares two engine settings at the model level through the same interleaved harness, metric tok/s (higher is
 better). Knobs: the engine's (W16, the gemm_f16 tile knobs and FA_* flash-attention knobs act on pp workloads;
 GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8 and PREFETCH on tg workloads; an arm that sets a knob the
-workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the harness's CUDA graphs do
-not apply to a forward that launches hundreds of kernels from Python):
+workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the
+harness's CUDA graphs do not apply to a forward that launches hundreds of kernels from Python):
 
 * pp<nt>: one prefill of nt random prompt tokens into an empty cache, around the synchronised forward.
 * tg<n>: llama-bench's tg: n tokens generated one at a time into an empty cache from a random first token at
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
+from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, idle_knobs
 from minfer_cli.engine.presets import DEFAULT_PRESET
 from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
 
@@ -37,8 +37,6 @@ _PRESET = {"pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny
            "tg128": DEFAULT_PRESET, "tiny_tg8": "tiny"}
 PP_TOLERANCE = 2e-2
 TG_TOLERANCE = 5e-2
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH")
-"""Engine knobs that act on tg workloads only; every other engine knob acts on pp workloads only."""
 
 
 class _TgOutput:
@@ -98,8 +96,7 @@ class BenchExperiment(Experiment):
         """An arm that moves a knob this workload never reads (its A/B would time a no-op), or FUSE_NORM_Q8=1
         without MMVQ (there is no Q8_1 vector to write)."""
         tg = self._is_tg(workload)
-        default = self.default_config()
-        idle = [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
+        idle = idle_knobs(config, tg)
         if idle:
             kind, other = ("tg", "pp") if tg else ("pp", "tg")
             verb = "acts" if len(idle) == 1 else "act"

@@ -5,10 +5,9 @@ by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per 
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
 block's rows are first streamed into L2 by one TMA bulk prefetch), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
-counted), MMVQ (1: x is
-quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a kernel runs; TYPE must be
-one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level tg A/B, where one
-quantized x serves several mat-vecs).
+counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
+kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
+tg A/B, where one quantized x serves several mat-vecs).
 Workloads: the nt = 1 projections of one Qwen2-7B layer (hidden 3584, FFN 18944, 28 q heads + 2x4 kv heads of
 128 -> fused qkv 4608) and its vocabulary head (152064 x 3584), plus a tiny shape for the CUDA simulator.
 Cost model: 2*od*id FLOPs; fewest bytes = W's quantized bytes + x read once (4*id) + y written once (4*od);

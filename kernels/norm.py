@@ -1,10 +1,11 @@
 """RMSNorm over the rows of the f32 residual stream: ``y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w``.
 
 One CUDA block per row. Each thread accumulates the squares of columns ``tid, tid + tpb, ...`` in f32 (coalesced
-4-byte loads, four columns' loads issued per loop iteration into four partial sums), the block sums the partial sums with a warp butterfly (`shfl.sync.bfly`) then a second butterfly
-over the per-warp sums held in shared memory (every warp reduces them, so no broadcast barrier is needed), and
-each thread writes its columns ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the
-mat-vec takes f32 x). The second pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
+4-byte loads, four columns' loads issued per loop iteration into four partial sums), the block sums the partial
+sums with a warp butterfly (`shfl.sync.bfly`) then a second butterfly over the per-warp sums held in shared
+memory (every warp reduces them, so no broadcast barrier is needed), and each thread writes its columns
+``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the mat-vec takes f32 x). The second
+pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
 `rms_norm_q8` also quantizes the f32 output to Q8_1 blocks in that pass (decode with MMVQ: one launch, not two).
 
 Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and

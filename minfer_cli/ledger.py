@@ -584,8 +584,8 @@ def to_frame(records: Iterable[Mapping[str, Any]]) -> "pd.DataFrame":
     """One row per record with the flat columns of `COLUMNS` (nullable dtypes; a missing value is <NA>).
 
     ``date`` is the timestamp; ``arm_a``/``arm_b`` are `arm_text` of arms[0]/arms[1] (<NA> without a second
-    arm; a sweep gives its best point as ``arm_a`` and no ``arm_b``); ``a_median``/``b_median`` the arms' ``stats.median`` in ``unit``; ``delta_pct``, ``ci_low_pct``,
-    ``ci_high_pct`` and ``bar_pct`` are the comparison and the bar in percent; ``commit``/``dirty`` come from
+    arm; a sweep gives its best point as ``arm_a`` and no ``arm_b``); ``a_median``/``b_median`` the arms'
+    ``stats.median`` in ``unit``; ``delta_pct``, ``ci_low_pct``, ``ci_high_pct`` and ``bar_pct`` are the comparison and the bar in percent; ``commit``/``dirty`` come from
     ``git``. An empty string is stored as missing, so that every export reads back to the same frame.
     """
     import pandas as pd

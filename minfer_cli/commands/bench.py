@@ -26,15 +26,12 @@ def _rows_dicts(rows) -> list[dict]:
 def _check_knobs_are_read(config, pp: list, tg: list) -> None:
     """Refuse an --arm that moves a knob no requested test reads (a tg knob with -n 0, a pp knob with -p 0): its
     numbers would be labelled with a setting that had no effect."""
-    from experiments.bench import DECODE_KNOBS
-    from minfer_cli.engine.bench import engine_knobs
+    from minfer_cli.engine.bench import idle_knobs
 
-    default = {k.name: k.default for k in engine_knobs()}
-    moved = [k for k, v in config.items() if v != default[k]]
-    unread = [k for k in moved if (k in DECODE_KNOBS and not tg) or (k not in DECODE_KNOBS and not pp)]
+    unread = ([f"{k} (pp: needs -p > 0)" for k in idle_knobs(config, tg=True)] if not pp else []) + \
+             ([f"{k} (tg: needs -n > 0)" for k in idle_knobs(config, tg=False)] if not tg else [])
     if unread:
-        kind = ", ".join(f"{k} ({'tg: needs -n' if k in DECODE_KNOBS else 'pp: needs -p'} > 0)" for k in unread)
-        raise UsageError(f"--arm sets a knob no requested test reads: {kind}")
+        raise UsageError(f"--arm sets a knob no requested test reads: {', '.join(unread)}")
 
 
 @guard

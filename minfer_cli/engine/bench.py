@@ -34,11 +34,13 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH")
+"""Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
+
+
 def engine_knobs() -> tuple[Knob, ...]:
-    """The knobs of the whole engine: W16, the decode ones (GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8,
-    PREFETCH), the
-    GEMM's tile knobs, and the flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the
-    decode ones on tg."""
+    """The knobs of the whole engine: W16, the decode ones (``DECODE_KNOBS``), the GEMM's tile knobs, and the
+    flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the decode ones on tg."""
     from kernels import attention, gemm_f16
 
     knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
@@ -59,6 +61,12 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
+
+
+def idle_knobs(config: Config, tg: bool) -> list[str]:
+    """The knobs ``config`` moves from their defaults that a tg (``tg``) or pp test never reads."""
+    default = {k.name: k.default for k in engine_knobs()}
+    return [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
 
 
 def engine_conflict(config: Config) -> str | None:

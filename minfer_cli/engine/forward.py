@@ -42,7 +42,8 @@ class EngineOptions:
     as one kernel (`kernels.gemv_q.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
     writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
     (False); prefetch: every decode mat-vec first streams its CUDA block's weight rows into L2 with one TMA bulk
-    prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False) — the decode options are read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
+    prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False) — the decode options are
+    read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
     gemm: Optional[dict] = None
