@@ -6,8 +6,10 @@ gate and up are f32 ``[nt, ffn]`` (the gate and up GEMM outputs), given either a
 f16-A down GEMM) or f32 (decode: the mat-vec takes f32 x).
 
 A 1-D grid of ``nt * ceil(ffn / tpb)`` blocks; block b does row ``b // ceil(ffn/tpb)``, one column per thread:
-coalesced 4-byte loads of gate and up, 2- or 4-byte stores. ``exp`` is libdevice's ``expf`` (2 ulp), not
-``ex2.approx``; silu(g) underflows to -0 for g < -88 exactly as the reference does.
+coalesced 4-byte loads of gate and up, 2- or 4-byte stores. ``exp`` is numba's f32 ``math.exp``; f32's exp overflows
+to inf past 88.72, so silu(g) is -0 for g below -88.72, the float32 result of the same expression. `silu_mul`'s cap
+on exp's argument (`SILU_EXP_CAP`) changes no GPU result; it keeps the CUDA simulator, whose ``math.exp`` is
+float64 and raises OverflowError past 709.78, on that same -0.
 
 Source: Shazeer 2020, "GLU Variants Improve Transformer" (arXiv:2002.05202); llama.cpp ``ggml_swiglu`` /
 ``unary.cu`` (``silu``: ``x / (1 + expf(-x))``).
@@ -26,6 +28,16 @@ from kernels.views import column_slice
 
 DEFAULT_TPB = 256
 OUT_DTYPES = (np.float16, np.float32)
+SILU_EXP_CAP = 100.0  # above f32's exp range (88.72): exp(min(-g, cap)) is inf for every g < -88.72, as uncapped
+
+
+@cuda.jit(device=True, inline="always")
+def silu_mul(g, u):
+    """``silu(g) * u = g / (1 + exp(-g)) * u`` for f32 scalars g, u: the one SwiGLU expression of every kernel (this
+    file's and the fused mat-vec's `kernels.gemv_q.gemv_glu`), so fused and unfused decode agree bit for bit.
+    -0 for g < -88.72 (f32's exp is inf there); exp's argument is capped at `SILU_EXP_CAP` so that the simulator's
+    float64 ``math.exp`` gives the same inf instead of raising OverflowError."""
+    return g / (float32(1.0) + math.exp(min(-g, float32(SILU_EXP_CAP)))) * u
 
 
 @cuda.jit
@@ -35,8 +47,7 @@ def _swiglu(gate, up, out, col_blocks):
     row = b // col_blocks
     col = (b - row * col_blocks) * cuda.blockDim.x + cuda.threadIdx.x
     if col < out.shape[1]:
-        g = gate[row, col]
-        out[row, col] = g / (float32(1.0) + math.exp(-g)) * up[row, col]
+        out[row, col] = silu_mul(gate[row, col], up[row, col])
 
 
 def _device(a, name: str):

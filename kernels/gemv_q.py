@@ -41,11 +41,10 @@ decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda
 
+from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
 from kernels.ptx import dp4a_s32, prefetch_l2_bulk
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
@@ -672,12 +671,6 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
 """
 
 
-@cuda.jit(device=True, inline="always")
-def _silu_mul(g, u):
-    """SwiGLU of one element, the expression of `kernels.activation` (so fused and unfused agree bit for bit)."""
-    return g / (np.float32(1.0) + math.exp(-g)) * u
-
-
 def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> str:
     """The loop body over ``unroll`` chunks; ``mats`` pairs each accumulator prefix with its weight array. One
     chunk: a guarded block (a lane past the row's end skips it). Several: every chunk's block index is clamped to
@@ -705,7 +698,7 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     glu = len(mats) == 2
 
     def value(a, u, r):
-        return f"_silu_mul({a}, {u})" if glu else a + (f" + res[{r}]" if residual else "")
+        return f"silu_mul({a}, {u})" if glu else a + (f" + res[{r}]" if residual else "")
 
     if wpr == 1:
         return "    if lane == 0:\n" + "\n".join(
@@ -763,7 +756,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
-    scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "_silu_mul": _silu_mul, "xload": xload,
+    scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "prefetch_l2_bulk": prefetch_l2_bulk}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     return cuda.jit(scope[fname])
