@@ -46,7 +46,7 @@ from numba import cuda
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
-from kernels.ptx import dp4a_s32, prefetch_l2_bulk
+from kernels.ptx import dp4a_s32, ld_global_v4_b32, prefetch_l2_bulk, st_shared_v4_b32, syncwarp
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
@@ -63,10 +63,20 @@ PREFETCH_VALUES = (0, 1)
 (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
 warps' registers hold; 0: the warps' own loads only. On the H200 1 was slower at the best launch shapes (Q4_K
 ffn_up 17.0 -> 22.2 µs, Q6_K ffn_down 29.1 -> 52.8 µs; ledger #36, #37), so the default is 0."""
+STAGE_VALUES = (0, 1)
+"""1: each warp copies every chunk of its rows into shared memory with aligned 16-byte loads first and decodes
+from there (`_staged_body`), for the 2-byte-aligned formats ``STAGE_TYPES``, whose decode otherwise issues one
+2-byte global load per halfword (Q6_K: 17 a lane a block); 0: decode straight from global memory."""
+STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
+"""Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
+STAGE_SMEM_LIMIT = 48 * 1024
+"""Bytes of static shared memory a STAGE=1 kernel may use (CUDA's static limit): its windows are
+``WPR * RPB * (2 with GLU) * window`` bytes (Q6_K: 864-byte windows, so RPB * WPR * weights <= 56)."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
 DEFAULT_UNROLL = 1
 DEFAULT_PREFETCH = 0
+DEFAULT_STAGE = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -692,6 +702,51 @@ def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str
     return "\n".join(lines)
 
 
+def stage_window_bytes(chunk_bytes: int) -> int:
+    """Shared-memory bytes of one staged chunk: the 16-byte vectors covering ``chunk_bytes`` bytes that start at
+    any even address (up to 14 bytes before the chunk's start fall in its first vector)."""
+    return (chunk_bytes + 14 + 15) // 16 * 16
+
+
+def _stage_init(mats, rpb: int, wpr: int, chunk_bytes: int) -> str:
+    """The staging buffer: one window per (warp, weight, row), 16-byte aligned; ``wb0`` is this warp's first."""
+    win = stage_window_bytes(chunk_bytes) // 2
+    align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
+    return (f"    stg = cuda.shared.array({wpr * len(mats) * rpb * win}, np.uint16, alignment={align})\n"
+            f"    wb0 = warp * {len(mats) * rpb * win}\n")
+
+
+def _staged_body(rows, mats, rpb: int, bpc: int, bs: int, type_size: int, xargs: str) -> str:
+    """The loop body with STAGE=1 (UNROLL=1): the warp copies its chunk (blocks ``cb .. ce-1``) of every row and
+    weight into its shared windows, then decodes from there with the same block dots.
+
+    A chunk's bytes ``[s, e)`` start at any even offset; the copy takes the 16-byte vectors of ``[s & ~15, e)``
+    (W itself 16-byte aligned and a whole number of vectors long, so none lies past its end) with
+    ``ld.global.v4`` (`kernels.ptx.ld_global_v4_b32`), lane ``l`` vectors ``l`` and ``l + 32``, ... clamped to
+    the last one (a duplicate load of one line, not a branch), all of them before any store; then
+    ``st.shared.v4``. The decode sees the window from ``s`` on as a ``uint16`` array whose block 0 is the chunk's
+    first. `kernels.ptx.syncwarp` before the stores (the last chunk's decode is done) and after them (this one's copy is)."""
+    win = stage_window_bytes(bpc * type_size) // 2
+    nvec = win // 8
+    loads, stores, views = [], [], []
+    for r in rows:
+        for m, (_, w) in enumerate(mats):
+            k = f"{m}_{r}"
+            base = f"wb0 + {(m * rpb + r) * win}"
+            loads += [f"        s{k} = (rb{r} + cb) * {type_size}",
+                      f"        a{k} = s{k} & -16",
+                      f"        n{k} = ((rb{r} + ce) * {type_size} - a{k} + 15) >> 4"]
+            for t in range((nvec + 31) // 32):
+                loads += [f"        v{k}_{t} = min(lane + {32 * t}, n{k} - 1)",
+                          f"        q{k}_{t} = ld_global_v4_b32({w}, (a{k} >> 1) + 8 * v{k}_{t})"]
+                stores.append(f"        st_shared_v4_b32(stg, {base} + 8 * v{k}_{t}, q{k}_{t}[0], q{k}_{t}[1], "
+                              f"q{k}_{t}[2], q{k}_{t}[3])")
+            views.append(f"            {mats[m][0]}{r} += dot(stg[{base} + ((s{k} - a{k}) >> 1):], bl, j, xs)")
+    return "\n".join([f"        cb = c * {bpc}", f"        ce = min(cb + {bpc}, nb)", *loads, "        syncwarp()",
+                      *stores, "        syncwarp()", "        b = cb + bl", "        if b < nb:",
+                      f"            xs = xload({xargs}, b * {bs}, j)", *views])
+
+
 def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     """Reduce the warps' row sums (shared memory when WPR > 1) and store y: the sum (+ res), or with two
     matrices (gate, up) silu(gate row) * up row."""
@@ -726,15 +781,15 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH): the per-row
+           prefetch: bool = False, stage: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -750,19 +805,23 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
         prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch else "",
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
-        per_row_init="\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
+        per_row_init=(_stage_init(mats, rpb, wpr, 32 // lpb * fmt.type_size) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
-        chunk_body=_chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs),
+        chunk_body=(_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
+                    else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs)),
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
-             "dot": dot, "prefetch_l2_bulk": prefetch_l2_bulk}
+             "dot": dot, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
+             "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     return cuda.jit(scope[fname])
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0) -> None:
+    if stage not in STAGE_VALUES:
+        raise KernelConstraintError(f"stage={stage!r} is not supported; allowed: {', '.join(map(str, STAGE_VALUES))}")
     if prefetch not in PREFETCH_VALUES:
         raise KernelConstraintError(
             f"prefetch={prefetch!r} is not supported; allowed: {', '.join(map(str, PREFETCH_VALUES))}"
@@ -794,20 +853,58 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH):
+               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
+               stage: int = DEFAULT_STAGE):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
-    two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``)."""
+    two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
+    ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
+    reason = stage_refusal(name, rows_per_block, warps_per_row, unroll=unroll, glu=glu) if stage else None
+    if reason:
+        raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch))
+           bool(prefetch), bool(stage))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
     return k
+
+
+def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False) -> int:
+    """Static shared memory of a STAGE=1 kernel: one `stage_window_bytes` window per warp, weight and row."""
+    fmt = block_format(qtype)
+    chunk = 32 // _IMPLS[fmt.name][2] * fmt.type_size
+    return warps_per_row * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
+
+
+def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, unroll: int = 1, glu: bool = False,
+                  raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
+    """Why ``stage=1`` cannot run with these knobs, in one sentence, or None: the one owner of STAGE's rules
+    (`kernel_for`, `gemv_q` and `gemv_glu` raise it; the gemv experiment and the decode engine ask first).
+    A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over ``STAGE_SMEM_LIMIT``; with ``raw`` (a
+    device array, named ``what``) or only its size ``nbytes``: W not a whole number of 16-byte vectors or, for
+    ``raw``, not starting at a 16-byte aligned address (the copy's vector loads would fault or pass its end)."""
+    name = block_format(qtype).name
+    if name not in STAGE_TYPES:
+        return (f"stage=1 takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
+                "blocks with aligned words, use stage=0")
+    if unroll != 1:
+        return f"stage=1 needs unroll=1 (the staged loop copies one chunk a step), got {unroll}"
+    need = stage_smem_bytes(name, rows_per_block, warps_per_row, glu)
+    if need > STAGE_SMEM_LIMIT:
+        return (f"stage=1 with rows_per_block={rows_per_block}, warps_per_row={warps_per_row}{' and glu' if glu else ''}"
+                f" needs {need} bytes of shared memory for {name}, over the {STAGE_SMEM_LIMIT}-byte static limit; "
+                "use fewer rows or warps")
+    size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
+    address = _address(raw) % 16 if raw is not None else 0
+    if size is not None and (size % 16 or address):
+        return (f"stage=1 reads {what} in 16-byte vectors: it must start at a 16-byte aligned address and be a "
+                f"multiple of 16 bytes long, got {size} bytes" + (f" at address % 16 = {address}" if address else ""))
+    return None
 
 
 def kernel_signature(qtype, mmvq: bool = False, glu: bool = False) -> tuple:
@@ -840,6 +937,7 @@ def gemv_q(
     warps_per_row: int = DEFAULT_WPR,
     unroll: int = DEFAULT_UNROLL,
     prefetch: int = DEFAULT_PREFETCH,
+    stage: int = DEFAULT_STAGE,
     residual=None,
     stream=0,
 ):
@@ -860,6 +958,8 @@ def gemv_q(
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
     unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
     prefetch: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk prefetch (``PREFETCH_VALUES``).
+    stage: 1 to copy each chunk into shared memory with 16-byte loads before decoding it (``STAGE_VALUES``; the
+    formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes long).
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -875,7 +975,7 @@ def gemv_q(
     MMVQ kernel.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stream)
+                   stage, stream)
 
 
 def gemv_glu(
@@ -891,6 +991,7 @@ def gemv_glu(
     warps_per_row: int = DEFAULT_WPR,
     unroll: int = DEFAULT_UNROLL,
     prefetch: int = DEFAULT_PREFETCH,
+    stage: int = DEFAULT_STAGE,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -907,14 +1008,15 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stream)
+                   stage, stream)
 
 
-def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stream):
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
+            stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -924,6 +1026,11 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         weights = (_check_raw(fmt, raw, od, id),)
     else:
         weights = tuple(_named(name, _check_raw, fmt, w, od, id) for name, w in (("raw_gate", raw), ("raw_up", raw_up)))
+    for name, w in zip(("raw", "raw_up"), weights) if stage else ():
+        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, unroll=unroll, glu=raw_up is not None, raw=w,
+                               what=name)
+        if reason:
+            raise KernelConstraintError(reason)
     if mmvq:
         if x.size != id:
             raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
@@ -946,7 +1053,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch)
+                      prefetch, stage)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

@@ -20,7 +20,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
+from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -41,7 +41,8 @@ def _tiny_id(name: str) -> int:
     return 512 if bs == 256 else 768 if bs == 32 else 40
 
 
-def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0):
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
+         stage=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference). mmvq: x is
     quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -55,7 +56,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 residual=res)
+                 stage=stage, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -103,6 +104,38 @@ def test_prefetch_with_a_partial_last_block_and_an_odd_block_start(name, rpb, mm
     ts = FORMATS[name].type_size
     _assert_close(*_run(name, 3, _tiny_id(name), rpb=rpb, wpr=1, mmvq=mmvq, prefetch=1,
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq", [
+    ("Q6_K", 4, 1536, 8, 1, True), ("Q6_K", 3, 2048, 2, 2, False), ("Q8_0", 3, 1280, 4, 2, True),
+    ("Q4_0", 4, 704, 8, 1, False), ("Q5_0", 3, 1280, 2, 4, False), ("Q3_K", 4, 1536, 4, 2, False)])
+def test_stage_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, rpb, wpr, mmvq):
+    """STAGE=1 (each chunk copied to shared memory with 16-byte loads, then decoded there) with a partial last
+    chunk (nb not a multiple of the chunk's blocks), a partial last CUDA block or idle warps, and chunks starting
+    at every phase mod 16: against float64, and bit for bit against STAGE=0 (the same arithmetic, only the
+    loads differ). Shapes keep W a whole number of 16-byte vectors, which STAGE=1 requires."""
+    assert name in STAGE_TYPES and od * id // FORMATS[name].block_size * FORMATS[name].type_size % 16 == 0
+    rng = np.random.default_rng()
+    seed = int(rng.integers(2**63))
+    staged, ref = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=1, rng=np.random.default_rng(seed))
+    _assert_close(staged, ref)
+    direct, _ = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, rng=np.random.default_rng(seed))
+    np.testing.assert_array_equal(staged, direct)
+
+
+def test_stage_glu_bit_for_bit():
+    """The SwiGLU kernel with STAGE=1 stages both weights' chunks: bit for bit the STAGE=0 kernel."""
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    od, id = 4, 1536
+    wg, wu = (cuda.to_device(random_blocks("Q6_K", od, id, rng)) for _ in range(2))
+    xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
+    outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
+    for stage, out in enumerate(outs):
+        gemv_glu(wg, wu, "Q6_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, stage=stage)
+    assert not np.isnan(outs[1].copy_to_host()).any()
+    np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
@@ -275,6 +308,14 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), unroll=3), r"unroll=3 is not supported; allowed: 1, 2"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=2), r"stage=2 is not supported; allowed: 0, 1"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, unroll=2), r"stage=1 needs unroll=1"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), stage=1), r"stage=1 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, rows_per_block=8, warps_per_row=8),
+         r"needs 55296 bytes of shared memory for Q6_K, over the 49152-byte"),
+        (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), stage=1), r"multiple of 16 bytes long, got 630 bytes$"),
+        (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), stage=1),
+         r"stage=1 reads raw in 16-byte vectors: it must start at a 16-byte aligned address .* address % 16 = 2"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -313,8 +354,8 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch: seen.append(
-            (qtype, rows_per_block, warps_per_row, prefetch, raw.size)
+        lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch, stage: seen.append(
+            (qtype, rows_per_block, warps_per_row, prefetch, stage, raw.size)
         ),
     )
     exp = get("gemv")
@@ -322,7 +363,23 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
     for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1"):
         exp.prepare(exp.config(arm), wl)(inputs, output, 0)
-    assert seen == [("Q4_K", 1, 8, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 5 * 16 * 34)]
+    assert seen == [("Q4_K", 1, 8, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 5 * 16 * 34)]
+
+
+@pytest.mark.parametrize("arm, workload, needle", [
+    ("TYPE=Q6_K,STAGE=1", "tiny", "STAGE=1: stage=1 reads tiny's W in 16-byte vectors: .* got 2100 bytes"),
+    ("TYPE=Q4_K,STAGE=1", "ffn_up", "STAGE=1: stage=1 takes the 2-byte-aligned formats"),
+    ("TYPE=Q6_K,STAGE=1,UNROLL=2", "ffn_down", "STAGE=1: stage=1 needs unroll=1"),
+    ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=8", "ffn_down", "over the 49152-byte static limit"),
+    ("TYPE=Q6_K,STAGE=1,RPB=4,WPR=2", "ffn_down", None),
+    ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=1", "output", None),
+])
+def test_experiment_refuses_stage_where_the_kernel_cannot_take_it(arm, workload, needle):
+    from minfer_cli.experiment import get
+
+    exp = get("gemv")
+    reason = exp.refuse(exp.config(arm), exp.workload(workload))
+    assert reason is None if needle is None else re.search(needle, reason)
 
 
 def test_experiment_cost_and_workloads():
@@ -351,11 +408,12 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0):
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0):
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage)
     if key not in _PTX:
         _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch).py_func, kernel_signature(name, mmvq, glu),
+            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage).py_func,
+            kernel_signature(name, mmvq, glu),
             cc=(9, 0),
         )[0]
     return _PTX[key]
@@ -423,6 +481,23 @@ def test_every_knob_changes_the_code():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("name, mmvq", [(n, False) for n in STAGE_TYPES] + [("Q6_K", True), ("Q8_0", True)])
+def test_stage_reads_weights_in_16_byte_vectors_and_decodes_from_shared_memory(name, mmvq):
+    """STAGE=1: W's only global loads are ``ld.global.v4.b32`` (none of the 2-byte loads of STAGE=0), the
+    decode's halfwords come from shared memory (``ld.shared.u16``), one ``bar.warp.sync`` before and after each
+    copy, no local memory."""
+    from kernels.gemv_q import stage_window_bytes
+
+    ptx = _ptx(name, 4, 2, mmvq=mmvq, stage=1)
+    assert "ld.global.u16" in _ptx(name, 4, 2, mmvq=mmvq) and "ld.global.u16" not in ptx
+    fmt = FORMATS[name]
+    chunk = (4 if fmt.block_size == 256 else 16) * fmt.type_size  # a warp's 32 lanes: 8 or 2 lanes a block
+    per_row = -(-stage_window_bytes(chunk) // 16 // 32)  # 16-byte vectors per lane per row: 1 or 2
+    assert ptx.count("ld.global.v4.b32") == ptx.count("st.shared.v4.b32") == 4 * per_row
+    assert "ld.shared.u16" in ptx and ptx.count("bar.warp.sync") == 2 and ".local" not in ptx
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("name", MMVQ_TYPES)
 def test_mmvq_kernels_use_dp4a_and_keep_weight_loads_aligned(name):
     from kernels.gemv_q import DEFAULT_RPB, DEFAULT_WPR
@@ -464,6 +539,16 @@ def test_prefetch_real_shapes(name, rpb, wpr, od, id):
     ts = FORMATS[name].type_size
     _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1,
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q6_K", False), ("Q8_0", True), ("Q3_K", False)])
+@pytest.mark.parametrize("od, id", [(3584, 18944), (152064, 3584), (300, 3584)], ids=["ffn_down", "output", "tail"])
+def test_stage_real_shapes(name, mmvq, od, id):
+    """STAGE=1 on the device at the Q6_K shapes of the decode step (ffn_down, the vocabulary head) and 300 rows (a
+    partial last CUDA block of 8): a misaligned vector load would fault, a wrong window would miss the reference."""
+    _assert_close(*_run(name, od, id, rpb=4, wpr=2, mmvq=mmvq, stage=1))
+    _assert_close(*_run(name, od, id, rpb=8, wpr=1, mmvq=mmvq, stage=1))
 
 
 @pytest.mark.gpu

@@ -34,7 +34,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH", "STAGE")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -56,6 +56,9 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
                                           "L2 first (one TMA bulk prefetch each); 0 the warps' loads only (1 was slower at "
                                           "the best gemv launch shapes, ledger #36, #37)")]
+    knobs += [Knob("STAGE", (0, 1), 0, "decode (tg): 1 has the mat-vecs of 2-byte-aligned weights (Q6_K, Q8_0, ...) copy "
+                                       "each chunk to shared memory with 16-byte loads before decoding it (gemv "
+                                       "STAGE=1); 0 decodes from global memory with 2-byte loads")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -85,7 +88,7 @@ def engine_options(config: Config) -> EngineOptions:
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
-                         prefetch=bool(config.get("PREFETCH", 0)))
+                         prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)))
 
 
 @dataclass

@@ -29,7 +29,9 @@ mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read 
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: +7.5% tg128, ledger #39) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv_q.gemv_glu`) when gate and up share a
 format, instead of two mat-vecs and `swiglu`. ``PREFETCH=1`` (``options.prefetch``) has every mat-vec stream its
-CUDA blocks' weight rows into L2 first (`kernels.gemv_q`'s PREFETCH knob).
+CUDA blocks' weight rows into L2 first (`kernels.gemv_q`'s PREFETCH knob). ``STAGE=1`` (``options.stage``) has every
+mat-vec that `kernels.gemv_q.stage_refusal` allows (the 2-byte-aligned formats, W 16-byte aligned and a whole
+number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE knob); the others run as before.
 ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
 the output norm).
@@ -146,6 +148,7 @@ class DecodeEngine:
         self.fuse_add = bool(options.fuse_add)
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
+        self.stage = bool(options.stage)
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
@@ -267,17 +270,23 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb)
         return self._quantize(self._h1, self._q8_hidden)
 
-    def _input(self, m: _Gemv, x, xq, wide: bool):
+    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
         """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
-        least WIDE_ROWS rows), else f32 ``x`` and the f32 shape."""
-        from kernels.gemv_q import MMVQ_TYPES
+        least WIDE_ROWS rows), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
+        `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape)."""
+        from kernels.gemv_q import MMVQ_TYPES, stage_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
-            return x, self._launch_f32
-        if wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
-            return xq, self._launch_mmvq_wide
-        return xq, self._launch_mmvq
+            x_in, launch = x, self._launch_f32
+        elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
+            x_in, launch = xq, self._launch_mmvq_wide
+        else:
+            x_in, launch = xq, self._launch_mmvq
+        if self.stage and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
+                                        unroll=launch["unroll"], glu=glu, raw=m.raw) is None:
+            launch = {**launch, "stage": 1}
+        return x_in, launch
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
@@ -303,7 +312,7 @@ class DecodeEngine:
         with two weights: 36.7 vs 27.5 µs a call at ffn_up on the H200, a profiler trace, not in the ledger)."""
         from kernels.gemv_q import gemv_glu
 
-        x_in, launch = self._input(gate, x, xq, wide=False)
+        x_in, launch = self._input(gate, x, xq, wide=False, glu=True)
         gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, stream=self.stream, **launch)
 
     def _enqueue(self) -> None:

@@ -42,7 +42,9 @@ class EngineOptions:
     as one kernel (`kernels.gemv_q.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
     writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
     (False); prefetch: every decode mat-vec first streams its CUDA block's weight rows into L2 with one TMA bulk
-    prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False) — the decode options are
+    prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False); stage: decode mat-vecs of
+    the 2-byte-aligned formats (Q6_K, Q8_0, ...) copy their chunks into shared memory with 16-byte loads first
+    (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False) — the decode options are
     read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
@@ -54,6 +56,7 @@ class EngineOptions:
     fuse_glu: bool = True
     fuse_norm_q8: bool = False
     prefetch: bool = False
+    stage: bool = False
 
 
 @dataclass
