@@ -39,6 +39,11 @@ KINDS = ("ab", "run", "calibrate", "sweep", "bench")
 VERDICTS = ("LANDED", "REVERTED", "NEUTRAL", "INVALID", "MEASURED")
 ARM_STATUSES = ("ok", "invalid")
 FORMATS = ("md", "csv", "json")
+# Kinds whose verdict was judged against ``bar``; the others (run, sweep, bench) store 0.0, meaning "no bar".
+KINDS_WITH_BAR = ("ab", "calibrate")
+# Kinds whose arms are not alternatives but the workloads one configuration was measured on: a bench record holds
+# one arm per pp/tg test, labelled with the test (pp512, tg128: the workload names `minfer ab bench -w` takes).
+KINDS_WITH_WORKLOAD_ARMS = ("bench",)
 
 # Columns of `to_frame` and their pandas dtypes (nullable, so a missing value is <NA> in every column). The
 # exports read back to the same frame with ``pd.read_csv(buf, dtype=COLUMNS)`` and
@@ -281,7 +286,8 @@ def validate(record: Any) -> list[str]:
     {label: non-empty str, knobs: mapping, status: "ok"|"invalid"} with optional error (str|null),
     parity_error, tflops, gbps, pct_roofline (number|null) and stats (mapping|null)), ``comparison`` (null or
     {delta, ci_low, ci_high, p_value: number, rounds: int}, where delta = median per-round ratio B/A - 1),
-    ``bar`` (number, a fraction like delta: 0.02 means 2%), ``verdict`` (one of `VERDICTS`), ``environment``
+    ``bar`` (number, a fraction like delta: 0.02 means 2%; the kinds of `KINDS_WITH_BAR` were judged against it,
+    the others store 0.0), ``verdict`` (one of `VERDICTS`), ``environment``
     and ``software`` (mappings), ``git`` {commit: str|null, dirty: bool|null}, ``command`` and ``notes`` (str).
     """
     return _schema_problems(record, require_id=True)
@@ -471,6 +477,19 @@ def load(directory: str | Path) -> LedgerContents:
     return LedgerContents(directory, records, problems)
 
 
+def parse_id(text: str) -> int:
+    """The record id in ``text`` as typed on a command line: a whole number of 1 or more, in ASCII digits, leading
+    zeros allowed (``46``, or ``0046`` as in the file name ``0046-slug.yaml``; surrounding blanks are ignored).
+
+    Raises LedgerError for anything else (``4x``, ``-3``, ``0``, ``4.0``, ``4_6``), saying what an id looks like.
+    """
+    digits = text.strip()
+    if not re.fullmatch(r"[0-9]+", digits) or int(digits) < 1:
+        raise LedgerError(f"record id {text!r} is not a whole number of 1 or more; give one like 46 (or 0046, as in "
+                          "its file name); `minfer ledger show` lists the records")
+    return int(digits)
+
+
 def get(directory: str | Path, record_id: int) -> dict:
     """The record with id ``record_id`` in ``directory``.
 
@@ -536,6 +555,15 @@ def arms_text(arms: list) -> str:
     return " → ".join(",".join(f"{k}={ks.get(k)}" for k in differing) for ks in knob_sets)
 
 
+def record_arms_text(record: Mapping[str, Any]) -> str:
+    """A record's arms as the ledger table shows them: a bench record's tests (``pp2048, tg128``), since they are
+    workloads of one configuration, not arms to compare; any other record's `arms_text`."""
+    arms = record.get("arms") or []
+    if record.get("kind") in KINDS_WITH_WORKLOAD_ARMS:
+        return ", ".join(str(a.get("label")) for a in arms)
+    return arms_text(arms)
+
+
 def _pct(value: Any) -> float | None:
     return value * 100.0 if _is_number(value) and math.isfinite(value) else None
 
@@ -546,14 +574,8 @@ def _median(arm: Mapping[str, Any] | None) -> float | None:
     return float(value) if _is_number(value) and math.isfinite(value) else None
 
 
-def _row(record: Mapping[str, Any]) -> dict[str, Any]:
-    arms = record.get("arms") or []
-    arm_a = arms[0] if arms else None
-    arm_b = arms[1] if len(arms) > 1 else None
-    if record.get("kind") == "sweep":  # a grid: its best point, not the first two points
-        best = (record.get("best") or {}).get("label")
-        arm_a = next((a for a in arms if a.get("label") == best), None)
-        arm_b = None
+def _row(record: Mapping[str, Any], workload: Any, arm_a: Mapping[str, Any] | None,
+         arm_b: Mapping[str, Any] | None) -> dict[str, Any]:
     comparison = record.get("comparison") or {}
     git = record.get("git") or {}
     p_value = comparison.get("p_value")
@@ -562,7 +584,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "date": record.get("timestamp"),
         "kind": record.get("kind"),
         "experiment": record.get("experiment"),
-        "workload": (record.get("workload") or {}).get("name"),
+        "workload": workload,
         "arm_a": arm_text(arm_a) if arm_a else None,
         "arm_b": arm_text(arm_b) if arm_b else None,
         "a_median": _median(arm_a),
@@ -572,7 +594,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
         "ci_low_pct": _pct(comparison.get("ci_low")),
         "ci_high_pct": _pct(comparison.get("ci_high")),
         "p_value": p_value if _is_number(p_value) and math.isfinite(p_value) else None,
-        "bar_pct": _pct(record.get("bar")),
+        "bar_pct": _pct(record.get("bar")) if record.get("kind") in KINDS_WITH_BAR else None,
         "verdict": record.get("verdict"),
         "title": record.get("title"),
         "commit": git.get("commit"),
@@ -580,24 +602,43 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def to_frame(records: Iterable[Mapping[str, Any]]) -> "pd.DataFrame":
-    """One row per record with the flat columns of `COLUMNS` (nullable dtypes; a missing value is <NA>).
+def _rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The flat rows of one record (see `to_frame`)."""
+    arms = record.get("arms") or []
+    kind = record.get("kind")
+    if kind in KINDS_WITH_WORKLOAD_ARMS:  # one configuration on several workloads: a row per workload
+        return [_row(record, arm.get("label"), arm, None) for arm in arms]
+    workload = (record.get("workload") or {}).get("name")
+    if kind == "sweep":  # a grid: its best point, not the first two points
+        best = (record.get("best") or {}).get("label")
+        return [_row(record, workload, next((a for a in arms if a.get("label") == best), None), None)]
+    return [_row(record, workload, arms[0] if arms else None, arms[1] if len(arms) > 1 else None)]
 
-    ``date`` is the timestamp; ``arm_a``/``arm_b`` are `arm_text` of arms[0]/arms[1] (<NA> without a second
-    arm; a sweep gives its best point as ``arm_a`` and no ``arm_b``); ``a_median``/``b_median`` the arms'
-    ``stats.median`` in ``unit``; ``delta_pct``, ``ci_low_pct``, ``ci_high_pct`` and ``bar_pct`` are the comparison and the bar in percent; ``commit``/``dirty`` come from
-    ``git``. An empty string is stored as missing, so that every export reads back to the same frame.
+
+def to_frame(records: Iterable[Mapping[str, Any]]) -> "pd.DataFrame":
+    """One row per record (a bench record: one per pp/tg test) with the flat columns of `COLUMNS` (nullable
+    dtypes; a missing value is <NA>).
+
+    ``date`` is the timestamp; ``workload`` the workload's name; ``arm_a``/``arm_b`` are `arm_text` of
+    arms[0]/arms[1] (<NA> without a second arm; a sweep gives its best point as ``arm_a`` and no ``arm_b``);
+    ``a_median``/``b_median`` the arms' ``stats.median`` in ``unit``. A bench record (`KINDS_WITH_WORKLOAD_ARMS`)
+    measured one engine configuration on several tests, so it gives one row per test: ``workload`` is the test
+    (``pp2048``, ``tg128``: the names `minfer ab bench -w` takes; the model is in ``title``), ``arm_a`` the
+    engine knobs, ``a_median`` its tok/s, and no ``arm_b``. ``delta_pct``, ``ci_low_pct``, ``ci_high_pct`` are the
+    comparison in percent (<NA> without one); ``bar_pct`` the bar in percent for the kinds judged against one
+    (`KINDS_WITH_BAR`: ab, calibrate), <NA> for the others; ``commit``/``dirty`` come from ``git``. Rows keep the
+    records' order. An empty string is stored as missing, so that every export reads back to the same frame.
     """
     import pandas as pd
 
-    rows = [{k: (None if v == "" else v) for k, v in _row(r).items()} for r in records]
+    rows = [{k: (None if v == "" else v) for k, v in row.items()} for r in records for row in _rows(r)]
     columns = {name: pd.array([row[name] for row in rows], dtype=dtype) for name, dtype in COLUMNS.items()}
     return pd.DataFrame(columns)
 
 
 def export(records: Iterable[Mapping[str, Any]], fmt: str) -> str:
-    """`to_frame` of ``records`` as text ending in a newline: ``md`` (a Markdown table), ``csv``, or ``json`` (a
-    list of row objects).
+    """`to_frame` of ``records`` (one row per record, per test for bench) as text ending in a newline: ``md`` (a
+    Markdown table), ``csv``, or ``json`` (a list of row objects).
 
     CSV and JSON read back to the same frame: ``pd.read_csv(buf, dtype=COLUMNS)`` and
     ``pd.read_json(buf, orient="records", dtype=False).astype(COLUMNS)``. Raises LedgerError for another format.

@@ -5,11 +5,38 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+import typer.core
 
 from minfer_cli import __version__
 from minfer_cli.commands import ab, bench, calibrate, doctor, experiments, kernels, ledger, model, run, sweep
-from minfer_cli.console import error_line, out
+from minfer_cli.console import error_line, out, quiet_when_stdout_closes
 from minfer_cli.errors import EnvironmentProblem
+
+
+def _flags_take_no_value_in_help() -> None:
+    """Show no value type after a flag in `--help`.
+
+    typer 0.29's rich help prints a type after every option, flags included (`--record <bool>`, even
+    `--help <bool>`, and so for `--x/--no-x` pairs too), as if a flag took a value (`--record true` is an error:
+    "unexpected extra argument"). Its plain formatter already leaves flags bare (`not self.is_flag and not
+    self.count`); this gives the rich one the same rule, once, for every command. A flag declared with its own
+    metavar keeps it. Where typer has no such method (another version), nothing changes.
+    """
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "_minfer_flags_bare", False):
+        return
+
+    def display_type_rich(self, ctx):
+        if (getattr(self, "is_flag", False) or getattr(self, "count", False)) and self.metavar is None:
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._minfer_flags_bare = True
+    option.display_type_rich = display_type_rich
+
+
+_flags_take_no_value_in_help()
 
 app = typer.Typer(
     name="minfer",
@@ -60,7 +87,8 @@ def main(
 
 def cli() -> None:
     """The `minfer` console script: the typer app, with command-line errors (a bad option value, a missing
-    argument, an unknown command) printed as one `error:` line, exit status 2, like minfer's own errors."""
+    argument, an unknown command) printed as one `error:` line, exit status 2, like minfer's own errors, and a
+    closed stdout (`minfer ledger show | head -1`) met quietly (see `console.quiet_when_stdout_closes`)."""
     import sys
 
     try:  # typer >= 0.20 vendors click as typer._click; older typer uses click itself
@@ -68,6 +96,7 @@ def cli() -> None:
     except ImportError:
         from click import exceptions as click_exceptions
 
+    quiet_when_stdout_closes()
     try:
         code = app(standalone_mode=False)
     except click_exceptions.UsageError as exc:
@@ -80,6 +109,8 @@ def cli() -> None:
     except KeyboardInterrupt:
         error_line("interrupted")
         sys.exit(130)
+    finally:
+        sys.stdout.flush()  # what `print` left buffered meets a closed pipe here, quietly, not at interpreter exit
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -176,7 +176,8 @@ def test_grid_is_the_product_of_its_axes_with_defaults_elsewhere():
     [
         (["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--bar", "-1"], "Invalid value for '--bar'"),
         (["run", "--samples", "0", "copy"], "Invalid value for '--samples'"),
-        (["ledger", "show", "abc"], "Invalid value for 'ID'"),
+        (["ledger", "show", "abc"], "record id 'abc' is not a whole number of 1 or more; give one like 46"),
+        (["ledger", "show", "4x"], "record id '4x' is not a whole number of 1 or more; give one like 46"),
         (["bogus"], "No such command 'bogus'"),
         (["run"], "Missing argument"),
         (["run", "copy", "--arm", "VEC=1", "--arm", "VEC=4"], "this command takes one arm"),
@@ -208,3 +209,64 @@ def test_group_without_a_command_says_so():
     r = subprocess.run([sys.executable, "-m", "minfer_cli", "ledger"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "ledger` needs a command (see `" in r.stderr, r.stderr
+
+
+def _command_paths(command=None, path=()):
+    """Every command and group of the app, as argument lists (``[]`` is `minfer` itself)."""
+    import typer.main
+
+    command = command if command is not None else typer.main.get_command(app)
+    yield list(path)
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from _command_paths(sub, (*path, name))
+
+
+def test_help_shows_no_value_type_after_a_flag():
+    """A flag takes no value, so `--help` shows none after it (typer 0.29 printed `--record <bool>`, `--help <bool>`)."""
+    paths = list(_command_paths())
+    assert ["ledger", "show"] in paths and ["bench"] in paths and ["ab"] in paths
+    for path in paths:
+        r = invoke(*path, "--help")
+        assert r.exit_code == 0, (path, r.output)
+        assert "<bool>" not in r.output, (path, r.output)
+    assert "--no-record" in invoke("ab", "--help").output  # the flags keep the names users type
+    assert "--record" in invoke("bench", "--help").output
+    assert "<int range>" in invoke("ab", "--help").output  # options that take a value still show its type
+
+
+@pytest.mark.parametrize(
+    "args, status",
+    [
+        (["ledger", "show"], 0),
+        (["ledger", "show", "1"], 0),
+        (["ledger", "show", "1", "--format", "json"], 0),
+        (["ledger", "show", "--format", "csv"], 0),
+        (["--help"], 0),
+        (["ledger", "show", "--broken"], 1),
+    ],
+)
+def test_closed_stdout_is_met_quietly(tmp_path, args, status):
+    """`minfer ... | head -0`: no traceback, no status 1 from the broken pipe; the command runs to its end (here: it
+    still names a skipped file on stderr, and exits 1 for it) and exits with its own status."""
+    import shutil
+    from pathlib import Path
+
+    records = Path(__file__).resolve().parents[1] / "ledger" / "records"
+    for name in sorted(os.listdir(records))[:3]:
+        shutil.copy(records / name, tmp_path / name)
+    if "--broken" in args:
+        args = [a for a in args if a != "--broken"]
+        (tmp_path / "0009-broken.yaml").write_text("title: [unclosed\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before minfer writes its first byte
+    try:
+        r = subprocess.run([sys.executable, "-m", "minfer_cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, timeout=120, env={**os.environ, "MINFER_LEDGER": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert r.returncode == status, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr and "Exception ignored" not in r.stderr
+    if status == 0:
+        assert r.stderr == ""
+    else:
+        assert "skipped 0009-broken.yaml" in r.stderr

@@ -53,6 +53,18 @@ def single_arm_record() -> dict:
     return record
 
 
+def bench_record() -> dict:
+    """A `minfer bench -p 512 -n 128 --record` record: one arm per test, the same engine knobs in each, no bar."""
+    record = make_record(title="bench qwen2 7B Q4_K - Medium: pp512, tg128", experiment="bench", verdict="MEASURED",
+                         kind="bench", comparison=None, bar=0.0,
+                         workload={"name": "qwen2 7B Q4_K - Medium", "shape": {"params": 7615616512}},
+                         metric={"name": "throughput", "unit": "tok/s", "higher_is_better": True})
+    knobs = {"W16": 1, "GRAPHS": 1}
+    record["arms"] = [{"label": "pp512", "knobs": knobs, "status": "ok", "error": None, "stats": {"median": 14192.5}},
+                      {"label": "tg128", "knobs": knobs, "status": "ok", "error": None, "stats": {"median": 331.8}}]
+    return record
+
+
 def _append_many(directory: str, worker: int, count: int, start) -> None:
     start.wait()
     for i in range(count):
@@ -248,8 +260,37 @@ def test_a_sweep_row_shows_its_best_point():
     assert (row["arm_a"], row["a_median"]) == ("VEC=4", 790.25) and pd.isna(row["arm_b"]) and pd.isna(row["b_median"])
 
 
+def test_bar_pct_is_missing_where_no_bar_was_applied():
+    """run, sweep and bench records store bar 0.0 for "no bar": <NA>, not 0.0; ab and calibrate keep theirs."""
+    run = dict(single_arm_record(), bar=0.0, id=1)
+    sweep = dict(make_record(kind="sweep", verdict="MEASURED", comparison=None, bar=0.0, best={"label": "B"}), id=2)
+    bench = dict(bench_record(), id=3)
+    calibrate = dict(make_record(kind="calibrate", verdict="MEASURED", comparison=None, bar=0.01), id=4)
+    ab = dict(make_record(), id=5)
+    frame = ledger.to_frame([run, sweep, bench, calibrate, ab]).set_index("kind")
+    for kind in ("run", "sweep", "bench"):
+        assert frame.loc[[kind], "bar_pct"].isna().all(), kind
+    assert frame.loc["calibrate", "bar_pct"] == pytest.approx(1.0)
+    assert frame.loc["ab", "bar_pct"] == pytest.approx(2.0)
+
+
+def test_a_bench_record_gives_one_row_per_test_not_an_ab():
+    records = [dict(make_record(), id=1), dict(bench_record(), id=2)]
+    frame = ledger.to_frame(records)
+    assert frame["id"].tolist() == [1, 2, 2]
+    bench = frame[frame["id"] == 2]
+    assert bench["workload"].tolist() == ["pp512", "tg128"]
+    assert bench["a_median"].tolist() == [14192.5, 331.8] and (bench["unit"] == "tok/s").all()
+    assert (bench["arm_a"] == "W16=1,GRAPHS=1").all()
+    for column in ("arm_b", "b_median", "delta_pct", "bar_pct"):
+        assert bench[column].isna().all(), column
+    assert ledger.record_arms_text(records[1]) == "pp512, tg128"
+    assert ledger.record_arms_text(records[0]) == "VEC=2 → VEC=4"
+
+
 def test_exports_round_trip(tmp_path):
-    records = [dict(make_record(title="a, \"quoted\" title"), id=1), dict(single_arm_record(), id=2)]
+    records = [dict(make_record(title="a, \"quoted\" title"), id=1), dict(single_arm_record(), id=2),
+               dict(bench_record(), id=3)]
     frame = ledger.to_frame(records)
     csv_back = pd.read_csv(io.StringIO(ledger.export(records, "csv")), dtype=ledger.COLUMNS)
     pd.testing.assert_frame_equal(csv_back, frame)
@@ -322,6 +363,7 @@ def test_cli_show_one(cli, filled):
         (["show", "--verdict", "BOGUS"], "valid verdicts: LANDED, REVERTED, NEUTRAL, INVALID, MEASURED"),
         (["show", "--format", "xml"], "valid formats: table, md, csv, json"),
         (["show", "1", "--last", "2"], "not both"),
+        (["show", "4x"], "record id '4x' is not a whole number of 1 or more; give one like 46"),
     ],
 )
 def test_cli_errors_are_one_line(cli, filled, args, message):
@@ -330,6 +372,21 @@ def test_cli_errors_are_one_line(cli, filled, args, message):
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+
+
+@pytest.mark.parametrize("text", ["4x", "0", "-3", "4.0", "4_6", "+4", "", "٤"])
+def test_a_malformed_record_id_is_a_usage_error(cli, filled, text):
+    with pytest.raises(LedgerError, match=r"is not a whole number of 1 or more; give one like 46 \(or 0046"):
+        ledger.parse_id(text)
+    result = cli("show", "--ledger", str(filled), "--", text)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: record id ") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_record_ids_as_typed(cli, filled):
+    assert [ledger.parse_id(t) for t in ("46", "0046", " 7 ")] == [46, 46, 7]
+    result = cli("show", "0002", "--ledger", str(filled))  # as in the file name 0002-second.yaml
+    assert result.exit_code == 0 and "second" in result.stdout
 
 
 def test_cli_csv_parses(cli, filled):

@@ -40,8 +40,7 @@ def _records_table(records: list[dict[str, Any]]) -> Table:
     table.add_column("Δ% [CI]", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     for record in records:
-        arms = (", ".join(str(a.get("label")) for a in record["arms"]) if record.get("kind") == "bench"
-                else core.arms_text(record["arms"]))
+        arms = core.record_arms_text(record)
         date = record["timestamp"][:16].replace("T", " ")
         cells = (str(record["id"]), date, record["experiment"], arms, _delta_text(record))
         table.add_row(*(Text(cell) for cell in cells), Text.from_markup(verdict_text(record["verdict"])))
@@ -75,8 +74,9 @@ def _show_one(record: dict[str, Any], fmt: str) -> None:
 @app.command("show")
 @guard
 def show(
-    record_id: Optional[int] = typer.Argument(
-        None, metavar="ID", help="Show this one record in full (YAML; JSON with --format json)."
+    record_id: Optional[str] = typer.Argument(
+        None, metavar="ID", help="Show this one record in full (YAML; JSON with --format json). ID is the record's "
+        "number, e.g. 46 (or 0046, as in its file name).", show_default=False,
     ),
     experiment: Optional[str] = typer.Option(
         None, "--experiment", "-e", help="Only records of this experiment, e.g. copy."
@@ -89,8 +89,8 @@ def show(
         "table",
         "--format",
         "-f",
-        help=f"Output format: {', '.join(SHOW_FORMATS)}. md/csv/json print one flat row per record, for "
-        "pasting or for pandas.",
+        help=f"Output format: {', '.join(SHOW_FORMATS)}. md/csv/json print one flat row per record (a bench "
+        "record: one per pp/tg test), for pasting or for pandas.",
     ),
     ledger: Optional[Path] = typer.Option(
         None,
@@ -110,6 +110,7 @@ def show(
 
       minfer ledger show --format csv > ledger.csv
     """
+    number = core.parse_id(record_id) if record_id is not None else None
     fmt = fmt.lower()
     if fmt not in SHOW_FORMATS:
         raise UsageError(f"unknown --format {fmt!r}; valid formats: {', '.join(SHOW_FORMATS)}")
@@ -123,10 +124,10 @@ def show(
     if (ledger is not None or env(ENV_LEDGER)) and not directory.is_dir():
         raise UsageError(f"ledger directory {directory} does not exist (from {'--ledger' if ledger is not None else ENV_LEDGER})")
 
-    if record_id is not None:
+    if number is not None:
         if experiment is not None or verdict is not None or last is not None:
             raise UsageError("give either an ID or --experiment/--verdict/--last, not both")
-        _show_one(core.get(directory, record_id), fmt)
+        _show_one(core.get(directory, number), fmt)
         return
 
     contents = core.load(directory)
