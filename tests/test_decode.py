@@ -160,7 +160,13 @@ def test_advance_rejects_bad_arrays():
 
 def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
     """4 eager steps from an empty cache (the first is the 1-token "prefill"): the logits of every step against
-    the float64 forward of the sequence so far, and the greedy tokens against `Reference.greedy`."""
+    the float64 forward of the sequence so far; each token is the argmax of the engine's own logits, exactly; and
+    the greedy tokens equal `Reference.greedy`'s unless the reference's two best logits were tied within the
+    logits' error.
+
+    Why the tie clause: the f16 K/V cache moves the logits by ~1e-3 (max |got - want|), so a reference gap below
+    2 max |got - want| may legitimately be decided either way. On this model 1 first token of 256 (201: gap 1.8e-4
+    at step 1) picks the other token, so the plain token equality failed ~0.4% of runs."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 
@@ -170,22 +176,29 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
     first = int(rng.integers(0, micro_weights.config.vocab))
     engine.start(first, 0)
     seq = [first]
+    near_tie = False
     for i in range(4):
         engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
         got = engine.step().copy_to_host()
         want = ref.forward(seq, last_only=True)
         assert np.isfinite(got).all()
         assert _rel(got, want) < 1e-2, f"step {i}"
-        seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
+        token = int(engine.history[i: i + 1].copy_to_host()[0])
+        assert token == int(np.argmax(got)), f"step {i}: token {token} is not the argmax of the engine's logits"
+        second, best = np.sort(want)[-2:]
+        near_tie |= bool(best - second <= 2 * np.abs(got - want).max())
+        seq.append(token)
     assert engine.position == 4
-    assert seq[1:] == ref.greedy([first], 4)
+    assert near_tie or seq[1:] == ref.greedy([first], 4), f"first token {first}"
     np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 4, 5])
 
 
 def test_mmvq_decode_logits_match_the_reference(micro_weights):
     """MMVQ=1 (Q8_1 mat-vec inputs, dp4a): 2 eager steps, logits against the float64 forward within 5e-2, the
-    bench's tg tolerance (the int8 rounding of each mat-vec input, ~0.5% a product; seen 1.6% on this model), and
-    not exact (the knob reaches the kernels)."""
+    bench's tg tolerance (the int8 rounding of each mat-vec input, ~0.5% a product), and not exact (the knob
+    reaches the kernels). The only random input is the first token: over all 256 of them and both steps the error
+    is 0.98% .. 4.41% (float64 with the f16 K/V cache and Q8_1 inputs emulated, which gives the simulator's 4.412%
+    for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 

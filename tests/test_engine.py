@@ -71,13 +71,22 @@ def test_tiny_prefill_with_every_real_kernel_matches_the_float64_reference():
 
 
 def _tiny_prefill_matches_the_reference():
+    """Logits within 1e-2 of the float64 forward, and the same greedy token. The prompt is redrawn while the
+    reference's two best logits are within 0.05 std(logits) of each other: the f16 weights and activations move
+    the logits by up to 0.008 std (max |got - ref|, 3000 emulated draws; typically 0.0035), so a closer pair may
+    be decided either way (the argmax differed in ~1e-3 of draws); ~12% of prompts are redrawn."""
     rng = np.random.default_rng()
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
-    tokens = rng.integers(0, weights.config.vocab, size=5, dtype=np.int32)
+    reference = Reference(weights)
+    for _ in range(100):
+        tokens = rng.integers(0, weights.config.vocab, size=5, dtype=np.int32)
+        ref = reference.forward(tokens, last_only=True)
+        second, best = np.sort(ref)[-2:]
+        if best - second > 0.05 * ref.std():
+            break
     engine = PrefillEngine(weights, 8, SMALL_TILES)
     engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
-    ref = Reference(weights).forward(tokens, last_only=True)
     assert np.isfinite(got).all()
     assert _rel(got, ref) < 1e-2
     assert int(np.argmax(got)) == int(np.argmax(ref))
