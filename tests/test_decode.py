@@ -399,11 +399,12 @@ def test_greedy_tokens_match_the_reference_for_32_steps(name):
     assert [nxt] + dec.generate(15) == ref.greedy(prompt, 16)
 
 
-def _torch_greedy(weights, tokens, steps: int) -> list[int]:
-    """``steps`` greedy tokens after ``tokens`` from a torch float64 forward on the GPU, written apart from
-    `minfer_cli.engine.reference` (only gguf-py's ``quants.dequantize`` is shared): ``F.linear`` with the q/k/v
-    biases, NeoX RoPE by rotate-half (Qwen2's HF ``apply_rotary_pos_emb``), ``F.scaled_dot_product_attention``
-    with the kv heads repeated for GQA, RMSNorm, SwiGLU; a full re-forward of the sequence for every token."""
+def _torch_logits(weights, tokens, device: str = "cuda") -> np.ndarray:
+    """float64 logits ``[T, vocab]`` at every position of ``tokens`` from a torch forward on the GPU, written apart
+    from `minfer_cli.engine.reference` (only gguf-py's ``quants.dequantize`` is shared): ``F.linear`` with the
+    q/k/v biases, NeoX RoPE by rotate-half (Qwen2's HF ``apply_rotary_pos_emb``), causal
+    ``F.scaled_dot_product_attention`` with the kv heads repeated for GQA, RMSNorm, SwiGLU. (On the CPU, ``device=
+    "cpu"``, it met `Reference.forward` on `tiny` to 1e-14, 2026-11-30.)"""
     import torch
     import torch.nn.functional as F
     from gguf import GGMLQuantizationType, quants
@@ -415,7 +416,7 @@ def _torch_greedy(weights, tokens, steps: int) -> list[int]:
         raw = weights.to_host(name)
         flat = raw.view(np.float32) if spec.qtype == "F32" else quants.dequantize(
             raw.reshape(spec.od, -1), GGMLQuantizationType[spec.qtype])
-        w[name] = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float64).reshape(spec.od, spec.id)).cuda()
+        w[name] = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float64).reshape(spec.od, spec.id)).to(device)
         if spec.od == 1:
             w[name] = w[name].reshape(spec.id)
 
@@ -429,10 +430,10 @@ def _torch_greedy(weights, tokens, steps: int) -> list[int]:
         cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
-    def last_logits(seq):
+    def logits(seq):
         t = len(seq)
-        pos = torch.arange(t, device="cuda")
-        x = w["token_embd.weight"][torch.tensor(seq, device="cuda")]
+        pos = torch.arange(t, device=device)
+        x = w["token_embd.weight"][torch.tensor(seq, device=device)]
         for i in range(c.n_layers):
             b = f"blk.{i}."
             h = norm(x, w[b + "attn_norm.weight"])
@@ -447,13 +448,9 @@ def _torch_greedy(weights, tokens, steps: int) -> list[int]:
             h = norm(x, w[b + "ffn_norm.weight"])
             gate, up = F.linear(h, w[b + "ffn_gate.weight"]), F.linear(h, w[b + "ffn_up.weight"])
             x = x + F.linear(F.silu(gate) * up, w[b + "ffn_down.weight"])
-        return F.linear(norm(x[-1], w["output_norm.weight"]), w["output.weight"])
+        return F.linear(norm(x, w["output_norm.weight"]), w["output.weight"])
 
-    seq, new = [int(t) for t in tokens], []
-    for _ in range(steps):
-        new.append(int(torch.argmax(last_logits(seq))))
-        seq.append(new[-1])
-    return new
+    return logits([int(t) for t in tokens]).cpu().numpy()
 
 
 @pytest.mark.gpu
@@ -461,7 +458,10 @@ def _torch_greedy(weights, tokens, steps: int) -> list[int]:
 def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
     """Issue 5's torch check: Qwen2-7B's shapes and Q4_K_M type mix cut to 2 layers (vocab 4096), graph-replayed
     decode from an empty cache, f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie), with and without
-    STAGE=1 (which stages the Q6_K attn_v / ffn_down / output mat-vecs): 32 greedy tokens equal `_torch_greedy`'s."""
+    STAGE=1 (which stages the Q6_K attn_v / ffn_down / output mat-vecs): every one of 32 greedy tokens is the
+    argmax of the engine's own logits and equals torch's greedy token for the same sequence (`_torch_logits`, one
+    causal forward over the engine's tokens), unless torch's two best logits lie within 2 max |engine − torch| of
+    each other (a near-tie f32 and the f16 K/V cache may decide either way); the logits within 1e-2 relative."""
     pytest.importorskip("torch")
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
@@ -471,9 +471,22 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
     first = int(rng.integers(0, weights.config.vocab))
     engine = DecodeEngine(weights, 64, EngineOptions(mmvq=False, stage=stage))
     engine.start(first, 0)
-    got = engine.generate(32)
+    tokens, got = [], []
+    for _ in range(32):
+        tokens += engine.generate(1)
+        got.append(engine.logits.copy_to_host().astype(np.float64))
     engine.close()
-    assert got == _torch_greedy(weights, [first], 32)
+    want = _torch_logits(weights, [first] + tokens[:-1])
+    ties = 0
+    for i, (g, t) in enumerate(zip(got, want)):
+        assert _rel(g, t) < 1e-2, f"step {i}"
+        assert tokens[i] == int(np.argmax(g)), f"step {i}: the token is not the argmax of the engine's logits"
+        second, best = np.sort(t)[-2:]
+        if best - second <= 2 * np.abs(g - t).max():
+            ties += 1
+            continue
+        assert tokens[i] == int(np.argmax(t)), f"step {i}: engine {tokens[i]}, torch {int(np.argmax(t))}"
+    assert ties <= 4, f"{ties} of 32 steps were near-ties: the comparison checked too little"
 
 
 @pytest.mark.gpu
