@@ -23,7 +23,7 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import Config, Knob, parse_arm_text, resolve_config
@@ -91,10 +91,13 @@ class Experiment(ABC):
     def default_workload(self) -> Workload:
         return self.workloads[0]
 
-    def workload(self, name: str | None) -> Workload:
-        """The workload called ``name`` (default: the first declared); UsageError listing the valid ones."""
+    def workload(self, name: str | None, configs: Sequence[Config] = ()) -> Workload:
+        """The workload called ``name``; UsageError listing the valid ones. Without a name: the first declared
+        workload that `refuse` accepts for every one of ``configs`` (the arms' knobs pick it: a tg-only engine knob
+        picks tg128), else the first declared one (whose refusal the caller then reports)."""
         if name is None:
-            return self.default_workload
+            fits = (w for w in self.workloads if all(self.refuse(c, w) is None for c in configs))
+            return next(fits, self.default_workload) if configs else self.default_workload
         for w in self.workloads:
             if w.name == name:
                 return w

@@ -48,6 +48,21 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
     assert invoke("experiments", "list").exit_code == 0
 
 
+def test_without_w_the_arms_knobs_pick_the_workload():
+    """No -w: the first workload every arm can run on (a tg-only engine knob picks tg128, not pp2048); where none
+    fits, the first declared one, whose refusal `ab` / `run` then report."""
+    from minfer_cli.experiment import get
+
+    bench = get("bench")
+    arms = [bench.config(a) for a in ("FUSE_GLU=0", "FUSE_GLU=1")]
+    assert bench.workload(None, arms).name == "tg128"
+    assert bench.workload(None, [bench.config("W16=0")]).name == "pp2048"
+    assert bench.workload(None, [bench.config("W16=0,FUSE_GLU=0")]).name == "pp2048"  # nothing fits: refused later
+    assert bench.workload(None).name == "pp2048" and bench.workload("tiny_tg8", arms).name == "tiny_tg8"
+    gemv = get("gemv")
+    assert gemv.workload(None, [gemv.config("TYPE=Q6_K,STAGE=1")]).name == "ffn_up"
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -59,7 +59,7 @@ def ab(
     from minfer_cli.measure.record import ab_record
 
     exp, configs = resolve_arms(experiment, arm)
-    wl = exp.workload(workload)
+    wl = exp.workload(workload, configs)
     options.check_arms_can_run(exp, wl, configs, ["A", "B"])
     options.check_same_work(exp, configs)
     if not no_record:

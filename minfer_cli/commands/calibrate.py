@@ -36,7 +36,7 @@ def calibrate(
 
     exp = get(experiment)
     config = exp.config(options.single_arm(arm))
-    wl = exp.workload(workload)
+    wl = exp.workload(workload, [config])
     options.check_arms_can_run(exp, wl, [config], ["A"])
     if not no_record:
         options.check_ledger_writable(ledger)

@@ -11,7 +11,7 @@ import yaml
 from minfer_cli.console import err, error_line, out
 from minfer_cli.errors import LedgerError
 
-WORKLOAD = typer.Option(None, "--workload", "-w", help="Workload name (default: the experiment's first); see `minfer experiments list`.")
+WORKLOAD = typer.Option(None, "--workload", "-w", help="Workload name (default: the experiment's first that every arm can run on, e.g. tg128 for tg-only engine knobs); see `minfer experiments list`.")
 FLUSH = typer.Option(False, "--flush", help="Also write a 2x L2 buffer between samples (outside the timed events).")
 WARMUP = typer.Option(1.0, "--warmup", min=0.0, max=60.0, help="Warm-up seconds per arm before sampling (clocks settle; JIT is never timed).")
 LEDGER = typer.Option(None, "--ledger", help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of the project).")

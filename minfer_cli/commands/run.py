@@ -37,7 +37,7 @@ def run(
 
     exp = get(experiment)
     config = exp.config(options.single_arm(arm))
-    wl = exp.workload(workload)
+    wl = exp.workload(workload, [config])
     options.check_arms_can_run(exp, wl, [config], ["A"])
     if record:
         options.check_ledger_writable(ledger)

@@ -39,7 +39,7 @@ def sweep(
 
     exp = get(experiment)
     configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
-    wl = exp.workload(workload)
+    wl = exp.workload(workload, configs)
     problems = [exp.refuse(config, wl) for config in configs]
     if all(problems):
         raise UsageError(f"no point of the grid can run on workload {wl.name}: {problems[0]}")
