@@ -228,12 +228,14 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
     logits = []
     for fuse in (False, True):
-        options = EngineOptions(graphs=False, fuse_glu=fuse, fuse_norm_q8=fuse, prefetch=fuse, stage=fuse)
+        options = EngineOptions(graphs=False, fuse_glu=fuse, fuse_norm_q8=fuse, prefetch=fuse, stage=fuse,
+                                fuse_qkv=fuse)
         engine = DecodeEngine(micro_weights, 2, options,
                               splits=1, rows_per_block=8, warps_per_row=1)
         engine.start(first, 0)
         logits.append(engine.step().copy_to_host())
     assert engine.layers[0].gate.qtype == engine.layers[0].up.qtype  # so the fused kernel did run
+    assert [m.od for m, _, _ in engine.layers[0].qkv] == [256 + 128, 128]  # FUSE_QKV: q|k (Q4_K) and v (Q6_K)
     assert np.isfinite(logits[0]).all()
     np.testing.assert_array_equal(logits[0], logits[1])
 
@@ -277,6 +279,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).fuse_norm_q8 is True
     assert engine_options(resolve_config(engine_knobs(), {"PREFETCH": "1"}, "e")).prefetch is True
     assert engine_options(resolve_config(engine_knobs(), {"STAGE": "1"}, "e")).stage is True
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
@@ -526,14 +529,15 @@ def test_bench_tg_workload_times_and_checks(arm):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
-                                  {"stage": True}],
-                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1"])
+                                  {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False}],
+                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
+                              "FUSE_QKV=1,FUSE_ADD=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
-    default path, PREFETCH=1 only adds a cache hint and STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded
-    (one launch shape for every mat-vec, so the sums split alike): logits and tokens bit-identical over 8
-    graph-replayed steps."""
+    default path, PREFETCH=1 only adds a cache hint, STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded and
+    FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
+    sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 

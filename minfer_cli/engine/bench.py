@@ -34,7 +34,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "PREFETCH", "STAGE")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -53,6 +53,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "(1: +7.5% tg128 on the H200, ledger #39)")]
     knobs += [Knob("FUSE_NORM_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 quantizes h to Q8_1 inside the RMSNorm kernel; 0 "
                                               "in a separate kernel (1 measured -0.4%, NEUTRAL, on the H200: ledger #40)")]
+    knobs += [Knob("FUSE_QKV", (0, 1), 0, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
+                                          "over their stacked rows (copied at load); 0 one mat-vec each")]
     knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
                                           "L2 first (one TMA bulk prefetch each); 0 the warps' loads only (1 was slower at "
                                           "the best gemv launch shapes, ledger #36, #37)")]
@@ -88,7 +90,8 @@ def engine_options(config: Config) -> EngineOptions:
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
-                         prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)))
+                         prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
+                         fuse_qkv=bool(config.get("FUSE_QKV", 0)))
 
 
 @dataclass

@@ -34,7 +34,10 @@ mat-vec that `kernels.gemv_q.stage_refusal` allows (the 2-byte-aligned formats, 
 number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE knob); the others run as before.
 ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
-the output norm).
+the output norm). ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
+format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too): the engine copies
+their GGUF bytes and biases into one buffer each at construction (extra device memory: those weights once more),
+and since every row is computed alone with the same launch shape, the logits are bit-identical.
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -148,6 +151,7 @@ class DecodeEngine:
         self.fuse_add = bool(options.fuse_add)
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
+        self.fuse_qkv = bool(options.fuse_qkv)
         self.stage = bool(options.stage)
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
@@ -195,9 +199,6 @@ class DecodeEngine:
         self._k_rope = head_slice(qkv3, c.n_heads, c.n_heads + c.n_kv_heads)
         self._q_heads = self.qkv[0: c.q_dim].reshape(c.n_heads, c.head_dim)
         self._gu2 = self.gu.reshape(1, 2 * c.ffn)
-        q_out = self.qkv[0: c.q_dim]
-        k_out = self.qkv[c.q_dim: c.q_dim + c.kv_dim]
-        v_out = self.qkv[c.q_dim + c.kv_dim: width]
         gate_out, up_out = self.gu[0: c.ffn], self.gu[c.ffn: 2 * c.ffn]
         self._gate_out, self._up_out = gate_out, up_out
 
@@ -209,13 +210,10 @@ class DecodeEngine:
             else:
                 k_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
                 v_cache = cuda.device_array((self.context, c.kv_dim), dtype=np.float16, stream=s)
-            bias = [self._f32(b + p + ".bias") if c.qkv_bias else None for p in ("attn_q", "attn_k", "attn_v")]
             self.layers.append(_DecodeLayer(
                 attn_norm=self._f32(b + "attn_norm.weight"),
                 ffn_norm=self._f32(b + "ffn_norm.weight"),
-                qkv=((self._gemv(b + "attn_q.weight"), q_out, bias[0]),
-                     (self._gemv(b + "attn_k.weight"), k_out, bias[1]),
-                     (self._gemv(b + "attn_v.weight"), v_out, bias[2])),
+                qkv=self._qkv(b),
                 attn_output=self._gemv(b + "attn_output.weight"),
                 gate=self._gemv(b + "ffn_gate.weight"),
                 up=self._gemv(b + "ffn_up.weight"),
@@ -243,6 +241,40 @@ class DecodeEngine:
     def _gemv(self, name: str) -> _Gemv:
         spec = self.weights.spec(name)
         return _Gemv(self.weights.device(name), spec.qtype, spec.od, spec.id)
+
+    def _qkv(self, prefix: str) -> tuple:
+        """Layer ``prefix``'s q, k, v mat-vecs as ((_Gemv, out view of ``qkv``, bias or None), ...); with FUSE_QKV
+        each run of consecutive ones of one format is one entry over their stacked rows (bytes and biases copied
+        into new device buffers, on this engine's stream)."""
+        from numba import cuda
+
+        c = self.config
+        parts = [(self._gemv(prefix + p + ".weight"), self._f32(prefix + p + ".bias") if c.qkv_bias else None)
+                 for p in ("attn_q", "attn_k", "attn_v")]
+        runs = [[parts[0]]]
+        for m, bias in parts[1:]:
+            if self.fuse_qkv and m.qtype == runs[-1][-1][0].qtype:
+                runs[-1].append((m, bias))
+            else:
+                runs.append([(m, bias)])
+        entries, row = [], 0
+        for run in runs:
+            od = sum(m.od for m, _ in run)
+            if len(run) == 1:
+                m, bias = run[0]
+            else:
+                raw = cuda.device_array(sum(m.raw.size for m, _ in run), dtype=np.uint8, stream=self.stream)
+                bias = None if run[0][1] is None else cuda.device_array(od, dtype=np.float32, stream=self.stream)
+                at, r = 0, 0
+                for part, part_bias in run:
+                    raw[at: at + part.raw.size].copy_to_device(part.raw, stream=self.stream)
+                    if bias is not None:
+                        bias[r: r + part.od].copy_to_device(part_bias, stream=self.stream)
+                    at, r = at + part.raw.size, r + part.od
+                m = _Gemv(raw, run[0][0].qtype, od, run[0][0].id)
+            entries.append((m, self.qkv[row: row + od], bias))
+            row += od
+        return tuple(entries)
 
     def _q8(self, n: int):
         """Q8_1 buffers for an n-wide mat-vec input when MMVQ is on (None when off or n is not a multiple of 32,

@@ -44,7 +44,9 @@ class EngineOptions:
     (False); prefetch: every decode mat-vec first streams its CUDA block's weight rows into L2 with one TMA bulk
     prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False); stage: decode mat-vecs of
     the 2-byte-aligned formats (Q6_K, Q8_0, ...) copy their chunks into shared memory with 16-byte loads first
-    (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False) — the decode options are
+    (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False); fuse_qkv:
+    decode's q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each (False) —
+    the decode options are
     read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
@@ -57,6 +59,7 @@ class EngineOptions:
     fuse_norm_q8: bool = False
     prefetch: bool = False
     stage: bool = False
+    fuse_qkv: bool = False
 
 
 @dataclass
