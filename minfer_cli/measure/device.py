@@ -76,12 +76,13 @@ def probe() -> DeviceInfo:
 
 
 def require_timing_device() -> DeviceInfo:
-    """The device to time on. Raises NoGpuError when there is none, or when only the CUDA simulator is active
-    (the simulator runs kernels as Python and cannot time them)."""
+    """The device to time on (or to compile on, for `minfer kernels`). Raises NoGpuError when there is none, or
+    when only the CUDA simulator is active (the simulator runs kernels as Python: no timing, no resources)."""
     info = probe()
     if info.simulator:
         raise NoGpuError(
-            "NUMBA_ENABLE_CUDASIM=1 is set: the CUDA simulator cannot time kernels; unset it on a machine with a GPU "
+            "NUMBA_ENABLE_CUDASIM=1 is set: the CUDA simulator runs kernels as Python, so it can neither time them "
+            "nor report their registers and occupancy; unset it on a machine with a GPU "
             f"({DOCTOR_HINT})"
         )
     return info
