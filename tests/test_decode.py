@@ -377,9 +377,38 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq):
     assert _rel(got, want) < (5e-2 if mmvq else 1e-2) and int(np.argmax(got)) == int(np.argmax(want))
 
 
+def _generate_with_logits(engine, n: int):
+    """n greedy tokens from a started engine, one graph replay each, and the float64 logits each was picked from."""
+    tokens, logits = [], []
+    for _ in range(n):
+        tokens += engine.generate(1)
+        logits.append(engine.logits.copy_to_host().astype(np.float64))
+    return tokens, logits
+
+
+def _assert_greedy(tokens, got, want, max_ties: int = 4):
+    """Every token is the argmax of the engine's logits ``got[i]`` (exactly), ``got[i]`` is within 1e-2 of the
+    reference logits ``want[i]`` of the same sequence, and the token is the reference's argmax unless the
+    reference's two best logits lie within 2 max |got[i] − want[i]| (a near-tie that f32 and the f16 K/V cache may
+    decide either way; at most ``max_ties`` of them, or the comparison checked too little). Teacher-forced: the
+    reference follows the engine's tokens, so one near-tie does not desynchronise the rest."""
+    ties = 0
+    for i, (t, g, w) in enumerate(zip(tokens, got, want)):
+        assert _rel(g, w) < 1e-2, f"step {i}"
+        assert t == int(np.argmax(g)), f"step {i}: the token is not the argmax of the engine's logits"
+        second, best = np.sort(w)[-2:]
+        if best - second <= 2 * np.abs(g - w).max():
+            ties += 1
+            continue
+        assert t == int(np.argmax(w)), f"step {i}: engine {t}, reference {int(np.argmax(w))}"
+    assert ties <= max_ties, f"{ties} of {len(tokens)} steps were near-ties: the comparison checked too little"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
 def test_greedy_tokens_match_the_reference_for_32_steps(name):
+    """32 greedy tokens from an empty cache and 16 after a 6-token prefill on the shared cache, against the float64
+    `Reference.forward` of the engine's own sequence (`_assert_greedy`)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.forward import PrefillEngine
     from minfer_cli.engine.reference import Reference
@@ -392,14 +421,18 @@ def test_greedy_tokens_match_the_reference_for_32_steps(name):
     exact = EngineOptions(mmvq=False)  # f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie)
     engine = DecodeEngine(weights, 64, exact)
     engine.start(first, 0)
-    assert engine.generate(32) == ref.greedy([first], 32)
+    tokens, got = _generate_with_logits(engine, 32)
+    _assert_greedy(tokens, got, ref.forward([first] + tokens[:-1]))
     # after a prefill on the shared cache
     prompt = [int(t) for t in rng.integers(0, weights.config.vocab, size=6)]
     pre = PrefillEngine(weights, 6, exact, context=64)
-    nxt = int(np.argmax(pre.prefill(cuda.to_device(np.array(prompt, dtype=np.int32))).copy_to_host()[0]))
+    first_logits = pre.prefill(cuda.to_device(np.array(prompt, dtype=np.int32))).copy_to_host()[0].astype(np.float64)
+    nxt = int(np.argmax(first_logits))
     dec = DecodeEngine(weights, options=exact, prefill=pre)
     dec.start(nxt, len(prompt))
-    assert [nxt] + dec.generate(15) == ref.greedy(prompt, 16)
+    tokens, got = _generate_with_logits(dec, 15)
+    seq = prompt + [nxt] + tokens
+    _assert_greedy([nxt] + tokens, [first_logits] + got, ref.forward(seq[:-1])[len(prompt) - 1:])
 
 
 def _torch_logits(weights, tokens, device: str = "cuda") -> np.ndarray:
@@ -474,22 +507,9 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
     first = int(rng.integers(0, weights.config.vocab))
     engine = DecodeEngine(weights, 64, EngineOptions(mmvq=False, stage=stage))
     engine.start(first, 0)
-    tokens, got = [], []
-    for _ in range(32):
-        tokens += engine.generate(1)
-        got.append(engine.logits.copy_to_host().astype(np.float64))
+    tokens, got = _generate_with_logits(engine, 32)
     engine.close()
-    want = _torch_logits(weights, [first] + tokens[:-1])
-    ties = 0
-    for i, (g, t) in enumerate(zip(got, want)):
-        assert _rel(g, t) < 1e-2, f"step {i}"
-        assert tokens[i] == int(np.argmax(g)), f"step {i}: the token is not the argmax of the engine's logits"
-        second, best = np.sort(t)[-2:]
-        if best - second <= 2 * np.abs(g - t).max():
-            ties += 1
-            continue
-        assert tokens[i] == int(np.argmax(t)), f"step {i}: engine {tokens[i]}, torch {int(np.argmax(t))}"
-    assert ties <= 4, f"{ties} of 32 steps were near-ties: the comparison checked too little"
+    _assert_greedy(tokens, got, _torch_logits(weights, [first] + tokens[:-1]))
 
 
 @pytest.mark.gpu
