@@ -89,14 +89,21 @@ class _InputSet:
         return raw
 
 
-def reference(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray) -> np.ndarray:
-    """float64 ``dequantize(W) @ x`` (gguf-py ``quants.dequantize``, then numpy in float64)."""
+def _rows(raw_host: np.ndarray, qtype: str, od: int, id: int) -> np.ndarray:
+    """W's bytes as ``[od, row bytes]`` uint8 rows."""
+    return np.ascontiguousarray(raw_host, dtype=np.uint8).reshape(od, block_format(qtype).row_bytes(id))
+
+
+def _dequantized(rows: np.ndarray, qtype: str, od: int, id: int) -> np.ndarray:
+    """float64 ``[od, id]`` W from its byte rows (gguf-py ``quants.dequantize``)."""
     from gguf import quants
 
-    fmt = block_format(qtype)
-    rows = np.ascontiguousarray(raw_host, dtype=np.uint8).reshape(od, fmt.row_bytes(id))
-    w = quants.dequantize(rows, fmt.qtype).reshape(od, id).astype(np.float64)
-    return w @ x.astype(np.float64)
+    return quants.dequantize(rows, block_format(qtype).qtype).reshape(od, id).astype(np.float64)
+
+
+def reference(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray) -> np.ndarray:
+    """float64 ``dequantize(W) @ x`` (gguf-py ``quants.dequantize``, then numpy in float64)."""
+    return _dequantized(_rows(raw_host, qtype, od, id), qtype, od, id) @ x.astype(np.float64)
 
 
 def quantized_x(x: np.ndarray) -> np.ndarray:
@@ -115,28 +122,21 @@ def reference_mmvq(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.nda
     """float64 result of the MMVQ kernel's arithmetic: ``dequantize(W) @ quantized_x(x)``, except that a format
     with a min term (Q4_K: ``w = d*sc*q - dmin*m``) takes that term against the unquantized x (the kernel uses
     each block's exact sum of x): W is split with gguf-py itself, dequantizing once more with dmin set to 0."""
-    from gguf import quants
-
-    fmt = block_format(qtype)
-    rows = np.ascontiguousarray(raw_host, dtype=np.uint8).reshape(od, fmt.row_bytes(id))
-    w = quants.dequantize(rows, fmt.qtype).reshape(od, id).astype(np.float64)
+    rows = _rows(raw_host, qtype, od, id)
+    w = _dequantized(rows, qtype, od, id)
     xq = quantized_x(x)
     if qtype != "Q4_K":
         return w @ xq
-    no_min = rows.reshape(od, -1, fmt.type_size).copy()
+    no_min = rows.reshape(od, -1, block_format(qtype).type_size).copy()
     no_min[:, :, 2:4] = 0  # block_q4_K: d (f16) | dmin (f16) | scales | qs
-    w_scaled = quants.dequantize(no_min.reshape(od, -1), fmt.qtype).reshape(od, id).astype(np.float64)
+    w_scaled = _dequantized(no_min.reshape(od, -1), qtype, od, id)
     return w_scaled @ xq - (w_scaled - w) @ x.astype(np.float64)
 
 
 def abs_product(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray) -> np.ndarray:
     """float64 ``|dequantize(W)| @ |x|``: each row's sum of |w·x|, the scale of a dot product's rounding error
     (its condition: Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 3.1)."""
-    from gguf import quants
-
-    fmt = block_format(qtype)
-    rows = np.ascontiguousarray(raw_host, dtype=np.uint8).reshape(od, fmt.row_bytes(id))
-    return np.abs(quants.dequantize(rows, fmt.qtype).reshape(od, id).astype(np.float64)) @ np.abs(x.astype(np.float64))
+    return np.abs(_dequantized(_rows(raw_host, qtype, od, id), qtype, od, id)) @ np.abs(x.astype(np.float64))
 
 
 F32_EXP_MAX = float(np.log(np.finfo(np.float32).max))  # 88.72: f32's exp is inf above it

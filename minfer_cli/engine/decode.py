@@ -153,6 +153,7 @@ class DecodeEngine:
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.stage = bool(options.stage)
+        self._staged: dict[tuple, dict] = {}  # STAGE=1: (weight, launch shape, glu) -> the launch knobs to use
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
@@ -315,9 +316,13 @@ class DecodeEngine:
             x_in, launch = xq, self._launch_mmvq_wide
         else:
             x_in, launch = xq, self._launch_mmvq
-        if self.stage and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
-                                        unroll=launch["unroll"], glu=glu, raw=m.raw) is None:
-            launch = {**launch, "stage": 1}
+        if self.stage:
+            key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
+            if key not in self._staged:
+                self._staged[key] = {**launch, "stage": 1} if stage_refusal(
+                    m.qtype, launch["rows_per_block"], launch["warps_per_row"], unroll=launch["unroll"], glu=glu,
+                    raw=m.raw) is None else launch
+            launch = self._staged[key]
         return x_in, launch
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
