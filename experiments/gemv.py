@@ -5,7 +5,8 @@ by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per 
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
 block's rows are first streamed into L2 by one TMA bulk prefetch), STAGE (1: each warp copies its chunks into
 shared memory with 16-byte loads and decodes from there; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`,
-UNROLL=1, W a whole number of 16-byte vectors), GLU (1: decode's fused gate/up pass,
+UNROLL=1, W a whole number of 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
+decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE=1), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
@@ -27,12 +28,14 @@ import weakref
 import numpy as np
 
 from kernels.gemv_q import (
+    DEFAULT_HOIST,
     DEFAULT_PREFETCH,
     DEFAULT_RPB,
     DEFAULT_STAGE,
     DEFAULT_UNROLL,
     DEFAULT_WPR,
     GEMV_TYPES,
+    HOIST_VALUES,
     MMVQ_TYPES,
     PREFETCH_VALUES,
     RPB_VALUES,
@@ -41,6 +44,7 @@ from kernels.gemv_q import (
     WPR_VALUES,
     gemv_glu,
     gemv_q,
+    hoist_refusal,
     kernel_for,
     kernel_signature,
     stage_refusal,
@@ -183,6 +187,8 @@ class GemvExperiment(Experiment):
              "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
         Knob("STAGE", STAGE_VALUES, DEFAULT_STAGE,
              "1: chunks copied to shared memory with 16-byte loads, decoded there (2-byte-aligned TYPEs, UNROLL=1)"),
+        Knob("HOIST", HOIST_VALUES, DEFAULT_HOIST,
+             "1: a chunk's loads (x and all RPB rows) issued before any decode (Q4_K, Q6_K, Q8_0); 0: row by row"),
         Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
@@ -228,7 +234,8 @@ class GemvExperiment(Experiment):
 
     def refuse(self, config, workload):
         """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE=1 where `kernels.gemv_q` refuses it (TYPE, UNROLL,
-        shared memory) or W of this workload is not a whole number of 16-byte vectors."""
+        shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
+        `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE=1)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
@@ -236,7 +243,11 @@ class GemvExperiment(Experiment):
             reason = stage_refusal(qtype, int(config["RPB"]), int(config["WPR"]), unroll=int(config["UNROLL"]),
                                    glu=bool(config["GLU"]), nbytes=self._quant_bytes(qtype, workload),
                                    what=f"{workload.name}'s W")
-            return None if reason is None else f"STAGE=1: {reason}"
+            if reason is not None:
+                return f"STAGE=1: {reason}"
+        if int(config["HOIST"]):
+            reason = hoist_refusal(qtype, stage=int(config["STAGE"]))
+            return None if reason is None else f"HOIST=1: {reason}"
         return None
 
     @staticmethod
@@ -244,12 +255,12 @@ class GemvExperiment(Experiment):
         """The dispatcher of this config's knobs (`kernels.gemv_q.kernel_for`, which refuses a bad combination)."""
         return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
                           unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
-                          stage=int(config["STAGE"]))
+                          stage=int(config["STAGE"]), hoist=int(config["HOIST"]))
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
-        stage = int(config["STAGE"])
+        stage, hoist = int(config["STAGE"]), int(config["HOIST"])
         od, id = self._shape(workload)
         self._kernel(config)  # refuses a bad TYPE
         for inputs in list(self._sets.get(workload.name, ())):
@@ -263,7 +274,7 @@ class GemvExperiment(Experiment):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
             knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch,
-                     "stage": stage}
+                     "stage": stage, "hoist": hoist}
             if glu:
                 gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
             else:
@@ -302,7 +313,7 @@ class GemvExperiment(Experiment):
         signature = kernel_signature(qtype, mmvq, glu)
         dispatcher.compile(signature)
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
-                f"{',STAGE' if int(config['STAGE']) else ''}"
+                f"{',STAGE' if int(config['STAGE']) else ''}{',HOIST' if int(config['HOIST']) else ''}"
                 f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 

@@ -67,6 +67,11 @@ STAGE_VALUES = (0, 1)
 """1: each warp copies every chunk of its rows into shared memory with aligned 16-byte loads first and decodes
 from there (`_staged_body`), for the 2-byte-aligned formats ``STAGE_TYPES``, whose decode otherwise issues one
 2-byte global load per halfword (Q6_K: 17 a lane a block); 0: decode straight from global memory."""
+HOIST_VALUES = (0, 1)
+"""1: each warp issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any
+of them, so one chunk costs one memory round trip; 0: row by row as the block dots are written, where the block
+decodes' branches and ptxas's schedule leave 3-5 round trips a chunk (Q6_K MMVQ RPB=4: groups of ~12 of the
+68 halfword loads, each waited for before the next group issues; sm_90 SASS)."""
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
 """Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
 STAGE_SMEM_LIMIT = 48 * 1024
@@ -77,6 +82,7 @@ DEFAULT_WPR = 4
 DEFAULT_UNROLL = 1
 DEFAULT_PREFETCH = 0
 DEFAULT_STAGE = 0
+DEFAULT_HOIST = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -250,15 +256,29 @@ def _x_q8_0(xv, wb, j):
 
 
 @cuda.jit(device=True, inline="always")
-def _dot_q8_0(raw, bi, j, xs):
-    """Q8_0, uint16 view (17 per block): d | qs[32] int8; int8 b = (b ^ 0x80) - 128."""
+def _q8_0_words(raw, bi, j):
+    """Q8_0, uint16 view (17 per block): d | qs[32] int8. Lane j's loads: d (as float32) and qs bytes
+    16j..16j+15 as four words (eight halfword loads)."""
     base = bi * 17
-    d = f32_from_f16_bits(int(raw[U(base)]))
     qi = base + 1 + 8 * j
-    w0 = _h2(raw, qi) ^ 0x80808080
-    w1 = _h2(raw, qi + 2) ^ 0x80808080
-    w2 = _h2(raw, qi + 4) ^ 0x80808080
-    w3 = _h2(raw, qi + 6) ^ 0x80808080
+    return (f32_from_f16_bits(int(raw[U(base)])), _h2(raw, qi), _h2(raw, qi + 2), _h2(raw, qi + 4),
+            _h2(raw, qi + 6))
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q8_0(raw, bi, j, xs):
+    """Q8_0 x f32 (layout: `_q8_0_words`); int8 b = (b ^ 0x80) - 128."""
+    return _math_q8_0(_q8_0_words(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _math_q8_0(t, j, xs):
+    """The decode half of `_dot_q8_0`, from lane j's `_q8_0_words` tuple ``t``."""
+    d = t[0]
+    w0 = t[1] ^ 0x80808080
+    w1 = t[2] ^ 0x80808080
+    w2 = t[3] ^ 0x80808080
+    w3 = t[4] ^ 0x80808080
     return d * (_dot8(w0, w1, M128, xs[0]) + _dot8(w2, w3, M128, xs[1]))
 
 
@@ -377,7 +397,13 @@ def _q6_bytes(lo, m, s):
 @cuda.jit(device=True, inline="always")
 def _dot_q6_k(raw, bi, j, xs):
     """Q6_K x f32 (layout: `_q6_k_lane`): d * Σ_s sc_s * Σ((q - 32)·x)."""
-    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = _q6_k_lane(raw, bi, j)
+    return _math_q6_k(_q6_k_lane(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _math_q6_k(t, j, xs):
+    """The decode half of `_dot_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
+    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
     s = _i8(c0) * _dot8(_q6_bytes(a0, m0, 0), _q6_bytes(a1, m1, 0), M32, xs[0])
     s += _i8(c1) * _dot8(_q6_bytes(b0, m0, 1), _q6_bytes(b1, m1, 1), M32, xs[1])
     s += _i8(c2) * _dot8(_q6_bytes(a0, m0, 2), _q6_bytes(a1, m1, 2), M32, xs[2])
@@ -409,6 +435,12 @@ def _scale_min_k4(s, a, c, e):
 def _k4_header(raw4, base, j):
     """d, dmin and the (scale, min) of sub-blocks 2i, 2i+1 from a Q4_K/Q5_K block's first 16 bytes."""
     hd, ha, hc, he = ld_global_v4_u32(raw4, base)
+    return _k4_scales(hd, ha, hc, he, j)
+
+
+@cuda.jit(device=True, inline="always")
+def _k4_scales(hd, ha, hc, he, j):
+    """`_k4_header` from the header's four words already loaded (d|dmin, scales 0..3, 4..7, 8..11)."""
     w = int(hd)
     s0 = 2 * (j >> 1)
     s1 = s0 + 1
@@ -420,13 +452,27 @@ def _k4_header(raw4, base, j):
 
 
 @cuda.jit(device=True, inline="always")
-def _dot_q4_k(raw4, bi, j, xs):
-    """Q4_K, uint32 view (36 per block): d|dmin | scales[12] | qs[128]; lane j reads qs bytes 16j..16j+15 with
-    one 16-byte load (they hold the low nibbles of sub-block 2i and the high nibbles of sub-block 2i+1)."""
+def _q4_k_words(raw4, bi, j):
+    """Q4_K, uint32 view (36 per block): d|dmin | scales[12] | qs[128]. Lane j's loads: the 16-byte header and qs
+    bytes 16j..16j+15 (one 16-byte load each; they hold the low nibbles of sub-block 2i and the high nibbles of
+    sub-block 2i+1), as 8 words."""
     base = bi * 36
-    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    hd, ha, hc, he = ld_global_v4_u32(raw4, base)
     q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
-    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
+    return hd, ha, hc, he, q0, q1, q2, q3
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q4_k(raw4, bi, j, xs):
+    """Q4_K x f32 (layout: `_q4_k_words`)."""
+    return _math_q4_k(_q4_k_words(raw4, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _math_q4_k(t, j, xs):
+    """The decode half of `_dot_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
+    w0, w1, w2, w3 = int(t[4]), int(t[5]), int(t[6]), int(t[7])
     slo = _dot8(w0 & N4, w1 & N4, M0, xs[0]) + _dot8(w2 & N4, w3 & N4, M0, xs[1])
     shi = _dot8((w0 >> 4) & N4, (w1 >> 4) & N4, M0, xs[2]) + _dot8((w2 >> 4) & N4, (w3 >> 4) & N4, M0, xs[3])
     return d * (sc0 * slo + sc1 * shi) - dmin * (mn0 * xs[4] + mn1 * xs[5])
@@ -563,10 +609,14 @@ def _xq_k_nibbles(xq, xd, xsum, wb, j):
 @cuda.jit(device=True, inline="always")
 def _dotq_q4_k(raw4, bi, j, xs):
     """Q4_K x Q8_1: d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes)."""
-    base = bi * 36
-    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
-    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
-    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
+    return _mathq_q4_k(_q4_k_words(raw4, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _mathq_q4_k(t, j, xs):
+    """The decode half of `_dotq_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
+    w0, w1, w2, w3 = int(t[4]), int(t[5]), int(t[6]), int(t[7])
     lo = dp4a_s32(w0 & N4, xs[0], dp4a_s32(w1 & N4, xs[1], dp4a_s32(w2 & N4, xs[2], dp4a_s32(w3 & N4, xs[3], 0))))
     hi = dp4a_s32((w0 >> 4) & N4, xs[4], dp4a_s32((w1 >> 4) & N4, xs[5],
                   dp4a_s32((w2 >> 4) & N4, xs[6], dp4a_s32((w3 >> 4) & N4, xs[7], 0))))
@@ -595,7 +645,13 @@ def _q6_signed(v):
 @cuda.jit(device=True, inline="always")
 def _dotq_q6_k(raw, bi, j, xs):
     """Q6_K x Q8_1 (layout: `_q6_k_lane`): d * Σ_s sc_s * dx_s * Σ((q - 32)·xq)."""
-    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = _q6_k_lane(raw, bi, j)
+    return _mathq_q6_k(_q6_k_lane(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _mathq_q6_k(t, j, xs):
+    """The decode half of `_dotq_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
+    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
     s0 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 0)), xs[0], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 0)), xs[1], 0))
     s1 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 1)), xs[2], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 1)), xs[3], 0))
     s2 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 2)), xs[4], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 2)), xs[5], 0))
@@ -616,13 +672,16 @@ def _xq_q8_0(xq, xd, xsum, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _dotq_q8_0(raw, bi, j, xs):
-    """Q8_0 x Q8_1, uint16 view (17 per block): d * dx * Σ(q·xq) over the lane's 16 int8 pairs."""
-    base = bi * 17
-    d = f32_from_f16_bits(int(raw[U(base)]))
-    qi = base + 1 + 8 * j
-    t = dp4a_s32(_h2(raw, qi), xs[0], dp4a_s32(_h2(raw, qi + 2), xs[1], 0))
-    t = dp4a_s32(_h2(raw, qi + 4), xs[2], dp4a_s32(_h2(raw, qi + 6), xs[3], t))
-    return d * xs[4] * np.float32(t)
+    """Q8_0 x Q8_1 (layout: `_q8_0_words`): d * dx * Σ(q·xq) over the lane's 16 int8 pairs."""
+    return _mathq_q8_0(_q8_0_words(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _mathq_q8_0(w, j, xs):
+    """The decode half of `_dotq_q8_0`, from lane j's `_q8_0_words` tuple ``w``."""
+    t = dp4a_s32(w[1], xs[0], dp4a_s32(w[2], xs[1], 0))
+    t = dp4a_s32(w[3], xs[2], dp4a_s32(w[4], xs[3], t))
+    return w[0] * xs[4] * np.float32(t)
 
 
 # name -> (x loader, block dot, lanes per block, weights per (pseudo-)block, raw view dtype)
@@ -651,6 +710,13 @@ _MMVQ_IMPLS = {
     "Q8_0": (_xq_q8_0, _dotq_q8_0, 2, 32, np.uint16),
 }
 MMVQ_TYPES = tuple(_MMVQ_IMPLS)
+# name -> (fetch: every load of a lane's piece of a block, math: the decode of what fetch returned); the block dot
+# above is math(fetch(...)), so HOIST=1 and HOIST=0 compute the same float32 operations in the same order.
+_SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), "Q8_0": (_q8_0_words, _math_q8_0)}
+_MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
+                "Q8_0": (_q8_0_words, _mathq_q8_0)}
+HOIST_TYPES = tuple(_SPLITS)
+"""Formats HOIST=1 takes (f32 and MMVQ x): the ones whose block dot is split into a load half and a decode half."""
 """Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
 and Q8_0."""
 FLOAT_GROUP = 8
@@ -681,13 +747,20 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
 """
 
 
-def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str) -> str:
+def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str, hoist: bool = False) -> str:
     """The loop body over ``unroll`` chunks; ``mats`` pairs each accumulator prefix with its weight array. One
     chunk: a guarded block (a lane past the row's end skips it). Several: every chunk's block index is clamped to
     the row (valid memory), all x loads and block dots are issued unconditionally in one basic block, so their
-    loads can all be in flight together, and a lane past the end adds zero (a select, not a branch)."""
+    loads can all be in flight together, and a lane past the end adds zero (a select, not a branch). ``hoist``:
+    each block dot is written as its two halves, every ``fetch`` (all chunks, rows and weights) before any
+    ``math``, so the loads lead in program order."""
     if unroll == 1:
-        dots = "\n".join(f"            {p}{r} += dot({w}, rb{r} + b, j, xs)" for r in rows for p, w in mats)
+        if hoist:
+            body = [f"            f{p}{r} = fetch({w}, rb{r} + b, j)" for r in rows for p, w in mats]
+            body += [f"            {p}{r} += math(f{p}{r}, j, xs)" for r in rows for p, _ in mats]
+        else:
+            body = [f"            {p}{r} += dot({w}, rb{r} + b, j, xs)" for r in rows for p, w in mats]
+        dots = "\n".join(body)
         return f"        b = c * {bpc} + bl\n        if b < nb:\n            xs = xload({xargs}, b * {bs}, j)\n{dots}"
     lines = []
     for u in range(unroll):
@@ -695,10 +768,14 @@ def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str
                   f"        v{u} = b{u} < nb",
                   f"        b{u} = min(b{u}, nb - 1)",
                   f"        xs{u} = xload({xargs}, b{u} * {bs}, j)"]
+    if hoist:
+        lines += [f"        f{p}{r}_{u} = fetch({w}, rb{r} + b{u}, j)" for u in range(unroll) for r in rows
+                  for p, w in mats]
     for u in range(unroll):
         for r in rows:
             for p, w in mats:
-                lines += [f"        d = dot({w}, rb{r} + b{u}, j, xs{u})", f"        {p}{r} += d if v{u} else ZERO"]
+                d = f"math(f{p}{r}_{u}, j, xs{u})" if hoist else f"dot({w}, rb{r} + b{u}, j, xs{u})"
+                lines += [f"        d = {d}", f"        {p}{r} += d if v{u} else ZERO"]
     return "\n".join(lines)
 
 
@@ -781,15 +858,16 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False, stage: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE): the per-row
+           prefetch: bool = False, stage: bool = False, hoist: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
+    fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS)[name] if hoist else (None, None)
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -808,18 +886,20 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         per_row_init=(_stage_init(mats, rpb, wpr, 32 // lpb * fmt.type_size) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
         chunk_body=(_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
-                    else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs)),
+                    else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist)),
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
-             "dot": dot, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
+             "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     return cuda.jit(scope[fname])
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0) -> None:
+    if hoist not in HOIST_VALUES:
+        raise KernelConstraintError(f"hoist={hoist!r} is not supported; allowed: {', '.join(map(str, HOIST_VALUES))}")
     if stage not in STAGE_VALUES:
         raise KernelConstraintError(f"stage={stage!r} is not supported; allowed: {', '.join(map(str, STAGE_VALUES))}")
     if prefetch not in PREFETCH_VALUES:
@@ -854,24 +934,38 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
                mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
-               stage: int = DEFAULT_STAGE):
+               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
-    ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``)."""
+    ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
+    one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
     reason = stage_refusal(name, rows_per_block, warps_per_row, unroll=unroll, glu=glu) if stage else None
+    reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), bool(stage))
+           bool(prefetch), bool(stage), bool(hoist))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
     return k
+
+
+def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
+    """Why ``hoist=1`` cannot run for format ``qtype`` (with ``stage``), in one sentence, or None: the one owner of
+    HOIST's rules (`kernel_for` raises it; the gemv experiment and the decode engine ask first)."""
+    name = block_format(qtype).name
+    if name not in HOIST_TYPES:
+        return (f"hoist=1 takes the formats whose block dot is split into loads and decode, {', '.join(HOIST_TYPES)}; "
+                f"{name} has no split, use hoist=0")
+    if stage:
+        return "hoist=1 does not combine with stage=1 (the staged loop loads through shared memory); pick one"
+    return None
 
 
 def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False) -> int:
@@ -938,6 +1032,7 @@ def gemv_q(
     unroll: int = DEFAULT_UNROLL,
     prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
+    hoist: int = DEFAULT_HOIST,
     residual=None,
     stream=0,
 ):
@@ -960,6 +1055,8 @@ def gemv_q(
     prefetch: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk prefetch (``PREFETCH_VALUES``).
     stage: 1 to copy each chunk into shared memory with 16-byte loads before decoding it (``STAGE_VALUES``; the
     formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes long).
+    hoist: 1 to issue all of a chunk's loads (every row) before decoding any (``HOIST_VALUES``; the formats
+    ``HOIST_TYPES``, not with stage=1); the result is bit-identical to hoist=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -972,10 +1069,10 @@ def gemv_q(
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel.
+    MMVQ kernel; stage=1 or hoist=1 where `stage_refusal` or `hoist_refusal` refuses it.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, stream)
+                   stage, hoist, stream)
 
 
 def gemv_glu(
@@ -992,6 +1089,7 @@ def gemv_glu(
     unroll: int = DEFAULT_UNROLL,
     prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
+    hoist: int = DEFAULT_HOIST,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -1008,15 +1106,15 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, stream)
+                   stage, hoist, stream)
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            stream):
+            hoist, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -1053,7 +1151,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage)
+                      prefetch, stage, hoist)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

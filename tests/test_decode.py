@@ -217,8 +217,9 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
 
 
 def test_fused_step_equals_the_unfused_step(micro_weights):
-    """FUSE_GLU=1 and FUSE_NORM_Q8=1 wiring (with PREFETCH=1, a cache hint, and STAGE=1, which only changes how
-    the Q6_K attn_v, ffn_down and output weights are loaded): one eager MMVQ step, logits bit-identical to the
+    """FUSE_GLU=1 and FUSE_NORM_Q8=1 wiring (with PREFETCH=1, a cache hint, STAGE=1, which only changes how
+    the Q6_K attn_v, ffn_down and output weights are loaded, and HOIST=1, which only moves the Q4_K mat-vecs'
+    loads ahead of their decode): one eager MMVQ step, logits bit-identical to the
     unfused path (gate, up and SwiGLU as three kernels; RMSNorm and the Q8_1 quantization as two)."""
     from kernels.gemv_q import stage_refusal
     from minfer_cli.engine.decode import DecodeEngine
@@ -229,7 +230,7 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     logits = []
     for fuse in (False, True):
         options = EngineOptions(graphs=False, fuse_glu=fuse, fuse_norm_q8=fuse, prefetch=fuse, stage=fuse,
-                                fuse_qkv=fuse)
+                                fuse_qkv=fuse, hoist=fuse)
         engine = DecodeEngine(micro_weights, 2, options,
                               splits=1, rows_per_block=8, warps_per_row=1)
         engine.start(first, 0)
@@ -280,6 +281,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"PREFETCH": "1"}, "e")).prefetch is True
     assert engine_options(resolve_config(engine_knobs(), {"STAGE": "1"}, "e")).stage is True
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
+    assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
@@ -549,13 +551,15 @@ def test_bench_tg_workload_times_and_checks(arm):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
-                                  {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False}],
+                                  {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
+                                  {"hoist": True}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
-                              "FUSE_QKV=1,FUSE_ADD=0"])
+                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
-    default path, PREFETCH=1 only adds a cache hint, STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded and
+    default path, PREFETCH=1 only adds a cache hint, STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded,
+    HOIST=1 only where the Q4_K/Q6_K/Q8_0 loads sit in the program, and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
     sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine

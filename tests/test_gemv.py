@@ -21,7 +21,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv_q import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
+from kernels.gemv_q import GEMV_TYPES, HOIST_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -56,7 +56,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0):
+         stage=0, hoist=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -70,7 +70,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, residual=res)
+                 stage=stage, hoist=hoist, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -156,6 +156,47 @@ def test_stage_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, r
     _assert_close(staged, ref, scale)
     direct, *_ = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, rng=np.random.default_rng(seed))
     np.testing.assert_array_equal(staged, direct)
+
+
+@pytest.mark.parametrize("name, od, rpb, wpr, unroll", [("Q4_K", 5, 4, 2, 1), ("Q6_K", 3, 2, 1, 2),
+                                                      ("Q8_0", 5, 8, 1, 1), ("Q6_K", 7, 4, 2, 1)])
+@pytest.mark.parametrize("mmvq", [False, True])
+def test_hoist_against_float64_and_bit_for_bit_row_by_row(name, od, rpb, wpr, unroll, mmvq):
+    """HOIST=1 (every load of a chunk issued before any decode) with partial last CUDA blocks, UNROLL=2's chunk
+    past the row, f32 and Q8_1 x: against float64, and bit for bit against HOIST=0 (the same float32 operations
+    in the same order; only where the loads sit in the program differs)."""
+    assert name in HOIST_TYPES
+    seed = int(np.random.default_rng().integers(2**63))
+    runs = [_run(name, od, _tiny_id(name), rpb=rpb, wpr=wpr, mmvq=mmvq, unroll=unroll, hoist=h,
+                 rng=np.random.default_rng(seed)) for h in (1, 0)]
+    _assert_close(*runs[0])
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
+def test_hoist_glu_bit_for_bit():
+    """The SwiGLU kernel with HOIST=1 fetches both weights' pieces before decoding: bit for bit HOIST=0."""
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    od, id = 5, 512
+    wg, wu = (cuda.to_device(random_blocks("Q4_K", od, id, rng)) for _ in range(2))
+    xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
+    outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
+    for hoist, out in enumerate(outs):
+        gemv_glu(wg, wu, "Q4_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, hoist=hoist)
+    assert not np.isnan(outs[1].copy_to_host()).any()
+    np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
+
+
+def test_hoist_refusals():
+    """HOIST=1 for a format without a split block dot, or with STAGE=1: one sentence saying what to use."""
+    x = cuda.to_device(np.ones(512, np.float32))
+    with pytest.raises(KernelConstraintError, match="Q5_K has no split, use hoist=0"):
+        gemv_q(cuda.to_device(random_blocks("Q5_K", 2, 512, np.random.default_rng())), "Q5_K", 2, 512, x, hoist=1)
+    with pytest.raises(KernelConstraintError, match="does not combine with stage=1"):
+        kernel_for("Q6_K", 4, 2, stage=1, hoist=1)
+    with pytest.raises(KernelConstraintError, match="hoist=2 is not supported; allowed: 0, 1"):
+        kernel_for("Q4_K", 4, 2, hoist=2)
 
 
 def test_stage_glu_bit_for_bit():
@@ -584,6 +625,20 @@ def test_stage_real_shapes(name, mmvq, od, id):
     partial last CUDA block of 8): a misaligned vector load would fault, a wrong window would miss the reference."""
     _assert_close(*_run(name, od, id, rpb=4, wpr=2, mmvq=mmvq, stage=1))
     _assert_close(*_run(name, od, id, rpb=8, wpr=1, mmvq=mmvq, stage=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q4_K", True), ("Q4_K", False), ("Q8_0", True)])
+@pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
+def test_hoist_real_shapes(name, mmvq, od, id):
+    """HOIST=1 on the device at ffn_down and 300 rows (a partial last CUDA block): against float64, and bit for
+    bit against HOIST=0 (ptxas schedules the two differently; the arithmetic is the same)."""
+    seed = int(np.random.default_rng().integers(2**63))
+    for rpb, wpr in ((4, 2), (2, 2)):
+        runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=h, rng=np.random.default_rng(seed))
+                for h in (1, 0)]
+        _assert_close(*runs[0])
+        np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
 
 @pytest.mark.gpu

@@ -153,7 +153,8 @@ class DecodeEngine:
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.stage = bool(options.stage)
-        self._staged: dict[tuple, dict] = {}  # STAGE=1: (weight, launch shape, glu) -> the launch knobs to use
+        self.hoist = bool(options.hoist)
+        self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST: (weight, launch shape, glu) -> the launch knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
@@ -307,8 +308,9 @@ class DecodeEngine:
         """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
         least WIDE_ROWS rows), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
-        `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape)."""
-        from kernels.gemv_q import MMVQ_TYPES, stage_refusal
+        `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape); with HOIST=1,
+        ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged)."""
+        from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -316,13 +318,17 @@ class DecodeEngine:
             x_in, launch = xq, self._launch_mmvq_wide
         else:
             x_in, launch = xq, self._launch_mmvq
-        if self.stage:
+        if self.stage or self.hoist:
             key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
-            if key not in self._staged:
-                self._staged[key] = {**launch, "stage": 1} if stage_refusal(
-                    m.qtype, launch["rows_per_block"], launch["warps_per_row"], unroll=launch["unroll"], glu=glu,
-                    raw=m.raw) is None else launch
-            launch = self._staged[key]
+            if key not in self._load_knobs:
+                extra = {}
+                if self.stage and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
+                                                unroll=launch["unroll"], glu=glu, raw=m.raw) is None:
+                    extra["stage"] = 1
+                if self.hoist and hoist_refusal(m.qtype, stage=extra.get("stage", 0)) is None:
+                    extra["hoist"] = 1
+                self._load_knobs[key] = {**launch, **extra}
+            launch = self._load_knobs[key]
         return x_in, launch
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:

@@ -44,7 +44,9 @@ class EngineOptions:
     (False); prefetch: every decode mat-vec first streams its CUDA block's weight rows into L2 with one TMA bulk
     prefetch (`kernels.gemv_q` PREFETCH=1, True) or relies on its warps' loads (False); stage: decode mat-vecs of
     the 2-byte-aligned formats (Q6_K, Q8_0, ...) copy their chunks into shared memory with 16-byte loads first
-    (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False); fuse_qkv:
+    (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False); hoist:
+    decode mat-vecs of Q4_K/Q6_K/Q8_0 issue all of a chunk's loads before decoding any (`kernels.gemv_q` HOIST=1,
+    True, where `hoist_refusal` allows) or load row by row (False); fuse_qkv:
     decode's q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each (False) —
     the decode options are
     read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
@@ -59,6 +61,7 @@ class EngineOptions:
     fuse_norm_q8: bool = False
     prefetch: bool = False
     stage: bool = False
+    hoist: bool = False
     fuse_qkv: bool = False
 
 
