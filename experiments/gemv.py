@@ -6,7 +6,8 @@ of a row per warp loop iteration: 2 issues both chunks' loads before decoding ei
 block's rows are first streamed into L2 by one TMA bulk prefetch), STAGE (1: each warp copies its chunks into
 shared memory with 16-byte loads and decodes from there; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`,
 UNROLL=1, W a whole number of 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
-decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE=1), GLU (1: decode's fused gate/up pass,
+decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE=1), MINB (CUDA blocks per SM the kernel is compiled
+for: ``__launch_bounds__``'s register cap, 0 none), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
@@ -29,6 +30,7 @@ import numpy as np
 
 from kernels.gemv_q import (
     DEFAULT_HOIST,
+    DEFAULT_MINB,
     DEFAULT_PREFETCH,
     DEFAULT_RPB,
     DEFAULT_STAGE,
@@ -36,6 +38,7 @@ from kernels.gemv_q import (
     DEFAULT_WPR,
     GEMV_TYPES,
     HOIST_VALUES,
+    MINB_VALUES,
     MMVQ_TYPES,
     PREFETCH_VALUES,
     RPB_VALUES,
@@ -189,6 +192,8 @@ class GemvExperiment(Experiment):
              "1: chunks copied to shared memory with 16-byte loads, decoded there (2-byte-aligned TYPEs, UNROLL=1)"),
         Knob("HOIST", HOIST_VALUES, DEFAULT_HOIST,
              "1: a chunk's loads (x and all RPB rows) issued before any decode (Q4_K, Q6_K, Q8_0); 0: row by row"),
+        Knob("MINB", MINB_VALUES, DEFAULT_MINB,
+             "CUDA blocks per SM to compile for (launch bounds: registers <= 65536 / (MINB*32*WPR)); 0: no bound"),
         Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
@@ -255,12 +260,12 @@ class GemvExperiment(Experiment):
         """The dispatcher of this config's knobs (`kernels.gemv_q.kernel_for`, which refuses a bad combination)."""
         return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
                           unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
-                          stage=int(config["STAGE"]), hoist=int(config["HOIST"]))
+                          stage=int(config["STAGE"]), hoist=int(config["HOIST"]), min_blocks=int(config["MINB"]))
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
-        stage, hoist = int(config["STAGE"]), int(config["HOIST"])
+        stage, hoist, min_blocks = int(config["STAGE"]), int(config["HOIST"]), int(config["MINB"])
         od, id = self._shape(workload)
         self._kernel(config)  # refuses a bad TYPE
         for inputs in list(self._sets.get(workload.name, ())):
@@ -274,7 +279,7 @@ class GemvExperiment(Experiment):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
             knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch,
-                     "stage": stage, "hoist": hoist}
+                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks}
             if glu:
                 gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
             else:
@@ -309,11 +314,13 @@ class GemvExperiment(Experiment):
     def kernels(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
+        minb = int(config["MINB"])
         dispatcher = self._kernel(config)
         signature = kernel_signature(qtype, mmvq, glu)
         dispatcher.compile(signature)
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
                 f"{',STAGE' if int(config['STAGE']) else ''}{',HOIST' if int(config['HOIST']) else ''}"
+                f"{f',MINB={minb}' if minb else ''}"
                 f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 

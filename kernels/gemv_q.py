@@ -72,6 +72,12 @@ HOIST_VALUES = (0, 1)
 of them, so one chunk costs one memory round trip; 0: row by row as the block dots are written, where the block
 decodes' branches and ptxas's schedule leave 3-5 round trips a chunk (Q6_K MMVQ RPB=4: groups of ~12 of the
 68 halfword loads, each waited for before the next group issues; sm_90 SASS)."""
+MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
+"""CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
+registers per thread at what that many blocks of ``32 * WPR`` threads leave: 65536 / (MINB * 32 * WPR)); 0: no
+bound, ptxas's own register count. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only if
+they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at most 73 registers; Q4_K uses
+72-79 unbounded (Q4_K MMVQ at ffn_down: 22.5 µs unbounded, 17.6 µs with MINB=7; 16.4 with HOIST=1 too)."""
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
 """Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
 STAGE_SMEM_LIMIT = 48 * 1024
@@ -83,6 +89,7 @@ DEFAULT_UNROLL = 1
 DEFAULT_PREFETCH = 0
 DEFAULT_STAGE = 0
 DEFAULT_HOIST = 0
+DEFAULT_MINB = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -858,8 +865,8 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False, stage: bool = False, hoist: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST): the per-row
+           prefetch: bool = False, stage: bool = False, hoist: bool = False, min_blocks: int = 0):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
@@ -867,7 +874,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS)[name] if hoist else (None, None)
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -894,10 +901,16 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
+    if min_blocks and not SIMULATOR:  # a compiler bound: the simulator's jit takes none and has no registers
+        return cuda.jit(scope[fname], launch_bounds=(threads_per_block(wpr), min_blocks))
     return cuda.jit(scope[fname])
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0) -> None:
+    if min_blocks not in MINB_VALUES:
+        raise KernelConstraintError(
+            f"min_blocks={min_blocks!r} is not supported; allowed: {', '.join(map(str, MINB_VALUES))}"
+        )
     if hoist not in HOIST_VALUES:
         raise KernelConstraintError(f"hoist={hoist!r} is not supported; allowed: {', '.join(map(str, HOIST_VALUES))}")
     if stage not in STAGE_VALUES:
@@ -934,14 +947,15 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
                mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
-               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST):
+               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
     ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
-    one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage)."""
+    one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
+    ``MINB_VALUES``, the launch bound)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
     reason = stage_refusal(name, rows_per_block, warps_per_row, unroll=unroll, glu=glu) if stage else None
@@ -949,11 +963,18 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), bool(stage), bool(hoist))
+           bool(prefetch), bool(stage), bool(hoist), int(min_blocks))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
     return k
+
+
+def one_wave_min_blocks(grid: int, sm_count: int) -> int:
+    """The smallest ``MINB_VALUES`` entry (> 0) that fits a ``grid`` of CUDA blocks on ``sm_count`` SMs at once
+    (``ceil(grid / sm_count)`` blocks per SM), or 0 (no bound) when even the largest does not."""
+    need = -(-int(grid) // max(int(sm_count), 1))
+    return next((m for m in MINB_VALUES if m >= need and m > 0), 0)
 
 
 def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
@@ -1033,6 +1054,7 @@ def gemv_q(
     prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
     hoist: int = DEFAULT_HOIST,
+    min_blocks: int = DEFAULT_MINB,
     residual=None,
     stream=0,
 ):
@@ -1057,6 +1079,8 @@ def gemv_q(
     formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes long).
     hoist: 1 to issue all of a chunk's loads (every row) before decoding any (``HOIST_VALUES``; the formats
     ``HOIST_TYPES``, not with stage=1); the result is bit-identical to hoist=0.
+    min_blocks: CUDA blocks per SM to compile for (``MINB_VALUES``; 0 none): ``__launch_bounds__``'s register cap,
+    so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -1072,7 +1096,7 @@ def gemv_q(
     MMVQ kernel; stage=1 or hoist=1 where `stage_refusal` or `hoist_refusal` refuses it.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, stream)
+                   stage, hoist, min_blocks, stream)
 
 
 def gemv_glu(
@@ -1090,6 +1114,7 @@ def gemv_glu(
     prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
     hoist: int = DEFAULT_HOIST,
+    min_blocks: int = DEFAULT_MINB,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -1106,15 +1131,15 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, stream)
+                   stage, hoist, min_blocks, stream)
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, stream):
+            hoist, min_blocks, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -1151,7 +1176,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist)
+                      prefetch, stage, hoist, min_blocks)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

@@ -241,6 +241,20 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
+def test_deep_launch_only_for_long_q4_k_rows(micro_weights):
+    """DEEP=1: a Q4_K mat-vec of at least DEEP_COLS columns gets `GEMV_MMVQ_DEEP` and MINB for its grid's one wave
+    (`kernels.gemv_q.one_wave_min_blocks`); shorter Q4_K rows and other formats keep the general MMVQ shape."""
+    from kernels.gemv_q import one_wave_min_blocks
+    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv, _sm_count
+
+    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
+    x_in, launch = engine._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)
+    assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP, "prefetch": 0,
+                                       "min_blocks": one_wave_min_blocks(896, _sm_count())}
+    for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q6_K", 3584, DEEP_COLS)):
+        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
+
+
 def test_decode_refuses_what_does_not_fit(micro_weights):
     from minfer_cli.engine.decode import DecodeEngine
 
@@ -282,6 +296,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"STAGE": "1"}, "e")).stage is True
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
     assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
+    assert engine_options(resolve_config(engine_knobs(), {"DEEP": "1"}, "e")).deep is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
@@ -552,9 +567,9 @@ def test_bench_tg_workload_times_and_checks(arm):
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
                                   {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
-                                  {"hoist": True}],
+                                  {"hoist": True}, {"deep": True}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
-                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1"])
+                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the

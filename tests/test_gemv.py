@@ -56,7 +56,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0, hoist=0):
+         stage=0, hoist=0, min_blocks=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -70,7 +70,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, hoist=hoist, residual=res)
+                 stage=stage, hoist=hoist, min_blocks=min_blocks, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -186,6 +186,27 @@ def test_hoist_glu_bit_for_bit():
         gemv_glu(wg, wu, "Q4_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, hoist=hoist)
     assert not np.isnan(outs[1].copy_to_host()).any()
     np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
+
+
+def test_one_wave_min_blocks():
+    """MINB for one wave: ffn_down at RPB=4 (896 blocks) on 132 SMs needs 7 a SM; past the largest value, no bound."""
+    from kernels.gemv_q import one_wave_min_blocks
+
+    assert one_wave_min_blocks(896, 132) == 7 and one_wave_min_blocks(1792, 132) == 14
+    assert one_wave_min_blocks(128, 132) == 1 and one_wave_min_blocks(5000, 132) == 0
+    assert one_wave_min_blocks(1000, 132) == 8  # 7.6 a SM: the next allowed value up
+
+
+def test_min_blocks_bit_for_bit_and_refused_outside_its_values():
+    """MINB only bounds the compiler (no effect in the simulator): bit for bit MINB=0; a value outside
+    MINB_VALUES is refused naming the allowed ones."""
+    seed = int(np.random.default_rng().integers(2**63))
+    runs = [_run("Q4_K", 5, 512, rpb=4, wpr=2, mmvq=True, min_blocks=m, rng=np.random.default_rng(seed))
+            for m in (7, 0)]
+    _assert_close(*runs[0])
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    with pytest.raises(KernelConstraintError, match="min_blocks=3 is not supported; allowed: 0, 1, 2, 4, 7, 8, 14, 16"):
+        kernel_for("Q4_K", 4, 2, min_blocks=3)
 
 
 def test_hoist_refusals():
@@ -632,11 +653,12 @@ def test_stage_real_shapes(name, mmvq, od, id):
 @pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
 def test_hoist_real_shapes(name, mmvq, od, id):
     """HOIST=1 on the device at ffn_down and 300 rows (a partial last CUDA block): against float64, and bit for
-    bit against HOIST=0 (ptxas schedules the two differently; the arithmetic is the same)."""
+    bit against HOIST=0 (ptxas schedules the two differently; the arithmetic is the same), also with MINB=7 (a
+    register cap: ptxas may schedule or spill differently, the arithmetic is the same)."""
     seed = int(np.random.default_rng().integers(2**63))
-    for rpb, wpr in ((4, 2), (2, 2)):
-        runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=h, rng=np.random.default_rng(seed))
-                for h in (1, 0)]
+    for rpb, wpr, minb in ((4, 2, 0), (2, 2, 0), (4, 4, 7)):
+        runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=h, min_blocks=m, rng=np.random.default_rng(seed))
+                for h, m in ((1, minb), (0, 0))]
         _assert_close(*runs[0])
         np.testing.assert_array_equal(runs[0][0], runs[1][0])
 

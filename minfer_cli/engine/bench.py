@@ -34,7 +34,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE", "HOIST")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE", "HOIST", "DEEP")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -63,6 +63,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                        "STAGE=1); 0 decodes from global memory with 2-byte loads")]
     knobs += [Knob("HOIST", (0, 1), 0, "decode (tg): 1 has the Q4_K/Q6_K/Q8_0 mat-vecs issue every load of a chunk "
                                        "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
+    knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K mat-vecs of long rows (ffn_down) with RPB=4, "
+                                      "WPR=4, HOIST=1 and launch bounds for one wave (gemv MINB); 0 the general shape")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -93,7 +95,7 @@ def engine_options(config: Config) -> EngineOptions:
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                          prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
-                         hoist=bool(config.get("HOIST", 0)),
+                         hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 0)),
                          fuse_qkv=bool(config.get("FUSE_QKV", 0)))
 
 

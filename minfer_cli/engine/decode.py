@@ -63,11 +63,17 @@ from minfer_cli.engine.weights import ModelWeights
 # SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
 # More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
 # (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
+# Long Q4_K rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, every load of a chunk first (HOIST=1), and
+# compiled for the grid's one wave (MINB, `kernels.gemv_q.one_wave_min_blocks`): 16.4 µs vs 20.9 (RPB=2, WPR=2) and
+# 22.3 (RPB=4, WPR=2) at ffn_down on the H200; unbounded, ptxas's 79 registers fit too few blocks for one wave.
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
 """`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
 WIDE_ROWS = 8192
+GEMV_MMVQ_DEEP = {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1, "hoist": 1}
+"""`GEMV_MMVQ_DEEP` (DEEP=1): Q4_K matrices of at least ``DEEP_COLS`` columns (ffn_down), plus MINB for one wave."""
+DEEP_COLS = 8192
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,13 @@ class _DecodeLayer:
     v_cache: object
     k_heads: object  # the same memory as [context, n_kv_heads, head_dim] (read by decode_attention)
     v_heads: object
+
+
+def _sm_count() -> int:
+    """SMs of the current device (1 in the CUDA simulator, whose device has no such attribute)."""
+    from numba import cuda
+
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
 def decode_device_bytes(c: ModelConfig, context: int) -> int:
@@ -162,6 +175,9 @@ class DecodeEngine:
         self._launch_f32 = {**GEMV_F32, **override}
         self._launch_mmvq = {**GEMV_MMVQ, **override}
         self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
+        self.deep = bool(options.deep)
+        self._launch_mmvq_deep: dict[int, dict] = {}  # DEEP=1: od -> launch knobs (MINB depends on the grid)
+        self._override = override
         if prefill is not None:
             self.context = prefill.context
             self.stream = stream if stream is not None else prefill.stream
@@ -304,10 +320,21 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb)
         return self._quantize(self._h1, self._q8_hidden)
 
+    def _deep_launch(self, od: int) -> dict:
+        """DEEP=1's launch knobs for ``od`` rows: `GEMV_MMVQ_DEEP` and MINB for the grid's one wave."""
+        if od not in self._launch_mmvq_deep:
+            from kernels.gemv_q import one_wave_min_blocks
+
+            launch = {**GEMV_MMVQ_DEEP, **self._override}
+            grid = -(-od // launch["rows_per_block"])
+            self._launch_mmvq_deep[od] = {**launch, "min_blocks": one_wave_min_blocks(grid, _sm_count())}
+        return self._launch_mmvq_deep[od]
+
     def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
         """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
-        least WIDE_ROWS rows), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
+        least WIDE_ROWS rows; with DEEP=1, `GEMV_MMVQ_DEEP` for Q4_K with at least DEEP_COLS columns), else f32
+        ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
         `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape); with HOIST=1,
         ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged)."""
         from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal
@@ -316,6 +343,8 @@ class DecodeEngine:
             x_in, launch = x, self._launch_f32
         elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
             x_in, launch = xq, self._launch_mmvq_wide
+        elif self.deep and m.qtype == "Q4_K" and m.id >= DEEP_COLS and not glu:
+            x_in, launch = xq, self._deep_launch(m.od)
         else:
             x_in, launch = xq, self._launch_mmvq
         if self.stage or self.hoist:
