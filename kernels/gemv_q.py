@@ -471,15 +471,27 @@ def _q4_k_words(raw4, bi, j):
 
 @cuda.jit(device=True, inline="always")
 def _dot_q4_k(raw4, bi, j, xs):
-    """Q4_K x f32 (layout: `_q4_k_words`)."""
-    return _math_q4_k(_q4_k_words(raw4, bi, j), j, xs)
+    """Q4_K x f32 (layout: `_q4_k_words`), the header decoded before the qs load is issued. This order, not
+    `_math_q4_k` of `_q4_k_words` (both loads first), is HOIST=0's: ptxas schedules the two differently, and the
+    engine's default Q4_K mat-vecs were measured in this one (tg128 331 tok/s, ledger #46; with both loads first
+    in every Q4_K dot, 265-275 tok/s on the same H200)."""
+    base = bi * 36
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
+    return _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, xs)
 
 
 @cuda.jit(device=True, inline="always")
 def _math_q4_k(t, j, xs):
     """The decode half of `_dot_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
     d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
-    w0, w1, w2, w3 = int(t[4]), int(t[5]), int(t[6]), int(t[7])
+    return _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, t[4], t[5], t[6], t[7], xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, xs):
+    """Q4_K x f32 of one lane: its decoded scales and qs words against its x values."""
+    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
     slo = _dot8(w0 & N4, w1 & N4, M0, xs[0]) + _dot8(w2 & N4, w3 & N4, M0, xs[1])
     shi = _dot8((w0 >> 4) & N4, (w1 >> 4) & N4, M0, xs[2]) + _dot8((w2 >> 4) & N4, (w3 >> 4) & N4, M0, xs[3])
     return d * (sc0 * slo + sc1 * shi) - dmin * (mn0 * xs[4] + mn1 * xs[5])
@@ -615,15 +627,25 @@ def _xq_k_nibbles(xq, xd, xsum, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _dotq_q4_k(raw4, bi, j, xs):
-    """Q4_K x Q8_1: d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes)."""
-    return _mathq_q4_k(_q4_k_words(raw4, bi, j), j, xs)
+    """Q4_K x Q8_1: d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes).
+    Header decoded before the qs load, as `_dot_q4_k` (HOIST=0's order)."""
+    base = bi * 36
+    d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
+    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
+    return _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs)
 
 
 @cuda.jit(device=True, inline="always")
 def _mathq_q4_k(t, j, xs):
     """The decode half of `_dotq_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
     d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
-    w0, w1, w2, w3 = int(t[4]), int(t[5]), int(t[6]), int(t[7])
+    return _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, t[4], t[5], t[6], t[7], j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs):
+    """Q4_K x Q8_1 of one lane: its decoded scales and qs words against its int8 x words, d and sums."""
+    w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
     lo = dp4a_s32(w0 & N4, xs[0], dp4a_s32(w1 & N4, xs[1], dp4a_s32(w2 & N4, xs[2], dp4a_s32(w3 & N4, xs[3], 0))))
     hi = dp4a_s32((w0 >> 4) & N4, xs[4], dp4a_s32((w1 >> 4) & N4, xs[5],
                   dp4a_s32((w2 >> 4) & N4, xs[6], dp4a_s32((w3 >> 4) & N4, xs[7], 0))))
@@ -718,7 +740,8 @@ _MMVQ_IMPLS = {
 }
 MMVQ_TYPES = tuple(_MMVQ_IMPLS)
 # name -> (fetch: every load of a lane's piece of a block, math: the decode of what fetch returned); the block dot
-# above is math(fetch(...)), so HOIST=1 and HOIST=0 compute the same float32 operations in the same order.
+# above computes math(fetch(...)) (Q4_K's with the header decoded between its two loads), so HOIST=1 and HOIST=0
+# compute the same float32 operations in the same order.
 _SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), "Q8_0": (_q8_0_words, _math_q8_0)}
 _MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
                 "Q8_0": (_q8_0_words, _mathq_q8_0)}
