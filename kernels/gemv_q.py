@@ -66,18 +66,23 @@ ffn_up 17.0 -> 22.2 µs, Q6_K ffn_down 29.1 -> 52.8 µs; ledger #36, #37), so th
 STAGE_VALUES = (0, 1)
 """1: each warp copies every chunk of its rows into shared memory with aligned 16-byte loads first and decodes
 from there (`_staged_body`), for the 2-byte-aligned formats ``STAGE_TYPES``, whose decode otherwise issues one
-2-byte global load per halfword (Q6_K: 17 a lane a block); 0: decode straight from global memory."""
+2-byte global load per halfword (Q6_K: 17 a lane a block); 0: decode straight from global memory. On the H200
+1 was slower: Q6_K MMVQ RPB=4, WPR=2 at ffn_down 34.78 vs 29.73 µs (+17%, ledger #47), at the output head +7%
+(#49); the copy, its two warp barriers and the shared-memory halfword loads cost more than the 2-byte global
+loads they replace."""
 HOIST_VALUES = (0, 1)
-"""1: each warp issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any
-of them, so one chunk costs one memory round trip; 0: row by row as the block dots are written, where the block
-decodes' branches and ptxas's schedule leave 3-5 round trips a chunk (Q6_K MMVQ RPB=4: groups of ~12 of the
-68 halfword loads, each waited for before the next group issues; sm_90 SASS)."""
+"""1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
+them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
+chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
+On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers instead of
+72 leave too few blocks a SM for one wave) but -19.5% with RPB=4, WPR=4 and MINB=7 (#52, decode's DEEP=1)."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: 65536 / (MINB * 32 * WPR)); 0: no
 bound, ptxas's own register count. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only if
 they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at most 73 registers; Q4_K uses
-72-79 unbounded (Q4_K MMVQ at ffn_down: 22.5 µs unbounded, 17.6 µs with MINB=7; 16.4 with HOIST=1 too)."""
+80-96 unbounded (Q4_K MMVQ at ffn_down, RPB=4, WPR=4, HOIST=1, MINB=7: 16.33 µs vs 20.35 at RPB=2, WPR=2, ledger
+#52; a launch-bounds probe before the knob existed gave 22.5 -> 17.6 µs for HOIST=0, unrecorded)."""
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
 """Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
 STAGE_SMEM_LIMIT = 48 * 1024

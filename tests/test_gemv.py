@@ -505,14 +505,14 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0):
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage)
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0, hoist=0,
+         min_blocks=0):
+    """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks)
     if key not in _PTX:
-        _PTX[key] = cuda.compile_ptx(
-            kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage).py_func,
-            kernel_signature(name, mmvq, glu),
-            cc=(9, 0),
-        )[0]
+        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks)
+        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
+                                     launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
 
 
@@ -575,6 +575,33 @@ def test_every_knob_changes_the_code():
     prefetch = "cp.async.bulk.prefetch.L2.global"
     assert prefetch not in base and _ptx("Q4_K", 1, 1, prefetch=1).count(prefetch) == 1  # PREFETCH: one per block
     assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=1).count(prefetch) == 2  # GLU: both weights
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, mmvq", [("Q4_K", True), ("Q4_K", False), ("Q6_K", True), ("Q8_0", True)])
+def test_hoist_puts_every_global_load_before_the_first_decode(name, mmvq):
+    """HOIST=1 with RPB=2: in the PTX, every ``ld.global`` of the loop body (x, both rows' pieces) comes before the
+    first dot-product instruction (dp4a, or fma for f32 x); HOIST=0 (Q4_K) still loads row 1's block after row 0's
+    decode has begun. (The SASS order is ptxas's: see ``HOIST_VALUES``.)"""
+    def order(ptx):
+        lines = [line.strip() for line in ptx.splitlines()]
+        first_math = min(i for i, line in enumerate(lines) if line.startswith(("dp4a", "fma.rn.f32")))
+        return max(i for i, line in enumerate(lines) if line.startswith("ld.global")), first_math
+
+    last_load, first_math = order(_ptx(name, 2, 2, mmvq=mmvq, hoist=1))
+    assert last_load < first_math
+    if name == "Q4_K":
+        last_load, first_math = order(_ptx(name, 2, 2, mmvq=mmvq))
+        assert last_load > first_math
+
+
+@pytest.mark.compile
+def test_min_blocks_is_the_launch_bound_of_the_kernel():
+    """MINB=7 with WPR=4: the PTX declares ``.maxntid 128`` and ``.minnctapersm 7`` (the register cap ptxas then
+    applies); MINB=0 declares neither."""
+    bounded, free = _ptx("Q4_K", 4, 4, mmvq=True, min_blocks=7), _ptx("Q4_K", 4, 4, mmvq=True)
+    assert ".maxntid 128" in bounded and ".minnctapersm 7" in bounded
+    assert ".minnctapersm" not in free and ".maxntid" not in free
 
 
 @pytest.mark.compile

@@ -60,7 +60,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "the best gemv launch shapes, ledger #36, #37)")]
     knobs += [Knob("STAGE", (0, 1), 0, "decode (tg): 1 has the mat-vecs of 2-byte-aligned weights (Q6_K, Q8_0, ...) copy "
                                        "each chunk to shared memory with 16-byte loads before decoding it (gemv "
-                                       "STAGE=1); 0 decodes from global memory with 2-byte loads")]
+                                       "STAGE=1, +17% slower at Q6_K ffn_down, ledger #47); 0 decodes from global "
+                                       "memory with 2-byte loads")]
     knobs += [Knob("HOIST", (0, 1), 0, "decode (tg): 1 has the Q4_K/Q6_K/Q8_0 mat-vecs issue every load of a chunk "
                                        "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
     knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K mat-vecs of long rows (ffn_down) with RPB=4, "
