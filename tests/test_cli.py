@@ -285,3 +285,16 @@ def test_closed_stdout_is_met_quietly(tmp_path, args, status):
         assert r.stderr == ""
     else:
         assert "skipped 0009-broken.yaml" in r.stderr
+
+
+def test_arm_table_shows_the_knobs_that_differ_and_captions_the_shared_ones():
+    """An A/B of one knob shows that knob per arm and every other knob once, in the caption; one arm shows all."""
+    from minfer_cli.commands.render import knob_columns
+
+    a = {"TYPE": "Q4_K", "RPB": 2, "WPR": 2, "HOIST": 0}
+    b = {"TYPE": "Q4_K", "RPB": 4, "WPR": 4, "HOIST": 0}
+    assert knob_columns([a, b]) == (["RPB=2,WPR=2", "RPB=4,WPR=4"], "every arm: TYPE=Q4_K,HOIST=0")
+    assert knob_columns([a]) == (["TYPE=Q4_K,RPB=2,WPR=2,HOIST=0"], "")
+    assert knob_columns([a, dict(a)]) == (["(same knobs)", "(same knobs)"], "every arm: TYPE=Q4_K,RPB=2,WPR=2,HOIST=0")
+    assert knob_columns([a, {**a, "HOIST": 1}, {**a, "RPB": 4}]) == (
+        ["RPB=2,HOIST=0", "RPB=2,HOIST=1", "RPB=4,HOIST=0"], "every arm: TYPE=Q4_K,WPR=2")

@@ -13,23 +13,38 @@ def _num(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def knob_columns(configs: list) -> tuple[list[str], str]:
+    """Each arm's knobs column and the table's caption: with two or more arms, the column shows only the knobs
+    whose values differ between the arms and the caption the ones every arm shares (``every arm: K=V,...``), so an
+    A/B of one knob reads as that knob; one arm shows all its knobs and no caption."""
+    if len(configs) < 2:
+        return [format_config(c) for c in configs], ""
+    varying = [k for k in configs[0] if len({repr(c.get(k)) for c in configs}) > 1]
+    shared = {k: v for k, v in configs[0].items() if k not in varying}
+    columns = [format_config({k: c[k] for k in varying}) or "(same knobs)" for c in configs]
+    return columns, f"every arm: {format_config(shared)}" if shared else ""
+
+
 def arms_table(session: Session, arms: list[ArmOutcome]) -> Table:
-    """One row per arm: knobs, parity, median µs [p10, p90], n, TFLOP/s, GB/s, % of roofline."""
+    """One row per arm: knobs (those that differ between the arms; the shared ones in the caption), parity, median
+    µs [p10, p90], n, TFLOP/s, GB/s, % of roofline."""
     exp, wl = session.experiment, session.workload
-    t = Table(title=f"{exp.name} · {wl.name} ({wl.describe()})", title_justify="left")
+    columns, caption = knob_columns([a.config for a in arms])
+    t = Table(title=f"{exp.name} · {wl.name} ({wl.describe()})", title_justify="left", caption=caption or None,
+              caption_justify="left")
     unit = exp.metric.unit
     for col, just in (("arm", "left"), ("knobs", "left"), ("check", "left"), (f"median {unit}", "right"),
                       (f"p10–p90 {unit}", "right"), ("n", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
                       ("% roofline", "right")):
         t.add_column(col, justify=just)
-    for a in arms:
+    for a, knobs in zip(arms, columns):
         if a.status != "ok":
             check = f"[magenta]FAIL[/] {a.error}"
         else:
             check = f"ok ({a.parity_error:.2g})" if a.parity_error else "ok (exact)"
         s, f = a.stats, a.figures
         t.add_row(
-            a.label, format_config(a.config), check,
+            a.label, knobs, check,
             _num(s.median if s else None, ".2f"),
             f"{s.p10:.2f}–{s.p90:.2f}" if s else "—",
             str(s.n) if s else "—",
