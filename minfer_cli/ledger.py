@@ -564,8 +564,14 @@ def record_arms_text(record: Mapping[str, Any]) -> str:
     return arms_text(arms)
 
 
+PCT_DIGITS = 6
+"""Decimals a percentage is exported with: a fraction's ``* 100`` leaves binary noise (0.239153 -> 23.915300000000002)
+that no measurement has; 1e-6 % is far below any A/B's resolution."""
+
+
 def _pct(value: Any) -> float | None:
-    return value * 100.0 if _is_number(value) and math.isfinite(value) else None
+    """A stored fraction as percent, rounded to `PCT_DIGITS` decimals (None for a missing or non-finite value)."""
+    return round(value * 100.0, PCT_DIGITS) if _is_number(value) and math.isfinite(value) else None
 
 
 def _median(arm: Mapping[str, Any] | None) -> float | None:

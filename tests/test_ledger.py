@@ -254,6 +254,15 @@ def test_frame_columns_and_values():
     assert pd.isna(second["arm_b"]) and pd.isna(second["delta_pct"]) and pd.isna(second["commit"])
 
 
+def test_csv_percentages_carry_no_binary_noise():
+    """A stored fraction of 0.239153 exports as 23.9153 (``* 100`` alone gives 23.915300000000002)."""
+    record = make_record()
+    record["comparison"] = {**record["comparison"], "delta": 0.239153, "ci_low": -0.0274}
+    assert 0.239153 * 100.0 != 23.9153
+    text = ledger.export([dict(record, id=1)], "csv")
+    assert ",23.9153," in text and ",-2.74," in text and "0000000" not in text
+
+
 def test_a_sweep_row_shows_its_best_point():
     record = make_record(kind="sweep", verdict="MEASURED", comparison=None, best={"label": "B", "knobs": {"VEC": 4}})
     row = ledger.to_frame([dict(record, id=1)]).iloc[0]
