@@ -298,3 +298,15 @@ def test_arm_table_shows_the_knobs_that_differ_and_captions_the_shared_ones():
     assert knob_columns([a, dict(a)]) == (["(same knobs)", "(same knobs)"], "every arm: TYPE=Q4_K,RPB=2,WPR=2,HOIST=0")
     assert knob_columns([a, {**a, "HOIST": 1}, {**a, "RPB": 4}]) == (
         ["RPB=2,HOIST=0", "RPB=2,HOIST=1", "RPB=4,HOIST=0"], "every arm: TYPE=Q4_K,WPR=2")
+
+
+def test_model_list_shows_every_preset_with_llama_bench_size_and_params():
+    """`minfer model list` needs no GPU: shapes, params and size from the tensor specs (Qwen2-7B Q4_K_M: 7.62 B
+    params, 4.36 GiB, as llama-bench reports for the real file)."""
+    from minfer_cli.engine.presets import PRESETS
+
+    result = runner.invoke(app, ["model", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert all(name in result.output for name in PRESETS)
+    row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m (default)" in line)
+    assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row

@@ -11,6 +11,36 @@ from minfer_cli.console import guard, out, progress
 app = typer.Typer(name="model", help="Model presets and GGUF files.", no_args_is_help=True)
 
 
+@app.command("list")
+@guard
+def list_presets() -> None:
+    """List the built-in presets (`minfer bench --preset`, `minfer model synth`) with their shapes, Q4_K_M tensor
+    types, parameter count and size, computed from the shapes: nothing is generated and no GPU is needed.
+
+    Columns: layers, hidden (d_model), ffn, heads q/kv x head_dim, vocab, context (KV-cache rows a preset allows),
+    params and size (GiB or MiB, llama-bench's "size"), and how many tensors are Q4_K / Q6_K / F32.
+    """
+    from rich.table import Table
+
+    from minfer_cli.engine.config import size_label, tensor_specs
+    from minfer_cli.engine.presets import DEFAULT_PRESET, PRESETS
+
+    t = Table(title="model presets (Q4_K_M mix)", title_justify="left")
+    for col in ("preset", "arch", "layers", "hidden", "ffn", "heads q/kv x dim", "vocab", "context", "params",
+                "size", "tensors Q4_K/Q6_K/F32"):
+        t.add_column(col, justify="left" if col in ("preset", "arch") else "right")
+    for name, c in PRESETS.items():
+        specs = tensor_specs(c)
+        size, params = sum(s.n_bytes for s in specs), sum(s.n_elements for s in specs)
+        types = "/".join(str(sum(s.qtype == q for s in specs)) for q in ("Q4_K", "Q6_K", "F32"))
+        t.add_row(name + (" (default)" if name == DEFAULT_PRESET else ""), f"{c.arch} {size_label(params, c)}",
+                  str(c.n_layers), str(c.hidden), str(c.ffn), f"{c.n_heads}/{c.n_kv_heads} x {c.head_dim}",
+                  str(c.vocab), str(c.context_length),
+                  f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M",
+                  f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB", types)
+    out.print(t)
+
+
 @app.command("synth")
 @guard
 def synth(
