@@ -46,7 +46,7 @@ from numba import cuda
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
-from kernels.ptx import dp4a_s32, ld_global_v4_b32, prefetch_l2_bulk, st_shared_v4_b32, syncwarp
+from kernels.ptx import dp4a_s32, ld_global_v2_b32, ld_global_v4_b32, prefetch_l2_bulk, st_shared_v4_b32, syncwarp
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
@@ -76,6 +76,11 @@ them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4
 chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
 On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers instead of
 72 leave too few blocks a SM for one wave) but -19.5% with RPB=4, WPR=4 and MINB=7 (#52, decode's DEEP=1)."""
+VLOAD_VALUES = (0, 1)
+"""1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
+funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads of 64 bytes (`_q6_k_lane8`):
+more bytes in flight per outstanding load, which is what ptxas's load grouping limits (see HOIST_VALUES). W must
+start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). Not yet measured on the H200."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: 65536 / (MINB * 32 * WPR)); 0: no
@@ -95,6 +100,7 @@ DEFAULT_PREFETCH = 0
 DEFAULT_STAGE = 0
 DEFAULT_HOIST = 0
 DEFAULT_MINB = 0
+DEFAULT_VLOAD = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -395,6 +401,44 @@ def _q6_k_lane(raw, bi, j):
 
 
 @cuda.jit(device=True, inline="always")
+def _piece8(raw, p):
+    """The 8 bytes at even byte offset ``p`` of a uint16 view as two 32-bit words, from the two aligned 8-byte
+    vectors covering them (`kernels.ptx.ld_global_v2_b32`): the pair of words starting at byte ``p & 4`` of the
+    first, shifted right by 16 bits when ``p`` is 2 mod 4. raw must start 8-byte aligned and extend to the second
+    vector's end (`vload_refusal`)."""
+    q = (p & -8) >> 1
+    x0, x1 = ld_global_v2_b32(raw, q)
+    x2, x3 = ld_global_v2_b32(raw, q + 4)
+    hi4 = (p & 4) != 0
+    y0 = int(x1) if hi4 else int(x0)
+    y1 = int(x2) if hi4 else int(x1)
+    y2 = int(x3) if hi4 else int(x2)
+    s = (p & 2) * 8
+    return ((y0 >> s) | (y1 << (32 - s))) & 0xFFFFFFFF, ((y1 >> s) | (y2 << (32 - s))) & 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_k_lane8(raw, bi, j):
+    """`_q6_k_lane` (same tuple) from 8-byte vector loads: lane j's four 8-byte pieces (ql 64h + 8k, ql 64h + 32
+    + 8k, qh 32h + 8k and scales 8h, k = j%4, all at even offsets of the 210-byte block) by `_piece8`, 8 loads
+    of 8 bytes instead of 16 of 2, and d by one halfword load; scale s is byte 2s + e of the scales piece."""
+    base = bi * 210
+    h = j >> 2
+    k = j & 3
+    e = k >> 1
+    d = f32_from_f16_bits(int(raw[U(bi * 105 + 104)]))
+    a0, a1 = _piece8(raw, base + 64 * h + 8 * k)
+    b0, b1 = _piece8(raw, base + 64 * h + 32 + 8 * k)
+    m0, m1 = _piece8(raw, base + 128 + 32 * h + 8 * k)
+    s0, s1 = _piece8(raw, base + 192 + 8 * h)
+    c0 = (s0 >> (8 * e)) & 0xFF
+    c1 = (s0 >> (16 + 8 * e)) & 0xFF
+    c2 = (s1 >> (8 * e)) & 0xFF
+    c3 = (s1 >> (16 + 8 * e)) & 0xFF
+    return d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3
+
+
+@cuda.jit(device=True, inline="always")
 def _i8(c):
     """The int8 value of byte c (0..255), as float32."""
     return np.float32(c - ((c & 0x80) << 1))
@@ -410,6 +454,12 @@ def _q6_bytes(lo, m, s):
 def _dot_q6_k(raw, bi, j, xs):
     """Q6_K x f32 (layout: `_q6_k_lane`): d * Σ_s sc_s * Σ((q - 32)·x)."""
     return _math_q6_k(_q6_k_lane(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _dot_q6_k8(raw, bi, j, xs):
+    """`_dot_q6_k` with VLOAD=1's loads (`_q6_k_lane8`)."""
+    return _math_q6_k(_q6_k_lane8(raw, bi, j), j, xs)
 
 
 @cuda.jit(device=True, inline="always")
@@ -683,6 +733,12 @@ def _dotq_q6_k(raw, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
+def _dotq_q6_k8(raw, bi, j, xs):
+    """`_dotq_q6_k` with VLOAD=1's loads (`_q6_k_lane8`)."""
+    return _mathq_q6_k(_q6_k_lane8(raw, bi, j), j, xs)
+
+
+@cuda.jit(device=True, inline="always")
 def _mathq_q6_k(t, j, xs):
     """The decode half of `_dotq_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
     d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
@@ -751,6 +807,10 @@ _SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), 
 _MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
                 "Q8_0": (_q8_0_words, _mathq_q8_0)}
 HOIST_TYPES = tuple(_SPLITS)
+# VLOAD=1: name -> (f32-x dot, Q8_1-x dot, fetch) reading the blocks with 8-byte vector loads
+_VLOAD = {"Q6_K": (_dot_q6_k8, _dotq_q6_k8, _q6_k_lane8)}
+VLOAD_TYPES = tuple(_VLOAD)
+"""Formats VLOAD=1 takes: Q6_K, whose 210-byte blocks are only 2-byte aligned."""
 """Formats HOIST=1 takes (f32 and MMVQ x): the ones whose block dot is split into a load half and a decode half."""
 """Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
 and Q8_0."""
@@ -893,16 +953,20 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False, stage: bool = False, hoist: bool = False, min_blocks: int = 0):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB): the per-row
+           prefetch: bool = False, stage: bool = False, hoist: bool = False, min_blocks: int = 0,
+           vload: bool = False):
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
     fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS)[name] if hoist else (None, None)
+    if vload:
+        dot = _VLOAD[name][1 if mmvq else 0]
+        fetch = _VLOAD[name][2] if hoist else None
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -934,7 +998,10 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     return cuda.jit(scope[fname])
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0) -> None:
+def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
+                 vload=0) -> None:
+    if vload not in VLOAD_VALUES:
+        raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
     if min_blocks not in MINB_VALUES:
         raise KernelConstraintError(
             f"min_blocks={min_blocks!r} is not supported; allowed: {', '.join(map(str, MINB_VALUES))}"
@@ -975,23 +1042,25 @@ def _format_name(qtype, mmvq: bool) -> str:
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
                mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
-               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB):
+               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB,
+               vload: int = DEFAULT_VLOAD):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
     ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
     one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
-    ``MINB_VALUES``, the launch bound)."""
+    ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
     reason = stage_refusal(name, rows_per_block, warps_per_row, unroll=unroll, glu=glu) if stage else None
     reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
+    reason = reason or (vload_refusal(name, stage=stage) if vload else None)
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), bool(stage), bool(hoist), int(min_blocks))
+           bool(prefetch), bool(stage), bool(hoist), int(min_blocks), bool(vload))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -1014,6 +1083,25 @@ def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
                 f"{name} has no split, use hoist=0")
     if stage:
         return "hoist=1 does not combine with stage=1 (the staged loop loads through shared memory); pick one"
+    return None
+
+
+def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
+    """Why ``vload=1`` cannot run, in one sentence, or None: the one owner of VLOAD's rules (`kernel_for` and the
+    launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage=1, or, given W
+    (``raw``, a device array named ``what``) or its size ``nbytes``: W not a multiple of 8 bytes or not starting
+    8-byte aligned (the last block's second vector would pass W's end, or the vector loads would fault)."""
+    name = block_format(qtype).name
+    if name not in VLOAD_TYPES:
+        return (f"vload=1 takes {', '.join(VLOAD_TYPES)} (2-byte-aligned blocks read as 8-byte vectors); {name} "
+                "already loads aligned words, use vload=0")
+    if stage:
+        return "vload=1 does not combine with stage=1 (the staged loop loads through shared memory); pick one"
+    size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
+    address = _address(raw) % 8 if raw is not None else 0
+    if size is not None and (size % 8 or address):
+        return (f"vload=1 reads {what} in 8-byte vectors: it must start at an 8-byte aligned address and be a "
+                f"multiple of 8 bytes long, got {size} bytes" + (f" at address % 8 = {address}" if address else ""))
     return None
 
 
@@ -1083,6 +1171,7 @@ def gemv_q(
     stage: int = DEFAULT_STAGE,
     hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
+    vload: int = DEFAULT_VLOAD,
     residual=None,
     stream=0,
 ):
@@ -1109,6 +1198,8 @@ def gemv_q(
     ``HOIST_TYPES``, not with stage=1); the result is bit-identical to hoist=0.
     min_blocks: CUDA blocks per SM to compile for (``MINB_VALUES``; 0 none): ``__launch_bounds__``'s register cap,
     so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
+    vload: 1 to read Q6_K blocks with 8-byte vector loads (``VLOAD_VALUES``; raw 8-byte aligned and a multiple of
+    8 bytes long, not with stage=1); the result is bit-identical to vload=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -1121,10 +1212,10 @@ def gemv_q(
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel; stage=1 or hoist=1 where `stage_refusal` or `hoist_refusal` refuses it.
+    MMVQ kernel; stage=1, hoist=1 or vload=1 where `stage_refusal`, `hoist_refusal` or `vload_refusal` refuses it.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, stream)
+                   stage, hoist, min_blocks, vload, stream)
 
 
 def gemv_glu(
@@ -1143,6 +1234,7 @@ def gemv_glu(
     stage: int = DEFAULT_STAGE,
     hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
+    vload: int = DEFAULT_VLOAD,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -1159,15 +1251,15 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, stream)
+                   stage, hoist, min_blocks, vload, stream)
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, min_blocks, stream):
+            hoist, min_blocks, vload, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -1180,6 +1272,10 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     for name, w in zip(("raw", "raw_up"), weights) if stage else ():
         reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, unroll=unroll, glu=raw_up is not None, raw=w,
                                what=name)
+        if reason:
+            raise KernelConstraintError(reason)
+    for name, w in zip(("raw", "raw_up"), weights) if vload else ():
+        reason = vload_refusal(fmt.name, stage=stage, raw=w, what=name)
         if reason:
             raise KernelConstraintError(reason)
     if mmvq:
@@ -1204,7 +1300,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist, min_blocks)
+                      prefetch, stage, hoist, min_blocks, vload)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

@@ -422,6 +422,16 @@ if SIMULATOR:
 
     # ---- 16-byte vector loads / stores of any element type -----------------------------------------------
 
+    def ld_global_v2_b32(array, index):
+        """Simulator form of `ld.global.v2.b32`: the 8 bytes starting at element ``index`` as 2 uint32. Bytes past
+        the array's end raise IndexError here (on the GPU they would be read from past the allocation)."""
+        s0 = index * _ndarray(array).itemsize
+        b = _bytes(array)
+        if s0 < 0 or s0 + 8 > b.size:
+            raise IndexError(f"ld.global.v2.b32 of bytes {s0}..{s0 + 7} outside the array's {b.size} bytes")
+        words = b[s0 : s0 + 8].copy().view(np.uint32)
+        return np.uint32(words[0]), np.uint32(words[1])
+
     def ld_global_v4_b32(array, index):
         """Simulator form of `ld.global.v4.b32`: the 16 bytes starting at element ``index`` as 4 uint32."""
         s0 = index * _ndarray(array).itemsize
@@ -802,6 +812,23 @@ else:
         return sig, codegen
 
     # ---- 16-byte vector loads / stores of any element type -----------------------------------------------
+
+    @intrinsic
+    def ld_global_v2_b32(typingctx, array, index):
+        """`ld.global.v2.b32 {a,b}, [addr]` (PTX ISA §9.7.9.8 "ld"): the 8 bytes starting at element ``index`` of a
+        1-D array of any dtype, as 2 uint32 (8-byte aligned: a misaligned vector load faults). Not volatile: the
+        compiler may schedule it like any load of read-only data."""
+        _check_1d_array("ld_global_v2_b32", array, index)
+        sig = types.UniTuple(types.uint32, 2)(array, index)
+
+        def codegen(context, builder, sig, args):
+            ptr = _any_element_pointer(context, builder, sig.args[0], args[0], args[1])
+            i32 = ir.IntType(32)
+            res = _asm(builder, ir.LiteralStructType([i32] * 2), [ptr], "ld.global.v2.b32 {$0, $1}, [$2];", "=r,=r,l",
+                       False)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(2)])
+
+        return sig, codegen
 
     @intrinsic
     def ld_global_v4_b32(typingctx, array, index):

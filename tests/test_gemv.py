@@ -56,7 +56,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0, hoist=0, min_blocks=0):
+         stage=0, hoist=0, min_blocks=0, vload=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -70,7 +70,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, hoist=hoist, min_blocks=min_blocks, residual=res)
+                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -186,6 +186,42 @@ def test_hoist_glu_bit_for_bit():
         gemv_glu(wg, wu, "Q4_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, hoist=hoist)
     assert not np.isnan(outs[1].copy_to_host()).any()
     np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
+
+
+@pytest.mark.parametrize("od, id, rpb, wpr, hoist, mmvq", [(4, 256, 8, 1, 0, True), (3, 1024, 2, 2, 1, True),
+                                                          (4, 1536, 4, 2, 0, False), (12, 512, 4, 1, 1, False)])
+def test_vload_against_float64_and_bit_for_bit_the_halfword_loads(od, id, rpb, wpr, hoist, mmvq):
+    """VLOAD=1 (Q6_K pieces from aligned 8-byte vectors and a funnel shift) with blocks at every phase mod 8, the
+    last block's second vector ending exactly at W's end (the simulator's load raises past it), partial CUDA
+    blocks, HOIST=1 and both x forms: against float64, and bit for bit against VLOAD=0."""
+    nbytes = od * id // 256 * 210
+    assert nbytes % 8 == 0
+    seed = int(np.random.default_rng().integers(2**63))
+    runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=hoist, vload=v, rng=np.random.default_rng(seed))
+            for v in (1, 0)]
+    _assert_close(*runs[0])
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
+def test_vload_refusals():
+    """VLOAD=1 for another format, with STAGE=1, or for W not a multiple of 8 bytes or not 8-byte aligned."""
+    from kernels.gemv_q import vload_refusal
+
+    rng = np.random.default_rng()
+    x = cuda.to_device(np.ones(256, np.float32))
+    with pytest.raises(KernelConstraintError, match="vload=1 takes Q6_K .* Q4_K already loads aligned words"):
+        kernel_for("Q4_K", 4, 2, vload=1)
+    with pytest.raises(KernelConstraintError, match="vload=1 does not combine with stage=1"):
+        kernel_for("Q6_K", 4, 2, stage=1, vload=1)
+    with pytest.raises(KernelConstraintError, match="vload=2 is not supported; allowed: 0, 1"):
+        kernel_for("Q6_K", 4, 2, vload=2)
+    with pytest.raises(KernelConstraintError, match="multiple of 8 bytes long, got 1050 bytes"):
+        gemv_q(cuda.to_device(random_blocks("Q6_K", 5, 256, rng)), "Q6_K", 5, 256, x, vload=1)
+    raw = random_blocks("Q6_K", 4, 256, rng)
+    shifted = cuda.to_device(np.concatenate([raw[:210], raw]))[210:]  # W starting 210 bytes into its allocation
+    with pytest.raises(KernelConstraintError, match="address % 8 = 2"):
+        gemv_q(shifted, "Q6_K", 4, 256, x, vload=1)
+    assert vload_refusal("Q6_K", nbytes=3584 * 74 * 210) is None  # ffn_down
 
 
 def test_one_wave_min_blocks():
@@ -470,6 +506,11 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=8", "ffn_down", "over the 49152-byte static limit"),
     ("TYPE=Q6_K,STAGE=1,RPB=4,WPR=2", "ffn_down", None),
     ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=1", "output", None),
+    ("TYPE=Q6_K,VLOAD=1", "tiny", "VLOAD=1: vload=1 reads tiny's W in 8-byte vectors: .* got 2100 bytes"),
+    ("TYPE=Q4_K,VLOAD=1", "ffn_up", "VLOAD=1: vload=1 takes Q6_K"),
+    ("TYPE=Q6_K,VLOAD=1,STAGE=1", "ffn_down", "VLOAD=1: vload=1 does not combine with stage=1"),
+    ("TYPE=Q6_K,VLOAD=1,HOIST=1,MMVQ=1", "ffn_down", None),
+    ("TYPE=Q5_K,HOIST=1", "ffn_down", "HOIST=1: hoist=1 takes the formats .* Q5_K has no split"),
 ])
 def test_experiment_refuses_stage_where_the_kernel_cannot_take_it(arm, workload, needle):
     from minfer_cli.experiment import get
@@ -506,11 +547,11 @@ _PTX: dict = {}
 
 
 def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0, hoist=0,
-         min_blocks=0):
+         min_blocks=0, vload=0):
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks)
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload)
     if key not in _PTX:
-        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks)
+        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload)
         _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
@@ -593,6 +634,17 @@ def test_hoist_puts_every_global_load_before_the_first_decode(name, mmvq):
     if name == "Q4_K":
         last_load, first_math = order(_ptx(name, 2, 2, mmvq=mmvq))
         assert last_load > first_math
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mmvq", [False, True])
+def test_vload_reads_q6_k_in_8_byte_vectors(mmvq):
+    """VLOAD=1 (RPB=4): per row and block 8 ``ld.global.v2.b32`` and one ``ld.global.u16`` (d) replace 17 halfword
+    loads; no local memory."""
+    ptx, halfwords = _ptx("Q6_K", 4, 2, mmvq=mmvq, vload=1), _ptx("Q6_K", 4, 2, mmvq=mmvq)
+    assert ptx.count("ld.global.v2.b32") == 4 * 8 and ptx.count("ld.global.u16") == 4
+    assert "ld.global.v2.b32" not in halfwords and halfwords.count("ld.global.u16") == 4 * 17
+    assert ".local" not in ptx
 
 
 @pytest.mark.compile
@@ -686,6 +738,20 @@ def test_hoist_real_shapes(name, mmvq, od, id):
     for rpb, wpr, minb in ((4, 2, 0), (2, 2, 0), (4, 4, 7)):
         runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=h, min_blocks=m, rng=np.random.default_rng(seed))
                 for h, m in ((1, minb), (0, 0))]
+        _assert_close(*runs[0])
+        np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mmvq", [True, False])
+@pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
+def test_vload_real_shapes(mmvq, od, id):
+    """VLOAD=1 on the device at Q6_K ffn_down and 300 rows (a partial last CUDA block; W ends on a second vector's
+    end): a misaligned vector load would fault; against float64 and bit for bit against VLOAD=0."""
+    seed = int(np.random.default_rng().integers(2**63))
+    for rpb, wpr, hoist in ((4, 2, 0), (4, 2, 1), (8, 1, 0)):
+        runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=hoist, vload=v,
+                     rng=np.random.default_rng(seed)) for v in (1, 0)]
         _assert_close(*runs[0])
         np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
