@@ -255,6 +255,23 @@ def test_deep_launch_only_for_long_q4_k_rows(micro_weights):
         assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
 
 
+def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
+    """VLOAD=1: a Q6_K mat-vec whose bytes `kernels.gemv_q.vload_refusal` accepts gets vload=1; a Q6_K weight
+    not a multiple of 8 bytes, a Q4_K weight and the GLU pass keep their launch unchanged."""
+    from minfer_cli.engine.decode import GEMV_MMVQ, DecodeEngine, _Gemv
+
+    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, vload=True), splits=1)
+    name = next(n for n, (spec, _) in micro_weights.tensors.items() if spec.qtype == "Q6_K")
+    spec = micro_weights.tensors[name][0]
+    raw = micro_weights.device(name)
+    assert raw.size % 8 == 0
+    q6 = _Gemv(raw, "Q6_K", spec.shape[1], spec.shape[0])
+    assert engine._input(q6, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "vload": 1}
+    assert engine._input(q6, "x", "xq", wide=False, glu=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
+    odd = _Gemv(raw[: raw.size - 210], "Q6_K", spec.shape[1] - 1, spec.shape[0])
+    assert odd.raw.size % 8 and engine._input(odd, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
+
+
 def test_decode_refuses_what_does_not_fit(micro_weights):
     from minfer_cli.engine.decode import DecodeEngine
 
@@ -297,6 +314,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
     assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
     assert engine_options(resolve_config(engine_knobs(), {"DEEP": "1"}, "e")).deep is True
+    assert engine_options(resolve_config(engine_knobs(), {"VLOAD": "1"}, "e")).vload is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
@@ -567,9 +585,9 @@ def test_bench_tg_workload_times_and_checks(arm):
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
                                   {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
-                                  {"hoist": True}, {"deep": True}],
+                                  {"hoist": True}, {"deep": True}, {"vload": True}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
-                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1"])
+                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1", "VLOAD=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the

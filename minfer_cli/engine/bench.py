@@ -34,7 +34,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE", "HOIST", "DEEP")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE", "HOIST", "DEEP", "VLOAD")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -66,6 +66,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                        "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
     knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K mat-vecs of long rows (ffn_down) with RPB=4, "
                                       "WPR=4, HOIST=1 and launch bounds for one wave (gemv MINB); 0 the general shape")]
+    knobs += [Knob("VLOAD", (0, 1), 0, "decode (tg): 1 has the Q6_K mat-vecs read their blocks with 8-byte vector loads "
+                                       "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -97,6 +99,7 @@ def engine_options(config: Config) -> EngineOptions:
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                          prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
                          hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 0)),
+                         vload=bool(config.get("VLOAD", 0)),
                          fuse_qkv=bool(config.get("FUSE_QKV", 0)))
 
 

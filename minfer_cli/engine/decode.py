@@ -169,6 +169,7 @@ class DecodeEngine:
         self.fuse_qkv = bool(options.fuse_qkv)
         self.stage = bool(options.stage)
         self.hoist = bool(options.hoist)
+        self.vload = bool(options.vload)
         self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST: (weight, launch shape, glu) -> the launch knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
@@ -338,8 +339,9 @@ class DecodeEngine:
         least WIDE_ROWS rows; with DEEP=1, `GEMV_MMVQ_DEEP` for Q4_K with at least DEEP_COLS columns), else f32
         ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
         `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape); with HOIST=1,
-        ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged)."""
-        from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal
+        ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged); with VLOAD=1,
+        ``vload=1`` where `kernels.gemv_q.vload_refusal` allows it for m's bytes (Q6_K, not staged, not GLU)."""
+        from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -349,7 +351,7 @@ class DecodeEngine:
             x_in, launch = xq, self._deep_launch(m.od)
         else:
             x_in, launch = xq, self._launch_mmvq
-        if self.stage or self.hoist:
+        if self.stage or self.hoist or self.vload:
             key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
             if key not in self._load_knobs:
                 extra = {}
@@ -358,6 +360,8 @@ class DecodeEngine:
                     extra["stage"] = 1
                 if self.hoist and hoist_refusal(m.qtype, stage=extra.get("stage", 0)) is None:
                     extra["hoist"] = 1
+                if self.vload and not glu and vload_refusal(m.qtype, stage=extra.get("stage", 0), raw=m.raw) is None:
+                    extra["vload"] = 1
                 self._load_knobs[key] = {**launch, **extra}
             launch = self._load_knobs[key]
         return x_in, launch
