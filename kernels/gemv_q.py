@@ -83,10 +83,11 @@ more bytes in flight per outstanding load, which is what ptxas's load grouping l
 start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). Not yet measured on the H200."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
-registers per thread at what that many blocks of ``32 * WPR`` threads leave: 65536 / (MINB * 32 * WPR)); 0: no
-bound, ptxas's own register count. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only if
-they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at most 73 registers; Q4_K uses
-80-96 unbounded (Q4_K MMVQ at ffn_down, RPB=4, WPR=4, HOIST=1, MINB=7: 16.33 µs vs 20.35 at RPB=2, WPR=2, ledger
+registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
+(MINB * 32 * WPR) rounded down to 8); 0: no bound, ptxas's own register count; MINB * 32 * WPR must fit the SM's
+``MAX_THREADS_PER_SM``. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only if
+they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at most 72 registers; Q4_K uses
+86-107 unbounded (Q4_K MMVQ at ffn_down, RPB=4, WPR=4, HOIST=1, MINB=7: 16.33 µs vs 20.35 at RPB=2, WPR=2, ledger
 #52; a launch-bounds probe before the knob existed gave 22.5 -> 17.6 µs for HOIST=0, unrecorded)."""
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
 """Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
@@ -100,6 +101,8 @@ DEFAULT_PREFETCH = 0
 DEFAULT_STAGE = 0
 DEFAULT_HOIST = 0
 DEFAULT_MINB = 0
+MAX_THREADS_PER_SM = 2048
+"""Resident threads an sm_90 SM holds: MINB * 32 * WPR above it is refused (ptxas ignores such a bound)."""
 DEFAULT_VLOAD = 0
 
 U = np.uint64
@@ -1000,6 +1003,13 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
 
 def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
                  vload=0) -> None:
+    if min_blocks in MINB_VALUES and warps_per_row in WPR_VALUES and min_blocks * 32 * warps_per_row > MAX_THREADS_PER_SM:
+        fits = [m for m in MINB_VALUES if m * 32 * warps_per_row <= MAX_THREADS_PER_SM]
+        raise KernelConstraintError(
+            f"min_blocks={min_blocks} with warps_per_row={warps_per_row} asks for {min_blocks * 32 * warps_per_row} "
+            f"threads a SM, more than the {MAX_THREADS_PER_SM} an SM holds (ptxas would ignore the bound); allowed "
+            f"here: {', '.join(map(str, fits))}"
+        )
     if vload not in VLOAD_VALUES:
         raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
     if min_blocks not in MINB_VALUES:
@@ -1067,17 +1077,46 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     return k
 
 
-def one_wave_min_blocks(grid: int, sm_count: int) -> int:
-    """The smallest ``MINB_VALUES`` entry (> 0) that fits a ``grid`` of CUDA blocks on ``sm_count`` SMs at once
-    (``ceil(grid / sm_count)`` blocks per SM), or 0 (no bound) when even the largest does not."""
-    need = -(-int(grid) // max(int(sm_count), 1))
-    return next((m for m in MINB_VALUES if m >= need and m > 0), 0)
+MINB_REGISTER_FLOOR = 72
+"""`one_wave_min_blocks` bounds no kernel below this many registers per thread: the measured case (Q4_K MMVQ,
+RPB=4, WPR=4, HOIST=1, MINB=7: 72 registers, 28 bytes of spills, 16.33 µs, ledger #52). Tighter bounds spill
+hundreds of bytes (MINB=8: 64 registers; MINB=14: 32) and were never measured faster."""
+
+
+def min_blocks_registers(min_blocks: int, warps_per_row: int) -> int:
+    """Registers per thread ptxas may use under ``__launch_bounds__(32 * WPR, MINB)``: 65536 / (MINB * 32 * WPR)
+    rounded down to its allocation granularity of 8 (255 with no bound)."""
+    if not min_blocks:
+        return 255
+    return min(255, 65536 // (min_blocks * 32 * warps_per_row) // 8 * 8)
+
+
+def one_wave_min_blocks(grid: int, sm_count: int, warps_per_row: int) -> int:
+    """The smallest ``MINB_VALUES`` entry (> 0) that fits a ``grid`` of CUDA blocks of ``32 * warps_per_row``
+    threads on ``sm_count`` SMs at once (``ceil(grid / sm_count)`` blocks per SM), or 0 (no bound) when none does
+    within the SM's 2048 threads and `MINB_REGISTER_FLOOR` registers per thread.
+    Raises ValueError for a grid or SM count below 1."""
+    if grid < 1 or sm_count < 1:
+        raise ValueError(f"one_wave_min_blocks needs grid >= 1 and sm_count >= 1, got {grid} and {sm_count}")
+    need = -(-int(grid) // int(sm_count))
+    return next((m for m in MINB_VALUES if m >= need and m > 0 and m * 32 * warps_per_row <= MAX_THREADS_PER_SM
+                 and min_blocks_registers(m, warps_per_row) >= MINB_REGISTER_FLOOR), 0)
+
+
+def _known_format(qtype) -> tuple:
+    """(the format's name, None), or (None, the sentence naming the supported formats) for an unknown ``qtype``."""
+    try:
+        return block_format(qtype).name, None
+    except KeyError as e:
+        return None, e.args[0]
 
 
 def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
     """Why ``hoist=1`` cannot run for format ``qtype`` (with ``stage``), in one sentence, or None: the one owner of
     HOIST's rules (`kernel_for` raises it; the gemv experiment and the decode engine ask first)."""
-    name = block_format(qtype).name
+    name, unknown = _known_format(qtype)
+    if unknown:
+        return unknown
     if name not in HOIST_TYPES:
         return (f"hoist=1 takes the formats whose block dot is split into loads and decode, {', '.join(HOIST_TYPES)}; "
                 f"{name} has no split, use hoist=0")
@@ -1091,7 +1130,9 @@ def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None,
     launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage=1, or, given W
     (``raw``, a device array named ``what``) or its size ``nbytes``: W not a multiple of 8 bytes or not starting
     8-byte aligned (the last block's second vector would pass W's end, or the vector loads would fault)."""
-    name = block_format(qtype).name
+    name, unknown = _known_format(qtype)
+    if unknown:
+        return unknown
     if name not in VLOAD_TYPES:
         return (f"vload=1 takes {', '.join(VLOAD_TYPES)} (2-byte-aligned blocks read as 8-byte vectors); {name} "
                 "already loads aligned words, use vload=0")
@@ -1119,7 +1160,9 @@ def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, unroll: int
     A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over ``STAGE_SMEM_LIMIT``; with ``raw`` (a
     device array, named ``what``) or only its size ``nbytes``: W not a whole number of 16-byte vectors or, for
     ``raw``, not starting at a 16-byte aligned address (the copy's vector loads would fault or pass its end)."""
-    name = block_format(qtype).name
+    name, unknown = _known_format(qtype)
+    if unknown:
+        return unknown
     if name not in STAGE_TYPES:
         return (f"stage=1 takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
                 "blocks with aligned words, use stage=0")

@@ -94,6 +94,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["ab", "bench", "-w", "tg128", "--arm", "FUSE_NORM_Q8=0,MMVQ=0", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"],
          "arm B cannot run: FUSE_NORM_Q8=1 needs MMVQ=1"),
         (["bench", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"], "FUSE_NORM_Q8=1 needs MMVQ=1"),
+        (["bench", "--arm", "DEEP=1,MMVQ=0"], "DEEP=1 needs MMVQ=1"),
         (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
         (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
         (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),
@@ -287,6 +288,15 @@ def test_closed_stdout_is_met_quietly(tmp_path, args, status):
         assert "skipped 0009-broken.yaml" in r.stderr
 
 
+def test_arm_table_knob_columns_with_uneven_arms():
+    """Arms with different key sets or equal values of different types: compared as they print."""
+    from minfer_cli.commands.render import knob_columns
+
+    assert knob_columns([{"A": 1}, {"A": 1, "B": 2}]) == (["(same knobs)", "B=2"], "every arm: A=1")
+    assert knob_columns([{"A": 1, "B": 2}, {"A": 1}]) == (["B=2", "(same knobs)"], "every arm: A=1")
+    assert knob_columns([{"A": 1}, {"A": "1"}]) == (["(same knobs)", "(same knobs)"], "every arm: A=1")
+
+
 def test_arm_table_shows_the_knobs_that_differ_and_captions_the_shared_ones():
     """An A/B of one knob shows that knob per arm and every other knob once, in the caption; one arm shows all."""
     from minfer_cli.commands.render import knob_columns
@@ -310,3 +320,5 @@ def test_model_list_shows_every_preset_with_llama_bench_size_and_params():
     assert all(name in result.output for name in PRESETS)
     row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m (default)" in line)
     assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row
+    narrow = runner.invoke(app, ["model", "list"], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0 and "…" not in narrow.output  # values wrap at 80 columns, none is cut

@@ -250,7 +250,7 @@ def test_deep_launch_only_for_long_q4_k_rows(micro_weights):
     engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
     x_in, launch = engine._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)
     assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP, "prefetch": 0,
-                                       "min_blocks": one_wave_min_blocks(896, _sm_count())}
+                                       "min_blocks": one_wave_min_blocks(896, _sm_count(), 4)}
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q6_K", 3584, DEEP_COLS)):
         assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
 

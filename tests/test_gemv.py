@@ -225,12 +225,20 @@ def test_vload_refusals():
 
 
 def test_one_wave_min_blocks():
-    """MINB for one wave: ffn_down at RPB=4 (896 blocks) on 132 SMs needs 7 a SM; past the largest value, no bound."""
-    from kernels.gemv_q import one_wave_min_blocks
+    """MINB for one wave: qwen2 ffn_down at RPB=4, WPR=4 (896 blocks) on 132 SMs needs 7 a SM (72 registers);
+    llama's od 4096 (1024 blocks) would need 8 (64 registers, under the floor: no bound); past the SM's threads or
+    the largest value, no bound; an empty grid or no SMs is an error."""
+    from kernels.gemv_q import MINB_REGISTER_FLOOR, min_blocks_registers, one_wave_min_blocks
 
-    assert one_wave_min_blocks(896, 132) == 7 and one_wave_min_blocks(1792, 132) == 14
-    assert one_wave_min_blocks(128, 132) == 1 and one_wave_min_blocks(5000, 132) == 0
-    assert one_wave_min_blocks(1000, 132) == 8  # 7.6 a SM: the next allowed value up
+    assert one_wave_min_blocks(896, 132, 4) == 7 and min_blocks_registers(7, 4) == MINB_REGISTER_FLOOR == 72
+    assert one_wave_min_blocks(1024, 132, 4) == 0 and min_blocks_registers(8, 4) == 64
+    assert one_wave_min_blocks(1792, 132, 2) == 14 and one_wave_min_blocks(1792, 132, 4) == 0  # 14 x 128 threads
+    assert one_wave_min_blocks(1792, 132, 1) == 14 and one_wave_min_blocks(128, 132, 4) == 1
+    assert one_wave_min_blocks(5000, 132, 1) == 0 and one_wave_min_blocks(1000, 132, 2) == 8
+    assert min_blocks_registers(0, 4) == 255
+    for grid, sms in ((0, 132), (-5, 132), (896, 0)):
+        with pytest.raises(ValueError, match="needs grid >= 1 and sm_count >= 1"):
+            one_wave_min_blocks(grid, sms, 4)
 
 
 def test_min_blocks_bit_for_bit_and_refused_outside_its_values():
@@ -243,6 +251,9 @@ def test_min_blocks_bit_for_bit_and_refused_outside_its_values():
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     with pytest.raises(KernelConstraintError, match="min_blocks=3 is not supported; allowed: 0, 1, 2, 4, 7, 8, 14, 16"):
         kernel_for("Q4_K", 4, 2, min_blocks=3)
+    with pytest.raises(KernelConstraintError, match="min_blocks=16 with warps_per_row=8 asks for 4096 threads a SM, "
+                                                    "more than the 2048 .* allowed here: 0, 1, 2, 4, 7, 8"):
+        kernel_for("Q4_K", 4, 8, min_blocks=16)
 
 
 def test_hoist_refusals():

@@ -17,8 +17,8 @@ def list_presets() -> None:
     """List the built-in presets (`minfer bench --preset`, `minfer model synth`) with their shapes, Q4_K_M tensor
     types, parameter count and size, computed from the shapes: nothing is generated and no GPU is needed.
 
-    Columns: layers, hidden (d_model), ffn, heads q/kv x head_dim, vocab, context (KV-cache rows a preset allows),
-    params and size (GiB or MiB, llama-bench's "size"), and how many tensors are Q4_K / Q6_K / F32.
+    Columns: layers, hidden (d_model), ffn, heads (q/kv x head_dim), vocab, context (the KV-cache rows a preset
+    allows), params, size (GiB or MiB, llama-bench's "size") and the number of Q4_K / Q6_K / F32 tensors.
     """
     from rich.table import Table
 
@@ -26,9 +26,9 @@ def list_presets() -> None:
     from minfer_cli.engine.presets import DEFAULT_PRESET, PRESETS
 
     t = Table(title="model presets (Q4_K_M mix)", title_justify="left")
-    for col in ("preset", "arch", "layers", "hidden", "ffn", "heads q/kv x dim", "vocab", "context", "params",
-                "size", "tensors Q4_K/Q6_K/F32"):
-        t.add_column(col, justify="left" if col in ("preset", "arch") else "right")
+    for col in ("preset", "arch", "layers", "hidden", "ffn", "heads", "vocab", "context", "params", "size",
+                "Q4_K/Q6_K/F32"):
+        t.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold")
     for name, c in PRESETS.items():
         specs = tensor_specs(c)
         size, params = sum(s.n_bytes for s in specs), sum(s.n_elements for s in specs)

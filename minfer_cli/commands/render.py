@@ -19,9 +19,10 @@ def knob_columns(configs: list) -> tuple[list[str], str]:
     A/B of one knob reads as that knob; one arm shows all its knobs and no caption."""
     if len(configs) < 2:
         return [format_config(c) for c in configs], ""
-    varying = [k for k in configs[0] if len({repr(c.get(k)) for c in configs}) > 1]
-    shared = {k: v for k, v in configs[0].items() if k not in varying}
-    columns = [format_config({k: c[k] for k in varying}) or "(same knobs)" for c in configs]
+    keys = list(dict.fromkeys(k for c in configs for k in c))  # every arm's knobs, in first-seen order
+    varying = [k for k in keys if len({str(c[k]) if k in c else None for c in configs}) > 1]
+    shared = {k: configs[0][k] for k in keys if k not in varying}
+    columns = [format_config({k: c[k] for k in varying if k in c}) or "(same knobs)" for c in configs]
     return columns, f"every arm: {format_config(shared)}" if shared else ""
 
 
@@ -36,7 +37,7 @@ def arms_table(session: Session, arms: list[ArmOutcome]) -> Table:
     for col, just in (("arm", "left"), ("knobs", "left"), ("check", "left"), (f"median {unit}", "right"),
                       (f"p10–p90 {unit}", "right"), ("n", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
                       ("% roofline", "right")):
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, overflow="fold")  # a narrow terminal wraps values, never cuts them
     for a, knobs in zip(arms, columns):
         if a.status != "ok":
             check = f"[magenta]FAIL[/] {a.error}"

@@ -85,6 +85,8 @@ def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
     if config.get("FUSE_NORM_Q8") and not config.get("MMVQ"):
         return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
+    if config.get("DEEP") and not config.get("MMVQ"):
+        return "DEEP=1 needs MMVQ=1 (its launch shape is for the Q8_1-input Q4_K kernel; with f32 inputs it never applies)"
     return None
 
 

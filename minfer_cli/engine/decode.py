@@ -324,13 +324,16 @@ class DecodeEngine:
         return self._quantize(self._h1, self._q8_hidden)
 
     def _deep_launch(self, od: int) -> dict:
-        """DEEP=1's launch knobs for ``od`` rows: `GEMV_MMVQ_DEEP` and MINB for the grid's one wave."""
+        """DEEP=1's launch knobs for ``od`` rows: `GEMV_MMVQ_DEEP` and MINB for the grid's one wave where a bound
+        of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers gives one (qwen2-7b's ffn_down: 896 blocks,
+        MINB=7); else no bound (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills: never measured)."""
         if od not in self._launch_mmvq_deep:
             from kernels.gemv_q import one_wave_min_blocks
 
             launch = {**GEMV_MMVQ_DEEP, **self._override}
             grid = -(-od // launch["rows_per_block"])
-            self._launch_mmvq_deep[od] = {**launch, "min_blocks": one_wave_min_blocks(grid, _sm_count())}
+            minb = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
+            self._launch_mmvq_deep[od] = {**launch, "min_blocks": minb}
         return self._launch_mmvq_deep[od]
 
     def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
