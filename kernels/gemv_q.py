@@ -74,8 +74,10 @@ HOIST_VALUES = (0, 1)
 """1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
 them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
 chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
-On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers instead of
-72 leave too few blocks a SM for one wave) but -19.5% with RPB=4, WPR=4 and MINB=7 (#52, decode's DEEP=1)."""
+On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers leave 12
+blocks of 64 threads a SM, too few for 1792 in one wave) but 16.33 µs with RPB=4, WPR=4 and MINB=7 (#52, decode's
+DEEP=1) against 19.81 for the best HOIST=0 shape (#44). #50's and #52's HOIST=0 arms ran a Q4_K dot order reverted
+since (both loads first; now the header is decoded between them, as in #44)."""
 VLOAD_VALUES = (0, 1)
 """1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
 funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads of 64 bytes (`_q6_k_lane8`):

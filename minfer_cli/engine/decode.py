@@ -64,10 +64,9 @@ from minfer_cli.engine.weights import ModelWeights
 # More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
 # (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
 # Long Q4_K rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, every load of a chunk first (HOIST=1), and
-# compiled for the grid's one wave (MINB, `kernels.gemv_q.one_wave_min_blocks`): 16.33 µs vs 20.35 (RPB=2, WPR=2;
-# ledger #52) and 22.3 (RPB=4, WPR=2, #44) at ffn_down on the H200; unbounded, HOIST's 79 registers fit 12 blocks
-# of 64 threads a SM, too few for 1792 in one wave (+15%, #50). tg128 +3.8% (#53), measured on a Q4_K dot order
-# since reverted: DEEP stays 0 until that A/B is repeated.
+# compiled for the grid's one wave (MINB, `kernels.gemv_q.one_wave_min_blocks`): 16.33 µs (ledger #52) vs 19.81 and
+# 22.3 for RPB=2, WPR=2 and the general RPB=4, WPR=2 (#44) at ffn_down on the H200. tg128 +3.8% (#53), measured on
+# a HOIST=0 Q4_K dot order since reverted: DEEP stays 0 until that A/B is repeated.
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
