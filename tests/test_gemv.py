@@ -173,19 +173,25 @@ def test_hoist_against_float64_and_bit_for_bit_row_by_row(name, od, rpb, wpr, un
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
 
-def test_hoist_glu_bit_for_bit():
-    """The SwiGLU kernel with HOIST=1 fetches both weights' pieces before decoding: bit for bit HOIST=0."""
+def _glu_knob_off_and_on(name, od, id, knob):
+    """The SwiGLU kernel (MMVQ, RPB=4, WPR=2) on fresh random gate/up weights and x into NaN-poisoned outputs,
+    with ``knob`` (a `gemv_glu` keyword) 0 and 1: the two outputs on the host."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
-    od, id = 5, 512
-    wg, wu = (cuda.to_device(random_blocks("Q4_K", od, id, rng)) for _ in range(2))
+    wg, wu = (cuda.to_device(random_blocks(name, od, id, rng)) for _ in range(2))
     xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
     outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
-    for hoist, out in enumerate(outs):
-        gemv_glu(wg, wu, "Q4_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, hoist=hoist)
-    assert not np.isnan(outs[1].copy_to_host()).any()
-    np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
+    for value, out in enumerate(outs):
+        gemv_glu(wg, wu, name, od, id, xd, out, rows_per_block=4, warps_per_row=2, **{knob: value})
+    return [out.copy_to_host() for out in outs]
+
+
+def test_hoist_glu_bit_for_bit():
+    """The SwiGLU kernel with HOIST=1 fetches both weights' pieces before decoding: bit for bit HOIST=0."""
+    off, on = _glu_knob_off_and_on("Q4_K", 5, 512, "hoist")
+    assert not np.isnan(on).any()
+    np.testing.assert_array_equal(on, off)
 
 
 @pytest.mark.parametrize("od, id, rpb, wpr, hoist, mmvq", [(4, 256, 8, 1, 0, True), (3, 1024, 2, 2, 1, True),
@@ -269,17 +275,9 @@ def test_hoist_refusals():
 
 def test_stage_glu_bit_for_bit():
     """The SwiGLU kernel with STAGE=1 stages both weights' chunks: bit for bit the STAGE=0 kernel."""
-    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
-
-    rng = np.random.default_rng()
-    od, id = 4, 1536
-    wg, wu = (cuda.to_device(random_blocks("Q6_K", od, id, rng)) for _ in range(2))
-    xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
-    outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
-    for stage, out in enumerate(outs):
-        gemv_glu(wg, wu, "Q6_K", od, id, xd, out, rows_per_block=4, warps_per_row=2, stage=stage)
-    assert not np.isnan(outs[1].copy_to_host()).any()
-    np.testing.assert_array_equal(outs[1].copy_to_host(), outs[0].copy_to_host())
+    off, on = _glu_knob_off_and_on("Q6_K", 4, 1536, "stage")
+    assert not np.isnan(on).any()
+    np.testing.assert_array_equal(on, off)
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])

@@ -169,7 +169,7 @@ class DecodeEngine:
         self.stage = bool(options.stage)
         self.hoist = bool(options.hoist)
         self.vload = bool(options.vload)
-        self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST: (weight, launch shape, glu) -> the launch knobs
+        self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST/VLOAD: (weight, launch shape, glu) -> knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
