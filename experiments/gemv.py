@@ -3,10 +3,11 @@
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
 by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
-block's rows are first streamed into L2 by one TMA bulk prefetch), STAGE (1: each warp copies its chunks into
-shared memory with 16-byte loads and decodes from there; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`,
-UNROLL=1, W a whole number of 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
-decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE=1), MINB (CUDA blocks per SM the kernel is compiled
+block's rows are first streamed into L2 by one TMA bulk prefetch), STAGE (shared-memory slots per warp that chunks
+pass through before they are decoded: 1 copied through registers with 16-byte loads; 2-4 a cp.async ring that keeps
+STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`, UNROLL=1, W a whole number of
+16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
+decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
 for: ``__launch_bounds__``'s register cap, 0 none), VLOAD (1: Q6_K blocks read with 8-byte vector loads and a funnel
 shift; W 8-byte aligned and a multiple of 8 bytes), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
@@ -193,7 +194,8 @@ class GemvExperiment(Experiment):
         Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
              "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
         Knob("STAGE", STAGE_VALUES, DEFAULT_STAGE,
-             "1: chunks copied to shared memory with 16-byte loads, decoded there (2-byte-aligned TYPEs, UNROLL=1)"),
+             "shared slots per warp chunks pass through: 1 a register copy, 2-4 a cp.async ring (STAGE-1 chunks "
+             "ahead); 2-byte-aligned TYPEs, UNROLL=1"),
         Knob("HOIST", HOIST_VALUES, DEFAULT_HOIST,
              "1: a chunk's loads (x and all RPB rows) issued before any decode (Q4_K, Q6_K, Q8_0); 0: row by row"),
         Knob("MINB", MINB_VALUES, DEFAULT_MINB,
@@ -244,19 +246,19 @@ class GemvExperiment(Experiment):
         return cuda.device_array(self._shape(workload)[0], dtype=np.float32)
 
     def refuse(self, config, workload):
-        """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE=1 where `kernels.gemv_q` refuses it (TYPE, UNROLL,
+        """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE > 0 where `kernels.gemv_q` refuses it (TYPE, UNROLL,
         shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
-        `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE=1); VLOAD=1 where `kernels.gemv_q.vload_refusal`
-        refuses it (TYPE, STAGE=1, W of this workload not a multiple of 8 bytes)."""
+        `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv_q.vload_refusal`
+        refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
         if int(config["STAGE"]):
-            reason = stage_refusal(qtype, int(config["RPB"]), int(config["WPR"]), unroll=int(config["UNROLL"]),
-                                   glu=bool(config["GLU"]), nbytes=self._quant_bytes(qtype, workload),
-                                   what=f"{workload.name}'s W")
+            reason = stage_refusal(qtype, int(config["RPB"]), int(config["WPR"]), stage=int(config["STAGE"]),
+                                   unroll=int(config["UNROLL"]), glu=bool(config["GLU"]),
+                                   nbytes=self._quant_bytes(qtype, workload), what=f"{workload.name}'s W")
             if reason is not None:
-                return f"STAGE=1: {reason}"
+                return f"STAGE={int(config['STAGE'])}: {reason}"
         if int(config["HOIST"]):
             reason = hoist_refusal(qtype, stage=int(config["STAGE"]))
             if reason is not None:
@@ -328,12 +330,12 @@ class GemvExperiment(Experiment):
     def kernels(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
-        minb = int(config["MINB"])
+        minb, stage = int(config["MINB"]), int(config["STAGE"])
         dispatcher = self._kernel(config)
         signature = kernel_signature(qtype, mmvq, glu)
         dispatcher.compile(signature)
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
-                f"{',STAGE' if int(config['STAGE']) else ''}{',HOIST' if int(config['HOIST']) else ''}"
+                f"{f',STAGE={stage}' if stage else ''}{',HOIST' if int(config['HOIST']) else ''}"
                 f"{f',MINB={minb}' if minb else ''}{',VLOAD' if int(config['VLOAD']) else ''}"
                 f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]

@@ -46,7 +46,17 @@ from numba import cuda
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
-from kernels.ptx import dp4a_s32, ld_global_v2_b32, ld_global_v4_b32, prefetch_l2_bulk, st_shared_v4_b32, syncwarp
+from kernels.ptx import (
+    cp_async_16_off,
+    cp_async_commit_group,
+    cp_async_wait_group,
+    dp4a_s32,
+    ld_global_v2_b32,
+    ld_global_v4_b32,
+    prefetch_l2_bulk,
+    st_shared_v4_b32,
+    syncwarp,
+)
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import SUPPORTED, block_format
@@ -63,13 +73,18 @@ PREFETCH_VALUES = (0, 1)
 (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
 warps' registers hold; 0: the warps' own loads only. On the H200 1 was slower at the best launch shapes (Q4_K
 ffn_up 17.0 -> 22.2 µs, Q6_K ffn_down 29.1 -> 52.8 µs; ledger #36, #37), so the default is 0."""
-STAGE_VALUES = (0, 1)
-"""1: each warp copies every chunk of its rows into shared memory with aligned 16-byte loads first and decodes
-from there (`_staged_body`), for the 2-byte-aligned formats ``STAGE_TYPES``, whose decode otherwise issues one
-2-byte global load per halfword (Q6_K: 17 a lane a block); 0: decode straight from global memory. On the H200
-1 was slower: Q6_K MMVQ RPB=4, WPR=2 at ffn_down 34.78 vs 29.73 µs (+17%, ledger #47), at the output head +7%
-(#49); the copy, its two warp barriers and the shared-memory halfword loads cost more than the 2-byte global
-loads they replace."""
+STAGE_VALUES = (0, 1, 2, 3, 4)
+"""Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
+formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword (Q6_K: 17 a lane a
+block); 0: decode straight from global memory.
+
+* 1: each warp copies a chunk through registers with aligned 16-byte loads, then decodes it (`_staged_body`). On
+  the H200 this was slower: Q6_K MMVQ RPB=4, WPR=2 at ffn_down 34.78 vs 29.73 µs (+17%, ledger #47), at the
+  output head +7% (#49): the copy, its two warp barriers and the shared-memory halfword loads cost more than the
+  2-byte global loads they replace, and no more bytes are in flight.
+* 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the next STAGE - 1
+  chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
+  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES)."""
 HOIST_VALUES = (0, 1)
 """1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
 them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
@@ -94,8 +109,9 @@ they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at 
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
 """Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
 STAGE_SMEM_LIMIT = 48 * 1024
-"""Bytes of static shared memory a STAGE=1 kernel may use (CUDA's static limit): its windows are
-``WPR * RPB * (2 with GLU) * window`` bytes (Q6_K: 864-byte windows, so RPB * WPR * weights <= 56)."""
+"""Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
+``WPR * STAGE * RPB * (2 with GLU) * window`` bytes (Q6_K: 864-byte windows, so STAGE * RPB * WPR * weights
+<= 56)."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
 DEFAULT_UNROLL = 1
@@ -840,8 +856,7 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     nb = id // {bs}
     nchunks = (nb + {bpc} - 1) // {bpc}
 {prefetch}{per_row_init}
-    for c in range(warp, nchunks, {step}):
-{chunk_body}
+{loop}
 {per_row_reduce}
 {epilogue}
 """
@@ -885,12 +900,13 @@ def stage_window_bytes(chunk_bytes: int) -> int:
     return (chunk_bytes + 14 + 15) // 16 * 16
 
 
-def _stage_init(mats, rpb: int, wpr: int, chunk_bytes: int) -> str:
-    """The staging buffer: one window per (warp, weight, row), 16-byte aligned; ``wb0`` is this warp's first."""
+def _stage_init(mats, rpb: int, wpr: int, chunk_bytes: int, slots: int = 1) -> str:
+    """The staging buffer: one window per (warp, slot, weight, row), 16-byte aligned; ``wb0`` is this warp's
+    first."""
     win = stage_window_bytes(chunk_bytes) // 2
     align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
-    return (f"    stg = cuda.shared.array({wpr * len(mats) * rpb * win}, np.uint16, alignment={align})\n"
-            f"    wb0 = warp * {len(mats) * rpb * win}\n")
+    return (f"    stg = cuda.shared.array({wpr * slots * len(mats) * rpb * win}, np.uint16, alignment={align})\n"
+            f"    wb0 = warp * {slots * len(mats) * rpb * win}\n")
 
 
 def _staged_body(rows, mats, rpb: int, bpc: int, bs: int, type_size: int, xargs: str) -> str:
@@ -922,6 +938,56 @@ def _staged_body(rows, mats, rpb: int, bpc: int, bs: int, type_size: int, xargs:
     return "\n".join([f"        cb = c * {bpc}", f"        ce = min(cb + {bpc}, nb)", *loads, "        syncwarp()",
                       *stores, "        syncwarp()", "        b = cb + bl", "        if b < nb:",
                       f"            xs = xload({xargs}, b * {bs}, j)", *views])
+
+
+def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, type_size: int) -> list[str]:
+    """The lines (indented ``ind``) that start the ``cp.async`` copies of chunk ``chunk`` of every row and weight
+    into ring slot ``slot``: the 16-byte vectors of ``[s & ~15, e)`` for the chunk's bytes ``[s, e)``, vector
+    ``v`` by lane ``v mod 32`` (`kernels.ptx.cp_async_16_off`, which bypasses L1 and holds no register)."""
+    win = stage_window_bytes(bpc * type_size) // 2
+    nvec = win // 8
+    per_slot = len(mats) * rpb * win
+    lines = [f"{ind}ccb = {chunk} * {bpc}", f"{ind}cce = min(ccb + {bpc}, nb)"]
+    for r in rows:
+        for m, (_, w) in enumerate(mats):
+            k = f"{m}_{r}"
+            lines += [f"{ind}a{k} = ((rb{r} + ccb) * {type_size}) & -16",
+                      f"{ind}n{k} = ((rb{r} + cce) * {type_size} - a{k} + 15) >> 4",
+                      f"{ind}d{k} = 2 * (wb0 + ({slot}) * {per_slot} + {(m * rpb + r) * win})"]
+            for t in range((nvec + 31) // 32):
+                lines += [f"{ind}if lane + {32 * t} < n{k}:",
+                          f"{ind}    cp_async_16_off(stg, d{k} + 16 * (lane + {32 * t}), {w}, "
+                          f"a{k} + 16 * (lane + {32 * t}), 16)"]
+    return lines
+
+
+def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int) -> str:
+    """The chunk loop with STAGE = ``slots`` >= 2 (UNROLL=1): a ring of ``slots`` shared windows per warp, weight
+    and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
+    the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
+    group (``cp.async.wait_group slots - 1``: every lane commits one group a step, empty past the row's end),
+    `kernels.ptx.syncwarp` (the other lanes' copies are visible), decodes the chunk from its slot with the same
+    block dots as STAGE=0, and syncwarps again (the slot is read before it is refilled). Window layout and
+    alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors)."""
+    win = stage_window_bytes(bpc * type_size) // 2
+    per_slot = len(mats) * rpb * win
+    step = wpr
+    lines = []
+    for p in range(slots - 1):
+        lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
+                  *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
+    lines += ["    sl = 0", f"    for c in range(warp, nchunks, {step}):",
+              f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
+              *_ring_copy("            ", "cc", f"(sl + {slots - 1}) % {slots}", rows, mats, rpb, bpc, type_size),
+              "        cp_async_commit_group()", f"        cp_async_wait_group({slots - 1})", "        syncwarp()",
+              f"        cb = c * {bpc}", "        b = cb + bl", "        if b < nb:",
+              f"            xs = xload({xargs}, b * {bs}, j)"]
+    for r in rows:
+        for m, (p, w) in enumerate(mats):
+            base = f"wb0 + sl * {per_slot} + {(m * rpb + r) * win}"
+            lines.append(f"            {p}{r} += dot(stg[{base} + ((((rb{r} + cb) * {type_size}) & 15) >> 1):], bl, j, xs)")
+    lines += ["        syncwarp()", f"        sl = sl + 1 if sl < {slots - 1} else 0"]
+    return "\n".join(lines)
 
 
 def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
@@ -958,7 +1024,7 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False, stage: bool = False, hoist: bool = False, min_blocks: int = 0,
+           prefetch: bool = False, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
            vload: bool = False):
     """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
@@ -971,10 +1037,17 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         fetch = _VLOAD[name][2] if hoist else None
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
+    chunk_bytes = 32 // lpb * fmt.type_size
+    if stage > 1:
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage)
+    else:
+        body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
+                else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist))
+        loop = f"    for c in range(warp, nchunks, {wpr * unroll}):\n{body}"
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
@@ -983,20 +1056,19 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         bs=bs,
         bpc=32 // lpb,
         rpb=rpb,
-        step=wpr * unroll,
         # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
         prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch else "",
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
-        per_row_init=(_stage_init(mats, rpb, wpr, 32 // lpb * fmt.type_size) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
+        per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, max(stage, 1)) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
-        chunk_body=(_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
-                    else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist)),
+        loop=loop,
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
-             "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp}
+             "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
+             "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
     if min_blocks and not SIMULATOR:  # a compiler bound: the simulator's jit takes none and has no registers
         return cuda.jit(scope[fname], launch_bounds=(threads_per_block(wpr), min_blocks))
@@ -1066,13 +1138,13 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
-    reason = stage_refusal(name, rows_per_block, warps_per_row, unroll=unroll, glu=glu) if stage else None
+    reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, unroll=unroll, glu=glu) if stage else None
     reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
     reason = reason or (vload_refusal(name, stage=stage) if vload else None)
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), bool(stage), bool(hoist), int(min_blocks), bool(vload))
+           bool(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -1123,7 +1195,8 @@ def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
         return (f"hoist=1 takes the formats whose block dot is split into loads and decode, {', '.join(HOIST_TYPES)}; "
                 f"{name} has no split, use hoist=0")
     if stage:
-        return "hoist=1 does not combine with stage=1 (the staged loop loads through shared memory); pick one"
+        return (f"hoist=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
+                "pick one")
     return None
 
 
@@ -1139,7 +1212,8 @@ def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None,
         return (f"vload=1 takes {', '.join(VLOAD_TYPES)} (2-byte-aligned blocks read as 8-byte vectors); {name} "
                 "already loads aligned words, use vload=0")
     if stage:
-        return "vload=1 does not combine with stage=1 (the staged loop loads through shared memory); pick one"
+        return (f"vload=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
+                "pick one")
     size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
     address = _address(raw) % 8 if raw is not None else 0
     if size is not None and (size % 8 or address):
@@ -1148,37 +1222,39 @@ def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None,
     return None
 
 
-def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False) -> int:
-    """Static shared memory of a STAGE=1 kernel: one `stage_window_bytes` window per warp, weight and row."""
+def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 1) -> int:
+    """Static shared memory of a staged kernel: one `stage_window_bytes` window per warp, slot (``stage`` of
+    them), weight and row."""
     fmt = block_format(qtype)
     chunk = 32 // _IMPLS[fmt.name][2] * fmt.type_size
-    return warps_per_row * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
+    return warps_per_row * max(stage, 1) * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
 
 
-def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, unroll: int = 1, glu: bool = False,
-                  raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
-    """Why ``stage=1`` cannot run with these knobs, in one sentence, or None: the one owner of STAGE's rules
-    (`kernel_for`, `gemv_q` and `gemv_glu` raise it; the gemv experiment and the decode engine ask first).
-    A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over ``STAGE_SMEM_LIMIT``; with ``raw`` (a
-    device array, named ``what``) or only its size ``nbytes``: W not a whole number of 16-byte vectors or, for
-    ``raw``, not starting at a 16-byte aligned address (the copy's vector loads would fault or pass its end)."""
+def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, stage: int = 1, unroll: int = 1,
+                  glu: bool = False, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
+    """Why ``stage`` (one of ``STAGE_VALUES`` above 0) cannot run with these knobs, in one sentence, or None: the
+    one owner of STAGE's rules (`kernel_for`, `gemv_q` and `gemv_glu` raise it; the gemv experiment and the decode
+    engine ask first). A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over
+    ``STAGE_SMEM_LIMIT``; with ``raw`` (a device array, named ``what``) or only its size ``nbytes``: W not a whole
+    number of 16-byte vectors or, for ``raw``, not starting at a 16-byte aligned address (the copy's vector loads
+    would fault or pass its end)."""
     name, unknown = _known_format(qtype)
     if unknown:
         return unknown
     if name not in STAGE_TYPES:
-        return (f"stage=1 takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
+        return (f"stage={stage} takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
                 "blocks with aligned words, use stage=0")
     if unroll != 1:
-        return f"stage=1 needs unroll=1 (the staged loop copies one chunk a step), got {unroll}"
-    need = stage_smem_bytes(name, rows_per_block, warps_per_row, glu)
+        return f"stage={stage} needs unroll=1 (the staged loop copies one chunk a step), got {unroll}"
+    need = stage_smem_bytes(name, rows_per_block, warps_per_row, glu, stage)
     if need > STAGE_SMEM_LIMIT:
-        return (f"stage=1 with rows_per_block={rows_per_block}, warps_per_row={warps_per_row}{' and glu' if glu else ''}"
-                f" needs {need} bytes of shared memory for {name}, over the {STAGE_SMEM_LIMIT}-byte static limit; "
-                "use fewer rows or warps")
+        return (f"stage={stage} with rows_per_block={rows_per_block}, warps_per_row={warps_per_row}"
+                f"{' and glu' if glu else ''} needs {need} bytes of shared memory for {name}, over the "
+                f"{STAGE_SMEM_LIMIT}-byte static limit; use fewer rows, warps or stages")
     size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
     address = _address(raw) % 16 if raw is not None else 0
     if size is not None and (size % 16 or address):
-        return (f"stage=1 reads {what} in 16-byte vectors: it must start at a 16-byte aligned address and be a "
+        return (f"stage={stage} reads {what} in 16-byte vectors: it must start at a 16-byte aligned address and be a "
                 f"multiple of 16 bytes long, got {size} bytes" + (f" at address % 16 = {address}" if address else ""))
     return None
 
@@ -1315,8 +1391,8 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     else:
         weights = tuple(_named(name, _check_raw, fmt, w, od, id) for name, w in (("raw_gate", raw), ("raw_up", raw_up)))
     for name, w in zip(("raw", "raw_up"), weights) if stage else ():
-        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, unroll=unroll, glu=raw_up is not None, raw=w,
-                               what=name)
+        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, stage=stage, unroll=unroll,
+                               glu=raw_up is not None, raw=w, what=name)
         if reason:
             raise KernelConstraintError(reason)
     for name, w in zip(("raw", "raw_up"), weights) if vload else ():

@@ -450,7 +450,7 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), unroll=3), r"unroll=3 is not supported; allowed: 1, 2"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=2), r"stage=2 is not supported; allowed: 0, 1"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=5), r"stage=5 is not supported; allowed: 0, 1, 2, 3, 4"),
         (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, unroll=2), r"stage=1 needs unroll=1"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), stage=1), r"stage=1 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
         (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, rows_per_block=8, warps_per_row=8),
