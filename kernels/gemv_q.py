@@ -731,23 +731,20 @@ def _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs):
     return r
 
 
-Q6_OFFSET = 0xE0E0E0E0
-"""Four int8 -32s: ``dp4a(Q6_OFFSET, x, c) = c - 32 * Σx``, Q6_K's offset (weight = d * scale * (q - 32))."""
-
-
 @cuda.jit(device=True, inline="always")
 def _xq_k_planes(xq, xd, xsum, wb, j):
     """Q6_K, LPB = 8: lane j (h = j/4, t0 = 8*(j%4)) has weights 128h + 32s + t0 + (0..7), s < 4: 8 int8 x (two
-    words) from each of x blocks 4h + s, their d, and per plane ``-32 * Σx`` of its 8 values (the offset part of
-    ``Σ(q - 32)·x``, the same for every row: computed once per chunk, not per row and word). Unsigned indexes:
-    no negative-index wraparound code."""
-    o = U((wb >> 2) + 32 * (j >> 2) + 2 * (j & 3))
-    b = U((wb >> 5) + 4 * (j >> 2))
-    w0, w1, w2, w3 = xq[o], xq[o + U(1)], xq[o + U(8)], xq[o + U(9)]
-    w4, w5, w6, w7 = xq[o + U(16)], xq[o + U(17)], xq[o + U(24)], xq[o + U(25)]
-    return (w0, w1, w2, w3, w4, w5, w6, w7, xd[b], xd[b + U(1)], xd[b + U(2)], xd[b + U(3)],
-            dp4a_s32(Q6_OFFSET, w0, dp4a_s32(Q6_OFFSET, w1, 0)), dp4a_s32(Q6_OFFSET, w2, dp4a_s32(Q6_OFFSET, w3, 0)),
-            dp4a_s32(Q6_OFFSET, w4, dp4a_s32(Q6_OFFSET, w5, 0)), dp4a_s32(Q6_OFFSET, w6, dp4a_s32(Q6_OFFSET, w7, 0)))
+    words) from each of x blocks 4h + s, and their d."""
+    o = (wb >> 2) + 32 * (j >> 2) + 2 * (j & 3)
+    b = (wb >> 5) + 4 * (j >> 2)
+    return (xq[o], xq[o + 1], xq[o + 8], xq[o + 9], xq[o + 16], xq[o + 17], xq[o + 24], xq[o + 25],
+            xd[b], xd[b + 1], xd[b + 2], xd[b + 3])
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_signed(v):
+    """Bytes 0..63 of v (no carries) -> the int8 bytes v - 32: + 0x60 per byte (96..159), then flip bit 7."""
+    return (v + 0x60606060) ^ 0x80808080
 
 
 @cuda.jit(device=True, inline="always")
@@ -764,14 +761,12 @@ def _dotq_q6_k8(raw, bi, j, xs):
 
 @cuda.jit(device=True, inline="always")
 def _mathq_q6_k(t, j, xs):
-    """The decode half of `_dotq_q6_k`, from lane j's `_q6_k_lane` tuple ``t``: each plane's integer sum starts
-    from the x loader's ``-32 * Σx`` and adds ``dp4a(q, x)`` of the stored 6-bit q (0..63, the same as int8), so
-    ``Σ(q - 32)·x`` costs no per-word offset subtraction."""
+    """The decode half of `_dotq_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
     d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
-    s0 = dp4a_s32(_q6_bytes(a0, m0, 0), xs[0], dp4a_s32(_q6_bytes(a1, m1, 0), xs[1], xs[12]))
-    s1 = dp4a_s32(_q6_bytes(b0, m0, 1), xs[2], dp4a_s32(_q6_bytes(b1, m1, 1), xs[3], xs[13]))
-    s2 = dp4a_s32(_q6_bytes(a0, m0, 2), xs[4], dp4a_s32(_q6_bytes(a1, m1, 2), xs[5], xs[14]))
-    s3 = dp4a_s32(_q6_bytes(b0, m0, 3), xs[6], dp4a_s32(_q6_bytes(b1, m1, 3), xs[7], xs[15]))
+    s0 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 0)), xs[0], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 0)), xs[1], 0))
+    s1 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 1)), xs[2], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 1)), xs[3], 0))
+    s2 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 2)), xs[4], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 2)), xs[5], 0))
+    s3 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 3)), xs[6], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 3)), xs[7], 0))
     r = _i8(c0) * xs[8] * np.float32(s0)
     r += _i8(c1) * xs[9] * np.float32(s1)
     r += _i8(c2) * xs[10] * np.float32(s2)
