@@ -84,7 +84,9 @@ block); 0: decode straight from global memory.
   2-byte global loads they replace, and no more bytes are in flight.
 * 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the next STAGE - 1
   chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
-  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES)."""
+  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). On the H200 this was
+  slower too: Q6_K MMVQ at ffn_down, best ring shape RPB=4, WPR=4, STAGE=2 32.32 µs (sweep #58); RPB=4, WPR=2
+  STAGE=3 34.88 vs 30.02 µs for STAGE=0 (+16%, REVERTED, #59). More bytes in flight is not what Q6_K lacks."""
 HOIST_VALUES = (0, 1)
 """1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
 them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
@@ -97,7 +99,8 @@ VLOAD_VALUES = (0, 1)
 """1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
 funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads of 64 bytes (`_q6_k_lane8`):
 more bytes in flight per outstanding load, which is what ptxas's load grouping limits (see HOIST_VALUES). W must
-start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). Not yet measured on the H200."""
+start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). On the H200 slower: Q6_K MMVQ RPB=4, WPR=2 at
+ffn_down 38.14 vs 29.54 µs (+29%, REVERTED, ledger #56)."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /

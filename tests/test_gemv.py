@@ -173,16 +173,16 @@ def test_hoist_against_float64_and_bit_for_bit_row_by_row(name, od, rpb, wpr, un
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
 
-def _glu_knob_off_and_on(name, od, id, knob):
+def _glu_knob_off_and_on(name, od, id, knob, on=1):
     """The SwiGLU kernel (MMVQ, RPB=4, WPR=2) on fresh random gate/up weights and x into NaN-poisoned outputs,
-    with ``knob`` (a `gemv_glu` keyword) 0 and 1: the two outputs on the host."""
+    with ``knob`` (a `gemv_glu` keyword) 0 and ``on``: the two outputs on the host."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
     wg, wu = (cuda.to_device(random_blocks(name, od, id, rng)) for _ in range(2))
     xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
     outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
-    for value, out in enumerate(outs):
+    for value, out in zip((0, on), outs):
         gemv_glu(wg, wu, name, od, id, xd, out, rows_per_block=4, warps_per_row=2, **{knob: value})
     return [out.copy_to_host() for out in outs]
 
@@ -455,6 +455,9 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), stage=1), r"stage=1 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
         (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, rows_per_block=8, warps_per_row=8),
          r"needs 55296 bytes of shared memory for Q6_K, over the 49152-byte"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=4, rows_per_block=4, warps_per_row=4),
+         r"stage=4 with rows_per_block=4, warps_per_row=4 needs 55296 bytes .* use fewer rows, warps or stages$"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=3, unroll=2), r"stage=3 needs unroll=1"),
         (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), stage=1), r"multiple of 16 bytes long, got 630 bytes$"),
         (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), stage=1),
          r"stage=1 reads raw in 16-byte vectors: it must start at a 16-byte aligned address .* address % 16 = 2"),
@@ -657,6 +660,29 @@ def test_vload_reads_q6_k_in_8_byte_vectors(mmvq):
     assert ".local" not in ptx
 
 
+@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage", [
+    ("Q6_K", 4, 1536, 8, 1, True, 2), ("Q6_K", 3, 2048, 2, 2, False, 3), ("Q6_K", 5, 4096, 1, 2, True, 4),
+    ("Q8_0", 3, 1280, 4, 2, True, 4), ("Q4_0", 4, 704, 8, 1, False, 2), ("Q3_K", 4, 1536, 4, 2, False, 3)])
+def test_ring_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, rpb, wpr, mmvq, stage):
+    """STAGE=2..4 (a per-warp cp.async ring of shared windows, STAGE - 1 chunks ahead) with a partial last chunk,
+    a partial last CUDA block or idle warps, rows with more chunks than slots (the ring wraps) and fewer (a warp's
+    ring never fills), chunks at every phase mod 16: against float64, and bit for bit against STAGE=0. A chunk
+    decoded from the wrong slot or window would miss both."""
+    assert name in STAGE_TYPES and od * id // FORMATS[name].block_size * FORMATS[name].type_size % 16 == 0
+    seed = int(np.random.default_rng().integers(2**63))
+    ring, ref, scale = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, rng=np.random.default_rng(seed))
+    _assert_close(ring, ref, scale)
+    direct, *_ = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, rng=np.random.default_rng(seed))
+    np.testing.assert_array_equal(ring, direct)
+
+
+def test_ring_glu_bit_for_bit():
+    """The SwiGLU kernel with STAGE=3 rings both weights' chunks: bit for bit the STAGE=0 kernel."""
+    off, on = _glu_knob_off_and_on("Q6_K", 4, 1536, "stage", on=3)
+    assert np.isfinite(on).all()
+    np.testing.assert_array_equal(on, off)
+
+
 @pytest.mark.compile
 def test_min_blocks_is_the_launch_bound_of_the_kernel():
     """MINB=7 with WPR=4: the PTX declares ``.maxntid 128`` and ``.minnctapersm 7`` (the register cap ptxas then
@@ -664,6 +690,19 @@ def test_min_blocks_is_the_launch_bound_of_the_kernel():
     bounded, free = _ptx("Q4_K", 4, 4, mmvq=True, min_blocks=7), _ptx("Q4_K", 4, 4, mmvq=True)
     assert ".maxntid 128" in bounded and ".minnctapersm 7" in bounded
     assert ".minnctapersm" not in free and ".maxntid" not in free
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q6_K", False), ("Q8_0", True), ("Q3_K", False)])
+def test_ring_copies_weights_with_cp_async_and_waits_for_one_chunk(name, mmvq):
+    """STAGE=3: W reaches shared memory only through ``cp.async.cg`` (no ``ld.global.u16`` of W, no register
+    copy), one ``commit_group`` per prologue chunk and per step, ``wait_group 2`` (STAGE - 1 chunks left in
+    flight), two ``bar.warp.sync`` a step, the decode's halfwords from shared memory, no local memory."""
+    ptx = _ptx(name, 4, 2, mmvq=mmvq, stage=3)
+    assert "ld.global.u16" not in ptx and "ld.global.v4.b32" not in ptx and "st.shared.v4" not in ptx
+    assert "cp.async.cg.shared.global" in ptx and ptx.count("cp.async.commit_group") == 3
+    assert ptx.count("cp.async.wait_group 2") == 1 and ptx.count("bar.warp.sync") == 2
+    assert "ld.shared.u16" in ptx and ".local" not in ptx
 
 
 @pytest.mark.compile
@@ -735,6 +774,16 @@ def test_stage_real_shapes(name, mmvq, od, id):
     partial last CUDA block of 8): a misaligned vector load would fault, a wrong window would miss the reference."""
     _assert_close(*_run(name, od, id, rpb=4, wpr=2, mmvq=mmvq, stage=1))
     _assert_close(*_run(name, od, id, rpb=8, wpr=1, mmvq=mmvq, stage=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q6_K", False), ("Q8_0", True)])
+@pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
+def test_ring_real_shapes(name, mmvq, od, id):
+    """STAGE=2 and 4 on the device at Q6_K's ffn_down shape and 300 rows: a misaligned cp.async would fault, a
+    missing wait or warp barrier would decode a slot before (or after) its copy and miss the reference."""
+    _assert_close(*_run(name, od, id, rpb=4, wpr=2, mmvq=mmvq, stage=2))
+    _assert_close(*_run(name, od, id, rpb=2, wpr=2, mmvq=mmvq, stage=4))
 
 
 @pytest.mark.gpu
