@@ -9,7 +9,8 @@ STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES
 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
 decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
 for: ``__launch_bounds__``'s register cap, 0 none), VLOAD (1: Q6_K blocks read with 8-byte vector loads and a funnel
-shift; W 8-byte aligned and a multiple of 8 bytes), GLU (1: decode's fused gate/up pass,
+shift; W 8-byte aligned and a multiple of 8 bytes), FOLD (1: Q6_K's -32 offset enters each plane's dp4a chain
+once per chunk from x, not per word and row; MMVQ=1, not with VLOAD=1), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
@@ -31,6 +32,7 @@ import weakref
 import numpy as np
 
 from kernels.gemv_q import (
+    DEFAULT_FOLD,
     DEFAULT_HOIST,
     DEFAULT_MINB,
     DEFAULT_VLOAD,
@@ -39,6 +41,7 @@ from kernels.gemv_q import (
     DEFAULT_STAGE,
     DEFAULT_UNROLL,
     DEFAULT_WPR,
+    FOLD_VALUES,
     GEMV_TYPES,
     HOIST_VALUES,
     MINB_VALUES,
@@ -49,6 +52,7 @@ from kernels.gemv_q import (
     STAGE_VALUES,
     UNROLL_VALUES,
     WPR_VALUES,
+    fold_refusal,
     gemv_glu,
     gemv_q,
     hoist_refusal,
@@ -202,6 +206,8 @@ class GemvExperiment(Experiment):
              "CUDA blocks per SM to compile for (launch bounds: registers <= 65536 / (MINB*32*WPR)); 0: no bound"),
         Knob("VLOAD", VLOAD_VALUES, DEFAULT_VLOAD,
              "1: Q6_K pieces read as aligned 8-byte vectors + funnel shift (9 loads a block, not 17 halfwords)"),
+        Knob("FOLD", FOLD_VALUES, DEFAULT_FOLD,
+             "1: Q6_K MMVQ's -32 offset as -32*Σx once per chunk, starting each plane's dp4a chain (no add+xor a word)"),
         Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
@@ -249,7 +255,8 @@ class GemvExperiment(Experiment):
         """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE > 0 where `kernels.gemv_q` refuses it (TYPE, UNROLL,
         shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
         `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv_q.vload_refusal`
-        refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes)."""
+        refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes); FOLD=1 where
+        `kernels.gemv_q.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
@@ -266,7 +273,11 @@ class GemvExperiment(Experiment):
         if int(config["VLOAD"]):
             reason = vload_refusal(qtype, stage=int(config["STAGE"]), nbytes=self._quant_bytes(qtype, workload),
                                    what=f"{workload.name}'s W")
-            return None if reason is None else f"VLOAD=1: {reason}"
+            if reason is not None:
+                return f"VLOAD=1: {reason}"
+        if int(config["FOLD"]):
+            reason = fold_refusal(qtype, mmvq=bool(config["MMVQ"]), vload=int(config["VLOAD"]))
+            return None if reason is None else f"FOLD=1: {reason}"
         return None
 
     @staticmethod
@@ -275,13 +286,13 @@ class GemvExperiment(Experiment):
         return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
                           unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
                           stage=int(config["STAGE"]), hoist=int(config["HOIST"]), min_blocks=int(config["MINB"]),
-                          vload=int(config["VLOAD"]))
+                          vload=int(config["VLOAD"]), fold=int(config["FOLD"]))
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
         stage, hoist, min_blocks = int(config["STAGE"]), int(config["HOIST"]), int(config["MINB"])
-        vload = int(config["VLOAD"])
+        vload, fold = int(config["VLOAD"]), int(config["FOLD"])
         od, id = self._shape(workload)
         self._kernel(config)  # refuses a bad TYPE
         for inputs in list(self._sets.get(workload.name, ())):
@@ -295,7 +306,7 @@ class GemvExperiment(Experiment):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
             knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch,
-                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks, "vload": vload}
+                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks, "vload": vload, "fold": fold}
             if glu:
                 gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
             else:
@@ -337,6 +348,7 @@ class GemvExperiment(Experiment):
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
                 f"{f',STAGE={stage}' if stage else ''}{',HOIST' if int(config['HOIST']) else ''}"
                 f"{f',MINB={minb}' if minb else ''}{',VLOAD' if int(config['VLOAD']) else ''}"
+                f"{',FOLD' if int(config['FOLD']) else ''}"
                 f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 

@@ -101,6 +101,15 @@ funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads o
 more bytes in flight per outstanding load, which is what ptxas's load grouping limits (see HOIST_VALUES). W must
 start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). On the H200 slower: Q6_K MMVQ RPB=4, WPR=2 at
 ffn_down 38.14 vs 29.54 µs (+29%, REVERTED, ledger #56)."""
+FOLD_VALUES = (0, 1)
+"""1: Q6_K's MMVQ dot takes its -32 offset from the x loader: per plane ``-32 * Σx`` of the lane's 8 x values, once
+per chunk for all RPB rows (`_xq_k_planes_fold`), starts the plane's dp4a chain over the stored 6-bit q (0..63,
+the same bytes as int8), instead of an add and an xor on every word of every row (`_mathq_q6_k_fold`); x indexes
+unsigned (no negative-index wraparound code). Bit-identical (the same integer sums). Offline sm_90 SASS at RPB=4,
+WPR=2: 480 instructions a chunk instead of 640. On the H200, measured as a commit before it was a knob (ffn_down,
+one device call): RPB=4, WPR=2 29.57 -> 37.41 µs, RPB=2, WPR=2 34.13 -> 30.78, RPB=8, WPR=1 131.1 -> 88.7 (sweeps
+#60, #62); tg128 331.36 -> 312.98 tok/s at the engine's shapes (#61, #63). Faster per warp, slower at the best shape:
+a knob, so that it can be A/B'd with the launch shapes and STAGE=2..4."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
@@ -125,6 +134,7 @@ DEFAULT_MINB = 0
 MAX_THREADS_PER_SM = 2048
 """Resident threads an sm_90 SM holds: MINB * 32 * WPR above it is refused (ptxas ignores such a bound)."""
 DEFAULT_VLOAD = 0
+DEFAULT_FOLD = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -744,6 +754,23 @@ def _xq_k_planes(xq, xd, xsum, wb, j):
             xd[b], xd[b + 1], xd[b + 2], xd[b + 3])
 
 
+Q6_OFFSET = 0xE0E0E0E0
+"""Four int8 -32s: ``dp4a(Q6_OFFSET, x, c) = c - 32 * Σx``, Q6_K's offset (weight = d * scale * (q - 32))."""
+
+
+@cuda.jit(device=True, inline="always")
+def _xq_k_planes_fold(xq, xd, xsum, wb, j):
+    """`_xq_k_planes` (same lanes, words and d) with unsigned indexes, plus per plane s ``-32 * Σx`` of the lane's
+    8 x values of that plane (FOLD=1: computed once per chunk, shared by every row)."""
+    o = U((wb >> 2) + 32 * (j >> 2) + 2 * (j & 3))
+    b = U((wb >> 5) + 4 * (j >> 2))
+    w0, w1, w2, w3 = xq[o], xq[o + U(1)], xq[o + U(8)], xq[o + U(9)]
+    w4, w5, w6, w7 = xq[o + U(16)], xq[o + U(17)], xq[o + U(24)], xq[o + U(25)]
+    return (w0, w1, w2, w3, w4, w5, w6, w7, xd[b], xd[b + U(1)], xd[b + U(2)], xd[b + U(3)],
+            dp4a_s32(Q6_OFFSET, w0, dp4a_s32(Q6_OFFSET, w1, 0)), dp4a_s32(Q6_OFFSET, w2, dp4a_s32(Q6_OFFSET, w3, 0)),
+            dp4a_s32(Q6_OFFSET, w4, dp4a_s32(Q6_OFFSET, w5, 0)), dp4a_s32(Q6_OFFSET, w6, dp4a_s32(Q6_OFFSET, w7, 0)))
+
+
 @cuda.jit(device=True, inline="always")
 def _q6_signed(v):
     """Bytes 0..63 of v (no carries) -> the int8 bytes v - 32: + 0x60 per byte (96..159), then flip bit 7."""
@@ -840,6 +867,33 @@ VLOAD_TYPES = tuple(_VLOAD)
 and Q8_0."""
 FLOAT_GROUP = 8
 """Float types: ``id`` must be a multiple of 8 (each lane reads a row's elements in whole 16-byte groups)."""
+
+
+@cuda.jit(device=True, inline="always")
+def _mathq_q6_k_fold(t, j, xs):
+    """`_mathq_q6_k` with FOLD=1 (x from `_xq_k_planes_fold`): each plane's integer sum starts from the loader's
+    ``-32 * Σx`` and adds ``dp4a(q, x)`` of the stored q, so ``Σ(q - 32)·x`` needs no per-word offset."""
+    d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
+    s0 = dp4a_s32(_q6_bytes(a0, m0, 0), xs[0], dp4a_s32(_q6_bytes(a1, m1, 0), xs[1], xs[12]))
+    s1 = dp4a_s32(_q6_bytes(b0, m0, 1), xs[2], dp4a_s32(_q6_bytes(b1, m1, 1), xs[3], xs[13]))
+    s2 = dp4a_s32(_q6_bytes(a0, m0, 2), xs[4], dp4a_s32(_q6_bytes(a1, m1, 2), xs[5], xs[14]))
+    s3 = dp4a_s32(_q6_bytes(b0, m0, 3), xs[6], dp4a_s32(_q6_bytes(b1, m1, 3), xs[7], xs[15]))
+    r = _i8(c0) * xs[8] * np.float32(s0)
+    r += _i8(c1) * xs[9] * np.float32(s1)
+    r += _i8(c2) * xs[10] * np.float32(s2)
+    r += _i8(c3) * xs[11] * np.float32(s3)
+    return d * r
+
+
+@cuda.jit(device=True, inline="always")
+def _dotq_q6_k_fold(raw, bi, j, xs):
+    """`_dotq_q6_k` with FOLD=1 (`_mathq_q6_k_fold`)."""
+    return _mathq_q6_k_fold(_q6_k_lane(raw, bi, j), j, xs)
+
+
+# FOLD=1: name -> (x loader, Q8_1-x dot, math for HOIST=1)
+_FOLD = {"Q6_K": (_xq_k_planes_fold, _dotq_q6_k_fold, _mathq_q6_k_fold)}
+FOLD_TYPES = tuple(_FOLD)
 
 
 # ---- the kernel factory ----------------------------------------------------------------------------------------
@@ -1028,7 +1082,7 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
            prefetch: bool = False, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
-           vload: bool = False):
+           vload: bool = False, fold: bool = False):
     """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
@@ -1038,9 +1092,12 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     if vload:
         dot = _VLOAD[name][1 if mmvq else 0]
         fetch = _VLOAD[name][2] if hoist else None
+    if fold:
+        xload, dot = _FOLD[name][:2]
+        math = _FOLD[name][2] if hoist else None
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -1079,7 +1136,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
 
 
 def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
-                 vload=0) -> None:
+                 vload=0, fold=0) -> None:
     if min_blocks in MINB_VALUES and warps_per_row in WPR_VALUES and min_blocks * 32 * warps_per_row > MAX_THREADS_PER_SM:
         fits = [m for m in MINB_VALUES if m * 32 * warps_per_row <= MAX_THREADS_PER_SM]
         raise KernelConstraintError(
@@ -1089,6 +1146,8 @@ def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, h
         )
     if vload not in VLOAD_VALUES:
         raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
+    if fold not in FOLD_VALUES:
+        raise KernelConstraintError(f"fold={fold!r} is not supported; allowed: {', '.join(map(str, FOLD_VALUES))}")
     if min_blocks not in MINB_VALUES:
         raise KernelConstraintError(
             f"min_blocks={min_blocks!r} is not supported; allowed: {', '.join(map(str, MINB_VALUES))}"
@@ -1130,24 +1189,26 @@ def _format_name(qtype, mmvq: bool) -> str:
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
                mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
                stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB,
-               vload: int = DEFAULT_VLOAD):
+               vload: int = DEFAULT_VLOAD, fold: int = DEFAULT_FOLD):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
     ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
     one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
-    ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage)."""
+    ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage;
+    ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
     reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, unroll=unroll, glu=glu) if stage else None
     reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
     reason = reason or (vload_refusal(name, stage=stage) if vload else None)
+    reason = reason or (fold_refusal(name, mmvq=mmvq, vload=vload) if fold else None)
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload))
+           bool(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -1225,6 +1286,23 @@ def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None,
     return None
 
 
+def fold_refusal(qtype, *, mmvq: bool, vload: int = 0) -> str | None:
+    """Why ``fold=1`` cannot run, in one sentence, or None: the one owner of FOLD's rules (`kernel_for` raises it;
+    the gemv experiment asks first). A format outside ``FOLD_TYPES``, f32 x (the offset is folded into the int8
+    dot products of the MMVQ kernel), or vload=1."""
+    name, unknown = _known_format(qtype)
+    if unknown:
+        return unknown
+    if name not in FOLD_TYPES:
+        return (f"fold=1 takes {', '.join(FOLD_TYPES)} (the formats with an offset subtracted from every stored q); "
+                f"{name} has none, use fold=0")
+    if not mmvq:
+        return "fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), not f32 x"
+    if vload:
+        return "fold=1 does not combine with vload=1 (its dot reads halfwords); pick one"
+    return None
+
+
 def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 1) -> int:
     """Static shared memory of a staged kernel: one `stage_window_bytes` window per warp, slot (``stage`` of
     them), weight and row."""
@@ -1296,6 +1374,7 @@ def gemv_q(
     hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
     vload: int = DEFAULT_VLOAD,
+    fold: int = DEFAULT_FOLD,
     residual=None,
     stream=0,
 ):
@@ -1324,6 +1403,8 @@ def gemv_q(
     so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
     vload: 1 to read Q6_K blocks with 8-byte vector loads (``VLOAD_VALUES``; raw 8-byte aligned and a multiple of
     8 bytes long, not with stage=1); the result is bit-identical to vload=0.
+    fold: 1 to take Q6_K's -32 offset into the MMVQ dot once per chunk from x (``FOLD_VALUES``; ``FOLD_TYPES``, Q8_1
+    x, not with vload=1); the result is bit-identical to fold=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -1336,10 +1417,11 @@ def gemv_q(
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel; stage=1, hoist=1 or vload=1 where `stage_refusal`, `hoist_refusal` or `vload_refusal` refuses it.
+    MMVQ kernel; stage > 0, hoist=1, vload=1 or fold=1 where `stage_refusal`, `hoist_refusal`, `vload_refusal` or
+    `fold_refusal` refuses it.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, stream)
+                   stage, hoist, min_blocks, vload, fold, stream)
 
 
 def gemv_glu(
@@ -1359,6 +1441,7 @@ def gemv_glu(
     hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
     vload: int = DEFAULT_VLOAD,
+    fold: int = DEFAULT_FOLD,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -1375,15 +1458,15 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, stream)
+                   stage, hoist, min_blocks, vload, fold, stream)
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, min_blocks, vload, stream):
+            hoist, min_blocks, vload, fold, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold)
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -1424,7 +1507,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist, min_blocks, vload)
+                      prefetch, stage, hoist, min_blocks, vload, fold)
     grid = (od + rows_per_block - 1) // rows_per_block
     kern[grid, threads_per_block(warps_per_row), stream](
         *(w.view(view) if view is not np.uint8 else w for w in weights),

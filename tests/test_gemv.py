@@ -56,7 +56,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0, hoist=0, min_blocks=0, vload=0):
+         stage=0, hoist=0, min_blocks=0, vload=0, fold=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -70,7 +70,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, residual=res)
+                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, fold=fold, residual=res)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -500,16 +500,17 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
         mod,
         "gemv_q",
         lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch, stage, hoist,
-        min_blocks, vload: seen.append((qtype, rows_per_block, warps_per_row, prefetch, stage, hoist, min_blocks, vload,
-                                        raw.size)),
+        min_blocks, vload, fold: seen.append((qtype, rows_per_block, warps_per_row, prefetch, stage, hoist, min_blocks,
+                                              vload, fold, raw.size)),
     )
     exp = get("gemv")
     wl = exp.workload("tiny")
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
-    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1", "TYPE=Q6_K,HOIST=1,MINB=7,VLOAD=1"):
+    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1", "TYPE=Q6_K,HOIST=1,MINB=7,VLOAD=1",
+                "TYPE=Q6_K,STAGE=3,FOLD=1,MMVQ=1"):
         exp.prepare(exp.config(arm), wl)(inputs, output, 0)
-    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 0, 0, 0, 5 * 16 * 34),
-                    ("Q6_K", 4, 4, 0, 0, 1, 7, 1, 5 * 2 * 210)]
+    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 0, 0, 0, 0, 5 * 16 * 34),
+                    ("Q6_K", 4, 4, 0, 0, 1, 7, 1, 0, 5 * 2 * 210), ("Q6_K", 4, 4, 0, 3, 0, 0, 0, 1, 5 * 2 * 210)]
 
 
 @pytest.mark.parametrize("arm, workload, needle", [
@@ -524,6 +525,12 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     ("TYPE=Q6_K,VLOAD=1,STAGE=1", "ffn_down", "VLOAD=1: vload=1 does not combine with stage=1"),
     ("TYPE=Q6_K,VLOAD=1,HOIST=1,MMVQ=1", "ffn_down", None),
     ("TYPE=Q5_K,HOIST=1", "ffn_down", "HOIST=1: hoist=1 takes the formats .* Q5_K has no split"),
+    ("TYPE=Q6_K,STAGE=4,RPB=4,WPR=4", "ffn_down", "STAGE=4: stage=4 with rows_per_block=4, warps_per_row=4 needs"),
+    ("TYPE=Q6_K,STAGE=2,RPB=4,WPR=4", "ffn_down", None),
+    ("TYPE=Q4_K,FOLD=1,MMVQ=1", "ffn_down", "FOLD=1: fold=1 takes Q6_K .* Q4_K has none, use fold=0"),
+    ("TYPE=Q6_K,FOLD=1", "ffn_down", "FOLD=1: fold=1 folds the offset .* needs Q8_1 x"),
+    ("TYPE=Q6_K,FOLD=1,MMVQ=1,VLOAD=1", "ffn_down", "FOLD=1: fold=1 does not combine with vload=1"),
+    ("TYPE=Q6_K,FOLD=1,MMVQ=1,HOIST=1,STAGE=0", "ffn_down", None),
 ])
 def test_experiment_refuses_stage_where_the_kernel_cannot_take_it(arm, workload, needle):
     from minfer_cli.experiment import get
@@ -560,11 +567,12 @@ _PTX: dict = {}
 
 
 def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0, hoist=0,
-         min_blocks=0, vload=0):
+         min_blocks=0, vload=0, fold=0):
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload)
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload, fold)
     if key not in _PTX:
-        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload)
+        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload,
+                            fold)
         _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
@@ -683,6 +691,41 @@ def test_ring_glu_bit_for_bit():
     np.testing.assert_array_equal(on, off)
 
 
+@pytest.mark.parametrize("od, id, rpb, wpr, hoist, stage", [
+    (5, 1536, 2, 2, 0, 0), (3, 2048, 4, 1, 1, 0), (4, 1536, 8, 1, 0, 3), (9, 512, 4, 2, 0, 0)])
+def test_fold_against_float64_and_bit_for_bit_the_per_word_offset(od, id, rpb, wpr, hoist, stage):
+    """FOLD=1 (Q6_K MMVQ: -32*Σx once per chunk starts each plane's dp4a chain) on fresh random blocks, with a
+    partial last CUDA block, HOIST=1 and the cp.async ring: against float64 and bit for bit FOLD=0 (the same integer
+    sums). A wrong plane's correction or a sign slip would move every row."""
+    seed = int(np.random.default_rng().integers(2**63))
+    runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=True, hoist=hoist, stage=stage, fold=f,
+                 rng=np.random.default_rng(seed)) for f in (0, 1)]
+    _assert_close(*runs[1])
+    np.testing.assert_array_equal(runs[1][0], runs[0][0])
+
+
+def test_fold_refusals():
+    """FOLD=1 for another format, with f32 x, with VLOAD=1, or an unknown value."""
+    with pytest.raises(KernelConstraintError, match="fold=1 takes Q6_K .* Q4_K has none"):
+        kernel_for("Q4_K", 4, 2, mmvq=True, fold=1)
+    with pytest.raises(KernelConstraintError, match="needs Q8_1 x"):
+        kernel_for("Q6_K", 4, 2, fold=1)
+    with pytest.raises(KernelConstraintError, match="fold=1 does not combine with vload=1"):
+        kernel_for("Q6_K", 4, 2, mmvq=True, vload=1, fold=1)
+    with pytest.raises(KernelConstraintError, match="fold=2 is not supported; allowed: 0, 1"):
+        kernel_for("Q6_K", 4, 2, mmvq=True, fold=2)
+
+
+@pytest.mark.compile
+def test_fold_drops_the_per_word_offset():
+    """FOLD=1's PTX has no ``xor.b32 ... -2139062144`` (0x80808080, the per-word sign flip of FOLD=0) and 8 more
+    dp4a than FOLD=0 per chunk only once (the x loader's corrections), not per row: RPB=4 FOLD=0 has 32, FOLD=1 40."""
+    off, on = _ptx("Q6_K", 4, 2, mmvq=True), _ptx("Q6_K", 4, 2, mmvq=True, fold=1)
+    assert "-2139062144" in off and "-2139062144" not in on
+    assert off.count("dp4a.s32.s32") == 32 and on.count("dp4a.s32.s32") == 40
+    assert ".local" not in on
+
+
 @pytest.mark.compile
 def test_min_blocks_is_the_launch_bound_of_the_kernel():
     """MINB=7 with WPR=4: the PTX declares ``.maxntid 128`` and ``.minnctapersm 7`` (the register cap ptxas then
@@ -799,6 +842,14 @@ def test_hoist_real_shapes(name, mmvq, od, id):
                 for h, m in ((1, minb), (0, 0))]
         _assert_close(*runs[0])
         np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
+def test_fold_real_shapes(od, id):
+    """FOLD=1 on the device at Q6_K's ffn_down shape and 300 rows, with and without the cp.async ring."""
+    _assert_close(*_run("Q6_K", od, id, rpb=4, wpr=2, mmvq=True, fold=1))
+    _assert_close(*_run("Q6_K", od, id, rpb=2, wpr=2, mmvq=True, stage=2, fold=1))
 
 
 @pytest.mark.gpu
