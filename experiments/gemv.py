@@ -198,7 +198,7 @@ class GemvExperiment(Experiment):
         Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
              "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
         Knob("STAGE", STAGE_VALUES, DEFAULT_STAGE,
-             "shared slots per warp chunks pass through: 1 a register copy, 2-4 a cp.async ring (STAGE-1 chunks "
+             "shared slots per warp that chunks pass through: 1 a register copy, 2-4 a cp.async ring (STAGE-1 chunks "
              "ahead); 2-byte-aligned TYPEs, UNROLL=1"),
         Knob("HOIST", HOIST_VALUES, DEFAULT_HOIST,
              "1: a chunk's loads (x and all RPB rows) issued before any decode (Q4_K, Q6_K, Q8_0); 0: row by row"),

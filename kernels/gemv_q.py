@@ -119,7 +119,7 @@ they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at 
 86-107 unbounded (Q4_K MMVQ at ffn_down, RPB=4, WPR=4, HOIST=1, MINB=7: 16.33 µs vs 20.35 at RPB=2, WPR=2, ledger
 #52; a launch-bounds probe before the knob existed gave 22.5 -> 17.6 µs for HOIST=0, unrecorded)."""
 STAGE_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K")
-"""Formats STAGE=1 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
+"""Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views)."""
 STAGE_SMEM_LIMIT = 48 * 1024
 """Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
 ``WPR * STAGE * RPB * (2 with GLU) * window`` bytes (Q6_K: 864-byte windows, so STAGE * RPB * WPR * weights
@@ -1193,7 +1193,7 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
-    ``stage``: one of ``STAGE_VALUES``, 1 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
+    ``stage``: one of ``STAGE_VALUES``, above 0 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
     one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
     ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage;
     ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload)."""
@@ -1266,7 +1266,7 @@ def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
 
 def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
     """Why ``vload=1`` cannot run, in one sentence, or None: the one owner of VLOAD's rules (`kernel_for` and the
-    launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage=1, or, given W
+    launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage > 0, or, given W
     (``raw``, a device array named ``what``) or its size ``nbytes``: W not a multiple of 8 bytes or not starting
     8-byte aligned (the last block's second vector would pass W's end, or the vector loads would fault)."""
     name, unknown = _known_format(qtype)
@@ -1395,14 +1395,16 @@ def gemv_q(
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
     unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
     prefetch: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk prefetch (``PREFETCH_VALUES``).
-    stage: 1 to copy each chunk into shared memory with 16-byte loads before decoding it (``STAGE_VALUES``; the
-    formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes long).
+    stage: shared-memory slots per warp that each chunk passes through before it is decoded (``STAGE_VALUES``):
+    1 copies it with 16-byte loads through registers, 2..4 a ring filled by cp.async that keeps stage - 1 chunks in
+    flight; the formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes
+    long, and the windows within ``STAGE_SMEM_LIMIT``.
     hoist: 1 to issue all of a chunk's loads (every row) before decoding any (``HOIST_VALUES``; the formats
-    ``HOIST_TYPES``, not with stage=1); the result is bit-identical to hoist=0.
+    ``HOIST_TYPES``, not with stage > 0); the result is bit-identical to hoist=0.
     min_blocks: CUDA blocks per SM to compile for (``MINB_VALUES``; 0 none): ``__launch_bounds__``'s register cap,
     so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
     vload: 1 to read Q6_K blocks with 8-byte vector loads (``VLOAD_VALUES``; raw 8-byte aligned and a multiple of
-    8 bytes long, not with stage=1); the result is bit-identical to vload=0.
+    8 bytes long, not with stage > 0); the result is bit-identical to vload=0.
     fold: 1 to take Q6_K's -32 offset into the MMVQ dot once per chunk from x (``FOLD_VALUES``; ``FOLD_TYPES``, Q8_1
     x, not with vload=1); the result is bit-identical to fold=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;

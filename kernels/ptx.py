@@ -122,6 +122,10 @@ def _check_scalars(name: str, values, kind, count: int) -> None:
             raise NumbaTypeError(f"{name}: every register operand must be {kind.__name__}, got {v}")
 
 
+CP_ASYNC_POISON = 0xA5
+"""The byte a simulated ``cp.async`` destination holds from the copy's issue until the `cp_async_wait_group` that
+retires its group (then the data lands): a kernel that reads a slot too early decodes this, not the weights."""
+
 if SIMULATOR:
     import threading
 
@@ -377,25 +381,47 @@ if SIMULATOR:
 
     # ---- cp.async ------------------------------------------------------------------------------------------
 
-    def cp_async_16(dst, dst_index, src, src_index, src_size):
-        """Simulator form of `cp.async.cg.shared.global [dst], [src], 16, src_size`: a synchronous copy of
-        ``src_size`` bytes (0..16) and zero-fill of the rest of the 16-byte chunk."""
-        d = _bytes(dst)
-        s = _bytes(src)
-        d0 = dst_index * _ndarray(dst).itemsize
-        s0 = src_index * _ndarray(src).itemsize
-        n = int(src_size)
+    # The simulator's cp.async is asynchronous in the way that matters for a kernel's correctness: at issue the
+    # 16 destination bytes become undefined (``CP_ASYNC_POISON``), and the data lands only when this thread's
+    # `cp_async_wait_group` retires the group holding the copy. A read before the wait, a wrong wait count or a
+    # slot refilled before it was read then gives wrong results in the simulator too, as it would on the GPU.
+
+    def _cp_async_groups():
+        """This simulated thread's (open group, committed groups) of pending copies."""
+        thread = threading.current_thread()
+        state = getattr(thread, "_minfer_cp_async", None)
+        if state is None:
+            state = thread._minfer_cp_async = ([], [])
+        return state
+
+    def _cp_async_issue(d, d0, s, s0, n):
         if not 0 <= n <= 16:
             raise ValueError(f"cp.async src-size must be 0..16 bytes, got {n}")
-        d[d0 + n : d0 + 16] = 0
-        if n:
-            d[d0 : d0 + n] = s[s0 : s0 + n]
+        data = np.zeros(16, dtype=np.uint8)
+        data[:n] = s[s0 : s0 + n]
+        d[d0 : d0 + 16] = CP_ASYNC_POISON
+        _cp_async_groups()[0].append((d, d0, data))
+
+    def cp_async_16(dst, dst_index, src, src_index, src_size):
+        """Simulator form of `cp.async.cg.shared.global [dst], [src], 16, src_size`: ``src_size`` bytes (0..16)
+        and zero-fill of the rest of the 16-byte chunk, landing at this thread's `cp_async_wait_group` that
+        retires its group (until then the destination holds ``CP_ASYNC_POISON``)."""
+        _cp_async_issue(_bytes(dst), dst_index * _ndarray(dst).itemsize, _bytes(src),
+                        src_index * _ndarray(src).itemsize, int(src_size))
 
     def cp_async_commit_group():
-        """Simulator form of `cp.async.commit_group` (the copies were synchronous: nothing to do)."""
+        """Simulator form of `cp.async.commit_group`: close this thread's open group of copies."""
+        open_group, committed = _cp_async_groups()
+        committed.append(list(open_group))
+        open_group.clear()
 
     def cp_async_wait_group(n):
-        """Simulator form of `cp.async.wait_group N` (the copies were synchronous: nothing to wait for)."""
+        """Simulator form of `cp.async.wait_group N`: land every copy of this thread's committed groups but the
+        newest ``n``."""
+        committed = _cp_async_groups()[1]
+        while len(committed) > int(n):
+            for d, d0, data in committed.pop(0):
+                d[d0 : d0 + 16] = data
 
 
     # ---- byte-offset forms (32-bit shared offsets, 64-bit global byte offsets) ----------------------------
@@ -407,18 +433,11 @@ if SIMULATOR:
 
     def cp_async_16_off(dst, dst_byte_offset, src, src_byte_offset, src_size):
         """Simulator form of `cp_async_16_off`: as `cp_async_16` with both places given as BYTE offsets."""
-        d = _bytes(dst)
-        s = _bytes(src)
         d0 = int(dst_byte_offset)
         s0 = int(src_byte_offset)
-        n = int(src_size)
-        if not 0 <= n <= 16:
-            raise ValueError(f"cp.async src-size must be 0..16 bytes, got {n}")
         if d0 % 16 or s0 % 16:
             raise ValueError(f"cp.async needs 16-byte aligned places, got dst +{d0}, src +{s0}")
-        d[d0 + n : d0 + 16] = 0
-        if n:
-            d[d0 : d0 + n] = s[s0 : s0 + n]
+        _cp_async_issue(_bytes(dst), d0, _bytes(src), s0, int(src_size))
 
     # ---- 16-byte vector loads / stores of any element type -----------------------------------------------
 

@@ -675,7 +675,8 @@ def test_ring_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, rp
     """STAGE=2..4 (a per-warp cp.async ring of shared windows, STAGE - 1 chunks ahead) with a partial last chunk,
     a partial last CUDA block or idle warps, rows with more chunks than slots (the ring wraps) and fewer (a warp's
     ring never fills), chunks at every phase mod 16: against float64, and bit for bit against STAGE=0. A chunk
-    decoded from the wrong slot or window would miss both."""
+    decoded from the wrong slot or window, or before its copy's wait (the simulator's cp.async lands only at the
+    `wait_group` that retires it: `kernels.ptx.CP_ASYNC_POISON` until then), would miss both."""
     assert name in STAGE_TYPES and od * id // FORMATS[name].block_size * FORMATS[name].type_size % 16 == 0
     seed = int(np.random.default_rng().integers(2**63))
     ring, ref, scale = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, rng=np.random.default_rng(seed))

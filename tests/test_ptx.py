@@ -308,6 +308,39 @@ def test_gpu_numbers(name):
     CHECKS[name](np.random.default_rng(1234))
 
 
+@cuda.jit
+def _k_cp_async_groups(src, out):
+    sm = cuda.shared.array(32, types.uint8)
+    lane = cuda.threadIdx.x
+    if lane == 0:
+        P.cp_async_16(sm, 0, src, 0, 16)
+        P.cp_async_commit_group()
+        P.cp_async_16(sm, 16, src, 16, 16)
+        P.cp_async_commit_group()
+        for i in range(32):
+            out[i] = sm[i]  # both copies in flight
+        P.cp_async_wait_group(1)
+        for i in range(32):
+            out[32 + i] = sm[i]  # the older group has landed, the newer not
+        P.cp_async_wait_group(0)
+        for i in range(32):
+            out[64 + i] = sm[i]
+
+
+@sim
+def test_simulated_cp_async_lands_at_the_wait_that_retires_its_group():
+    """The simulator's cp.async is asynchronous where correctness depends on it: the destination reads
+    `kernels.ptx.CP_ASYNC_POISON` from issue until the `cp_async_wait_group` that retires the copy's group, so a
+    kernel that decodes a slot before its wait fails in CI as it would on the GPU."""
+    src = np.random.default_rng().integers(0, 0xA5, 32, dtype=np.uint8)  # never the poison byte
+    out = np.full(96, 7, np.uint8)
+    _k_cp_async_groups[1, 32](src, out)
+    poison = np.full(16, P.CP_ASYNC_POISON, np.uint8)
+    assert np.array_equal(out[:16], poison) and np.array_equal(out[16:32], poison)
+    assert np.array_equal(out[32:48], src[:16]) and np.array_equal(out[48:64], poison)
+    assert np.array_equal(out[64:], src)
+
+
 @sim
 def test_warp_fallback_needs_whole_warps():
     with pytest.raises(RuntimeError, match="whole warps"):
