@@ -790,6 +790,17 @@ def _dotq_q6_k8(raw, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
+def _q6_k_scaled(d, c0, c1, c2, c3, s0, s1, s2, s3, xs):
+    """A Q6_K MMVQ lane's result from its four planes' integer sums ``s0..s3``: d * Σ_s int8(c_s) * dx_s * s_s,
+    with x's d of plane s at ``xs[8 + s]``."""
+    r = _i8(c0) * xs[8] * np.float32(s0)
+    r += _i8(c1) * xs[9] * np.float32(s1)
+    r += _i8(c2) * xs[10] * np.float32(s2)
+    r += _i8(c3) * xs[11] * np.float32(s3)
+    return d * r
+
+
+@cuda.jit(device=True, inline="always")
 def _mathq_q6_k(t, j, xs):
     """The decode half of `_dotq_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
     d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
@@ -797,11 +808,7 @@ def _mathq_q6_k(t, j, xs):
     s1 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 1)), xs[2], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 1)), xs[3], 0))
     s2 = dp4a_s32(_q6_signed(_q6_bytes(a0, m0, 2)), xs[4], dp4a_s32(_q6_signed(_q6_bytes(a1, m1, 2)), xs[5], 0))
     s3 = dp4a_s32(_q6_signed(_q6_bytes(b0, m0, 3)), xs[6], dp4a_s32(_q6_signed(_q6_bytes(b1, m1, 3)), xs[7], 0))
-    r = _i8(c0) * xs[8] * np.float32(s0)
-    r += _i8(c1) * xs[9] * np.float32(s1)
-    r += _i8(c2) * xs[10] * np.float32(s2)
-    r += _i8(c3) * xs[11] * np.float32(s3)
-    return d * r
+    return _q6_k_scaled(d, c0, c1, c2, c3, s0, s1, s2, s3, xs)
 
 
 @cuda.jit(device=True, inline="always")
@@ -878,11 +885,7 @@ def _mathq_q6_k_fold(t, j, xs):
     s1 = dp4a_s32(_q6_bytes(b0, m0, 1), xs[2], dp4a_s32(_q6_bytes(b1, m1, 1), xs[3], xs[13]))
     s2 = dp4a_s32(_q6_bytes(a0, m0, 2), xs[4], dp4a_s32(_q6_bytes(a1, m1, 2), xs[5], xs[14]))
     s3 = dp4a_s32(_q6_bytes(b0, m0, 3), xs[6], dp4a_s32(_q6_bytes(b1, m1, 3), xs[7], xs[15]))
-    r = _i8(c0) * xs[8] * np.float32(s0)
-    r += _i8(c1) * xs[9] * np.float32(s1)
-    r += _i8(c2) * xs[10] * np.float32(s2)
-    r += _i8(c3) * xs[11] * np.float32(s3)
-    return d * r
+    return _q6_k_scaled(d, c0, c1, c2, c3, s0, s1, s2, s3, xs)
 
 
 @cuda.jit(device=True, inline="always")
