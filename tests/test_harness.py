@@ -15,7 +15,7 @@ from minfer_cli.measure import environment as envmod
 from minfer_cli.measure import harness
 from minfer_cli.measure.device import DeviceInfo
 from minfer_cli.measure.stats import ArmStats, Comparison
-from minfer_cli.measure.timing import RING_FACTOR, plan_ring
+from minfer_cli.measure.timing import BATCH_TARGET_US, RING_FACTOR, batch_size, plan_ring
 
 L2 = 60 << 20
 
@@ -26,6 +26,23 @@ def test_ring_covers_four_times_l2(set_bytes):
     assert plan.mode == "ring"
     assert plan.total_bytes >= RING_FACTOR * L2
     assert (plan.sets - 1) * set_bytes < RING_FACTOR * L2 or plan.sets == 2
+
+
+def test_batch_size_has_no_jump_at_one_kernel_length():
+    """Kernels just below and just above 20 µs (the old threshold: batched vs alone) get nearly the same batch;
+    a sample spans about BATCH_TARGET_US where the ring allows; a long kernel runs alone."""
+    rng = np.random.default_rng()
+    for _ in range(50):
+        single = float(rng.uniform(1.0, 400.0))
+        b = batch_size(single, 1024)
+        assert b == max(1, int(np.ceil(BATCH_TARGET_US / single)))
+        assert b * single >= BATCH_TARGET_US or b == 1
+    assert abs(batch_size(19.0, 1024) - batch_size(21.0, 1024)) <= 1
+    assert batch_size(19.0, 12) == batch_size(21.0, 12) == 6
+    assert batch_size(2 * BATCH_TARGET_US, 12) == 1
+    assert batch_size(0.0, 3) == 1
+    with pytest.raises(ValueError, match="at least 1 input set"):
+        batch_size(5.0, 0)
 
 
 def test_large_working_sets_use_two_copies_and_tiny_ones_add_a_flush():

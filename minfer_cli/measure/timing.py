@@ -7,7 +7,10 @@ Method (`../shared/CONVENTIONS.md` §4):
 * each sample is timed with CUDA events on a dedicated stream. The preferred method captures
   [start event, B launches over B successive ring sets, end event] into a CUDA graph and replays it: the events
   sit inside the graph, so host launch latency (about 49 µs per numba launch) is never inside the timed region.
-  B > 1 ("batch") when one launch is shorter than `SHORT_KERNEL_US`; the sample is the graph time divided by B.
+  B = ceil(`BATCH_TARGET_US` / one launch's time), at most half the ring ("batch"), so that every sample spans
+  about the same GPU time whatever the kernel: the fixed cost of starting a graph and recording its events
+  (about 2 µs on the H200) is then a small share of a sample instead of a jump at one kernel length (a 20 µs
+  threshold had timed a 19 µs arm in batches and a 21 µs arm alone). The sample is the graph time divided by B.
   Where capture fails the harness falls back to eager launches behind a GPU sleep kernel ("eager") and says so;
 * warm-up is time-budgeted (JIT compilation, first touch and clock ramp-up are never timed).
 """
@@ -21,10 +24,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-SHORT_KERNEL_US = 20.0
 BATCH_TARGET_US = 200.0
 MAX_RING_SETS = 1024
 RING_FACTOR = 4
+
+
+def batch_size(single_us: float, ring_sets: int) -> int:
+    """Launches per sample for a kernel whose one launch took ``single_us`` µs (eager, events around it):
+    ceil(`BATCH_TARGET_US` / ``single_us``), at least 1 and at most half of the ``ring_sets`` input sets (every
+    launch of a sample reads a different set). Raises ValueError for a ring of fewer than 1 set."""
+    if ring_sets < 1:
+        raise ValueError(f"a ring needs at least 1 input set, got {ring_sets}")
+    return int(min(max(1, math.ceil(BATCH_TARGET_US / max(single_us, 0.5))), max(1, ring_sets // 2)))
 
 
 @dataclass(frozen=True)
@@ -180,10 +191,7 @@ class ArmTimer:
     def calibrate(self) -> None:
         """Pick the method and the batch size: one launch's time decides whether launches are batched."""
         single = float(np.median([self._eager_sample(1) for _ in range(5)]))
-        batch = 1
-        if single < SHORT_KERNEL_US:
-            batch = int(min(max(2, math.ceil(BATCH_TARGET_US / max(single, 0.5))), max(1, len(self.ring) // 2)))
-        self.batch = batch
+        self.batch = batch = batch_size(single, len(self.ring))
         try:
             self._capture(batch)
             self.method = "graph"
