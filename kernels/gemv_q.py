@@ -414,7 +414,13 @@ def _q6_k_lane(raw, bi, j):
     Lane j (h = j/4, t0 = 8*(j%4)) gets d, the words a0, a1 (ql bytes 64h + t0 ..+7), b0, b1 (ql 64h + 32 + t0
     ..+7), m0, m1 (qh 32h + t0 ..+7) and its four int8 scales as bytes (`_i8`); `_q6_bytes` makes the stored
     6-bit q (0..63, weight = d * scale * (q - 32)) of plane s from the words."""
-    base = bi * 105
+    return _q6_k_lane_at(raw, bi * 105, j)
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_k_lane_at(raw, base, j):
+    """`_q6_k_lane` of the block starting at element ``base`` of the uint16 array ``raw`` (105 elements a block:
+    STAGE=2..4 read a block wherever the ring window put it)."""
     h = j >> 2
     e = (j & 3) >> 1
     d = f32_from_f16_bits(int(raw[U(base + 104)]))
@@ -865,6 +871,8 @@ _SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), 
 _MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
                 "Q8_0": (_q8_0_words, _mathq_q8_0)}
 HOIST_TYPES = tuple(_SPLITS)
+# STAGE=2..4: name -> a lane's fetch from the block at element ``base`` of a uint16 ring window (`_ring_loop`)
+_RING_FETCH = {"Q6_K": _q6_k_lane_at}
 # VLOAD=1: name -> (f32-x dot, Q8_1-x dot, fetch) reading the blocks with 8-byte vector loads
 _VLOAD = {"Q6_K": (_dot_q6_k8, _dotq_q6_k8, _q6_k_lane8)}
 VLOAD_TYPES = tuple(_VLOAD)
@@ -1003,50 +1011,56 @@ def _staged_body(rows, mats, rpb: int, bpc: int, bs: int, type_size: int, xargs:
 def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, type_size: int) -> list[str]:
     """The lines (indented ``ind``) that start the ``cp.async`` copies of chunk ``chunk`` of every row and weight
     into ring slot ``slot``: the 16-byte vectors of ``[s & ~15, e)`` for the chunk's bytes ``[s, e)``, vector
-    ``v`` by lane ``v mod 32`` (`kernels.ptx.cp_async_16_off`, which bypasses L1 and holds no register)."""
+    ``v`` by lane ``v mod 32`` (`kernels.ptx.cp_async_16_off`, which bypasses L1 and holds no register). Row r's
+    bytes start at ``ra{r}`` (`_ring_loop`); the chunk's byte range and the slot's first byte are computed once
+    for all rows. No branch: a lane past the window's last vector copies that last vector again (the same bytes
+    to the same place), so every copy of a chunk is one straight line of code."""
     win = stage_window_bytes(bpc * type_size) // 2
     nvec = win // 8
     per_slot = len(mats) * rpb * win
-    lines = [f"{ind}ccb = {chunk} * {bpc}", f"{ind}cce = min(ccb + {bpc}, nb)"]
+    lines = [f"{ind}ccs = {chunk} * {bpc * type_size}", f"{ind}cce = min({chunk} * {bpc} + {bpc}, nb) * {type_size}",
+             f"{ind}cd = 2 * (wb0 + ({slot}) * {per_slot})"]
     for r in rows:
+        lines += [f"{ind}a{r} = (ra{r} + ccs) & -16", f"{ind}n{r} = (ra{r} + cce - a{r} + 15) >> 4"]
         for m, (_, w) in enumerate(mats):
-            k = f"{m}_{r}"
-            lines += [f"{ind}a{k} = ((rb{r} + ccb) * {type_size}) & -16",
-                      f"{ind}n{k} = ((rb{r} + cce) * {type_size} - a{k} + 15) >> 4",
-                      f"{ind}d{k} = 2 * (wb0 + ({slot}) * {per_slot} + {(m * rpb + r) * win})"]
             for t in range((nvec + 31) // 32):
-                lines += [f"{ind}if lane + {32 * t} < n{k}:",
-                          f"{ind}    cp_async_16_off(stg, d{k} + 16 * (lane + {32 * t}), {w}, "
-                          f"a{k} + 16 * (lane + {32 * t}), 16)"]
+                lines += [f"{ind}v{r}_{t} = 16 * min(lane + {32 * t}, n{r} - 1)"] if m == 0 else []
+                lines += [f"{ind}cp_async_16_off(stg, cd + {2 * (m * rpb + r) * win} + v{r}_{t}, {w}, a{r} + v{r}_{t}, 16)"]
     return lines
 
 
-def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int) -> str:
+def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
+               at: bool = False) -> str:
     """The chunk loop with STAGE = ``slots`` >= 2 (UNROLL=1): a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
     group (``cp.async.wait_group slots - 1``: every lane commits one group a step, empty past the row's end),
     `kernels.ptx.syncwarp` (the other lanes' copies are visible), decodes the chunk from its slot with the same
     block dots as STAGE=0, and syncwarps again (the slot is read before it is refilled). Window layout and
-    alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors)."""
+    alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors). ``at``: the
+    format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
+    instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
     step = wpr
-    lines = []
+    lines = [f"    ra{r} = rb{r} * {type_size}" for r in rows]
     for p in range(slots - 1):
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
-    lines += ["    sl = 0", f"    for c in range(warp, nchunks, {step}):",
+    lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):",
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
-              *_ring_copy("            ", "cc", f"(sl + {slots - 1}) % {slots}", rows, mats, rpb, bpc, type_size),
+              *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
               "        cp_async_commit_group()", f"        cp_async_wait_group({slots - 1})", "        syncwarp()",
               f"        cb = c * {bpc}", "        b = cb + bl", "        if b < nb:",
               f"            xs = xload({xargs}, b * {bs}, j)"]
     for r in rows:
         for m, (p, w) in enumerate(mats):
-            base = f"wb0 + sl * {per_slot} + {(m * rpb + r) * win}"
-            lines.append(f"            {p}{r} += dot(stg[{base} + ((((rb{r} + cb) * {type_size}) & 15) >> 1):], bl, j, xs)")
-    lines += ["        syncwarp()", f"        sl = sl + 1 if sl < {slots - 1} else 0"]
+            base = f"wb0 + sl * {per_slot} + {(m * rpb + r) * win} + (((ra{r} + cb * {type_size}) & 15) >> 1)"
+            if at:
+                lines.append(f"            {p}{r} += math(fetch(stg, {base} + bl * {type_size // 2}, j), j, xs)")
+            else:
+                lines.append(f"            {p}{r} += dot(stg[{base}:], bl, j, xs)")
+    lines += ["        syncwarp()", f"        sl = sl + 1 if sl < {slots - 1} else 0", f"        sw = sw + 1 if sw < {slots - 1} else 0"]
     return "\n".join(lines)
 
 
@@ -1106,7 +1120,11 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
     if stage > 1:
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage)
+        at = name in _RING_FETCH
+        if at:
+            fetch = _RING_FETCH[name]
+            math = _FOLD[name][2] if fold else (_MMVQ_SPLITS if mmvq else _SPLITS)[name][1]
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at)
     else:
         body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
                 else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist))
