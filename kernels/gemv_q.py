@@ -480,8 +480,9 @@ def _q6_k_lane8(raw, bi, j):
 
 @cuda.jit(device=True, inline="always")
 def _i8(c):
-    """The int8 value of byte c (0..255), as float32."""
-    return np.float32(c - ((c & 0x80) << 1))
+    """The int8 value of byte c (0..255), as float32 (converted from 32 bits: ``I2FP.F32.S32``, not the slower
+    64-bit ``I2F.S64``)."""
+    return np.float32(np.int32(c - ((c & 0x80) << 1)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -527,10 +528,11 @@ def _x_k_nibbles(xv, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _scale_min_k4(s, a, c, e):
-    """ggml's get_scale_min_k4 for sub-block s, given scales[s%4], scales[s%4 + 4], scales[s%4 + 8]."""
+    """ggml's get_scale_min_k4 for sub-block s, given scales[s%4], scales[s%4 + 4], scales[s%4 + 8]; as float32
+    converted from 32 bits (``I2FP.F32.S32``, not the slower 64-bit ``I2F.S64``)."""
     if s < 4:
-        return np.float32(a & 63), np.float32(c & 63)
-    return np.float32((e & 0xF) | ((a >> 6) << 4)), np.float32((e >> 4) | ((c >> 6) << 4))
+        return np.float32(np.int32(a & 63)), np.float32(np.int32(c & 63))
+    return np.float32(np.int32((e & 0xF) | ((a >> 6) << 4))), np.float32(np.int32((e >> 4) | ((c >> 6) << 4)))
 
 
 @cuda.jit(device=True, inline="always")
