@@ -241,18 +241,28 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
-def test_deep_launch_only_for_long_q4_k_rows(micro_weights):
-    """DEEP=1: a Q4_K mat-vec of at least DEEP_COLS columns gets `GEMV_MMVQ_DEEP` and MINB for its grid's one wave
-    (`kernels.gemv_q.one_wave_min_blocks`); shorter Q4_K rows and other formats keep the general MMVQ shape."""
+def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights):
+    """DEEP=1: a Q4_K or Q6_K mat-vec of at least DEEP_COLS columns gets its format's `GEMV_MMVQ_DEEP` (Q6_K: the
+    cp.async ring and the offset fold) and MINB for its grid's one wave (`kernels.gemv_q.one_wave_min_blocks`);
+    shorter rows, other formats and a Q6_K weight the ring cannot read (not a whole number of 16-byte vectors)
+    keep the general MMVQ shape. HOIST=1 and VLOAD=1 leave the ring alone; STAGE=1 does not replace it."""
     from kernels.gemv_q import one_wave_min_blocks
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv, _sm_count
 
     engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
-    x_in, launch = engine._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)
-    assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP, "prefetch": 0,
-                                       "min_blocks": one_wave_min_blocks(896, _sm_count(), 4)}
-    for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q6_K", 3584, DEEP_COLS)):
+    minb = one_wave_min_blocks(896, _sm_count(), 4)
+    for qtype in ("Q4_K", "Q6_K"):
+        x_in, launch = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
+        assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "prefetch": 0, "min_blocks": minb}
+    assert GEMV_MMVQ_DEEP["Q6_K"]["stage"] == 2 and GEMV_MMVQ_DEEP["Q6_K"]["fold"] == 1
+    odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
+    for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
+              _Gemv(odd, "Q6_K", 3584, DEEP_COLS)):
         assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
+    every = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True, stage=True, hoist=True, vload=True),
+                         splits=1)
+    launch = every._input(_Gemv(None, "Q6_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
+    assert launch == {**GEMV_MMVQ_DEEP["Q6_K"], "prefetch": 0, "min_blocks": minb}
 
 
 def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
@@ -545,6 +555,35 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
     tokens, got = _generate_with_logits(engine, 32)
     engine.close()
     _assert_greedy(tokens, got, _torch_logits(weights, [first] + tokens[:-1]))
+
+
+@pytest.mark.gpu
+def test_deep_launch_gives_the_general_shapes_logits_on_a_qwen2_shaped_model():
+    """DEEP=1 on Qwen2-7B's shapes cut to 2 layers (ffn_down Q4_K in layer 0, Q6_K in layer 1: both deep launches,
+    the Q6_K one with the cp.async ring and the offset fold, MINB for one wave): the same greedy tokens' logits as
+    the general MMVQ shape within float32 reordering (WPR=4 splits each row's sums differently), graph-replayed
+    for 8 steps teacher-forced on the general shape's tokens."""
+    from minfer_cli.engine.config import use_more_bits
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    assert not use_more_bits(0, 2) and use_more_bits(1, 2)
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    first = int(rng.integers(0, weights.config.vocab))
+    general = DecodeEngine(weights, 16, EngineOptions())
+    general.start(first, 0)
+    tokens, want = _generate_with_logits(general, 8)
+    general.close()
+    deep = DecodeEngine(weights, 16, EngineOptions(deep=True))
+    for pos, token in enumerate([first] + tokens[:-1]):
+        deep.start(token, pos)
+        deep.generate(1)
+        got = deep.logits.copy_to_host().astype(np.float64)
+        assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-4 * np.abs(want[pos]).max(), pos
+    launches = {key[0]: launch for key, launch in deep._launch_mmvq_deep.items()}
+    deep.close()
+    assert launches["Q4_K"]["warps_per_row"] == 4 and launches["Q6_K"]["stage"] == 2 and launches["Q6_K"]["fold"] == 1
 
 
 @pytest.mark.gpu

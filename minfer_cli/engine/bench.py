@@ -64,8 +64,9 @@ def engine_knobs() -> tuple[Knob, ...]:
                                        "memory with 2-byte loads")]
     knobs += [Knob("HOIST", (0, 1), 0, "decode (tg): 1 has the Q4_K/Q6_K/Q8_0 mat-vecs issue every load of a chunk "
                                        "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
-    knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K mat-vecs of long rows (ffn_down) with RPB=4, "
-                                      "WPR=4, HOIST=1 and launch bounds for one wave (gemv MINB); 0 the general shape")]
+    knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K and Q6_K mat-vecs of long rows (ffn_down) "
+                                      "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
+                                      "gemv STAGE=2 and FOLD=1; 0 the general shape")]
     knobs += [Knob("VLOAD", (0, 1), 0, "decode (tg): 1 has the Q6_K mat-vecs read their blocks with 8-byte vector loads "
                                        "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")

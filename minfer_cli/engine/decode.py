@@ -63,17 +63,20 @@ from minfer_cli.engine.weights import ModelWeights
 # SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
 # More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
 # (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
-# Long Q4_K rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, every load of a chunk first (HOIST=1), and
-# compiled for the grid's one wave (MINB, `kernels.gemv_q.one_wave_min_blocks`): 16.33 µs (ledger #52) vs 19.81 and
-# 22.3 for RPB=2, WPR=2 and the general RPB=4, WPR=2 (#44) at ffn_down on the H200. tg128 +3.8% (#53), measured on
-# a HOIST=0 Q4_K dot order since reverted: DEEP stays 0 until that A/B is repeated.
+# Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, compiled for the grid's one wave (MINB,
+# `kernels.gemv_q.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
+# #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
+# µs vs 28.30 (#69). Session 5's DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
+# and -0.27%, NEUTRAL, after it (#57).
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
 """`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
 WIDE_ROWS = 8192
-GEMV_MMVQ_DEEP = {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1, "hoist": 1}
-"""`GEMV_MMVQ_DEEP` (DEEP=1): Q4_K matrices of at least ``DEEP_COLS`` columns (ffn_down), plus MINB for one wave."""
+GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1},
+                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1, "stage": 2, "fold": 1}}
+"""`GEMV_MMVQ_DEEP` (DEEP=1): format -> the launch of its matrices of at least ``DEEP_COLS`` columns (ffn_down),
+plus MINB for one wave."""
 DEEP_COLS = 8192
 
 
@@ -178,7 +181,7 @@ class DecodeEngine:
         self._launch_mmvq = {**GEMV_MMVQ, **override}
         self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
         self.deep = bool(options.deep)
-        self._launch_mmvq_deep: dict[int, dict] = {}  # DEEP=1: od -> launch knobs (MINB depends on the grid)
+        self._launch_mmvq_deep: dict[tuple, dict | None] = {}  # DEEP=1: (format, od, weight) -> launch knobs or None
         self._override = override
         if prefill is not None:
             self.context = prefill.context
@@ -322,47 +325,59 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb)
         return self._quantize(self._h1, self._q8_hidden)
 
-    def _deep_launch(self, od: int) -> dict:
-        """DEEP=1's launch knobs for ``od`` rows: `GEMV_MMVQ_DEEP` and MINB for the grid's one wave where a bound
-        of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers gives one (qwen2-7b's ffn_down: 896 blocks,
-        MINB=7); else no bound (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills: never measured)."""
-        if od not in self._launch_mmvq_deep:
-            from kernels.gemv_q import one_wave_min_blocks
+    def _deep_launch(self, m: _Gemv) -> dict | None:
+        """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave where a
+        bound of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers gives one (qwen2-7b's ffn_down: 896 blocks,
+        MINB=7); else no bound (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills: never measured).
+        None when m's format has no deep launch, or its ring (STAGE=2) is refused for m's bytes
+        (`kernels.gemv_q.stage_refusal`)."""
+        key = (m.qtype, m.od, id(m.raw))
+        if key not in self._launch_mmvq_deep:
+            from kernels.gemv_q import one_wave_min_blocks, stage_refusal
 
-            launch = {**GEMV_MMVQ_DEEP, **self._override}
-            grid = -(-od // launch["rows_per_block"])
-            minb = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
-            self._launch_mmvq_deep[od] = {**launch, "min_blocks": minb}
-        return self._launch_mmvq_deep[od]
+            launch = GEMV_MMVQ_DEEP.get(m.qtype)
+            if launch is not None:
+                launch = {**launch, **self._override}
+                if launch.get("stage") and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
+                                                         stage=launch["stage"], raw=m.raw) is not None:
+                    launch = None
+            if launch is not None:
+                grid = -(-m.od // launch["rows_per_block"])
+                launch["min_blocks"] = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
+            self._launch_mmvq_deep[key] = launch
+        return self._launch_mmvq_deep[key]
 
     def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
         """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
-        least WIDE_ROWS rows; with DEEP=1, `GEMV_MMVQ_DEEP` for Q4_K with at least DEEP_COLS columns), else f32
-        ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added where
-        `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's shape); with HOIST=1,
-        ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged); with VLOAD=1,
-        ``vload=1`` where `kernels.gemv_q.vload_refusal` allows it for m's bytes (Q6_K, not staged, not GLU)."""
+        least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at least
+        DEEP_COLS columns), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added to a launch that does
+        not stage yet where `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's
+        shape); with HOIST=1, ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged);
+        with VLOAD=1, ``vload=1`` where `kernels.gemv_q.vload_refusal` allows it for m's bytes (Q6_K, not staged,
+        not folded, not GLU)."""
         from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
         elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
             x_in, launch = xq, self._launch_mmvq_wide
-        elif self.deep and m.qtype == "Q4_K" and m.id >= DEEP_COLS and not glu:
-            x_in, launch = xq, self._deep_launch(m.od)
+        elif self.deep and m.id >= DEEP_COLS and not glu and self._deep_launch(m) is not None:
+            x_in, launch = xq, self._deep_launch(m)
         else:
             x_in, launch = xq, self._launch_mmvq
         if self.stage or self.hoist or self.vload:
             key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
             if key not in self._load_knobs:
-                extra = {}
-                if self.stage and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
-                                                unroll=launch["unroll"], glu=glu, raw=m.raw) is None:
-                    extra["stage"] = 1
-                if self.hoist and hoist_refusal(m.qtype, stage=extra.get("stage", 0)) is None:
+                extra, staged = {}, launch.get("stage", 0)
+                if self.stage and not staged and stage_refusal(m.qtype, launch["rows_per_block"],
+                                                               launch["warps_per_row"], unroll=launch["unroll"],
+                                                               glu=glu, raw=m.raw) is None:
+                    extra["stage"] = staged = 1
+                if self.hoist and hoist_refusal(m.qtype, stage=staged) is None:
                     extra["hoist"] = 1
-                if self.vload and not glu and vload_refusal(m.qtype, stage=extra.get("stage", 0), raw=m.raw) is None:
+                if (self.vload and not glu and not launch.get("fold")
+                        and vload_refusal(m.qtype, stage=staged, raw=m.raw) is None):
                     extra["vload"] = 1
                 self._load_knobs[key] = {**launch, **extra}
             launch = self._load_knobs[key]
