@@ -310,7 +310,7 @@ def test_decode_refuses_a_head_dim_other_than_128():
 
 
 def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
-    from minfer_cli.engine.bench import engine_knobs, engine_options
+    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
     from minfer_cli.knobs import resolve_config
 
     knobs = {k.name: k for k in engine_knobs()}
@@ -323,10 +323,11 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"STAGE": "1"}, "e")).stage is True
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
     assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
-    assert engine_options(resolve_config(engine_knobs(), {"DEEP": "1"}, "e")).deep is True
+    assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).deep is False
     assert engine_options(resolve_config(engine_knobs(), {"VLOAD": "1"}, "e")).vload is True
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
+    assert default.deep is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
 
@@ -558,11 +559,43 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
 
 
 @pytest.mark.gpu
-def test_deep_launch_gives_the_general_shapes_logits_on_a_qwen2_shaped_model():
-    """DEEP=1 on Qwen2-7B's shapes cut to 2 layers (ffn_down Q4_K in layer 0, Q6_K in layer 1: both deep launches,
-    the Q6_K one with the cp.async ring and the offset fold, MINB for one wave): the same greedy tokens' logits as
-    the general MMVQ shape within float32 reordering (WPR=4 splits each row's sums differently), graph-replayed
-    for 8 steps teacher-forced on the general shape's tokens."""
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_weights, qtype):
+    """DEEP=1's launch for a Qwen2-7B ffn_down (3584 x 18944; Q6_K: the cp.async ring and the offset fold; MINB for
+    one wave) on fresh random blocks, residual added in place as the decode step does: within 1e-5 of float64 and
+    of the general MMVQ launch (the same products, each row's sums split over 4 warps instead of 2)."""
+    from experiments.gemv import reference_mmvq
+    from kernels.gemv_q import gemv_q
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, DecodeEngine, _Gemv
+    from minfer_cli.quant_blocks import random_blocks
+
+    od, id = 3584, 18944
+    rng = np.random.default_rng()
+    raw_host = random_blocks(qtype, od, id, rng)
+    raw = cuda.to_device(raw_host)
+    x = rng.standard_normal(id).astype(np.float32)
+    res = rng.standard_normal(od).astype(np.float32)
+    xq = quantize_q8_1(cuda.to_device(x), q8_blocks(id))
+    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
+    deep = engine._deep_launch(_Gemv(raw, qtype, od, id))
+    assert id >= DEEP_COLS and deep["warps_per_row"] == 4 and deep.get("stage", 0) == (2 if qtype == "Q6_K" else 0)
+    ref = reference_mmvq(raw_host, qtype, od, id, x) + res
+    got = {}
+    for name, launch in (("deep", deep), ("general", GEMV_MMVQ)):
+        out = cuda.to_device(res)
+        gemv_q(raw, qtype, od, id, xq, out, residual=out, **launch)
+        got[name] = out.copy_to_host().astype(np.float64)
+        assert np.abs(got[name] - ref).max() <= 1e-5 * np.abs(ref).max(), name
+    assert np.abs(got["deep"] - got["general"]).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.gpu
+def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
+    """DEEP=1 (the default) against DEEP=0 on Qwen2-7B's shapes cut to 2 layers (ffn_down Q4_K in layer 0, Q6_K in
+    layer 1: both deep launches are used), graph-replayed for 8 steps teacher-forced on DEEP=0's tokens: logits
+    within 1e-2 of max |logit| (the torch check's bound: float32 rounding differences grow to ~1e-3 through this
+    random model; the kernels themselves agree to 1e-7, `test_deep_launch_at_ffn_down_against_float64...`)."""
     from minfer_cli.engine.config import use_more_bits
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
@@ -571,7 +604,7 @@ def test_deep_launch_gives_the_general_shapes_logits_on_a_qwen2_shaped_model():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
-    general = DecodeEngine(weights, 16, EngineOptions())
+    general = DecodeEngine(weights, 16, EngineOptions(deep=False))
     general.start(first, 0)
     tokens, want = _generate_with_logits(general, 8)
     general.close()
@@ -580,7 +613,7 @@ def test_deep_launch_gives_the_general_shapes_logits_on_a_qwen2_shaped_model():
         deep.start(token, pos)
         deep.generate(1)
         got = deep.logits.copy_to_host().astype(np.float64)
-        assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-4 * np.abs(want[pos]).max(), pos
+        assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-2 * np.abs(want[pos]).max(), pos
     launches = {key[0]: launch for key, launch in deep._launch_mmvq_deep.items()}
     deep.close()
     assert launches["Q4_K"]["warps_per_row"] == 4 and launches["Q6_K"]["stage"] == 2 and launches["Q6_K"]["fold"] == 1

@@ -64,9 +64,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                        "memory with 2-byte loads")]
     knobs += [Knob("HOIST", (0, 1), 0, "decode (tg): 1 has the Q4_K/Q6_K/Q8_0 mat-vecs issue every load of a chunk "
                                        "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
-    knobs += [Knob("DEEP", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q4_K and Q6_K mat-vecs of long rows (ffn_down) "
+    knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
-                                      "gemv STAGE=2 and FOLD=1; 0 the general shape")]
+                                      "gemv STAGE=2 and FOLD=1 (tg128 +2.2%, ledger #71); 0 the general shape. No "
+                                      "effect with MMVQ=0 (f32 inputs keep the f32 shape)")]
     knobs += [Knob("VLOAD", (0, 1), 0, "decode (tg): 1 has the Q6_K mat-vecs read their blocks with 8-byte vector loads "
                                        "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
@@ -86,8 +87,6 @@ def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
     if config.get("FUSE_NORM_Q8") and not config.get("MMVQ"):
         return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
-    if config.get("DEEP") and not config.get("MMVQ"):
-        return "DEEP=1 needs MMVQ=1 (its launch shape is for the Q8_1-input Q4_K kernel; with f32 inputs it never applies)"
     return None
 
 
@@ -101,7 +100,7 @@ def engine_options(config: Config) -> EngineOptions:
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                          prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
-                         hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 0)),
+                         hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 1)),
                          vload=bool(config.get("VLOAD", 0)),
                          fuse_qkv=bool(config.get("FUSE_QKV", 0)))
 
