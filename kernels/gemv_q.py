@@ -84,9 +84,12 @@ block); 0: decode straight from global memory.
   2-byte global loads they replace, and no more bytes are in flight.
 * 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the next STAGE - 1
   chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
-  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). On the H200 this was
-  slower too: Q6_K MMVQ at ffn_down, best ring shape RPB=4, WPR=4, STAGE=2 32.32 µs (sweep #58); RPB=4, WPR=2
-  STAGE=3 34.88 vs 30.02 µs for STAGE=0 (+16%, REVERTED, #59). More bytes in flight is not what Q6_K lacks."""
+  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). Alone it was slower on
+  the H200 (Q6_K MMVQ at ffn_down, RPB=4, WPR=2: STAGE=3 34.88 vs 30.02 µs for STAGE=0, +16%, REVERTED, #59).
+  Session 7 made its copy and window addressing lean (`_ring_copy`, `_RING_FETCH`: ~15% fewer instructions).
+  With FOLD=1, 4 warps a row and MINB=7 (72 registers, 23 warps an SM) it is the fastest Q6_K shape at
+  ffn_down: 24.08 µs vs 28.30 for RPB=4, WPR=2 without it (#69, #73), the engine's DEEP=1 launch (tg128 +2.2%,
+  #71). Hardware counters (ncu) of that kernel: issue slots 58.5% busy, DRAM 49.8%."""
 HOIST_VALUES = (0, 1)
 """1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
 them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
@@ -108,8 +111,9 @@ the same bytes as int8), instead of an add and an xor on every word of every row
 unsigned (no negative-index wraparound code). Bit-identical (the same integer sums). Offline sm_90 SASS at RPB=4,
 WPR=2: 480 instructions a chunk instead of 640. On the H200, measured as a commit before it was a knob (ffn_down,
 one device call): RPB=4, WPR=2 29.57 -> 37.41 µs, RPB=2, WPR=2 34.13 -> 30.78, RPB=8, WPR=1 131.1 -> 88.7 (sweeps
-#60, #62); tg128 331.36 -> 312.98 tok/s at the engine's shapes (#61, #63). Faster per warp, slower at the best shape:
-a knob, so that it can be A/B'd with the launch shapes and STAGE=2..4."""
+#60, #62); tg128 331.36 -> 312.98 tok/s at the engine's shapes (#61, #63). Faster per warp, slower at the best shape
+without the ring; with the ring (STAGE=2), RPB=4, WPR=4, MINB=7: 24.11 µs vs 26.57 without the fold (#69), the
+engine's DEEP=1 launch for Q6_K ffn_down."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
