@@ -95,8 +95,9 @@ HOIST_VALUES = (0, 1)
 them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
 chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
 On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers leave 12
-blocks of 64 threads a SM, too few for 1792 in one wave) but 16.33 µs with RPB=4, WPR=4 and MINB=7 (#52, decode's
-DEEP=1) against 19.81 for the best HOIST=0 shape (#44). #50's and #52's HOIST=0 arms ran a Q4_K dot order reverted
+blocks of 64 threads a SM, too few for 1792 in one wave) but 16.33 µs with RPB=4, WPR=4 and MINB=7 (#52) against
+19.81 for the best HOIST=0 shape (#44); with RPB=4, WPR=4, MINB=7 HOIST=0 is now 16.03 µs vs 16.37 (#68), so
+decode's DEEP=1 does not hoist. #50's and #52's HOIST=0 arms ran a Q4_K dot order reverted
 since (both loads first; now the header is decoded between them, as in #44)."""
 VLOAD_VALUES = (0, 1)
 """1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
@@ -1032,7 +1033,8 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
         for m, (_, w) in enumerate(mats):
             for t in range((nvec + 31) // 32):
                 lines += [f"{ind}v{r}_{t} = 16 * min(lane + {32 * t}, n{r} - 1)"] if m == 0 else []
-                lines += [f"{ind}cp_async_16_off(stg, cd + {2 * (m * rpb + r) * win} + v{r}_{t}, {w}, a{r} + v{r}_{t}, 16)"]
+                lines += [f"{ind}cp_async_16_off(stg, cd + {2 * (m * rpb + r) * win} + v{r}_{t}, {w}, "
+                          f"a{r} + v{r}_{t}, 16)"]
     return lines
 
 
@@ -1067,7 +1069,8 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
                 lines.append(f"            {p}{r} += math(fetch(stg, {base} + bl * {type_size // 2}, j), j, xs)")
             else:
                 lines.append(f"            {p}{r} += dot(stg[{base}:], bl, j, xs)")
-    lines += ["        syncwarp()", f"        sl = sl + 1 if sl < {slots - 1} else 0", f"        sw = sw + 1 if sw < {slots - 1} else 0"]
+    lines += ["        syncwarp()", f"        sl = sl + 1 if sl < {slots - 1} else 0",
+              f"        sw = sw + 1 if sw < {slots - 1} else 0"]
     return "\n".join(lines)
 
 

@@ -241,28 +241,35 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
-def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights):
-    """DEEP=1: a Q4_K or Q6_K mat-vec of at least DEEP_COLS columns gets its format's `GEMV_MMVQ_DEEP` (Q6_K: the
-    cp.async ring and the offset fold) and MINB for its grid's one wave (`kernels.gemv_q.one_wave_min_blocks`);
-    shorter rows, other formats and a Q6_K weight the ring cannot read (not a whole number of 16-byte vectors)
-    keep the general MMVQ shape. HOIST=1 and VLOAD=1 leave the ring alone; STAGE=1 does not replace it."""
+def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch):
+    """DEEP=1 (on 132 SMs): a Q4_K or Q6_K mat-vec of at least DEEP_COLS columns gets its format's
+    `GEMV_MMVQ_DEEP` (Q6_K: the cp.async ring and the offset fold) and MINB for its grid's one wave
+    (`kernels.gemv_q.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
+    whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
+    the general MMVQ shape. On a deep launch HOIST=1 hoists Q4_K but leaves the Q6_K ring alone, VLOAD=1 leaves
+    it alone, and STAGE=1 does not replace it."""
     from kernels.gemv_q import one_wave_min_blocks
-    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv, _sm_count
+    from minfer_cli.engine import decode
+    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv
 
+    monkeypatch.setattr(decode, "_sm_count", lambda: 132)
     engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
-    minb = one_wave_min_blocks(896, _sm_count(), 4)
+    minb = one_wave_min_blocks(896, 132, 4)
+    assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
         x_in, launch = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
         assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "prefetch": 0, "min_blocks": minb}
-    assert GEMV_MMVQ_DEEP["Q6_K"]["stage"] == 2 and GEMV_MMVQ_DEEP["Q6_K"]["fold"] == 1
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
-              _Gemv(odd, "Q6_K", 3584, DEEP_COLS)):
-        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}
+              _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
+              _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
+        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0}, m
     every = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True, stage=True, hoist=True, vload=True),
                          splits=1)
     launch = every._input(_Gemv(None, "Q6_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
     assert launch == {**GEMV_MMVQ_DEEP["Q6_K"], "prefetch": 0, "min_blocks": minb}
+    launch = every._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
+    assert launch == {**GEMV_MMVQ_DEEP["Q4_K"], "prefetch": 0, "min_blocks": minb, "hoist": 1}
 
 
 def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
@@ -579,6 +586,8 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     xq = quantize_q8_1(cuda.to_device(x), q8_blocks(id))
     engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
     deep = engine._deep_launch(_Gemv(raw, qtype, od, id))
+    if deep is None:
+        pytest.skip("this GPU fits no 896-block grid of RPB=4, WPR=4 in one wave at >= 72 registers (H200: MINB=7)")
     assert id >= DEEP_COLS and deep["warps_per_row"] == 4 and deep.get("stage", 0) == (2 if qtype == "Q6_K" else 0)
     ref = reference_mmvq(raw_host, qtype, od, id, x) + res
     got = {}
@@ -595,7 +604,8 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
     """DEEP=1 (the default) against DEEP=0 on Qwen2-7B's shapes cut to 2 layers (ffn_down Q4_K in layer 0, Q6_K in
     layer 1: both deep launches are used), graph-replayed for 8 steps teacher-forced on DEEP=0's tokens: logits
     within 1e-2 of max |logit| (the torch check's bound: float32 rounding differences grow to ~1e-3 through this
-    random model; the kernels themselves agree to 1e-7, `test_deep_launch_at_ffn_down_against_float64...`)."""
+    random model; the kernels themselves agree within 1e-5, measured ~1e-7 on the H200:
+    `test_deep_launch_at_ffn_down_against_float64_and_the_general_launch`)."""
     from minfer_cli.engine.config import use_more_bits
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
@@ -616,6 +626,8 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
         assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-2 * np.abs(want[pos]).max(), pos
     launches = {key[0]: launch for key, launch in deep._launch_mmvq_deep.items()}
     deep.close()
+    if launches["Q4_K"] is None:
+        pytest.skip("this GPU fits no deep launch in one wave (H200: MINB=7); the logits above were the general shape's")
     assert launches["Q4_K"]["warps_per_row"] == 4 and launches["Q6_K"]["stage"] == 2 and launches["Q6_K"]["fold"] == 1
 
 

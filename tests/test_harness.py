@@ -35,11 +35,13 @@ def test_batch_size_has_no_jump_at_one_kernel_length():
     for _ in range(50):
         single = float(rng.uniform(1.0, 400.0))
         b = batch_size(single, 1024)
-        assert b == max(1, int(np.ceil(BATCH_TARGET_US / single)))
-        assert b * single >= BATCH_TARGET_US or b == 1
+        assert b * single >= BATCH_TARGET_US or b == 1  # a sample spans the target ...
+        assert (b - 1) * single < BATCH_TARGET_US  # ... with no launch more than it needs
     assert abs(batch_size(19.0, 1024) - batch_size(21.0, 1024)) <= 1
-    assert batch_size(19.0, 12) == batch_size(21.0, 12) == 6
+    assert batch_size(19.0, 12) == batch_size(21.0, 12) == 6  # the ring caps both alike
+    assert batch_size(1.0, 20) == 10
     assert batch_size(2 * BATCH_TARGET_US, 12) == 1
+    assert batch_size(0.0, 1024) == batch_size(0.5, 1024) == 400  # a 0 µs reading counts as 0.5 µs
     assert batch_size(0.0, 3) == 1
     with pytest.raises(ValueError, match="at least 1 input set"):
         batch_size(5.0, 0)

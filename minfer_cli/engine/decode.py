@@ -326,11 +326,12 @@ class DecodeEngine:
         return self._quantize(self._h1, self._q8_hidden)
 
     def _deep_launch(self, m: _Gemv) -> dict | None:
-        """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave where a
-        bound of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers gives one (qwen2-7b's ffn_down: 896 blocks,
-        MINB=7); else no bound (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills: never measured).
-        None when m's format has no deep launch, or its ring (STAGE=2) is refused for m's bytes
-        (`kernels.gemv_q.stage_refusal`)."""
+        """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
+        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
+        has no deep launch, when its ring (STAGE=2) is refused for m's bytes (`kernels.gemv_q.stage_refusal`), or
+        when no bound of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers fits the grid in one wave (llama
+        7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 was slower than the
+        general shape: Q4_K 20.56 vs 17.95 µs, ledger #68, #70)."""
         key = (m.qtype, m.od, id(m.raw))
         if key not in self._launch_mmvq_deep:
             from kernels.gemv_q import one_wave_min_blocks, stage_refusal
@@ -344,6 +345,8 @@ class DecodeEngine:
             if launch is not None:
                 grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
+                if not launch["min_blocks"]:  # unbounded, the shape was slower (Q4_K 20.56 vs 17.95 µs, #68, #70)
+                    launch = None
             self._launch_mmvq_deep[key] = launch
         return self._launch_mmvq_deep[key]
 
@@ -355,15 +358,15 @@ class DecodeEngine:
         not stage yet where `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's
         shape); with HOIST=1, ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged);
         with VLOAD=1, ``vload=1`` where `kernels.gemv_q.vload_refusal` allows it for m's bytes (Q6_K, not staged,
-        not folded, not GLU)."""
+        not GLU)."""
         from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
         elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
             x_in, launch = xq, self._launch_mmvq_wide
-        elif self.deep and m.id >= DEEP_COLS and not glu and self._deep_launch(m) is not None:
-            x_in, launch = xq, self._deep_launch(m)
+        elif self.deep and m.id >= DEEP_COLS and not glu and (deep := self._deep_launch(m)) is not None:
+            x_in, launch = xq, deep
         else:
             x_in, launch = xq, self._launch_mmvq
         if self.stage or self.hoist or self.vload:
@@ -376,8 +379,7 @@ class DecodeEngine:
                     extra["stage"] = staged = 1
                 if self.hoist and hoist_refusal(m.qtype, stage=staged) is None:
                     extra["hoist"] = 1
-                if (self.vload and not glu and not launch.get("fold")
-                        and vload_refusal(m.qtype, stage=staged, raw=m.raw) is None):
+                if self.vload and not glu and vload_refusal(m.qtype, stage=staged, raw=m.raw) is None:
                     extra["vload"] = 1
                 self._load_knobs[key] = {**launch, **extra}
             launch = self._load_knobs[key]
