@@ -1115,13 +1115,13 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
-    fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS)[name] if hoist else (None, None)
+    # a block dot's two halves, for HOIST=1 and for the ring's window fetch (`_RING_FETCH`); unused otherwise
+    fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS).get(name, (None, None))
     if vload:
         dot = _VLOAD[name][1 if mmvq else 0]
-        fetch = _VLOAD[name][2] if hoist else None
+        fetch = _VLOAD[name][2]
     if fold:
-        xload, dot = _FOLD[name][:2]
-        math = _FOLD[name][2] if hoist else None
+        xload, dot, math = _FOLD[name]
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
              f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}")
@@ -1131,9 +1131,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     chunk_bytes = 32 // lpb * fmt.type_size
     if stage > 1:
         at = name in _RING_FETCH
-        if at:
-            fetch = _RING_FETCH[name]
-            math = _FOLD[name][2] if fold else (_MMVQ_SPLITS if mmvq else _SPLITS)[name][1]
+        fetch = _RING_FETCH.get(name, fetch)
         loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at)
     else:
         body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage

@@ -46,10 +46,10 @@ class EngineOptions:
     the 2-byte-aligned formats (Q6_K, Q8_0, ...) copy their chunks into shared memory with 16-byte loads first
     (`kernels.gemv_q` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False); hoist:
     decode mat-vecs of Q4_K/Q6_K/Q8_0 issue all of a chunk's loads before decoding any (`kernels.gemv_q` HOIST=1,
-    True, where `hoist_refusal` allows) or load row by row (False); deep: decode's Q4_K and Q6_K
-    mat-vecs of long rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for
-    one wave (True, the default: tg128 +2.2%, ledger #71; MMVQ only) or the general MMVQ shape (False); vload: decode's Q6_K mat-vecs read their blocks with 8-byte vector loads
-    (`kernels.gemv_q` VLOAD=1, True, where `vload_refusal` allows) or halfword loads (False); fuse_qkv:
+    True, where `hoist_refusal` allows) or load row by row (False); deep: decode's Q4_K and Q6_K mat-vecs of long
+    rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the
+    default: tg128 +2.2%, ledger #71; MMVQ only) or the general MMVQ shape (False); vload: decode's Q6_K mat-vecs
+    read their blocks with 8-byte vector loads (`kernels.gemv_q` VLOAD=1, True, where `vload_refusal` allows) or halfword loads (False); fuse_qkv:
     decode's q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each (False) —
     the decode options are
     read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""

@@ -189,7 +189,7 @@ class ArmTimer:
         return start.elapsed_time(end) * 1000.0 / self.batch
 
     def calibrate(self) -> None:
-        """Pick the method and the batch size: one launch's time decides whether launches are batched."""
+        """Pick the method and the batch size (`batch_size` of one eager launch's median time)."""
         single = float(np.median([self._eager_sample(1) for _ in range(5)]))
         self.batch = batch = batch_size(single, len(self.ring))
         try:
