@@ -3,7 +3,8 @@
 Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
 by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
-block's rows are first streamed into L2 by one TMA bulk prefetch), STAGE (shared-memory slots per warp that chunks
+block's rows are first streamed into L2 by one TMA bulk prefetch; 2, 3: each warp prefetches into L2 the lines of
+its chunk 1 or 2 steps ahead, UNROLL=1 and STAGE other than 1), STAGE (shared-memory slots per warp that chunks
 pass through before they are decoded: 1 copied through registers with 16-byte loads; 2-4 a cp.async ring that keeps
 STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`, UNROLL=1, W a whole number of
 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
@@ -58,6 +59,7 @@ from kernels.gemv_q import (
     hoist_refusal,
     kernel_for,
     kernel_signature,
+    prefetch_refusal,
     stage_refusal,
     threads_per_block,
     vload_refusal,
@@ -196,7 +198,8 @@ class GemvExperiment(Experiment):
         Knob("WPR", WPR_VALUES, DEFAULT_WPR, "warps per row (split of each row's blocks); threads = 32*WPR"),
         Knob("UNROLL", UNROLL_VALUES, DEFAULT_UNROLL, "chunks of a row per warp loop iteration (loads in flight)"),
         Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
-             "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine)"),
+             "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine); 2, 3: each "
+             "warp prefetch.global.L2's the lines of its chunk 1 or 2 steps ahead (lookahead; UNROLL=1, STAGE!=1)"),
         Knob("STAGE", STAGE_VALUES, DEFAULT_STAGE,
              "shared slots per warp that chunks pass through: 1 a register copy, 2-4 a cp.async ring (STAGE-1 chunks "
              "ahead); 2-byte-aligned TYPEs, UNROLL=1"),
@@ -256,7 +259,8 @@ class GemvExperiment(Experiment):
         shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
         `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv_q.vload_refusal`
         refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes); FOLD=1 where
-        `kernels.gemv_q.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1)."""
+        `kernels.gemv_q.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1); PREFETCH=2, 3 where
+        `kernels.gemv_q.prefetch_refusal` refuses it (UNROLL=2, STAGE=1)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
@@ -277,8 +281,10 @@ class GemvExperiment(Experiment):
                 return f"VLOAD=1: {reason}"
         if int(config["FOLD"]):
             reason = fold_refusal(qtype, mmvq=bool(config["MMVQ"]), vload=int(config["VLOAD"]))
-            return None if reason is None else f"FOLD=1: {reason}"
-        return None
+            if reason is not None:
+                return f"FOLD=1: {reason}"
+        reason = prefetch_refusal(int(config["PREFETCH"]), unroll=int(config["UNROLL"]), stage=int(config["STAGE"]))
+        return None if reason is None else f"PREFETCH={int(config['PREFETCH'])}: {reason}"
 
     @staticmethod
     def _kernel(config):
@@ -345,7 +351,7 @@ class GemvExperiment(Experiment):
         dispatcher = self._kernel(config)
         signature = kernel_signature(qtype, mmvq, glu)
         dispatcher.compile(signature)
-        name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{',PREFETCH' if prefetch else ''}"
+        name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{f',PREFETCH={prefetch}' if prefetch else ''}"
                 f"{f',STAGE={stage}' if stage else ''}{',HOIST' if int(config['HOIST']) else ''}"
                 f"{f',MINB={minb}' if minb else ''}{',VLOAD' if int(config['VLOAD']) else ''}"
                 f"{',FOLD' if int(config['FOLD']) else ''}"

@@ -53,6 +53,7 @@ from kernels.ptx import (
     dp4a_s32,
     ld_global_v2_b32,
     ld_global_v4_b32,
+    prefetch_l2,
     prefetch_l2_bulk,
     st_shared_v4_b32,
     syncwarp,
@@ -68,11 +69,17 @@ WPR_VALUES = (1, 2, 4, 8)
 """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
 UNROLL_VALUES = (1, 2)
 """Chunks of a row each warp takes per loop iteration (2: both chunks' loads issued before either is decoded)."""
-PREFETCH_VALUES = (0, 1)
-"""1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
-(`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
-warps' registers hold; 0: the warps' own loads only. On the H200 1 was slower at the best launch shapes (Q4_K
-ffn_up 17.0 -> 22.2 µs, Q6_K ffn_down 29.1 -> 52.8 µs; ledger #36, #37), so the default is 0."""
+PREFETCH_VALUES = (0, 1, 2, 3)
+"""How W's bytes are asked into L2 ahead of the loads that use them; 0: the warps' own loads only.
+
+* 1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
+  (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
+  warps' registers hold. On the H200 slower at the best launch shapes (Q4_K ffn_up 17.0 -> 22.2 µs, Q6_K
+  ffn_down 29.1 -> 52.8 µs; ledger #36, #37).
+* 2, 3 (lookahead): at the top of every step each warp prefetches the 128-byte lines of the chunk it will decode
+  ``PREFETCH - 1`` steps later, for all RPB rows (`_lookahead`: one ``prefetch.global.L2`` per lane and weight
+  for up to 32 lines, `kernels.ptx.prefetch_l2`), so the next chunks' DRAM reads overlap this chunk's decode
+  without holding registers or shared memory. UNROLL=1 and STAGE 0 or a ring (`prefetch_refusal`)."""
 STAGE_VALUES = (0, 1, 2, 3, 4)
 """Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
 formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword (Q6_K: 17 a lane a
@@ -1039,7 +1046,7 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
 
 
 def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
-               at: bool = False) -> str:
+               at: bool = False, ahead=()) -> str:
     """The chunk loop with STAGE = ``slots`` >= 2 (UNROLL=1): a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
@@ -1048,7 +1055,8 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     block dots as STAGE=0, and syncwarps again (the slot is read before it is refilled). Window layout and
     alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors). ``at``: the
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
-    instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic."""
+    instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
+    ``ahead``: PREFETCH's lookahead lines (`_lookahead`), first in each step."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
     step = wpr
@@ -1056,7 +1064,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     for p in range(slots - 1):
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
-    lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):",
+    lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):", *ahead,
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
               *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
               "        cp_async_commit_group()", f"        cp_async_wait_group({slots - 1})", "        syncwarp()",
@@ -1097,6 +1105,48 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     return "\n".join(lines)
 
 
+def lookahead_lines(chunk_bytes: int) -> int:
+    """128-byte lines a lookahead covers per row: the most that ``chunk_bytes`` bytes at any offset can touch, with
+    offsets taken from an array start of any alignment (one more than ``ceil((chunk_bytes - 1) / 128) + 1`` would
+    need where lines and array agree)."""
+    return chunk_bytes // 128 + 2
+
+
+def _lookahead(ind: str, mats, rpb: int, wpr: int, chunk_bytes: int, type_size: int, ahead: int) -> list[str]:
+    """The lines (indented ``ind``) that prefetch into L2 the chunk ``ahead`` of this warp's steps after the
+    current one (``c + ahead * WPR``), every row and weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
+    ``q // lines`` of the CUDA block (clamped to ``od - 1``) and, of that row's chunk, the line ``q % lines`` after
+    the chunk's start rounded down to 128 bytes (``lines``: `lookahead_lines`), clamped to the chunk's last byte;
+    slots past ``RPB * lines`` repeat the last one (a line asked for twice: no branch). Every offset lies in its
+    row's bytes or the row before (the rounding), inside W. Computed in the step, not kept from the kernel's start:
+    at MINB=7's 72 registers, a lane's row and line held across the loop spill (offline ptxas: 16 bytes of stack
+    for Q4_K)."""
+    lines = lookahead_lines(chunk_bytes)
+    slots = rpb * lines
+    out = [f"{ind}pc = c + {ahead * wpr}", f"{ind}if pc < nchunks:", f"{ind}    pb = pc * {chunk_bytes}",
+           f"{ind}    pe = min(pb + {chunk_bytes}, nb * {type_size}) - 1"]
+    for t in range((slots + 31) // 32):
+        out += [f"{ind}    pq = min(lane + {32 * t}, {slots - 1})",
+                f"{ind}    pr = min(row0 + pq // {lines}, last) * nb * {type_size}",
+                f"{ind}    po = min(((pr + pb) & -128) + (pq % {lines}) * 128, pr + pe)"]
+        out += [f"{ind}    prefetch_l2({w}, po)" for _, w in mats]
+    return out
+
+
+def prefetch_refusal(prefetch: int, *, unroll: int = 1, stage: int = 0) -> str | None:
+    """Why ``prefetch`` (one of ``PREFETCH_VALUES``) cannot run with these knobs, in one sentence, or None: the one
+    owner of PREFETCH's rules (`kernel_for` raises it; the gemv experiment asks first). The lookahead (2, 3)
+    prefetches ahead of a loop of one chunk a step: UNROLL=1, and STAGE 0 or a ring (2..4), not the register copy
+    of STAGE=1."""
+    if prefetch < 2:
+        return None
+    if unroll != 1:
+        return f"prefetch={prefetch} (lookahead) needs unroll=1 (one chunk a step), got unroll={unroll}"
+    if stage == 1:
+        return f"prefetch={prefetch} (lookahead) does not combine with stage=1; use stage 0 or a ring (2..4)"
+    return None
+
+
 def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
     """Thread 0's L2 prefetch of the CUDA block's rows ``row0 .. min(row0 + RPB, od) - 1`` of every weight (one
     contiguous byte range each; ranges under 32 bytes are skipped, as `prefetch_l2_bulk` requires)."""
@@ -1108,7 +1158,7 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: bool = False, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
+           prefetch: int = 0, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
            vload: bool = False, fold: bool = False):
     """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
@@ -1124,19 +1174,20 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         xload, dot, math = _FOLD[name]
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch == 1 else f'_la{prefetch - 1}' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
+    ahead = _lookahead("        ", mats, rpb, wpr, chunk_bytes, fmt.type_size, prefetch - 1) if prefetch > 1 else []
     if stage > 1:
         at = name in _RING_FETCH
         fetch = _RING_FETCH.get(name, fetch)
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at)
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at, ahead)
     else:
         body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
                 else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist))
-        loop = f"    for c in range(warp, nchunks, {wpr * unroll}):\n{body}"
+        loop = "\n".join([f"    for c in range(warp, nchunks, {wpr * unroll}):", *ahead, body])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
@@ -1146,7 +1197,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         bpc=32 // lpb,
         rpb=rpb,
         # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
-        prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch else "",
+        prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch == 1 else "",
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
         per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, max(stage, 1)) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
@@ -1155,7 +1206,8 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
-             "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "ld_global_v4_b32": ld_global_v4_b32,
+             "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "prefetch_l2": prefetch_l2,
+             "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
     exec(compile(src, f"<kernels.gemv_q {fname}>", "exec"), scope)
@@ -1234,10 +1286,11 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
     reason = reason or (vload_refusal(name, stage=stage) if vload else None)
     reason = reason or (fold_refusal(name, mmvq=mmvq, vload=vload) if fold else None)
+    reason = reason or prefetch_refusal(prefetch, unroll=unroll, stage=stage)
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           bool(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold))
+           int(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -1423,7 +1476,9 @@ def gemv_q(
     rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
     unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
-    prefetch: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk prefetch (``PREFETCH_VALUES``).
+    prefetch: one of ``PREFETCH_VALUES``: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk
+    prefetch; 2, 3 to have each warp prefetch the lines of its chunk 1 or 2 steps ahead (not with unroll=2 or
+    stage=1: `prefetch_refusal`).
     stage: shared-memory slots per warp that each chunk passes through before it is decoded (``STAGE_VALUES``):
     1 copies it with 16-byte loads through registers, 2..4 a ring filled by cp.async that keeps stage - 1 chunks in
     flight; the formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes
@@ -1448,8 +1503,8 @@ def gemv_q(
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel; stage > 0, hoist=1, vload=1 or fold=1 where `stage_refusal`, `hoist_refusal`, `vload_refusal` or
-    `fold_refusal` refuses it.
+    MMVQ kernel; stage > 0, hoist=1, vload=1, fold=1 or prefetch > 1 where `stage_refusal`, `hoist_refusal`,
+    `vload_refusal`, `fold_refusal` or `prefetch_refusal` refuses it.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
                    stage, hoist, min_blocks, vload, fold, stream)

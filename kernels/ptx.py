@@ -962,7 +962,34 @@ if SIMULATOR:
             raise IndexError(f"prefetch_l2_bulk: bytes [{byte_begin}, {byte_end}) are not a range of at least 32 "
                              f"bytes inside the array's {nbytes}")
 
+    def prefetch_l2(array, byte_offset):
+        """Simulator form of `prefetch.global.L2`: a cache hint, so no visible effect; the byte offset is checked to
+        lie inside the array, as the device form requires."""
+        nbytes = _ndarray(array).nbytes
+        if not 0 <= int(byte_offset) < nbytes:
+            raise IndexError(f"prefetch_l2: byte {byte_offset} is outside the array's {nbytes} bytes")
+
 else:
+
+    @intrinsic
+    def prefetch_l2(typingctx, array, byte_offset):
+        """`prefetch.global.L2 [a]` (PTX ISA, data movement instructions: "prefetch, prefetchu"): bring the cache line holding byte
+        ``byte_offset`` of a 1-D array (an offset from its data pointer, any dtype) into L2, asynchronously, with no
+        register or shared-memory cost (SASS ``CCTL.E.PF2``). The caller keeps the offset inside the array. A hint:
+        no visible effect, no fault."""
+        _check_1d_array("prefetch_l2", array, byte_offset)
+        _check_scalars("prefetch_l2", (byte_offset,), types.Integer, 1)
+        sig = types.void(array, byte_offset)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            offset = context.cast(builder, args[1], sig.args[1], types.int64)
+            addr = builder.add(builder.ptrtoint(data, i64), offset)
+            _asm(builder, ir.VoidType(), [addr], "prefetch.global.L2 [$0];", "l", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     @intrinsic
     def prefetch_l2_bulk(typingctx, array, byte_begin, byte_end):

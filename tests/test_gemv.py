@@ -141,6 +141,50 @@ def test_prefetch_with_a_partial_last_block_and_an_odd_block_start(name, rpb, mm
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
 
 
+@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage, prefetch, shift", [
+    ("Q4_K", 5, 1536, 2, 1, True, 0, 2, 0), ("Q4_K", 3, 2560, 4, 1, False, 0, 3, 1),
+    ("Q6_K", 4, 2560, 8, 1, True, 2, 3, 0), ("Q6_K", 9, 2560, 8, 1, False, 0, 2, 1),
+    ("Q8_0", 3, 1696, 8, 2, True, 0, 2, 1)])
+def test_lookahead_prefetches_every_later_chunk_inside_w(monkeypatch, name, od, id, rpb, wpr, mmvq, stage, prefetch,
+                                                         shift):
+    """PREFETCH=2, 3: every prefetched byte offset lies inside W (the simulator's `prefetch_l2` checks it) and the
+    lines asked for cover every byte of every row's chunks from chunk ``(PREFETCH - 1) * WPR`` on (the chunks some
+    warp decodes PREFETCH - 1 steps after asking), with a partial last chunk, a partial last CUDA block, two
+    prefetches a lane (RPB=8 of Q6_K: 64 lines), the ring (16-byte aligned W), and W starting ``shift`` blocks into its allocation (lines
+    no longer aligned with W); the numbers against float64 and bit for bit against PREFETCH=0."""
+    import kernels.gemv_q as gemv_module
+    from kernels.ptx import _ndarray
+
+    fmt = FORMATS[name]
+    asked = []
+    real = gemv_module.prefetch_l2
+
+    def recording(array, byte_offset):
+        real(array, byte_offset)
+        asked.append((_ndarray(array).__array_interface__["data"][0], int(byte_offset)))
+
+    monkeypatch.setattr(gemv_module, "prefetch_l2", recording)
+    monkeypatch.setattr(gemv_module, "_CACHE", {})
+    seed = int(np.random.default_rng().integers(2**63))
+    ts = fmt.type_size
+    ahead, direct = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, prefetch=p,
+                          raw_device=lambda r: cuda.to_device(np.concatenate([r[: shift * ts], r]))[shift * ts:],
+                          rng=np.random.default_rng(seed)) for p in (prefetch, 0)]
+    _assert_close(*ahead)
+    np.testing.assert_array_equal(ahead[0], direct[0])
+    bases = {b for b, _ in asked}
+    assert len(bases) == 1, "one weight, one array prefetched from"
+    base = bases.pop()
+    row_bytes = fmt.row_bytes(id)
+    chunk = 32 // gemv_module._IMPLS[name][2] * ts
+    nchunks = -(-row_bytes // chunk)
+    first = (prefetch - 1) * wpr
+    assert first < nchunks, "the shape must have chunks past the lookahead for the test to mean anything"
+    lines = {(base + a) // 128 for _, a in asked}
+    need = {(base + r * row_bytes + b) // 128 for r in range(od) for b in range(first * chunk, row_bytes)}
+    assert not need - lines, f"{len(need - lines)} of {len(need)} lines of later chunks were never prefetched"
+
+
 @pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq", [
     ("Q6_K", 4, 1536, 8, 1, True), ("Q6_K", 3, 2048, 2, 2, False), ("Q8_0", 3, 1280, 4, 2, True),
     ("Q4_0", 4, 704, 8, 1, False), ("Q5_0", 3, 1280, 2, 4, False), ("Q3_K", 4, 1536, 4, 2, False)])
@@ -637,6 +681,10 @@ def test_every_knob_changes_the_code():
     prefetch = "cp.async.bulk.prefetch.L2.global"
     assert prefetch not in base and _ptx("Q4_K", 1, 1, prefetch=1).count(prefetch) == 1  # PREFETCH: one per block
     assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=1).count(prefetch) == 2  # GLU: both weights
+    line = "prefetch.global.L2 "
+    assert line not in base and _ptx("Q4_K", 1, 1, prefetch=2).count(line) == 1  # lookahead: one a lane a step
+    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=3).count(line) == 2  # 24 lines a weight: one each
+    assert _ptx("Q6_K", 8, 1, mmvq=True, prefetch=2).count(line) == 2  # 8 rows of 8 lines: two a lane
 
 
 @pytest.mark.compile
@@ -808,6 +856,23 @@ def test_prefetch_real_shapes(name, rpb, wpr, od, id):
     ts = FORMATS[name].type_size
     _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1,
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, rpb, wpr, stage, prefetch", [("Q4_K", 4, 4, 0, 2), ("Q4_K", 4, 4, 0, 3),
+                                                             ("Q6_K", 4, 4, 2, 3), ("Q6_K", 8, 1, 0, 2)])
+@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
+def test_lookahead_real_shapes(name, rpb, wpr, stage, prefetch, od, id):
+    """PREFETCH=2, 3 on the device at the real shapes: against float64, also with W one block into its allocation
+    (except the ring, which needs W 16-byte aligned); a prefetch address outside W would not fault (a hint), so
+    the bounds are the simulator's to check (`test_lookahead_prefetches_every_later_chunk_inside_w`). The ring
+    takes 300 rows at the tail (it needs W a whole number of 16-byte vectors: Q6_K rows of 3584 in fours)."""
+    od = od - od % 4 if stage else od
+    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, stage=stage, prefetch=prefetch))
+    if not stage:
+        ts = FORMATS[name].type_size
+        _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=prefetch,
+                            raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
 
 
 @pytest.mark.gpu
