@@ -15,7 +15,7 @@ from minfer_cli.measure import environment as envmod
 from minfer_cli.measure import harness
 from minfer_cli.measure.device import DeviceInfo
 from minfer_cli.measure.stats import ArmStats, Comparison
-from minfer_cli.measure.timing import BATCH_TARGET_US, RING_FACTOR, batch_size, plan_ring
+from minfer_cli.measure.timing import BATCH_TARGET_US, RING_FACTOR, ArmTimer, batch_size, plan_ring
 
 L2 = 60 << 20
 
@@ -45,6 +45,46 @@ def test_batch_size_has_no_jump_at_one_kernel_length():
     assert batch_size(0.0, 3) == 1
     with pytest.raises(ValueError, match="at least 1 input set"):
         batch_size(5.0, 0)
+
+
+class _FakeTimer(ArmTimer):
+    """An ArmTimer whose graph replays take ``graph_us`` per launch plus 2 µs a replay and whose eager launches
+    take ``eager_us`` (host latency not hidden); ``capture_fails``: graph capture raises."""
+
+    def __init__(self, graph_us, eager_us, capture_fails=False):
+        super().__init__(lambda *a: None, list(range(12)), None, None, plan_ring(21 << 20, L2))
+        self.graph_us, self.eager_us, self.capture_fails = graph_us, eager_us, capture_fails
+        self.captured = []
+
+    def _capture(self, batch):
+        if self.capture_fails:
+            raise RuntimeError("no capture here")
+        self.captured.append(batch)
+        self._graphs = [None] * max(1, len(self.ring) // batch)
+
+    def _graph_sample(self):
+        return self.graph_us + 2.0 / self.batch
+
+    def _eager_sample(self, batch):
+        return self.eager_us
+
+    def release(self):
+        self._graphs = []
+
+
+def test_calibrate_batches_graphs_by_a_graph_of_one_launch_not_an_eager_launch():
+    """A 17 µs kernel whose eager launches read 150 µs (seen on an H200: ledger #74-#76 got batches of 1 to 6 in
+    one sweep) is batched as a 17 µs kernel (19 µs in a graph of one: 11 launches, capped at 6 by the ring of 12),
+    and captured at that batch; without capture, the eager estimate is all there is."""
+    timer = _FakeTimer(17.0, 150.0)
+    timer.calibrate()
+    assert timer.method == "graph" and timer.batch == 6 and timer.captured == [1, 6]
+    slow = _FakeTimer(300.0, 150.0)
+    slow.calibrate()
+    assert slow.batch == 1 and slow.captured == [1, 1]
+    eager = _FakeTimer(17.0, 150.0, capture_fails=True)
+    eager.calibrate()
+    assert eager.method == "eager" and eager.batch == batch_size(150.0, 12) == 2 and "no capture here" in eager.note
 
 
 def test_large_working_sets_use_two_copies_and_tiny_ones_add_a_flush():

@@ -7,7 +7,7 @@ Method (`../shared/CONVENTIONS.md` §4):
 * each sample is timed with CUDA events on a dedicated stream. The preferred method captures
   [start event, B launches over B successive ring sets, end event] into a CUDA graph and replays it: the events
   sit inside the graph, so host launch latency (about 49 µs per numba launch) is never inside the timed region.
-  B = ceil(`BATCH_TARGET_US` / one launch's time), at most half the ring ("batch"), so that every sample spans
+  B = ceil(`BATCH_TARGET_US` / one launch's time in a graph of one), at most half the ring ("batch"), so that every sample spans
   about the same GPU time whatever the kernel: the fixed cost of starting a graph and recording its events
   (about 2 µs on the H200) is then a small share of a sample instead of a jump at one kernel length (a 20 µs
   threshold had timed a 19 µs arm in batches and a 21 µs arm alone). The sample is the graph time divided by B.
@@ -189,18 +189,26 @@ class ArmTimer:
         return start.elapsed_time(end) * 1000.0 / self.batch
 
     def calibrate(self) -> None:
-        """Pick the method and the batch size (`batch_size` of one eager launch's median time)."""
-        single = float(np.median([self._eager_sample(1) for _ in range(5)]))
-        self.batch = batch = batch_size(single, len(self.ring))
+        """Pick the method and the batch size: `batch_size` of the median of graph replays of one launch (the
+        method's own per-launch time, including a graph start's ~2 µs), then capture the graphs of that batch.
+        Where capture fails: eager launches, batched by the median of single eager launches. An eager estimate had
+        been used for graphs too; on one H200 it read 100-200 µs for kernels of 17-40 µs (host latency not hidden
+        by the sleep), which gave the arms of one sweep batches of 1 to 6 (ledger #74-#76)."""
         try:
+            self.batch = 1
+            self._capture(1)
+            single = float(np.median([self._graph_sample() for _ in range(max(5, len(self._graphs)))]))
+            self.release()
+            self.batch = batch = batch_size(single, len(self.ring))
             self._capture(batch)
             self.method = "graph"
             for _ in range(len(self._graphs)):
                 self._graph_sample()
         except Exception as exc:  # capture unsupported here: eager launches behind a GPU sleep
+            self._graphs = []
             self.method = "eager"
             self.note = f"graph capture failed ({exc}); eager launches behind a GPU sleep kernel"
-            self._graphs = []
+            self.batch = batch_size(float(np.median([self._eager_sample(1) for _ in range(5)])), len(self.ring))
 
     def sample(self) -> float:
         """Time of one launch in µs (a batch divided by its size when batched)."""
