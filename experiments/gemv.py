@@ -11,7 +11,8 @@ STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES
 decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
 for: ``__launch_bounds__``'s register cap, 0 none), VLOAD (1: Q6_K blocks read with 8-byte vector loads and a funnel
 shift; W 8-byte aligned and a multiple of 8 bytes), FOLD (1: Q6_K's -32 offset enters each plane's dp4a chain
-once per chunk from x, not per word and row; MMVQ=1, not with VLOAD=1), GLU (1: decode's fused gate/up pass,
+once per chunk from x, not per word and row; MMVQ=1, not with VLOAD=1), PDL (1: programmatic dependent launch,
+each timed launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's fused gate/up pass,
 `kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
@@ -36,6 +37,7 @@ from kernels.gemv_q import (
     DEFAULT_FOLD,
     DEFAULT_HOIST,
     DEFAULT_MINB,
+    DEFAULT_PDL,
     DEFAULT_VLOAD,
     DEFAULT_PREFETCH,
     DEFAULT_RPB,
@@ -46,6 +48,7 @@ from kernels.gemv_q import (
     GEMV_TYPES,
     HOIST_VALUES,
     MINB_VALUES,
+    PDL_VALUES,
     VLOAD_VALUES,
     MMVQ_TYPES,
     PREFETCH_VALUES,
@@ -211,6 +214,9 @@ class GemvExperiment(Experiment):
              "1: Q6_K pieces read as aligned 8-byte vectors + funnel shift (9 loads a block, not 17 halfwords)"),
         Knob("FOLD", FOLD_VALUES, DEFAULT_FOLD,
              "1: Q6_K MMVQ's -32 offset as -32*Σx once per chunk, starting each plane's dp4a chain (no add+xor a word)"),
+        Knob("PDL", PDL_VALUES, DEFAULT_PDL,
+             "1: programmatic dependent launch: each launch starts in the previous one's tail, touching only W until "
+             "it has completed (griddepcontrol)"),
         Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )
@@ -292,13 +298,13 @@ class GemvExperiment(Experiment):
         return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
                           unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
                           stage=int(config["STAGE"]), hoist=int(config["HOIST"]), min_blocks=int(config["MINB"]),
-                          vload=int(config["VLOAD"]), fold=int(config["FOLD"]))
+                          vload=int(config["VLOAD"]), fold=int(config["FOLD"]), pdl=int(config["PDL"]))
 
     def prepare(self, config, workload):
         qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
         unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
         stage, hoist, min_blocks = int(config["STAGE"]), int(config["HOIST"]), int(config["MINB"])
-        vload, fold = int(config["VLOAD"]), int(config["FOLD"])
+        vload, fold, pdl = int(config["VLOAD"]), int(config["FOLD"]), int(config["PDL"])
         od, id = self._shape(workload)
         self._kernel(config)  # refuses a bad TYPE
         for inputs in list(self._sets.get(workload.name, ())):
@@ -312,7 +318,7 @@ class GemvExperiment(Experiment):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
             x = inputs.q8 if mmvq else inputs.x
             knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch,
-                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks, "vload": vload, "fold": fold}
+                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks, "vload": vload, "fold": fold, "pdl": pdl}
             if glu:
                 gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
             else:
@@ -354,7 +360,7 @@ class GemvExperiment(Experiment):
         name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{f',PREFETCH={prefetch}' if prefetch else ''}"
                 f"{f',STAGE={stage}' if stage else ''}{',HOIST' if int(config['HOIST']) else ''}"
                 f"{f',MINB={minb}' if minb else ''}{',VLOAD' if int(config['VLOAD']) else ''}"
-                f"{',FOLD' if int(config['FOLD']) else ''}"
+                f"{',FOLD' if int(config['FOLD']) else ''}{',PDL' if int(config['PDL']) else ''}"
                 f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
         return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
 

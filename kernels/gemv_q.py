@@ -46,11 +46,14 @@ from numba import cuda
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
+from kernels.launch import launch
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
     dp4a_s32,
+    griddepcontrol_launch_dependents,
+    griddepcontrol_wait,
     ld_global_v2_b32,
     ld_global_v4_b32,
     prefetch_l2,
@@ -122,6 +125,13 @@ one device call): RPB=4, WPR=2 29.57 -> 37.41 µs, RPB=2, WPR=2 34.13 -> 30.78, 
 #60, #62); tg128 331.36 -> 312.98 tok/s at the engine's shapes (#61, #63). Faster per warp, slower at the best shape
 without the ring; with the ring (STAGE=2), RPB=4, WPR=4, MINB=7: 24.11 µs vs 26.57 without the fold (#69), the
 engine's DEEP=1 launch for Q6_K ffn_down."""
+PDL_VALUES = (0, 1)
+"""1: programmatic dependent launch (`kernels.launch`): the kernel lets the next one start early
+(`kernels.ptx.griddepcontrol_launch_dependents` first thing), and is itself launched with programmatic stream
+serialization, so its CUDA blocks take the SM slots the previous kernel's last blocks leave; before it waits for
+that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
+L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
+other than 0. 0: an ordinary launch."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
@@ -147,6 +157,7 @@ MAX_THREADS_PER_SM = 2048
 """Resident threads an sm_90 SM holds: MINB * 32 * WPR above it is refused (ptxas ignores such a bound)."""
 DEFAULT_VLOAD = 0
 DEFAULT_FOLD = 0
+DEFAULT_PDL = 0
 
 U = np.uint64
 MB = 0x4B000000  # float32 bits of 2^23: bits(MB | q) = 2^23 + q for 0 <= q < 2^23
@@ -1046,7 +1057,7 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
 
 
 def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
-               at: bool = False, ahead=()) -> str:
+               at: bool = False, ahead=(), pdl: bool = False) -> str:
     """The chunk loop with STAGE = ``slots`` >= 2 (UNROLL=1): a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
@@ -1056,7 +1067,8 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors). ``at``: the
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
     instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
-    ``ahead``: PREFETCH's lookahead lines (`_lookahead`), first in each step."""
+    ``ahead``: PREFETCH's lookahead lines (`_lookahead`), first in each step. ``pdl``: the first copies (W only)
+    are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
     step = wpr
@@ -1064,6 +1076,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     for p in range(slots - 1):
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
+    lines += ["    griddepcontrol_wait()"] if pdl else []
     lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):", *ahead,
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
               *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
@@ -1112,9 +1125,10 @@ def lookahead_lines(chunk_bytes: int) -> int:
     return chunk_bytes // 128 + 2
 
 
-def _lookahead(ind: str, mats, rpb: int, wpr: int, chunk_bytes: int, type_size: int, ahead: int) -> list[str]:
-    """The lines (indented ``ind``) that prefetch into L2 the chunk ``ahead`` of this warp's steps after the
-    current one (``c + ahead * WPR``), every row and weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
+def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk: str) -> list[str]:
+    """The lines (indented ``ind``) that prefetch into L2 chunk ``chunk`` (an expression: PREFETCH's ``c + (PREFETCH
+    - 1) * WPR``, the chunk this warp decodes PREFETCH - 1 steps later; PDL's ``warp``, its first), every row and
+    weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
     ``q // lines`` of the CUDA block (clamped to ``od - 1``) and, of that row's chunk, the line ``q % lines`` after
     the chunk's start rounded down to 128 bytes (``lines``: `lookahead_lines`), clamped to the chunk's last byte;
     slots past ``RPB * lines`` repeat the last one (a line asked for twice: no branch). Every offset lies in its
@@ -1123,7 +1137,7 @@ def _lookahead(ind: str, mats, rpb: int, wpr: int, chunk_bytes: int, type_size: 
     for Q4_K)."""
     lines = lookahead_lines(chunk_bytes)
     slots = rpb * lines
-    out = [f"{ind}pc = c + {ahead * wpr}", f"{ind}if pc < nchunks:", f"{ind}    pb = pc * {chunk_bytes}",
+    out = [f"{ind}pc = {chunk}", f"{ind}if pc < nchunks:", f"{ind}    pb = pc * {chunk_bytes}",
            f"{ind}    pe = min(pb + {chunk_bytes}, nb * {type_size}) - 1"]
     for t in range((slots + 31) // 32):
         out += [f"{ind}    pq = min(lane + {32 * t}, {slots - 1})",
@@ -1159,7 +1173,7 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
            prefetch: int = 0, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
-           vload: bool = False, fold: bool = False):
+           vload: bool = False, fold: bool = False, pdl: bool = False):
     """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
@@ -1174,20 +1188,22 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         xload, dot, math = _FOLD[name]
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch == 1 else f'_la{prefetch - 1}' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}")
+             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch == 1 else f'_la{prefetch - 1}' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}{'_pdl' if pdl else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
-    ahead = _lookahead("        ", mats, rpb, wpr, chunk_bytes, fmt.type_size, prefetch - 1) if prefetch > 1 else []
+    ahead = (_lookahead("        ", mats, rpb, chunk_bytes, fmt.type_size, f"c + {(prefetch - 1) * wpr}")
+             if prefetch > 1 else [])
     if stage > 1:
         at = name in _RING_FETCH
         fetch = _RING_FETCH.get(name, fetch)
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at, ahead)
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at, ahead, pdl)
     else:
         body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
                 else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist))
-        loop = "\n".join([f"    for c in range(warp, nchunks, {wpr * unroll}):", *ahead, body])
+        first = _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, "warp") + ["    griddepcontrol_wait()"]
+        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr * unroll}):", *ahead, body])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
@@ -1197,7 +1213,8 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         bpc=32 // lpb,
         rpb=rpb,
         # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
-        prefetch=_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch == 1 else "",
+        prefetch=("    griddepcontrol_launch_dependents()\n" if pdl else "")
+        + (_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch == 1 else ""),
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
         per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, max(stage, 1)) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
                                 for r in rows),
@@ -1207,6 +1224,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "prefetch_l2": prefetch_l2,
+             "griddepcontrol_wait": griddepcontrol_wait, "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
@@ -1217,7 +1235,7 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
 
 
 def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
-                 vload=0, fold=0) -> None:
+                 vload=0, fold=0, pdl=0) -> None:
     if min_blocks in MINB_VALUES and warps_per_row in WPR_VALUES and min_blocks * 32 * warps_per_row > MAX_THREADS_PER_SM:
         fits = [m for m in MINB_VALUES if m * 32 * warps_per_row <= MAX_THREADS_PER_SM]
         raise KernelConstraintError(
@@ -1225,6 +1243,8 @@ def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, h
             f"threads a SM, more than the {MAX_THREADS_PER_SM} an SM holds (ptxas would ignore the bound); allowed "
             f"here: {', '.join(map(str, fits))}"
         )
+    if pdl not in PDL_VALUES:
+        raise KernelConstraintError(f"pdl={pdl!r} is not supported; allowed: {', '.join(map(str, PDL_VALUES))}")
     if vload not in VLOAD_VALUES:
         raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
     if fold not in FOLD_VALUES:
@@ -1270,16 +1290,17 @@ def _format_name(qtype, mmvq: bool) -> str:
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
                mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
                stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB,
-               vload: int = DEFAULT_VLOAD, fold: int = DEFAULT_FOLD):
+               vload: int = DEFAULT_VLOAD, fold: int = DEFAULT_FOLD, pdl: int = DEFAULT_PDL):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
     Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
     two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
     ``stage``: one of ``STAGE_VALUES``, above 0 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
     one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
     ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage;
-    ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload)."""
+    ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload; ``pdl``: one of
+    ``PDL_VALUES``)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
     reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, unroll=unroll, glu=glu) if stage else None
@@ -1290,7 +1311,7 @@ def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DE
     if reason:
         raise KernelConstraintError(reason)
     key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           int(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold))
+           int(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold), bool(pdl))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -1457,6 +1478,7 @@ def gemv_q(
     min_blocks: int = DEFAULT_MINB,
     vload: int = DEFAULT_VLOAD,
     fold: int = DEFAULT_FOLD,
+    pdl: int = DEFAULT_PDL,
     residual=None,
     stream=0,
 ):
@@ -1491,6 +1513,9 @@ def gemv_q(
     8 bytes long, not with stage > 0); the result is bit-identical to vload=0.
     fold: 1 to take Q6_K's -32 offset into the MMVQ dot once per chunk from x (``FOLD_VALUES``; ``FOLD_TYPES``, Q8_1
     x, not with vload=1); the result is bit-identical to fold=0.
+    pdl: 1 for a programmatic dependent launch (``PDL_VALUES``; a numba stream, not 0): the kernel may start while
+    the previous kernel of the stream finishes, touching only W until that kernel has completed; the result is
+    bit-identical to pdl=0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -1504,10 +1529,10 @@ def gemv_q(
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
     MMVQ kernel; stage > 0, hoist=1, vload=1, fold=1 or prefetch > 1 where `stage_refusal`, `hoist_refusal`,
-    `vload_refusal`, `fold_refusal` or `prefetch_refusal` refuses it.
+    `vload_refusal`, `fold_refusal` or `prefetch_refusal` refuses it; pdl=1 on stream 0.
     """
     return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, stream)
+                   stage, hoist, min_blocks, vload, fold, pdl, stream)
 
 
 def gemv_glu(
@@ -1528,6 +1553,7 @@ def gemv_glu(
     min_blocks: int = DEFAULT_MINB,
     vload: int = DEFAULT_VLOAD,
     fold: int = DEFAULT_FOLD,
+    pdl: int = DEFAULT_PDL,
     stream=0,
 ):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
@@ -1544,15 +1570,18 @@ def gemv_glu(
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, stream)
+                   stage, hoist, min_blocks, vload, fold, pdl, stream)
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, min_blocks, vload, fold, stream):
+            hoist, min_blocks, vload, fold, pdl, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold)
+    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
+    if pdl and not stream:
+        raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
+                                    "stream, not the default stream 0")
     od, id = _check_shape(fmt, od, id)
     if fmt.block_size == 1 and id % FLOAT_GROUP:
         raise KernelConstraintError(
@@ -1593,16 +1622,11 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist, min_blocks, vload, fold)
+                      prefetch, stage, hoist, min_blocks, vload, fold, pdl)
     grid = (od + rows_per_block - 1) // rows_per_block
-    kern[grid, threads_per_block(warps_per_row), stream](
-        *(w.view(view) if view is not np.uint8 else w for w in weights),
-        *xargs,
-        out,
-        out if residual is None else residual,
-        od,
-        id,
-    )
+    args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
+            out if residual is None else residual, od, id)
+    launch(kern, grid, threads_per_block(warps_per_row), stream, args, pdl=bool(pdl))
     return out
 
 

@@ -216,6 +216,12 @@ if SIMULATOR:
     def _NO_OP(slots):
         return slots
 
+    def griddepcontrol_wait():
+        """Simulator form of `griddepcontrol.wait`: kernels run one after another here, so nothing is in flight."""
+
+    def griddepcontrol_launch_dependents():
+        """Simulator form of `griddepcontrol.launch_dependents`: a scheduling hint, no effect on results."""
+
     # ---- mma.sync m16n8k16 -------------------------------------------------------------------------------
 
     def _a_frag_matrix(slots, k0=0):
@@ -545,6 +551,37 @@ else:
 
         def codegen(context, builder, sig, args):
             _asm(builder, ir.VoidType(), [], "bar.warp.sync -1;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    # ---- programmatic dependent launch (sm_90) -------------------------------------------------------------
+
+    @intrinsic
+    def griddepcontrol_wait(typingctx):
+        """`griddepcontrol.wait` (PTX ISA, parallel synchronization instructions: "griddepcontrol"; sm_90, PTX 7.8): wait until every prerequisite
+        grid in flight (the kernel before this one in the stream, when this one was launched with programmatic stream
+        serialization: `kernels.launch`) has completed and its memory operations are visible. Returns at once when
+        there is none (an ordinary launch). Every read of what an earlier kernel writes, and every write of what it
+        reads or writes, must come after it; a memory clobber keeps the compiler from moving accesses across."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "griddepcontrol.wait;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def griddepcontrol_launch_dependents(typingctx):
+        """`griddepcontrol.launch_dependents` (PTX ISA "griddepcontrol"; sm_90, PTX 7.8): allow the next kernel of
+        the stream, if launched with programmatic stream serialization, to start before this grid ends (its CUDA
+        blocks take SM slots as this grid's blocks leave them). A scheduling hint: the dependent kernel's
+        `griddepcontrol_wait` still waits for this grid's completion."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "griddepcontrol.launch_dependents;", "~{memory}", True)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -56,7 +56,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0, hoist=0, min_blocks=0, vload=0, fold=0):
+         stage=0, hoist=0, min_blocks=0, vload=0, fold=0, pdl=0, stream=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -70,7 +70,8 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, fold=fold, residual=res)
+                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, fold=fold, pdl=pdl, residual=res,
+                 stream=stream)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -139,6 +140,25 @@ def test_prefetch_with_a_partial_last_block_and_an_odd_block_start(name, rpb, mm
     ts = FORMATS[name].type_size
     _assert_close(*_run(name, 3, _tiny_id(name), rpb=rpb, wpr=1, mmvq=mmvq, prefetch=1,
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+@pytest.mark.parametrize("name, rpb, wpr, mmvq, stage", [("Q4_K", 4, 4, True, 0), ("Q6_K", 2, 2, True, 2),
+                                                        ("Q8_0", 8, 1, False, 0)])
+def test_pdl_gives_the_same_numbers_and_needs_a_stream(name, rpb, wpr, mmvq, stage):
+    """PDL=1 (griddepcontrol, a programmatic dependent launch; the simulator runs kernels in order) with a partial
+    last CUDA block: against float64 and bit for bit against PDL=0, on a stream; stream 0 is refused."""
+    seed = int(np.random.default_rng().integers(2**63))
+    stream = cuda.stream()
+    od, id = 4, _tiny_id(name)
+    pdl, plain = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, pdl=p, stream=stream,
+                       rng=np.random.default_rng(seed)) for p in (1, 0)]
+    _assert_close(*pdl)
+    np.testing.assert_array_equal(pdl[0], plain[0])
+    raw = cuda.to_device(random_blocks(name, od, id, np.random.default_rng(seed)))
+    with pytest.raises(KernelConstraintError, match="pdl=1 .* pass a numba stream, not the default stream 0"):
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=1)
+    with pytest.raises(KernelConstraintError, match="pdl=2 is not supported; allowed: 0, 1"):
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=2, stream=stream)
 
 
 @pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage, prefetch, shift", [
@@ -611,12 +631,12 @@ _PTX: dict = {}
 
 
 def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0, hoist=0,
-         min_blocks=0, vload=0, fold=0):
+         min_blocks=0, vload=0, fold=0, pdl=0):
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload, fold)
+    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
     if key not in _PTX:
         kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload,
-                            fold)
+                            fold, pdl)
         _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
@@ -685,6 +705,12 @@ def test_every_knob_changes_the_code():
     assert line not in base and _ptx("Q4_K", 1, 1, prefetch=2).count(line) == 1  # lookahead: one a lane a step
     assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=3).count(line) == 2  # 24 lines a weight: one each
     assert _ptx("Q6_K", 8, 1, mmvq=True, prefetch=2).count(line) == 2  # 8 rows of 8 lines: two a lane
+    for stage in (0, 2):  # PDL: the launch trigger first, then W only (a prefetch, the ring's copies), then the wait
+        pdl = _ptx("Q6_K", 4, 2, mmvq=True, stage=stage, pdl=1)
+        assert "griddepcontrol" not in _ptx("Q6_K", 4, 2, mmvq=True, stage=stage)
+        trigger, wait = pdl.index("griddepcontrol.launch_dependents"), pdl.index("griddepcontrol.wait")
+        w_first = pdl.index("cp.async" if stage else "prefetch.global.L2")
+        assert trigger < w_first < wait < pdl.index("ld.global"), "W's first bytes asked for before the wait, x after"
 
 
 @pytest.mark.compile
@@ -856,6 +882,31 @@ def test_prefetch_real_shapes(name, rpb, wpr, od, id):
     ts = FORMATS[name].type_size
     _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1,
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, rpb, wpr, stage, minb", [("Q4_K", 4, 4, 0, 7), ("Q6_K", 4, 4, 2, 7), ("Q8_0", 4, 2, 0, 0)])
+def test_pdl_launches_back_to_back_accumulate_in_place(name, rpb, wpr, stage, minb):
+    """Eight PDL=1 launches in a row on one stream at ffn_down, each adding W·x to y in place (y is the residual):
+    every launch reads y only after the one before has written it (griddepcontrol.wait), so y = y0 + 8 W·x; a
+    launch that read y early would lose a term. Against float64, with the first launch (compiling) ordinary."""
+    from experiments.gemv import reference_mmvq
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    od, id = 3584, 18944
+    rng = np.random.default_rng()
+    raw = random_blocks(name, od, id, rng)
+    x = rng.standard_normal(id).astype(np.float32)
+    y0 = rng.standard_normal(od).astype(np.float32)
+    stream = cuda.stream()
+    dev, y = cuda.to_device(raw, stream=stream), cuda.to_device(y0, stream=stream)
+    xq = quantize_q8_1(cuda.to_device(x, stream=stream), q8_blocks(id), stream=stream)
+    for _ in range(8):
+        gemv_q(dev, name, od, id, xq, y, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=minb, pdl=1,
+               residual=y, stream=stream)
+    stream.synchronize()
+    ref = y0.astype(np.float64) + 8 * reference_mmvq(raw, name, od, id, x)
+    _assert_close(y.copy_to_host(), ref, 8 * _scale(raw, name, od, id, x) + np.abs(y0), tol=1e-5)
 
 
 @pytest.mark.gpu

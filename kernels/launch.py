@@ -1,0 +1,50 @@
+"""Launching a numba.cuda kernel with programmatic stream serialization (programmatic dependent launch, PDL).
+
+An ordinary launch starts only after the previous kernel of its stream has completed: the SMs sit idle through that
+kernel's tail (its last CUDA blocks), its completion and this kernel's launch and ramp-up. Launched with the
+``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` attribute, a kernel may start as soon as the previous one
+allows it (`kernels.ptx.griddepcontrol_launch_dependents`, or that kernel's end): its CUDA blocks take the SM slots
+the previous kernel's blocks leave, do work that depends on no earlier kernel, then wait in
+`kernels.ptx.griddepcontrol_wait` until the previous kernel has completed and its writes are visible. A kernel
+launched this way must call that wait before it touches anything an earlier kernel writes (or reads, for its own
+writes). The attribute is recorded by stream capture (a programmatic edge in the CUDA graph).
+
+numba-cuda 0.30 launches through ``cuda.core.launch`` with a ``LaunchConfig`` that it builds without the attribute;
+`launch` does the same steps (``_Kernel.launch``: the compiled kernel of the arguments' types, its argument packing)
+with ``programmatic_stream_serialization=True``. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
+Synchronization"; cuda.core ``LaunchConfig``.
+"""
+
+from __future__ import annotations
+
+from kernels.ptx import SIMULATOR
+
+
+def launch(dispatcher, grid: int, block: int, stream, args: tuple, *, pdl: bool) -> None:
+    """Enqueue ``dispatcher[grid, block, stream](*args)``; with ``pdl``, with programmatic stream serialization.
+
+    dispatcher: a ``numba.cuda.jit`` kernel (its code must call `kernels.ptx.griddepcontrol_wait` before any access
+    that depends on an earlier kernel when ``pdl`` is set); grid, block: 1-D launch shape; stream: a numba stream (not
+    0: the attribute orders this kernel after the previous one of the same stream). Under the CUDA simulator, or
+    without ``pdl``, this is the ordinary launch.
+
+    Raises ValueError when ``pdl`` is set with the default stream (0) on the device.
+    """
+    if not pdl or SIMULATOR:
+        dispatcher[grid, block, stream](*args)
+        return
+    if not stream:
+        raise ValueError("a programmatic dependent launch needs a numba stream, not the default stream 0")
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    kernel = dispatcher.overloads.get(tuple(typeof(a, Purpose.argument) for a in args))
+    if kernel is None:  # first call with these types: compile through an ordinary launch, then look it up again
+        dispatcher[grid, block, stream](*args)
+        return
+    packed, writeback = [], []
+    for t, v in zip(kernel.argument_types, args):
+        kernel._prepare_args(t, v, stream, writeback, packed)
+    config = LaunchConfig(grid=grid, block=block, shmem_size=0, programmatic_stream_serialization=True)
+    core_launch(stream, config, kernel._codelibrary.get_cufunc().kernel, *packed)
