@@ -177,6 +177,7 @@ class DecodeEngine:
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
         override["prefetch"] = int(options.prefetch)
+        override["pdl"] = int(options.pdl)
         self._launch_f32 = {**GEMV_F32, **override}
         self._launch_mmvq = {**GEMV_MMVQ, **override}
         self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
