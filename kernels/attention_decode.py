@@ -31,7 +31,8 @@ import numpy as np
 from numba import cuda, float32, types
 
 from kernels.errors import KernelConstraintError
-from kernels.ptx import shfl_xor_f32
+from kernels.launch import launch_kernel
+from kernels.ptx import pdl_enter, shfl_xor_f32
 
 HEAD_DIM = 128
 WARPS = 4
@@ -50,6 +51,7 @@ def _make_partial(G: int):
     NP = WARPS  # partitions per block
 
     def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
+        pdl_enter()
         tid = cuda.threadIdx.x
         lane = tid & 31
         warp = tid >> 5
@@ -120,6 +122,7 @@ def _make_combine():
     ZERO = float32(0.0)
 
     def combine_kernel(ws_ml, ws_acc, out, parts, n_heads):
+        pdl_enter()
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
@@ -255,7 +258,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0):
+                     stream=0, pdl: bool = False):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -264,7 +267,8 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each), one of SPLITS_VALUES; default 32 (128 blocks for
     4 KV heads on 132 SMs). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
-    graph-capture safe).
+    graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
+    kernel before it first: `kernels.ptx.pdl_enter`).
 
     Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, head_dim == 128,
     n_heads % n_kv_heads == 0.
@@ -281,10 +285,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     if ws_ml.shape[0] < parts * n_heads * 2 or ws_acc.shape[0] < parts * n_heads * HEAD_DIM:
         raise KernelConstraintError(f"decode_attention: workspace too small for splits={splits}, n_heads={n_heads}")
     flat = l_max * n_kv_heads * HEAD_DIM
-    partial[(splits, n_kv_heads), WARPS * 32, stream](
-        q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml, ws_acc,
-        l_max, n_heads, n_kv_heads,
-    )
-    combine[(n_heads, HEAD_DIM // 32), COMBINE_WARPS * 32, stream](ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts,
-                                                                    n_heads)
+    launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
+                  (q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,
+                   ws_acc, l_max, n_heads, n_kv_heads), pdl=pdl)
+    launch_kernel(combine, (n_heads, HEAD_DIM // 32), COMBINE_WARPS * 32, stream,
+                  (ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts, n_heads), pdl=pdl)
     return out

@@ -46,7 +46,7 @@ from numba import cuda
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
-from kernels.launch import launch
+from kernels.launch import launch_kernel
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
@@ -1626,7 +1626,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     grid = (od + rows_per_block - 1) // rows_per_block
     args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
             out if residual is None else residual, od, id)
-    launch(kern, grid, threads_per_block(warps_per_row), stream, args, pdl=bool(pdl))
+    launch_kernel(kern, grid, threads_per_block(warps_per_row), stream, args, pdl=bool(pdl))
     return out
 
 

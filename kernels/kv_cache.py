@@ -13,12 +13,15 @@ from numba import cuda
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.launch import launch_kernel
+from kernels.ptx import pdl_enter
 
 THREADS = 256
 
 
 @cuda.jit
 def _append(qkv, pos, q_out, k_cache, v_cache, q_dim, kv_dim, col_blocks):
+    pdl_enter()
     b = cuda.blockIdx.x
     t = b // col_blocks
     col = (b - t * col_blocks) * cuda.blockDim.x + cuda.threadIdx.x
@@ -30,12 +33,13 @@ def _append(qkv, pos, q_out, k_cache, v_cache, q_dim, kv_dim, col_blocks):
         v_cache[pos[t], col - q_dim - kv_dim] = qkv[t, col]
 
 
-def kv_append(qkv, pos, k_cache, v_cache, q_dim: int, q_out=None, stream=0):
+def kv_append(qkv, pos, k_cache, v_cache, q_dim: int, q_out=None, stream=0, pdl: bool = False):
     """Enqueue the split of ``qkv`` into ``q_out`` (returned) and the cache rows at ``pos`` on ``stream``.
 
     qkv: C-contiguous f32 device array ``[nt, q_dim + 2*kv_dim]``; pos: int32 ``[nt]`` with 0 <= pos < context
     (not checked on the device: positions are written by the engine); k_cache, v_cache: C-contiguous f16
-    ``[context, kv_dim]``; q_out: optional f16 ``[nt, q_dim]``. Raises KernelConstraintError for wrong dtypes,
+    ``[context, kv_dim]``; q_out: optional f16 ``[nt, q_dim]``; pdl: a programmatic dependent launch
+    (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`). Raises KernelConstraintError for wrong dtypes,
     shapes that do not add up, or non-contiguous arrays.
     """
     for name, a, dtype, ndim in (("qkv", qkv, np.float32, 2), ("pos", pos, np.int32, 1),
@@ -56,5 +60,6 @@ def kv_append(qkv, pos, k_cache, v_cache, q_dim: int, q_out=None, stream=0):
         raise KernelConstraintError(f"q_out must be a C-contiguous float16 array of shape ({nt}, {q_dim})")
     if nt:
         col_blocks = -(-width // THREADS)
-        _append[nt * col_blocks, THREADS, stream](qkv, pos, q_out, k_cache, v_cache, q_dim, kv_dim, col_blocks)
+        launch_kernel(_append, nt * col_blocks, THREADS, stream,
+                      (qkv, pos, q_out, k_cache, v_cache, q_dim, kv_dim, col_blocks), pdl=pdl)
     return q_out

@@ -10,7 +10,7 @@ launched this way must call that wait before it touches anything an earlier kern
 writes). The attribute is recorded by stream capture (a programmatic edge in the CUDA graph).
 
 numba-cuda 0.30 launches through ``cuda.core.launch`` with a ``LaunchConfig`` that it builds without the attribute;
-`launch` does the same steps (``_Kernel.launch``: the compiled kernel of the arguments' types, its argument packing)
+`launch_kernel` does the same steps (``_Kernel.launch``: the compiled kernel of the arguments' types, its argument packing)
 with ``programmatic_stream_serialization=True``. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
 Synchronization"; cuda.core ``LaunchConfig``.
 """
@@ -20,31 +20,43 @@ from __future__ import annotations
 from kernels.ptx import SIMULATOR
 
 
-def launch(dispatcher, grid: int, block: int, stream, args: tuple, *, pdl: bool) -> None:
-    """Enqueue ``dispatcher[grid, block, stream](*args)``; with ``pdl``, with programmatic stream serialization.
+def _compiled(dispatcher, args: tuple):
+    """The compiled kernel numba would launch for ``args``: the overload of their types, else a dispatcher's only
+    overload (built for one explicit signature), else None (not compiled yet for these types)."""
+    from numba.cuda.typing.typeof import Purpose, typeof
 
-    dispatcher: a ``numba.cuda.jit`` kernel (its code must call `kernels.ptx.griddepcontrol_wait` before any access
-    that depends on an earlier kernel when ``pdl`` is set); grid, block: 1-D launch shape; stream: a numba stream (not
-    0: the attribute orders this kernel after the previous one of the same stream). Under the CUDA simulator, or
-    without ``pdl``, this is the ordinary launch.
+    kernel = dispatcher.overloads.get(tuple(typeof(a, Purpose.argument) for a in args))
+    if kernel is None and len(dispatcher.overloads) == 1:
+        kernel = next(iter(dispatcher.overloads.values()))
+    return kernel
+
+
+def launch_kernel(dispatcher, grid, block, stream, args: tuple, *, pdl: bool, shmem: int = 0) -> None:
+    """Enqueue ``dispatcher[grid, block, stream, shmem](*args)``; with ``pdl``, with programmatic stream
+    serialization.
+
+    dispatcher: a ``numba.cuda.jit`` kernel (with ``pdl``, its code must call `kernels.ptx.griddepcontrol_wait`
+    before any access that depends on an earlier kernel); grid, block: launch shape (int or tuple); stream: a numba
+    stream (not 0: the attribute orders this kernel after the previous one of the same stream); shmem: dynamic
+    shared memory bytes. Under the CUDA simulator, or without ``pdl``, this is the ordinary launch; the first
+    launch for new argument types is ordinary too (numba compiles the kernel there).
 
     Raises ValueError when ``pdl`` is set with the default stream (0) on the device.
     """
     if not pdl or SIMULATOR:
-        dispatcher[grid, block, stream](*args)
+        dispatcher[grid, block, stream, shmem](*args)
         return
     if not stream:
         raise ValueError("a programmatic dependent launch needs a numba stream, not the default stream 0")
     from cuda.core import LaunchConfig
     from cuda.core import launch as core_launch
-    from numba.cuda.typing.typeof import Purpose, typeof
 
-    kernel = dispatcher.overloads.get(tuple(typeof(a, Purpose.argument) for a in args))
-    if kernel is None:  # first call with these types: compile through an ordinary launch, then look it up again
-        dispatcher[grid, block, stream](*args)
+    kernel = _compiled(dispatcher, args)
+    if kernel is None:  # first call with these types: compile through an ordinary launch
+        dispatcher[grid, block, stream, shmem](*args)
         return
     packed, writeback = [], []
     for t, v in zip(kernel.argument_types, args):
         kernel._prepare_args(t, v, stream, writeback, packed)
-    config = LaunchConfig(grid=grid, block=block, shmem_size=0, programmatic_stream_serialization=True)
+    config = LaunchConfig(grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=True)
     core_launch(stream, config, kernel._codelibrary.get_cufunc().kernel, *packed)

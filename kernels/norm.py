@@ -25,7 +25,8 @@ from numba import cuda, float32
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
-from kernels.ptx import SIMULATOR
+from kernels.launch import launch_kernel
+from kernels.ptx import SIMULATOR, pdl_enter
 from kernels.quantize_q8 import QK, check_q8, quantize_warp_block
 
 DEFAULT_TPB = 256
@@ -116,6 +117,7 @@ def _inv_rms(x, row, eps):
 @cuda.jit
 def _rms_norm(x, w, out, eps):
     """Row ``blockIdx.x`` of x (f32 [nt, d]) -> out (f16 or f32 [nt, d]); w f32 [d]; eps f32."""
+    pdl_enter()
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     step = cuda.blockDim.x
@@ -141,6 +143,7 @@ def _rms_norm(x, w, out, eps):
 def _rms_norm_q8(x, w, out, q, qd, qs, eps):
     """`_rms_norm` with f32 out, and each warp also quantizes the 32 columns it just wrote (one Q8_1 block: the
     block's threads are a multiple of 32 and d a multiple of 32, so warp-step columns are whole blocks)."""
+    pdl_enter()
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     step = cuda.blockDim.x
@@ -154,14 +157,14 @@ def _rms_norm_q8(x, w, out, q, qd, qs, eps):
         c += step
 
 
-def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB):
+def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl: bool = False):
     """Enqueue `rms_norm` with f32 ``out`` and, in the same kernel, the Q8_1 quantization of ``out`` into ``q8``
     (`kernels.quantize_q8`: int8 values, d and sum per 32 columns, flattened row-major); return ``out``. Both
     results are bit-identical to `rms_norm` followed by `kernels.quantize_q8.quantize_q8_1` (same operations in
     the same order), in one launch instead of two (decode: the norm's output feeds MMVQ mat-vecs).
 
     x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
-    `Q8Blocks` of ``nt * d`` activations.
+    `Q8Blocks` of ``nt * d`` activations. pdl: as for `rms_norm`.
     Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
     q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
     nothing is written).
@@ -175,7 +178,7 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB):
     if nt == 0:
         return out
     check_q8(q8, nt * d)
-    _rms_norm_q8[nt, tpb, stream](x, w, out, q8.q, q8.d, q8.s, np.float32(eps))
+    launch_kernel(_rms_norm_q8, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, np.float32(eps)), pdl=pdl)
     return out
 
 
@@ -185,7 +188,8 @@ def _device(a, name: str):
     return a
 
 
-def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB, launch: bool = True):
+def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB, launch: bool = True,
+             pdl: bool = False):
     """Enqueue ``out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w`` on ``stream`` and return ``out``.
 
     x: f32 device array ``[nt, d]``, C-contiguous (nt >= 0, d >= 1, any d). w: f32 device array ``[d]``,
@@ -193,7 +197,8 @@ def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DE
     out: optional C-contiguous device array ``[nt, d]`` of f16 or f32; allocated when None with ``out_dtype``
     (default f16: prefill feeds the f16-A GEMM; pass f32 for the decode mat-vec, which takes f32 x).
     tpb: threads per block, a multiple of 32 from 32 to 1024 (one block per row). launch: False only checks the
-    arguments (and allocates out) without enqueuing anything (`rms_norm_q8` shares the checks).
+    arguments (and allocates out) without enqueuing anything (`rms_norm_q8` shares the checks). pdl: a
+    programmatic dependent launch (`kernels.launch`; the kernel waits for the previous one first: `pdl_enter`).
 
     Sum of squares and scale in f32; error against a float64 reference: f16 rounding (~2^-11) for f16 out,
     ~1e-7 for f32 out. Source: Zhang & Sennrich 2019; llama.cpp ``rms_norm_f32``.
@@ -230,5 +235,5 @@ def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DE
         if out_dtype is not None and out.dtype != np.dtype(out_dtype):
             raise KernelConstraintError(f"out is {out.dtype} but out_dtype={np.dtype(out_dtype)}; give one or agree")
     if nt and launch:
-        _rms_norm[nt, tpb, stream](x, w, out, np.float32(eps))
+        launch_kernel(_rms_norm, nt, tpb, stream, (x, w, out, np.float32(eps)), pdl=pdl)
     return out

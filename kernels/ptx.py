@@ -12,7 +12,7 @@ Source: PTX ISA 9.x (https://docs.nvidia.com/cuda/parallel-thread-execution/).
 
 from __future__ import annotations
 
-from numba import types
+from numba import cuda, types
 from numba.cuda import config
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -1054,3 +1054,13 @@ else:
             return context.get_dummy_value()
 
         return sig, codegen
+
+
+@cuda.jit(device=True, inline="always")
+def pdl_enter():
+    """The first statement of a kernel that may be a programmatic dependent launch (`kernels.launch`) and touches
+    nothing before it: wait for the previous kernel of the stream (`griddepcontrol_wait`), then let the next one
+    start (`griddepcontrol_launch_dependents`), so that one kernel at a time waits in another's tail. Both are no-ops
+    for an ordinary launch."""
+    griddepcontrol_wait()
+    griddepcontrol_launch_dependents()

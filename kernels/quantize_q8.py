@@ -26,7 +26,8 @@ from numba import cuda
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
-from kernels.ptx import shfl_xor_f32
+from kernels.launch import launch_kernel
+from kernels.ptx import pdl_enter, shfl_xor_f32
 
 QK = 32
 """Elements per Q8_1 block (ggml-common.h ``QK8_1``)."""
@@ -93,6 +94,7 @@ def quantize_warp_block(v, i, q, d, s):
 @cuda.jit
 def _quantize_q8_1(x, q, d, s, n):
     """x f32 [n] -> q int8 [n], d f32 [n/32], s f32 [n/32]; n a multiple of 32, so warps are whole blocks."""
+    pdl_enter()
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if i - (cuda.threadIdx.x & 31) >= n:  # the whole warp is past the end: it exits together
         return
@@ -118,11 +120,12 @@ def check_q8(q8, n: int, what: str = "q8") -> Q8Blocks:
     return q8
 
 
-def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:
+def quantize_q8_1(x, out: Q8Blocks, stream=0, pdl: bool = False) -> Q8Blocks:
     """Enqueue the Q8_1 quantization of ``x`` into ``out`` on ``stream``; return ``out``.
 
     x: 1-D C-contiguous float32 device array of n elements, n a positive multiple of 32.
-    out: `Q8Blocks` of the same n (from `q8_blocks`).
+    out: `Q8Blocks` of the same n (from `q8_blocks`). pdl: a programmatic dependent launch (`kernels.launch`; the
+    kernel waits for the previous one first: `kernels.ptx.pdl_enter`).
     Raises KernelConstraintError for x of the wrong dtype, rank or layout, n not a multiple of 32, or ``out`` not
     `Q8Blocks` of n activations (`check_q8`)."""
     if not devicearray.is_cuda_ndarray(x):
@@ -134,5 +137,5 @@ def quantize_q8_1(x, out: Q8Blocks, stream=0) -> Q8Blocks:
         raise KernelConstraintError(f"x has {n} elements; Q8_1 quantization needs a positive multiple of {QK}")
     check_q8(out, n, "out")
     grid = (n + THREADS - 1) // THREADS
-    _quantize_q8_1[grid, THREADS, stream](x, out.q, out.d, out.s, n)
+    launch_kernel(_quantize_q8_1, grid, THREADS, stream, (x, out.q, out.d, out.s, n), pdl=pdl)
     return out

@@ -35,6 +35,8 @@ from numba import cuda, float32, float64
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.launch import launch_kernel
+from kernels.ptx import pdl_enter
 
 MODES = ("neox", "norm")
 THREADS = 1024
@@ -86,6 +88,7 @@ def _rope(q, k, pos, base, interleaved):
     """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64.
     The threads of row ``threadIdx.y == 0`` compute each pair's (cos, sin) once into shared memory; then every
     thread rotates its pairs in its heads."""
+    pdl_enter()
     t = cuda.blockIdx.x
     nh = q.shape[1]
     n_heads = nh + k.shape[1]
@@ -141,7 +144,7 @@ def _check_qk(a, name: str):
         )
 
 
-def rope(q, k, pos, base: float, mode: str, stream=0) -> None:
+def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -149,7 +152,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0) -> None:
     QKV output ``qkv.reshape(nt, nh + 2*nkv, hd)[:, :nh]`` / ``[:, nh:nh + nkv]``. head_dim even, the same for both.
     pos: int32 device array ``[nt]`` of positions (0 <= pos < 1.6e6). base: ``rope_freq_base`` (1e6 for
     Qwen2-7B, 5e5 for Llama-3, 1e4 for Llama-2). mode: ``"neox"`` pairs (i, i + head_dim/2) (qwen2),
-    ``"norm"`` pairs (2i, 2i+1) (llama), as ggml's ROPE_TYPE_NEOX / NORMAL.
+    ``"norm"`` pairs (2i, 2i+1) (llama), as ggml's ROPE_TYPE_NEOX / NORMAL. pdl: a programmatic dependent launch
+    (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`).
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
     Not supported (yet): rope_freqs factors (Llama-3.1), YaRN/linear scaling, partial rotation (n_dims < head_dim).
@@ -180,4 +184,5 @@ def rope(q, k, pos, base: float, mode: str, stream=0) -> None:
         raise KernelConstraintError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
     if nt == 0 or nh + k.shape[1] == 0:
         return
-    _rope[nt, block_shape(hd, nh + k.shape[1]), stream](q, k, pos, np.float64(base), mode == "norm")
+    launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream, (q, k, pos, np.float64(base), mode == "norm"),
+                  pdl=pdl)

@@ -668,6 +668,52 @@ def test_bench_tg_workload_times_and_checks(arm):
 
 
 @pytest.mark.gpu
+def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monkeypatch):
+    """PDL=1: after a first eager step (numba compiles there, with ordinary launches), a second step launches every
+    kernel of the per-layer chain through cuda.core with ``programmatic_stream_serialization`` (at least the 14
+    kernels a layer has besides q/k/v) and never falls back to an ordinary launch for want of a compiled kernel;
+    the step's logits equal those of PDL=0 bit for bit."""
+    import cuda.core
+
+    from kernels import launch as launch_module
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
+    first = int(rng.integers(0, weights.config.vocab))
+    logits = []
+    for pdl in (False, True):
+        engine = DecodeEngine(weights, 16, EngineOptions(graphs=False, pdl=pdl), rows_per_block=4, warps_per_row=2)
+        engine.start(first, 0)
+        engine.step()
+        engine.start(first, 0)
+        if pdl:
+            configs, missing = [], []
+            real_launch, real_compiled = cuda.core.launch, launch_module._compiled
+
+            def counting(stream, config, kernel, *args):
+                configs.append(config)
+                return real_launch(stream, config, kernel, *args)
+
+            def compiled(dispatcher, args):
+                kernel = real_compiled(dispatcher, args)
+                missing.extend([dispatcher] if kernel is None else [])
+                return kernel
+
+            monkeypatch.setattr(cuda.core, "launch", counting)
+            monkeypatch.setattr(launch_module, "_compiled", compiled)
+        engine.step()
+        logits.append(engine.logits.copy_to_host(stream=engine.stream))
+        engine.stream.synchronize()
+        engine.close()
+    assert not missing, f"{len(missing)} PDL launches fell back to an ordinary launch"
+    assert len(configs) >= 14 * weights.config.n_layers
+    assert all(c.programmatic_stream_serialization for c in configs)
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
                                   {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
                                   {"hoist": True}, {"deep": True}, {"vload": True}, {"pdl": True}],

@@ -37,7 +37,11 @@ number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE 
 the output norm). ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
 format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too): the engine copies
 their GGUF bytes and biases into one buffer each at construction (extra device memory: those weights once more),
-and since every row is computed alone with the same launch shape, the logits are bit-identical.
+and since every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
+(``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,
+RMSNorm, the Q8_1 quantization, RoPE, the KV append and both decode-attention kernels start while the kernel
+before them finishes and wait for it (`kernels.ptx.griddepcontrol_wait`) before they read its output; the
+embedding, argmax and state kernels (once a step) launch as before.
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -172,6 +176,7 @@ class DecodeEngine:
         self.stage = bool(options.stage)
         self.hoist = bool(options.hoist)
         self.vload = bool(options.vload)
+        self.pdl = bool(options.pdl)
         self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST/VLOAD: (weight, launch shape, glu) -> knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
@@ -312,7 +317,7 @@ class DecodeEngine:
         """Enqueue x -> Q8_1 into ``q8`` and return it (None, and nothing enqueued, without MMVQ)."""
         from kernels.quantize_q8 import quantize_q8_1
 
-        return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream)
+        return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream, pdl=self.pdl)
 
     def _norm(self, weight):
         """Enqueue h = rms_norm(x) * weight and, with MMVQ, h's Q8_1 blocks (returned; None without MMVQ): one
@@ -321,9 +326,9 @@ class DecodeEngine:
 
         eps, tpb = self.config.rms_eps, row_tpb(self.config.hidden)
         if self.fuse_norm_q8 and self._q8_hidden is not None:
-            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream, tpb=tpb)
+            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream, tpb=tpb, pdl=self.pdl)
             return self._q8_hidden
-        rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb)
+        rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, self._q8_hidden)
 
     def _deep_launch(self, m: _Gemv) -> dict | None:
@@ -423,17 +428,17 @@ class DecodeEngine:
         from kernels.kv_cache import kv_append
         from kernels.rope import rope
 
-        c, s = self.config, self.stream
+        c, s, p = self.config, self.stream, self.pdl
         e = self.embedding
         embedding(e.raw, e.qtype, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
         for layer in self.layers:
             hq = self._norm(layer.attn_norm)
             for m, out, bias in layer.qkv:
                 self._matvec(m, self._h1, out, residual=bias, xq=hq)
-            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s)
-            kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s)
+            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p)
+            kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s, pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             hq = self._norm(layer.ffn_norm)
