@@ -258,18 +258,18 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
         x_in, launch = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
-        assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "prefetch": 0, "pdl": 0, "min_blocks": minb}
+        assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "prefetch": 0, "pdl": 1, "min_blocks": minb}
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
               _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
               _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
-        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 0}, m
+        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}, m
     every = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True, stage=True, hoist=True, vload=True),
                          splits=1)
     launch = every._input(_Gemv(None, "Q6_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
-    assert launch == {**GEMV_MMVQ_DEEP["Q6_K"], "prefetch": 0, "pdl": 0, "min_blocks": minb}
+    assert launch == {**GEMV_MMVQ_DEEP["Q6_K"], "prefetch": 0, "pdl": 1, "min_blocks": minb}
     launch = every._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
-    assert launch == {**GEMV_MMVQ_DEEP["Q4_K"], "prefetch": 0, "pdl": 0, "min_blocks": minb, "hoist": 1}
+    assert launch == {**GEMV_MMVQ_DEEP["Q4_K"], "prefetch": 0, "pdl": 1, "min_blocks": minb, "hoist": 1}
 
 
 def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
@@ -283,10 +283,10 @@ def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
     raw = micro_weights.device(name)
     assert raw.size % 8 == 0
     q6 = _Gemv(raw, "Q6_K", spec.shape[1], spec.shape[0])
-    assert engine._input(q6, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 0, "vload": 1}
-    assert engine._input(q6, "x", "xq", wide=False, glu=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 0}
+    assert engine._input(q6, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1, "vload": 1}
+    assert engine._input(q6, "x", "xq", wide=False, glu=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}
     odd = _Gemv(raw[: raw.size - 210], "Q6_K", spec.shape[1] - 1, spec.shape[0])
-    assert odd.raw.size % 8 and engine._input(odd, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 0}
+    assert odd.raw.size % 8 and engine._input(odd, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
@@ -332,10 +332,10 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
     assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).deep is False
     assert engine_options(resolve_config(engine_knobs(), {"VLOAD": "1"}, "e")).vload is True
-    assert engine_options(resolve_config(engine_knobs(), {"PDL": "1"}, "e")).pdl is True
+    assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).pdl is False
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
-    assert default.deep is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
+    assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
 
@@ -716,15 +716,15 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
                                   {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
-                                  {"hoist": True}, {"deep": True}, {"vload": True}, {"pdl": True}],
+                                  {"hoist": True}, {"deep": True}, {"vload": True}, {"pdl": False}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
-                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1", "VLOAD=1", "PDL=1"])
+                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1", "VLOAD=1", "PDL=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
     default path, PREFETCH=1 only adds a cache hint, STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded,
-    HOIST=1 only where the Q4_K/Q6_K/Q8_0 loads sit in the program, PDL=1 only when a mat-vec may start (it waits
-    for the kernel before it), and
+    HOIST=1 only where the Q4_K/Q6_K/Q8_0 loads sit in the program, PDL=0 (the default is 1) only when a kernel
+    may start (each waits for the kernel before it), and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
     sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine

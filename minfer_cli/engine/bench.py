@@ -71,9 +71,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                       "effect with MMVQ=0 (f32 inputs keep the f32 shape)")]
     knobs += [Knob("VLOAD", (0, 1), 0, "decode (tg): 1 has the Q6_K mat-vecs read their blocks with 8-byte vector loads "
                                        "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
-    knobs += [Knob("PDL", (0, 1), 0, "decode (tg): 1 launches every mat-vec as a programmatic dependent launch (gemv "
-                                     "PDL=1: it starts in the previous kernel's tail, touching only its weights until "
-                                     "that kernel ends); 0 ordinary launches")]
+    knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
+                                     "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
+                                     "each starts in the previous kernel's tail (tg128 +10.5%, ledger #83); 0 ordinary "
+                                     "launches")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -105,7 +106,7 @@ def engine_options(config: Config) -> EngineOptions:
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                          prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
                          hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 1)),
-                         vload=bool(config.get("VLOAD", 0)), pdl=bool(config.get("PDL", 0)),
+                         vload=bool(config.get("VLOAD", 0)), pdl=bool(config.get("PDL", 1)),
                          fuse_qkv=bool(config.get("FUSE_QKV", 0)))
 
 
