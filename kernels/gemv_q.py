@@ -34,7 +34,8 @@ or 4-byte words (Q6_K).
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
 decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`` chunks per loop iteration,
-``PREFETCH`` (an L2 bulk prefetch of the block's rows first), ``residual`` (fused ``y += residual``), the x form
+``PREFETCH`` (an L2 bulk prefetch of the block's rows first, or a per-chunk lookahead), ``PDL`` (a programmatic
+dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the x form
 (f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
 ``y = silu(gate·x) * (up·x)`` in the epilogue).
 """
@@ -82,7 +83,10 @@ PREFETCH_VALUES = (0, 1, 2, 3)
 * 2, 3 (lookahead): at the top of every step each warp prefetches the 128-byte lines of the chunk it will decode
   ``PREFETCH - 1`` steps later, for all RPB rows (`_lookahead`: one ``prefetch.global.L2`` per lane and weight
   for up to 32 lines, `kernels.ptx.prefetch_l2`), so the next chunks' DRAM reads overlap this chunk's decode
-  without holding registers or shared memory. UNROLL=1 and STAGE 0 or a ring (`prefetch_refusal`)."""
+  without holding registers or shared memory. UNROLL=1 and STAGE 0 or a ring (`prefetch_refusal`). On the H200
+  slower at every shape measured: Q4_K MMVQ ffn_down (RPB=4, WPR=4, MINB=7) 16.00 -> 18.94 / 20.26 µs, the Q6_K
+  ring two steps ahead 24.27 -> 26.04, the Q4_K gate/up pass (RPB=8, WPR=1) 39.39 -> 40.85 / 43.85 (ledger #76,
+  #77, #78)."""
 STAGE_VALUES = (0, 1, 2, 3, 4)
 """Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
 formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword (Q6_K: 17 a lane a
@@ -131,7 +135,10 @@ PDL_VALUES = (0, 1)
 serialization, so its CUDA blocks take the SM slots the previous kernel's last blocks leave; before it waits for
 that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
 L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
-other than 0. 0: an ordinary launch."""
+other than 0. 0: an ordinary launch. On the H200 at ffn_down, timed as graphs of 6 back-to-back launches: Q4_K
+(RPB=4, WPR=4, MINB=7) 16.03 -> 15.27 µs (61.3% of copy), the Q6_K ring (FOLD=1) 24.11 -> 20.85 (65.5%); the
+Q4_K gate/up pass 37.35 -> 36.40 (ledger #79-#81). At ffn_down the kernel's fixed cost (launch, ramp, tail) is
+~4 µs of Q4_K's 16 and ~8.6 of Q6_K's 24 (times at 1, 2 and 4 x 3584 rows): that is what PDL overlaps."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
 registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
