@@ -1181,7 +1181,8 @@ def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
 def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
            prefetch: int = 0, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
            vload: bool = False, fold: bool = False, pdl: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST, MINB, VLOAD): the per-row
+    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST,
+    MINB, VLOAD, FOLD, PDL): the per-row
     code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
     the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
     same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
@@ -1231,7 +1232,8 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "prefetch_l2": prefetch_l2,
-             "griddepcontrol_wait": griddepcontrol_wait, "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
+             "griddepcontrol_wait": griddepcontrol_wait,
+             "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}

@@ -10,8 +10,8 @@ launched this way must call that wait before it touches anything an earlier kern
 writes). The attribute is recorded by stream capture (a programmatic edge in the CUDA graph).
 
 numba-cuda 0.30 launches through ``cuda.core.launch`` with a ``LaunchConfig`` that it builds without the attribute;
-`launch_kernel` does the same steps (``_Kernel.launch``: the compiled kernel of the arguments' types, its argument packing)
-with ``programmatic_stream_serialization=True``. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
+`launch_kernel` does the same steps (``_Kernel.launch``: the compiled kernel of the arguments' types, its argument
+packing) with ``programmatic_stream_serialization=True``. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
 Synchronization"; cuda.core ``LaunchConfig``.
 """
 

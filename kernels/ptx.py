@@ -559,10 +559,10 @@ else:
 
     @intrinsic
     def griddepcontrol_wait(typingctx):
-        """`griddepcontrol.wait` (PTX ISA, parallel synchronization instructions: "griddepcontrol"; sm_90, PTX 7.8): wait until every prerequisite
-        grid in flight (the kernel before this one in the stream, when this one was launched with programmatic stream
-        serialization: `kernels.launch`) has completed and its memory operations are visible. Returns at once when
-        there is none (an ordinary launch). Every read of what an earlier kernel writes, and every write of what it
+        """`griddepcontrol.wait` (PTX ISA, parallel synchronization instructions: "griddepcontrol"; sm_90, PTX 7.8):
+        wait until every prerequisite grid in flight (the kernel before this one in the stream, when this one was
+        launched with programmatic stream serialization: `kernels.launch`) has completed and its memory operations
+        are visible. Returns at once when there is none (an ordinary launch). Every read of what an earlier kernel writes, and every write of what it
         reads or writes, must come after it; a memory clobber keeps the compiler from moving accesses across."""
         sig = types.void()
 
