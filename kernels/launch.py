@@ -21,14 +21,23 @@ from kernels.ptx import SIMULATOR
 
 
 def _compiled(dispatcher, args: tuple):
-    """The compiled kernel numba would launch for ``args``: the overload of their types, else a dispatcher's only
-    overload (built for one explicit signature), else None (not compiled yet for these types)."""
+    """The compiled kernel numba would launch for ``args``: the overload of their types; else, for a dispatcher
+    that can compile nothing more (built for one explicit signature, numba's own rule in ``_Kernel`` dispatch), its
+    only overload; else None (not compiled yet for these types: the caller launches ordinarily so numba compiles).
+    A lazily compiled dispatcher never lends another types' overload: the prefill's RMSNorm with f16 out would
+    otherwise write f16 bits into the decode's f32 buffer."""
     from numba.cuda.typing.typeof import Purpose, typeof
 
     kernel = dispatcher.overloads.get(tuple(typeof(a, Purpose.argument) for a in args))
-    if kernel is None and len(dispatcher.overloads) == 1:
+    if kernel is None and not dispatcher._can_compile and len(dispatcher.overloads) == 1:
         kernel = next(iter(dispatcher.overloads.values()))
     return kernel
+
+
+def _dim(d):
+    """A launch dimension as cuda.core takes it: an int or a tuple of ints (numba also takes lists and numpy
+    integers)."""
+    return int(d) if not isinstance(d, (tuple, list)) else tuple(int(x) for x in d)
 
 
 def launch_kernel(dispatcher, grid, block, stream, args: tuple, *, pdl: bool, shmem: int = 0) -> None:
@@ -58,5 +67,8 @@ def launch_kernel(dispatcher, grid, block, stream, args: tuple, *, pdl: bool, sh
     packed, writeback = [], []
     for t, v in zip(kernel.argument_types, args):
         kernel._prepare_args(t, v, stream, writeback, packed)
-    config = LaunchConfig(grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=True)
+    config = LaunchConfig(grid=_dim(grid), block=_dim(block), shmem_size=int(shmem),
+                          programmatic_stream_serialization=True)
     core_launch(stream, config, kernel._codelibrary.get_cufunc().kernel, *packed)
+    for copy_back in writeback:  # host arrays among the arguments: copied back as numba's own launch does
+        copy_back()

@@ -431,6 +431,21 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq):
     assert _rel(got, want) < (5e-2 if mmvq else 1e-2) and int(np.argmax(got)) == int(np.argmax(want))
 
 
+@pytest.mark.gpu
+def test_decode_after_prefill_in_a_fresh_process():
+    """`test_decode_logits_equal_prefill_logits_at_the_same_position` alone in a new process, where the prefill
+    compiles the kernels first (RMSNorm with f16 out) and the decode's PDL launches must not borrow them for its
+    f32 buffers (`minfer bench -p 2048 -n 128` runs in that order; within this session earlier tests compile the
+    decode's kernels first and would hide it)."""
+    import subprocess
+    import sys
+
+    node = f"{__file__}::test_decode_logits_equal_prefill_logits_at_the_same_position"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
 def _generate_with_logits(engine, n: int):
     """n greedy tokens from a started engine, one graph replay each, and the float64 logits each was picked from."""
     tokens, logits = [], []

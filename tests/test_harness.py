@@ -56,11 +56,11 @@ class _FakeTimer(ArmTimer):
         self.graph_us, self.eager_us, self.capture_fails = graph_us, eager_us, capture_fails
         self.captured = []
 
-    def _capture(self, batch):
+    def _capture(self, batch, windows=None):
         if self.capture_fails:
             raise RuntimeError("no capture here")
         self.captured.append(batch)
-        self._graphs = [None] * max(1, len(self.ring) // batch)
+        self._graphs = [None] * (windows or max(1, len(self.ring) // batch))
 
     def _graph_sample(self):
         return self.graph_us + 2.0 / self.batch
@@ -81,7 +81,7 @@ def test_calibrate_batches_graphs_by_a_graph_of_one_launch_not_an_eager_launch()
     assert timer.method == "graph" and timer.batch == 6 and timer.captured == [1, 6]
     slow = _FakeTimer(300.0, 150.0)
     slow.calibrate()
-    assert slow.batch == 1 and slow.captured == [1, 1]
+    assert slow.batch == 1 and slow.captured == [1, 1]  # 8 estimate graphs, then one per set of the ring of 12
     eager = _FakeTimer(17.0, 150.0, capture_fails=True)
     eager.calibrate()
     assert eager.method == "eager" and eager.batch == batch_size(150.0, 12) == 2 and "no capture here" in eager.note

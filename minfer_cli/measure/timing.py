@@ -25,12 +25,15 @@ from typing import Any, Callable
 import numpy as np
 
 BATCH_TARGET_US = 200.0
+ESTIMATE_GRAPHS = 8
+"""Graphs of one launch (over as many ring sets) whose replays estimate a launch's time for `batch_size`."""
 MAX_RING_SETS = 1024
 RING_FACTOR = 4
 
 
 def batch_size(single_us: float, ring_sets: int) -> int:
-    """Launches per sample for a kernel whose one launch took ``single_us`` µs (eager, events around it):
+    """Launches per sample for a kernel whose one launch took ``single_us`` µs (a graph of one launch; eager
+    launches where capture fails):
     ceil(`BATCH_TARGET_US` / ``single_us``), at least 1 and at most half of the ``ring_sets`` input sets (every
     launch of a sample reads a different set). Raises ValueError for a ring of fewer than 1 set."""
     if ring_sets < 1:
@@ -155,12 +158,13 @@ class ArmTimer:
         return start.elapsed_time(end) * 1000.0 / batch
 
     # -- graph: [start event, batch launches, end event] captured once per ring window, then replayed ------------
-    def _capture(self, batch: int) -> None:
+    def _capture(self, batch: int, windows: int | None = None) -> None:
+        """Capture ``windows`` graphs (default: as many as the ring holds) of ``batch`` launches each."""
         from numba import cuda
 
         drv = _driver()
         handle = drv.CUstream(int(self.stream.handle))
-        windows = max(1, len(self.ring) // batch)
+        windows = windows or max(1, len(self.ring) // batch)
         graphs = []
         for _ in range(windows):
             start, end = cuda.event(), cuda.event()
@@ -178,6 +182,7 @@ class ArmTimer:
             exe = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
             graphs.append((graph, exe, start, end))
         self._graphs = graphs
+        self._graph_index = 0
 
     def _graph_sample(self) -> float:
         drv = _driver()
@@ -196,14 +201,18 @@ class ArmTimer:
         by the sleep), which gave the arms of one sweep batches of 1 to 6 (ledger #74-#76)."""
         try:
             self.batch = 1
-            self._capture(1)
-            single = float(np.median([self._graph_sample() for _ in range(max(5, len(self._graphs)))]))
-            self.release()
-            self.batch = batch = batch_size(single, len(self.ring))
-            self._capture(batch)
-            self.method = "graph"
-            for _ in range(len(self._graphs)):
+            self._capture(1, min(len(self.ring), ESTIMATE_GRAPHS))
+            for _ in range(len(self._graphs)):  # a graph's first replay also uploads it: not timed
                 self._graph_sample()
+            single = float(np.median([self._graph_sample() for _ in range(max(5, len(self._graphs)))]))
+            batch = batch_size(single, len(self.ring))
+            if batch > 1 or len(self._graphs) < len(self.ring):
+                self.release()
+                self.batch = batch
+                self._capture(batch)
+                for _ in range(len(self._graphs)):
+                    self._graph_sample()
+            self.method = "graph"
         except Exception as exc:  # capture unsupported here: eager launches behind a GPU sleep
             self._graphs = []
             self.method = "eager"
