@@ -215,8 +215,8 @@ class GemvExperiment(Experiment):
         Knob("FOLD", FOLD_VALUES, DEFAULT_FOLD,
              "1: Q6_K MMVQ's -32 offset as -32*Σx once per chunk, starting each plane's dp4a chain (no add+xor a word)"),
         Knob("PDL", PDL_VALUES, DEFAULT_PDL,
-             "1: programmatic dependent launch: each launch starts in the previous one's tail, touching only W until "
-             "it has completed (griddepcontrol)"),
+             "1: programmatic dependent launch: each launch may start before the previous one ends, touching only W "
+             "until that one has completed (griddepcontrol; overlaps only within a batch of launches)"),
         Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
         Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
     )

@@ -73,8 +73,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                        "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
-                                     "each starts in the previous kernel's tail (tg128 +10.5%, ledger #83); 0 ordinary "
-                                     "launches")]
+                                     "each may start before the previous kernel ends and waits for it before reading "
+                                     "its output (tg128 +10.5%, ledger #83); 0 ordinary launches")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")

@@ -49,13 +49,12 @@ class EngineOptions:
     True, where `hoist_refusal` allows) or load row by row (False); deep: decode's Q4_K and Q6_K mat-vecs of long
     rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the
     default: tg128 +2.2%, ledger #71; MMVQ only) or the general MMVQ shape (False); vload: decode's Q6_K mat-vecs
-    read their blocks with 8-byte vector loads (`kernels.gemv_q` VLOAD=1, True, where `vload_refusal` allows) or halfword loads (False); pdl: the
-    decode step's per-layer kernels are programmatic dependent launches (`kernels.launch`; True, the default: each
-    starts in the previous kernel's tail and waits for it before reading its output; tg128 +10.5%, ledger #83) or
-    ordinary ones (False); fuse_qkv:
-    decode's q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each (False) —
-    the decode options are
-    read by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
+    read their blocks with 8-byte vector loads (`kernels.gemv_q` VLOAD=1, True, where `vload_refusal` allows) or
+    halfword loads (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
+    (`kernels.launch`; True, the default: each may start before the previous kernel ends and waits for it before
+    reading its output; tg128 +10.5%, ledger #83) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
+    one format run as one mat-vec over their stacked rows (True) or one each (False) — the decode options are read
+    by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
     w16: bool = True
     gemm: Optional[dict] = None
