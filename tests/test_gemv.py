@@ -564,17 +564,18 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
         mod,
         "gemv_q",
         lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch, stage, hoist,
-        min_blocks, vload, fold: seen.append((qtype, rows_per_block, warps_per_row, prefetch, stage, hoist, min_blocks,
-                                              vload, fold, raw.size)),
+        min_blocks, vload, fold, pdl: seen.append((qtype, rows_per_block, warps_per_row, prefetch, stage, hoist,
+                                                   min_blocks, vload, fold, pdl, raw.size)),
     )
     exp = get("gemv")
     wl = exp.workload("tiny")
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
     for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1", "TYPE=Q6_K,HOIST=1,MINB=7,VLOAD=1",
-                "TYPE=Q6_K,STAGE=3,FOLD=1,MMVQ=1"):
+                "TYPE=Q6_K,STAGE=3,FOLD=1,MMVQ=1", "TYPE=Q4_K,PREFETCH=3,PDL=1"):
         exp.prepare(exp.config(arm), wl)(inputs, output, 0)
-    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 0, 0, 0, 0, 5 * 16 * 34),
-                    ("Q6_K", 4, 4, 0, 0, 1, 7, 1, 0, 5 * 2 * 210), ("Q6_K", 4, 4, 0, 3, 0, 0, 0, 1, 5 * 2 * 210)]
+    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 0, 0, 0, 0, 0, 5 * 16 * 34),
+                    ("Q6_K", 4, 4, 0, 0, 1, 7, 1, 0, 0, 5 * 2 * 210), ("Q6_K", 4, 4, 0, 3, 0, 0, 0, 1, 0, 5 * 2 * 210),
+                    ("Q4_K", 4, 4, 3, 0, 0, 0, 0, 0, 1, 5 * 2 * 144)]
 
 
 @pytest.mark.parametrize("arm, workload, needle", [
