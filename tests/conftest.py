@@ -33,3 +33,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a real NVIDIA GPU (none present, or simulator mode)"))
         if "compile" in item.keywords and SIMULATOR:
             item.add_marker(pytest.mark.skip(reason="compile checks need real NVVM, not the CUDA simulator"))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test gets its own minfer cache directory (the ledger's derived index, unrecorded results), never the
+    user's ~/.cache."""
+    monkeypatch.setenv("MINFER_CACHE_DIR", str(tmp_path_factory.mktemp("minfer-cache")))

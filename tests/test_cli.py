@@ -210,10 +210,10 @@ def test_console_script_errors_are_one_line(args, needle):
 
 
 def test_ledger_show_one_record_parses_back_as_yaml():
-    """Piped (not a terminal), `ledger show N` prints plain, unwrapped YAML: long values stay on one line."""
+    """`ledger show N --format yaml` prints the record as stored, unwrapped: long values stay on one line."""
     import yaml
 
-    r = invoke("ledger", "show", "1")
+    r = invoke("ledger", "show", "1", "--format", "yaml")
     assert r.exit_code == 0, r.output
     record = yaml.safe_load(r.output)
     assert record["id"] == 1 and record["experiment"] == "copy"

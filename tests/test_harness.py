@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import yaml
+from pathlib import Path
 from typer.testing import CliRunner
 
 from minfer_cli import ledger
@@ -201,6 +202,12 @@ def test_a_ledger_that_fails_after_measuring_loses_nothing(fake_gpu, tmp_path):
     fake_gpu.setattr(harness, "measure_ab", _fake_ab("NEUTRAL", 0.001))
     r = CliRunner().invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(blocker / "records")])
     assert r.exit_code == 3
-    assert "NEUTRAL" in r.output and "the measurement was not lost" in r.output
-    dumped = r.output[r.output.index("schema: 1"):]
+    assert "NEUTRAL" in r.output and "the result was not lost: saved to " in r.output
+    saved = Path(" ".join(r.output.split("saved to ", 1)[1].split()).split(" (copy it")[0])
+    assert yaml.safe_load(saved.read_text())["verdict"] == "NEUTRAL"
+    # When even the fallback cannot be written, the whole record is printed instead.
+    fake_gpu.setenv("MINFER_CACHE_DIR", str(blocker / "cache"))
+    r = CliRunner().invoke(app, ["ab", "copy", "--arm", "VEC=1", "--arm", "VEC=4", "--ledger", str(blocker / "records")])
+    assert r.exit_code == 3 and "the measurement was not lost" in r.output
+    dumped = r.output[r.output.index("schema: "):]
     assert yaml.safe_load(dumped)["verdict"] == "NEUTRAL"

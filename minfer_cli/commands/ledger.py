@@ -1,4 +1,7 @@
-"""`minfer ledger ...`: read the YAML ledger of measured results (core: `minfer_cli.ledger`)."""
+"""`minfer ledger ...`: read the ledger (show, diff, trend), re-check its verdicts (verify) and retire records.
+
+Core: `minfer_cli.ledger`; design: docs/ledger.md.
+"""
 
 from __future__ import annotations
 
@@ -8,49 +11,56 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
 from minfer_cli import ledger as core
-from minfer_cli.console import err, guard, out, verdict_text
+from minfer_cli.commands import ledger_diff, ledger_trend, ledger_verify
+from minfer_cli.commands.ledger_common import LEDGER, fitted_table, print_record, report_problems, resolve_dir
+from minfer_cli.console import guard, out, verdict_text
 from minfer_cli.errors import UsageError
-from minfer_cli.knobs import ENV_LEDGER, env
+from minfer_cli.ledger import figures
 
-app = typer.Typer(name="ledger", help="Read the ledger: one YAML record per measured result.", no_args_is_help=True)
+app = typer.Typer(name="ledger", help="Read the ledger (one YAML record per result), re-check its verdicts, retire "
+                  "records. Design: docs/ledger.md.", no_args_is_help=True)
 
 SHOW_FORMATS = ("table", *core.FORMATS)
+ONE_FORMATS = ("table", "yaml", "json", "md", "csv")
+SHOW_SHRINK = (("title", 8), ("compared", 14), ("experiment", 6), ("workload", 6), ("compared", 10), ("result", 28),
+               ("result", 16))
+"""Which `show` columns give up width first when the table is wider than the terminal, and the least each keeps."""
+MEDIUM_WIDTH = 110  # from this terminal width on, `show` adds the workload and the CI columns
+WIDE_WIDTH = 150  # and from this one, the p-value, the commit and the title
 
-
-def _delta_text(record: dict[str, Any]) -> str:
-    comparison = record.get("comparison")
-    if not comparison:
-        return ""
-    pct = {k: comparison[k] * 100.0 for k in ("delta", "ci_low", "ci_high")}
-    return f"{pct['delta']:+.1f}% [{pct['ci_low']:+.1f}, {pct['ci_high']:+.1f}]"
-
-
-def _records_table(records: list[dict[str, Any]]) -> Table:
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("date", no_wrap=True)
-    table.add_column("experiment")
-    table.add_column("arms")
-    table.add_column("Δ% [CI]", justify="right", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
+def records_table(records: list[dict[str, Any]], duplicates: set[int], width: int, wide: bool) -> Table:
+    """The `ledger show` table: columns chosen for ``width`` (all of them with ``wide``); cells never wrap, a
+    long one ends in an ellipsis (``wide`` shows every cell whole)."""
+    medium = wide or width >= MEDIUM_WIDTH
+    full = wide or width >= WIDE_WIDTH
+    names = ["id", "date", "experiment", *(["workload"] if medium else []), "compared", "result",
+             *(["95% CI"] if medium else []), *(["p", "commit", "title"] if full else []), "verdict"]
+    rows = []
     for record in records:
-        arms = core.record_arms_text(record)
-        date = record["timestamp"][:16].replace("T", " ")
-        cells = (str(record["id"]), date, record["experiment"], arms, _delta_text(record))
-        table.add_row(*(Text(cell) for cell in cells), Text.from_markup(verdict_text(record["verdict"])))
-    return table
+        head = figures.headline(record)
+        stamp = str(record["timestamp"])
+        cells = {
+            "id": f"{record['id']}{'*' if record['id'] in duplicates else ''}",
+            "date": stamp[:10] if medium else stamp[5:10],
+            "experiment": str(record.get("experiment") or record.get("kind")),
+            "workload": str((record.get("workload") or {}).get("name") or ""),
+            "compared": figures.record_arms_text(record),
+            "result": " ".join(t for t in (head.result, head.change) if t),
+            "95% CI": head.ci, "p": head.p, "commit": str((record.get("git") or {}).get("commit") or "")[:8],
+            "title": str(record.get("title") or ""), "verdict": str(record.get("verdict")),
+        }
+        rows.append(cells)
+    return fitted_table(names, rows, None if wide else width, SHOW_SHRINK, right=("id", "95% CI", "p"))
 
 
 def _json_safe(value: Any) -> Any:
     """``value`` with NaN/inf replaced by null, so the output is strict JSON."""
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -58,88 +68,104 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _show_one(record: dict[str, Any], fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps(_json_safe(record), indent=2, ensure_ascii=False))
-    elif fmt == "table":
-        text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True, width=10**6)
-        if out.is_terminal:
-            out.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
-        else:  # piped or redirected: plain text, never wrapped, so that it parses back as YAML
-            print(text.rstrip("\n"))
-    else:
-        print(core.export([record], fmt).rstrip("\n"))
+def _show_one(records: list[dict[str, Any]], fmt: str, wide: bool) -> None:
+    for i, record in enumerate(records):
+        if fmt == "json":
+            print(json.dumps(_json_safe(record), indent=2, ensure_ascii=False, default=str))
+        elif fmt == "yaml":
+            print(core.store.dump(record).rstrip("\n"))
+        elif fmt == "table":
+            if i:
+                out.print()
+            print_record(record, wide=wide)
+        else:
+            print(core.export([record], fmt).rstrip("\n"))
 
 
 @app.command("show")
 @guard
 def show(
     record_id: Optional[str] = typer.Argument(
-        None, metavar="ID", help="Show this one record in full (YAML; JSON with --format json). ID is the record's "
-        "number, e.g. 46 (or 0046, as in its file name).", show_default=False,
+        None, metavar="ID", help="Show this one record in full. ID is the record's number, e.g. 46 (or 0046, as in "
+        "its file name).", show_default=False,
     ),
-    experiment: Optional[str] = typer.Option(
-        None, "--experiment", "-e", help="Only records of this experiment, e.g. copy."
-    ),
-    verdict: Optional[str] = typer.Option(
-        None, "--verdict", help=f"Only records with this verdict (any case): {', '.join(core.VERDICTS)}."
-    ),
+    experiment: Optional[str] = typer.Option(None, "--experiment", "-e", help="Only records of this experiment, e.g. copy."),
+    verdict: Optional[str] = typer.Option(None, "--verdict", help=f"Only records with this verdict (any case): {', '.join(core.VERDICTS)}."),
+    kind: Optional[str] = typer.Option(None, "--kind", help=f"Only records of this kind: {', '.join(core.KINDS)}."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only records from this id on (46) or from this UTC "
+                                        "date on (2026-11-30, or 2026-11-30T21:00)."),
+    grep: Optional[str] = typer.Option(None, "--grep", help="Only records whose title, notes, command, experiment or "
+                                       "knobs contain this text (any case)."),
     last: Optional[int] = typer.Option(None, "--last", "-n", help="Only the last N records (highest ids)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, every cell whole (cells fold instead of ending in …)."),
     fmt: str = typer.Option(
-        "table",
-        "--format",
-        "-f",
-        help=f"Output format: {', '.join(SHOW_FORMATS)}. md/csv/json print one flat row per record (a bench "
-        "record: one per pp/tg test), for pasting or for pandas.",
+        "table", "--format", "-f",
+        help=f"Output format: {', '.join(SHOW_FORMATS)}; with an ID also yaml (the file as stored). md/csv/json print "
+        "flat rows (a bench record: one per pp/tg test; a sweep: one per point) with each arm's median, mean, std, "
+        "p10, p90, n and the change as a speed-up; columns are documented in docs/ledger.md.",
     ),
-    ledger: Optional[Path] = typer.Option(
-        None,
-        "--ledger",
-        help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of the minfer project).",
-    ),
+    ledger: Optional[Path] = LEDGER,
 ) -> None:
-    """List ledger records, or show one in full.
+    """List ledger records with the figure that matters, or show one record whole.
 
-    Files that cannot be read are skipped and named on stderr, with the reason.
+    The result column speaks one language for every metric: an A/B shows both arms' medians and the speed-up of B
+    over A (speed-up = old time / new time - 1, or new rate / old rate - 1): "+14.1% faster". A bench record shows
+    each test's mean ± std, a sweep its best point (and its change against the default when recorded), a
+    calibration its false-positive rate and suggested bar. The table fits the terminal (cells end in …);
+    wider terminals show more columns; --wide shows everything.
+
+    Files that cannot be read are skipped and named on stderr with the reason (exit status 1); every other record
+    still shows. Two files with one id are both shown, flagged *.
 
     Examples:
 
-      minfer ledger show --experiment copy --verdict LANDED --last 5
+      minfer ledger show --experiment gemv --verdict LANDED --last 5
 
-      minfer ledger show 12
+      minfer ledger show --kind bench --since 2026-11-30
+
+      minfer ledger show 86
 
       minfer ledger show --format csv > ledger.csv
     """
     number = core.parse_id(record_id) if record_id is not None else None
     fmt = fmt.lower()
-    if fmt not in SHOW_FORMATS:
-        raise UsageError(f"unknown --format {fmt!r}; valid formats: {', '.join(SHOW_FORMATS)}")
+    allowed = ONE_FORMATS if number is not None else SHOW_FORMATS
+    if fmt not in allowed:
+        raise UsageError(f"unknown --format {fmt!r}; valid formats{' with an ID' if number is not None else ''}: "
+                         f"{', '.join(allowed)}")
     if verdict is not None:
         verdict = verdict.upper()
         if verdict not in core.VERDICTS:
             raise UsageError(f"unknown --verdict {verdict!r}; valid verdicts: {', '.join(core.VERDICTS)}")
+    if kind is not None:
+        kind = kind.lower()
+        if kind not in core.KINDS:
+            raise UsageError(f"unknown --kind {kind!r}; valid kinds: {', '.join(core.KINDS)}")
     if last is not None and last < 1:
         raise UsageError(f"--last must be at least 1, got {last}")
-    directory = core.ledger_dir(ledger)
-    if (ledger is not None or env(ENV_LEDGER)) and not directory.is_dir():
-        raise UsageError(f"ledger directory {directory} does not exist (from {'--ledger' if ledger is not None else ENV_LEDGER})")
+    since_value = core.parse_since(since) if since is not None else None
+    directory = resolve_dir(ledger)
 
     if number is not None:
-        if experiment is not None or verdict is not None or last is not None:
-            raise UsageError("give either an ID or --experiment/--verdict/--last, not both")
-        _show_one(core.get(directory, number), fmt)
+        if any(v is not None for v in (experiment, verdict, kind, since, grep, last)):
+            raise UsageError("give either an ID or filters (--experiment/--verdict/--kind/--since/--grep/--last), not both")
+        contents = core.load(directory)
+        _show_one(core.find(contents, number), fmt, wide)
+        if report_problems(contents) and number in contents.duplicates:
+            raise typer.Exit(code=1)
         return
 
     contents = core.load(directory)
-    records = core.query(contents.records, experiment=experiment, verdict=verdict, last=last)
+    records = core.query(contents.records, experiment=experiment, verdict=verdict, last=last, kind=kind,
+                         since=since_value, grep=grep)
     if fmt != "table":
         print(core.export(records, fmt).rstrip("\n"))
     elif records:
-        out.print(_records_table(records))
-    for problem in contents.problems:
-        err.print(f"skipped {problem.file}: {problem.reason}", markup=False, soft_wrap=True, style="yellow")
+        width = 10**4 if wide else out.width
+        out.print(records_table(records, set(contents.duplicates), out.width, wide), width=width)
+    flagged = report_problems(contents)
     if experiment is not None and not any(r.get("experiment") == experiment for r in contents.records):
-        known = sorted({str(r.get("experiment")) for r in contents.records})
+        known = sorted({str(r.get("experiment")) for r in contents.records if r.get("experiment")})
         raise UsageError(f"no record of experiment {experiment!r} in {directory}; recorded experiments: "
                          f"{', '.join(known) or 'none yet'}")
     if not records:
@@ -148,5 +174,11 @@ def show(
         else:
             message = f"no records yet in {directory}"
         (out if fmt == "table" else err).print(message, markup=False, soft_wrap=True)
-    if contents.problems:
+    if flagged:
         raise typer.Exit(code=1)
+
+
+app.command("diff")(ledger_diff.diff)
+app.command("verify")(ledger_verify.verify)
+app.command("retire")(ledger_verify.retire)
+app.command("trend")(ledger_trend.trend)

@@ -22,10 +22,14 @@ BAR = typer.Option(1.0, "--bar", min=0.01, max=50.0,
                    help="Smallest change, in percent (0.01..50), that counts as a verdict (LANDED/REVERTED).")
 ARM_ONCE = typer.Option(None, "--arm", "-a", help="Knob settings K=V[,K=V...], given once; unset knobs take their defaults.")
 JSON = typer.Option(False, "--json", help="Also print the record as JSON on stdout.")
+PLOT = typer.Option(None, "--plot", metavar="FILE", help="Also draw the result to FILE (.png or .svg; outside the "
+                    "ledger directory), after measuring.")
+FORCE = typer.Option(False, "--force", help="Replace an existing --plot FILE.")
 
 
 def write_record(record: dict, ledger: Optional[str]) -> int:
-    """Append `record` to the ledger and say where; on failure print the whole record so nothing is lost.
+    """Append `record` to the ledger and say where; on failure save it to a fallback file (named in the one-line
+    error; `minfer_cli.ledger.save_unrecorded`), or print the whole record when even that fails: nothing is lost.
 
     Returns 0 on success, 3 when the record could not be written (the caller exits with it).
     """
@@ -35,10 +39,15 @@ def write_record(record: dict, ledger: Optional[str]) -> int:
         directory = ledger_core.ledger_dir(ledger)
         written = ledger_core.append(directory, record)
     except LedgerError as exc:
-        error_line(f"{exc} — the measurement was not lost: the full record follows; save it under ledger/records/")
-        plain = json.loads(json.dumps(record, default=str))  # numpy scalars and the like become plain values
-        err.print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=10**6), markup=False,
-                  highlight=False, soft_wrap=True)  # never wrapped: the text must parse back as YAML
+        try:
+            saved = ledger_core.save_unrecorded(record)
+        except LedgerError as again:
+            error_line(f"{exc}; {again} — the measurement was not lost: the full record follows")
+            plain = json.loads(json.dumps(record, default=str))  # numpy scalars and the like become plain values
+            err.print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, width=10**6), markup=False,
+                      highlight=False, soft_wrap=True)  # never wrapped: the text must parse back as YAML
+            return 3
+        error_line(f"{exc} — the result was not lost: saved to {saved} (copy it into the ledger once it can be written)")
         return 3
     out.print(f"ledger: record #{written.id} written to {written.path}")
     return 0
@@ -84,3 +93,24 @@ def check_same_work(exp, configs: list) -> None:
         raise UsageError(f"arms A and B do different work ({knobs}), so their times are not comparable; rank them "
                          f"by GB/s or % of roofline with `minfer sweep {exp.name} "
                          f"{' '.join(f'{k}={a[k]},{b[k]}' for k in differ)}`")
+
+
+def check_plot(plot: Optional[str], force: bool, ledger: Optional[str]) -> None:
+    """UsageError, before any GPU work, for a --plot FILE that could not be written (see `outputs.check_output_path`)."""
+    if plot is not None:
+        from minfer_cli import ledger as ledger_core
+        from minfer_cli.outputs import PLOT_SUFFIXES, check_output_path
+
+        check_output_path(plot, force=force, ledger_dir=ledger_core.ledger_dir(ledger), suffixes=PLOT_SUFFIXES)
+
+
+def draw_plot(plot: Optional[str], force: bool, ledger: Optional[str], draw, record: dict) -> None:
+    """Draw ``record`` with ``draw(record, path)`` (a `minfer_cli.ledger.plots` function) to --plot FILE, if given."""
+    if plot is not None:
+        from minfer_cli import ledger as ledger_core
+        from minfer_cli.outputs import PLOT_SUFFIXES, write_output
+
+        plain = json.loads(json.dumps(record, default=str))  # numpy scalars and the like become plain values
+        written = write_output(plot, lambda tmp: draw(plain, tmp), force=force,
+                               ledger_dir=ledger_core.ledger_dir(ledger), suffixes=PLOT_SUFFIXES)
+        out.print(f"plot written to {written}", markup=False, soft_wrap=True)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
 from minfer_cli.console import verdict_text
 from minfer_cli.knobs import format_config
-from minfer_cli.measure.harness import ArmOutcome, Session
+
+if TYPE_CHECKING:
+    from minfer_cli.measure.harness import ArmOutcome, Session
 
 
 def _num(x, fmt: str) -> str:

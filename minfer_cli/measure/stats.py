@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as _sps
 
 VERDICTS = ("LANDED", "REVERTED", "NEUTRAL", "INVALID")
 """LANDED: B significantly better by at least the bar; REVERTED: significantly worse by at least the bar;
@@ -148,6 +147,8 @@ def compare(
     finite and positive.
     """
     ratios, log_ratios = _paired_log_ratios(a_rounds, b_rounds)
+    from scipy import stats as _sps  # imported here: scipy costs ~1 s, and most commands never compare
+
     boot = _sps.bootstrap(
         (ratios,),
         np.median,

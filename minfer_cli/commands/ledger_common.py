@@ -1,0 +1,179 @@
+"""What the `minfer ledger` commands share: the --ledger option, where the ledger is, skipped-file reports, and one
+record printed whole for a person."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from minfer_cli import ledger as core
+from minfer_cli.console import err, out, verdict_text
+from minfer_cli.errors import UsageError
+from minfer_cli.knobs import ENV_LEDGER, env
+from minfer_cli.ledger import figures
+
+LEDGER = typer.Option(None, "--ledger", help="Ledger directory (default: $MINFER_LEDGER, else ledger/records of "
+                      "the minfer project).")
+
+
+def resolve_dir(ledger: Optional[Path]) -> Path:
+    """The ledger directory of a reading command; UsageError when one named explicitly does not exist."""
+    directory = core.ledger_dir(ledger)
+    if (ledger is not None or env(ENV_LEDGER)) and not directory.is_dir():
+        raise UsageError(f"ledger directory {directory} does not exist (from {'--ledger' if ledger is not None else ENV_LEDGER})")
+    return directory
+
+
+def report_problems(contents: core.LedgerContents) -> bool:
+    """Print skipped files and duplicate ids on stderr (one line each); True when there was any."""
+    for problem in contents.problems:
+        err.print(f"skipped {problem.file}: {problem.reason}", markup=False, soft_wrap=True, style="yellow")
+    for record_id, files in sorted(contents.duplicates.items()):
+        err.print(f"duplicate id {record_id}: {', '.join(files)} (both shown, flagged *; the first is the one "
+                  "verify and diff use)", markup=False, soft_wrap=True, style="yellow")
+    return bool(contents.problems or contents.duplicates)
+
+
+def fit_widths(natural: dict[str, int], width: int, shrink: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """Column widths that fit ``width`` terminal columns: each column's natural width (its longest cell), shrunk
+    in the order of ``shrink`` ((column, least width) pairs; a column may appear twice, with a smaller least width
+    the second time) until the row, with 3 characters between columns, fits."""
+    widths = dict(natural)
+    excess = sum(widths.values()) + 3 * (len(widths) - 1) - width
+    for name, least in shrink:
+        if excess <= 0:
+            break
+        if name in widths:
+            give = min(excess, max(0, widths[name] - least))
+            widths[name] -= give
+            excess -= give
+    return widths
+
+
+def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None,
+                 shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None) -> Table:
+    """A table whose rows never wrap: columns ``names``, cells ``rows`` (plain text by column name; a ``verdict``
+    or ``outcome`` column is coloured), sized by `fit_widths` for ``width`` terminal columns (a cut cell ends in
+    ``…``); ``width`` None keeps every cell whole."""
+    natural = {n: max([len(n)] + [len(r.get(n, "")) for r in rows]) for n in names}
+    widths = natural if width is None else fit_widths(natural, width, shrink)
+    table = Table(show_edge=False, header_style="bold", pad_edge=False, title=title, title_justify="left")
+    for name in names:
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=True, overflow="ellipsis",
+                         width=widths[name])
+    for cells in rows:
+        table.add_row(*(Text.from_markup(verdict_text(cells.get(n, ""))) if n in ("verdict", "outcome")
+                        else Text(cells.get(n, "")) for n in names))
+    return table
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def environment_text(record: Mapping[str, Any]) -> str:
+    """GPU, driver and clocks of a record in one line (what is there; old records lack some)."""
+    environment = _mapping(record.get("environment"))
+    device = _mapping(environment.get("device"))
+    parts = []
+    if device.get("name"):
+        cc = str(device.get("compute_capability") or "").replace(".", "")
+        parts.append(f"{device['name']}" + (f" (sm_{cc}, {device.get('sm_count')} SMs)" if cc else ""))
+    if device.get("driver_version"):
+        parts.append(f"driver {device['driver_version']}")
+    start, end = _mapping(environment.get("gpu_start")), _mapping(environment.get("gpu_end"))
+    if start.get("sm_clock_mhz") is not None:
+        clocks = f"SM {start.get('sm_clock_mhz')} MHz, mem {start.get('mem_clock_mhz')} MHz"
+        if start.get("temperature_c") is not None:
+            clocks += f", {start.get('temperature_c')}" + (f"→{end.get('temperature_c')}" if end else "") + " °C"
+        if start.get("power_w") is not None:
+            clocks += f", {start.get('power_w')}" + (f"→{end.get('power_w')}" if end else "") + " W"
+        throttle = sorted({str(t) for t in [*_list(start.get("throttle")), *_list(end.get("throttle"))]})
+        parts.append(clocks + (f", throttle: {', '.join(map(str, throttle))}" if throttle else ""))
+    return " · ".join(parts) or "not recorded"
+
+
+def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Table, str]:
+    """The arms of a measurement record (knobs that differ first) and the line of knobs they share."""
+    arms = [a for a in record.get("arms") or [] if isinstance(a, Mapping)]
+    unit = (record.get("metric") or {}).get("unit") or ""
+    varying = figures.differing_knobs(arms)
+    first = dict(arms[0].get("knobs") or {}) if arms else {}
+    shared = {k: v for k, v in first.items() if k not in varying}
+    if len(arms) == 1 or record.get("kind") == "bench":
+        varying, shared = [], first  # one configuration: its knobs go under the table
+    if len(arms) > 2 and not wide:
+        shared = {k: v for k, v in first.items() if k not in varying}
+    names = ["arm", *varying, f"median {unit}".strip(), "mean ± std", "p10–p90", "n", "GB/s", "% roof", "check"]
+    best = _mapping(record.get("best")).get("label")
+    default = _mapping(record.get("default")).get("label")
+    rows = []
+    for arm in arms:
+        s = figures.stats_of(arm)
+        tags = "".join(t for t, label in ((" (best)", best), (" (default)", default)) if label == arm.get("label"))
+        check = str(arm.get("error") or "") if arm.get("status") != "ok" else (
+            f"ok ({arm['parity_error']:.2g})" if isinstance(arm.get("parity_error"), (int, float)) else "ok")
+        knobs = _mapping(arm.get("knobs"))
+        rows.append({
+            "arm": str(arm.get("label")) + tags, **{k: str(knobs.get(k, "—")) for k in varying},
+            names[1 + len(varying)]: figures.fmt_num(s["median"]),
+            "mean ± std": (f"{figures.fmt_num(s['mean'])} ± {figures.fmt_num(s['std'])}" if s["std"] is not None
+                           else figures.fmt_num(s["mean"])),
+            "p10–p90": f"{figures.fmt_num(s['p10'])}–{figures.fmt_num(s['p90'])}" if s["p10"] is not None else "—",
+            "n": str(int(s["n"])) if s["n"] is not None else "—",
+            "GB/s": figures.fmt_num(arm.get("gbps")) if isinstance(arm.get("gbps"), (int, float)) else "—",
+            "% roof": f"{arm['pct_roofline']:.1f}" if isinstance(arm.get("pct_roofline"), (int, float)) else "—",
+            "check": check,
+        })
+    shrink = (("check", 6), ("arm", 6), *((k, 4) for k in varying), ("p10–p90", 8), ("mean ± std", 8))
+    table = fitted_table(names, rows, None if wide else width, shrink,
+                         right=tuple(n for n in names if n not in ("arm", "check", *varying)))
+    return table, figures.knobs_text(shared)
+
+
+def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
+    """One record whole, for a person: title, verdict, kind, workload, commit, GPU and clocks, the result, each
+    arm's knobs (those that differ first) and statistics, the kind's own fields, the command and the notes."""
+    git = _mapping(record.get("git"))
+    commit = str(git.get("commit") or "unknown")[:12]
+    dirty = {True: " (uncommitted changes)", False: " (clean)"}.get(git.get("dirty"), "")
+    out.print(f"[bold]#{record['id']} {record.get('title')}[/bold]  {verdict_text(str(record.get('verdict')))}")
+    workload = _mapping(record.get("workload"))
+    shape = ", ".join(f"{k}={v}" for k, v in _mapping(workload.get("shape")).items())
+    where = " · ".join(x for x in (f"kind {record.get('kind')}",
+                                   f"experiment {record['experiment']}" if record.get("experiment") else "",
+                                   f"workload {workload.get('name')}" + (f" ({shape})" if shape else "")
+                                   if workload else "") if x)
+    out.print(where, markup=False)
+    out.print(f"date {str(record.get('timestamp')).replace('T', ' ').rstrip('Z')} UTC · commit {commit}{dirty} · "
+              f"schema {record.get('schema')}", markup=False)
+    if record.get("environment"):
+        out.print(f"GPU {environment_text(record)}", markup=False)
+    head = figures.headline(record)
+    result = " ".join(x for x in (head.result, head.change, head.ci) if x)
+    comparison = _mapping(record.get("comparison"))
+    if comparison:
+        result += f" · p {head.p} · {comparison.get('rounds')} rounds"
+    if record.get("kind") in core.KINDS_WITH_BAR and isinstance(record.get("bar"), (int, float)):
+        result += f" · bar {record['bar'] * 100:.2g}%"
+    out.print(f"result {result}", markup=False)
+    if record.get("arms"):
+        table, shared = _arms_table(record, wide, out.width)
+        out.print(table)
+        if shared:
+            out.print(f"knobs of every arm: {shared}", markup=False, soft_wrap=True)
+    for key in ("verify", "retire", "check", "calibration", "peer"):
+        if isinstance(record.get(key), Mapping):
+            items = ", ".join(f"{k}: {v}" for k, v in record[key].items() if k not in ("trial_deltas", "trial_verdicts"))
+            out.print(f"{key}: {items}", markup=False, soft_wrap=True)
+    out.print(f"command: {record.get('command') or '—'}", markup=False, soft_wrap=True)
+    if record.get("notes"):
+        out.print(f"notes: {record['notes']}", markup=False, soft_wrap=True)

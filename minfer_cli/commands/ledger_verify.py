@@ -1,0 +1,161 @@
+"""`minfer ledger verify` (are the recorded verdicts still true here, now?) and `minfer ledger retire` (a tombstone
+for records that no longer apply). Core: `minfer_cli.ledger.verify`; the GPU side: `minfer_cli.measure.verify_runner`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from minfer_cli import ledger as core
+from minfer_cli.commands import options
+from minfer_cli.commands.ledger_common import LEDGER, report_problems, resolve_dir
+from minfer_cli.console import err, guard, out, progress, verdict_text
+from minfer_cli.errors import UsageError
+from minfer_cli.ledger import figures
+from minfer_cli.ledger import verify as core_verify
+
+
+def _choose(contents: core.LedgerContents, ids: list[int], landed: bool, since: Optional[int]) -> list[dict]:
+    if ids:
+        chosen = [core.find(contents, i)[0] for i in ids]
+    else:
+        chosen = [r for r in contents.records if r.get("kind") == "ab" and r.get("verdict") == "LANDED"]
+    if since is not None:
+        chosen = [r for r in chosen if r["id"] >= since]
+    return chosen
+
+
+def _summary(outcomes: list[core_verify.Outcome], records: dict[int, dict], width: int) -> Table:
+    table = Table(title="verify", title_justify="left", show_edge=False, header_style="bold", pad_edge=False)
+    for name, justify in (("id", "right"), ("experiment", "left"), ("compared", "left"), ("outcome", "left"),
+                          ("then → now", "left")):
+        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")
+    for o in outcomes:
+        record = records[o.record_id]
+        superseded = o.plan.superseded_by if o.plan else None
+        detail = o.reason + (f" (superseded by #{superseded})" if superseded else "")
+        table.add_row(str(o.record_id), str(record.get("experiment") or ""), figures.record_arms_text(record),
+                      verdict_text(o.outcome), detail)
+    return table
+
+
+@guard
+def verify(
+    ids: Optional[List[str]] = typer.Argument(None, metavar="[ID]...", help="Records to re-check, e.g. 83 86."),
+    landed: bool = typer.Option(False, "--landed", help="Every LANDED A/B (where several measured the same A/B, the "
+                                "latest governs and the earlier ones are reported as superseded, not re-run)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only records from this id on."),
+    bar: Optional[float] = typer.Option(None, "--bar", min=0.01, max=50.0, help="Bar in percent (default: an A/B "
+                                        f"record's own bar; {core_verify.DEFAULT_FIGURE_BAR * 100:.0f}% for a figure)."),
+    max_time: float = typer.Option(30.0, "--max-time", min=1.0, max=3600.0, help="Seconds of A/B rounds at most "
+                                   "per record (the adaptive stop usually ends sooner)."),
+    plan_only: bool = typer.Option(False, "--plan", help="Say what would be re-run and how (knobs dropped or "
+                                   "defaulted, CANNOT-RUN reasons), measure nothing; needs no GPU."),
+    no_record: bool = typer.Option(False, "--no-record", help="Do not append the verify records to the ledger."),
+    ledger: Optional[Path] = LEDGER,
+) -> None:
+    """Re-run recorded results at the current commit, on this GPU, with each record's protocol, and say whether
+    their verdicts still hold. An A/B is re-run interleaved and its effect (B's speed-up over A) compared with the
+    recorded effect: HOLDS (the new CI overlaps the recorded effect ± the bar), REGRESSED (wholly below it),
+    IMPROVED (wholly above). A bench test, a run or a sweep's best point is re-measured and compared with the
+    recorded figure on the same GPU model. CANNOT-RUN (a knob, workload or experiment that no longer exists,
+    another GPU) and RETIRED (`minfer ledger retire`) say why in one line.
+
+    Each result is appended as a `verify` record (--no-record to skip). Exit status 1 when anything REGRESSED,
+    so a GPU CI job can gate on it.
+
+    Examples:
+
+      minfer ledger verify --landed
+
+      minfer ledger verify 83 88 --plan
+    """
+    if not ids and not landed:
+        raise UsageError("name the records to verify (e.g. `minfer ledger verify 83 86`) or give --landed")
+    numbers = [core.parse_id(i) for i in ids or []]
+    since_id = core.parse_id(since) if since is not None else None
+    directory = resolve_dir(ledger)
+    contents = core.load(directory)
+    chosen = _choose(contents, numbers, landed, since_id)
+    if not chosen:
+        raise UsageError(f"no record to verify in {directory} (no LANDED A/B{' from #' + str(since_id) if since_id else ''})")
+    bar_fraction = bar / 100.0 if bar is not None else None
+    plans = {r["id"]: core_verify.plan(r, contents.records, bar=bar_fraction) for r in chosen}
+    superseded = {i for i, p in plans.items() if landed and not numbers and p.superseded_by is not None}
+    if plan_only:
+        for record in chosen:
+            p = plans[record["id"]]
+            what = (f"CANNOT-RUN/RETIRED: {p.outcome} — {p.reason}" if p.mode == "none" else
+                    f"superseded by #{p.superseded_by}, not re-run" if record["id"] in superseded else
+                    f"{p.mode} of {p.experiment} · {', '.join(dict.fromkeys(p.workloads))}, bar {p.bar * 100:.2g}%"
+                    + (f"; dropped {figures.knobs_text(p.dropped)}" if p.dropped else "")
+                    + (f"; defaults for {figures.knobs_text(p.defaulted)}" if p.defaulted else ""))
+            out.print(f"#{record['id']} {record.get('title')}: {what}", markup=False, soft_wrap=True)
+        return
+    if not no_record:
+        options.check_ledger_writable(str(directory))
+    from minfer_cli.measure import environment as envmod
+    from minfer_cli.measure.verify_runner import HarnessRunner
+
+    to_run = [r for r in chosen if r["id"] not in superseded]
+    outcomes: list[core_verify.Outcome] = []
+    code = 0
+    with progress("ledger verify") as report:
+        runner = HarnessRunner(max_time_s=max_time, progress=report)
+        for i, record in enumerate(to_run):
+            report(f"#{record['id']} ({i + 1}/{len(to_run)})", i / len(to_run))
+            outcome = core_verify.verify(record, contents.records, runner, bar=bar_fraction)
+            outcomes.append(outcome)
+            out.print(f"#{record['id']} {verdict_text(outcome.outcome)}: {outcome.reason}", soft_wrap=True)
+            if not no_record:
+                rec = core_verify.verify_record(record, outcome, git=envmod.git_state(),
+                                                command=envmod.command_line(), timestamp=core.utc_timestamp())
+                code = max(code, options.write_record(rec, str(directory)))
+    for i in sorted(superseded):
+        out.print(f"#{i}: superseded by #{plans[i].superseded_by} (the latest A/B of the same arms governs)",
+                  markup=False)
+    out.print(_summary(outcomes, {r["id"]: r for r in chosen}, out.width))
+    counts = {k: sum(o.outcome == k for o in outcomes) for k in core.schema.VERIFY_OUTCOMES}
+    out.print(", ".join(f"{n} {k}" for k, n in counts.items() if n) + (f", {len(superseded)} superseded" if superseded else ""))
+    report_problems(contents)
+    if counts["REGRESSED"]:
+        raise typer.Exit(code=1)
+    if code:
+        raise typer.Exit(code=code)
+
+
+@guard
+def retire(
+    ids: List[str] = typer.Argument(..., metavar="ID...", help="Records that no longer apply, e.g. 47 56."),
+    why: str = typer.Option(..., "--why", help="Why they no longer apply (e.g. the variant was deleted on purpose, "
+                            "naming the commit)."),
+    ledger: Optional[Path] = LEDGER,
+) -> None:
+    """Append a `retire` tombstone: the named records stay as they are (the ledger is append-only), and `ledger
+    verify` reports them RETIRED instead of CANNOT-RUN.
+
+    Example: minfer ledger retire 47 56 --why "gemv STAGE=1 deleted in a1b2c3d: it lost its A/B"
+    """
+    numbers = list(dict.fromkeys(core.parse_id(i) for i in ids))
+    if not why.strip():
+        raise UsageError("--why must say why the records no longer apply, e.g. --why \"variant deleted in a1b2c3d\"")
+    directory = resolve_dir(ledger)
+    contents = core.load(directory)
+    titles = [core.find(contents, i)[0].get("title") for i in numbers]
+    options.check_ledger_writable(str(directory))
+    from minfer_cli.measure import environment as envmod
+
+    record = {
+        "schema": 2, "title": f"retire {', '.join(f'#{i}' for i in numbers)}: {why.strip()}"[:200],
+        "timestamp": core.utc_timestamp(), "kind": "retire", "verdict": "RETIRED",
+        "retire": {"ids": numbers, "why": why.strip(), "titles": [str(t) for t in titles]},
+        "git": envmod.git_state(), "command": envmod.command_line(), "notes": "",
+    }
+    code = options.write_record(record, str(directory))
+    if report_problems(contents) and not code:
+        err.print("(the tombstone was written; the skipped files above are unrelated)", markup=False)
+    if code:
+        raise typer.Exit(code=code)
