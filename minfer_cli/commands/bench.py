@@ -116,4 +116,5 @@ def bench(
     if record:
         from minfer_cli.engine.record import bench_record
 
-        raise typer.Exit(code=options.write_record(bench_record(rows, weights, config, note), ledger))
+        rec = bench_record(rows, weights, config, note, preset=None if model else (preset or DEFAULT_PRESET))
+        raise typer.Exit(code=options.write_record(rec, ledger))

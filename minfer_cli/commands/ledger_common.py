@@ -160,7 +160,7 @@ def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
     head = figures.headline(record)
     result = " ".join(x for x in (head.result, head.change, head.ci) if x)
     comparison = _mapping(record.get("comparison"))
-    if comparison:
+    if comparison and head.p:
         result += f" · p {head.p} · {comparison.get('rounds')} rounds"
     if record.get("kind") in core.KINDS_WITH_BAR and isinstance(record.get("bar"), (int, float)):
         result += f" · bar {record['bar'] * 100:.2g}%"

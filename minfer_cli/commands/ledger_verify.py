@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from minfer_cli import ledger as core
 from minfer_cli.commands import options
-from minfer_cli.commands.ledger_common import LEDGER, report_problems, resolve_dir
+from minfer_cli.commands.ledger_common import LEDGER, fitted_table, report_problems, resolve_dir
 from minfer_cli.console import err, guard, out, progress, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
@@ -28,18 +27,17 @@ def _choose(contents: core.LedgerContents, ids: list[int], landed: bool, since: 
     return chosen
 
 
-def _summary(outcomes: list[core_verify.Outcome], records: dict[int, dict], width: int) -> Table:
-    table = Table(title="verify", title_justify="left", show_edge=False, header_style="bold", pad_edge=False)
-    for name, justify in (("id", "right"), ("experiment", "left"), ("compared", "left"), ("outcome", "left"),
-                          ("then → now", "left")):
-        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")
+def _summary(outcomes: list[core_verify.Outcome], records: dict[int, dict], width: int):
+    rows = []
     for o in outcomes:
         record = records[o.record_id]
         superseded = o.plan.superseded_by if o.plan else None
-        detail = o.reason + (f" (superseded by #{superseded})" if superseded else "")
-        table.add_row(str(o.record_id), str(record.get("experiment") or ""), figures.record_arms_text(record),
-                      verdict_text(o.outcome), detail)
-    return table
+        rows.append({"id": str(o.record_id), "experiment": str(record.get("experiment") or ""),
+                     "compared": figures.record_arms_text(record), "outcome": o.outcome,
+                     "then → now": o.reason + (f" (superseded by #{superseded})" if superseded else "")})
+    shrink = (("compared", 12), ("experiment", 6), ("then → now", 30), ("compared", 8))
+    return fitted_table(["id", "experiment", "compared", "outcome", "then → now"], rows, width, shrink,
+                        right=("id",), title="verify")
 
 
 @guard

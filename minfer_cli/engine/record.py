@@ -6,10 +6,14 @@ import datetime as dt
 
 from minfer_cli.engine.bench import BenchRow
 from minfer_cli.engine.weights import ModelWeights
+from minfer_cli.ledger.schema import SAMPLES_MAX, SCHEMA
 from minfer_cli.measure import environment as envmod
 
 
-def bench_record(rows: list[BenchRow], weights: ModelWeights, config: dict, notes: str = "") -> dict:
+def bench_record(rows: list[BenchRow], weights: ModelWeights, config: dict, notes: str = "",
+                 preset: str | None = None) -> dict:
+    """The record of one `minfer bench` run (schema 2): one arm per test with its repetitions as ``samples``;
+    ``preset`` (the preset the weights were synthesised from, if any) lets `ledger verify` rebuild them."""
     from minfer_cli.measure.device import probe
 
     device = probe()
@@ -22,15 +26,17 @@ def bench_record(rows: list[BenchRow], weights: ModelWeights, config: dict, note
                       "p90": round(s[int(0.9 * (len(s) - 1))], 3), "mean": round(r.mean, 3), "std": round(r.std, 3),
                       "n": len(s)},
             "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 2),
+            "samples": [round(float(x), 3) for x in r.samples[:SAMPLES_MAX]],
         })
     return {
-        "schema": 1,
+        "schema": SCHEMA,
         "title": f"bench {weights.describe()}: {', '.join(r.test for r in rows)}",
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kind": "bench",
         "experiment": "bench",
         "workload": {"name": weights.describe(), "shape": {"size_bytes": weights.size_bytes(), "params": weights.n_params(),
-                                                           "source": weights.source}},
+                                                           "source": weights.source,
+                                                           **({"preset": preset} if preset else {})}},
         "metric": {"name": "throughput", "unit": "tok/s", "higher_is_better": True},
         "arms": arms,
         "comparison": None,

@@ -49,6 +49,8 @@ class ArmOutcome:
     stats: ArmStats | None = None
     figures: Throughput | None = None
     timing: TimingMethod | None = None
+    samples: list[float] = field(default_factory=list)
+    """The values the stats summarise, in order: each sample (run, sweep) or each round's median (an A/B arm)."""
 
 
 @dataclass
@@ -167,6 +169,7 @@ def _time_alone(session: Session, outcome: ArmOutcome, timer: ArmTimer, samples:
         flags.append(session.nvml.throttled())
         progress(label, len(values) / samples)
     _finish(session, outcome, timer, summarize(np.array(values), np.array(flags, dtype=bool)))
+    outcome.samples = [float(v) for v in values]
     timer.release()
 
 
@@ -240,8 +243,9 @@ def measure_ab(session: Session, configs: list[Config], *, bar: float, max_time_
         samples_per_round=samples_per_round, min_rounds=min_rounds, max_time_s=max_time_s,
         probe=session.nvml.throttled, on_round=on_round,
     )
-    for outcome, timer, stats in zip(arms, timers, result.arm_stats):
+    for outcome, timer, stats, rounds in zip(arms, timers, result.arm_stats, result.round_values):
         _finish(session, outcome, timer, stats)
+        outcome.samples = [float(v) for v in rounds]
         timer.release()
     return ABResult(
         session, arms, result.comparison, result.comparison.verdict, bar, rounds=result.rounds,

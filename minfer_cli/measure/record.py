@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import asdict
 
 from minfer_cli.knobs import format_config
+from minfer_cli.ledger.schema import SAMPLES_MAX, SCHEMA
 from minfer_cli.measure import environment as envmod
 from minfer_cli.measure.harness import ABResult, ArmOutcome, CalibrationResult, RunResult, Session
 
@@ -19,7 +20,7 @@ def arm_entry(arm: ArmOutcome) -> dict:
     if arm.stats is not None:
         s = arm.stats
         stats = {"median": _round(s.median, 4), "p10": _round(s.p10, 4), "p90": _round(s.p90, 4),
-                 "mean": _round(s.mean, 4), "n": int(s.n), "throttled": int(s.throttled)}
+                 "mean": _round(s.mean, 4), "std": _round(s.std, 4), "n": int(s.n), "throttled": int(s.throttled)}
     fig = arm.figures
     return {
         "label": arm.label,
@@ -33,6 +34,7 @@ def arm_entry(arm: ArmOutcome) -> dict:
         "gbps": _round(fig.gbps, 2) if fig else None,
         "pct_roofline": _round(fig.pct_roofline, 2) if fig and fig.pct_roofline is not None else None,
         "timing": arm.timing.describe() if arm.timing else None,
+        "samples": [_round(v, 4) for v in arm.samples[:SAMPLES_MAX]],
     }
 
 
@@ -48,7 +50,7 @@ def _environment(session: Session, end: envmod.GpuState | None) -> dict:
 def _common(session: Session, kind: str, title: str, notes: str, arms: list[ArmOutcome], end) -> dict:
     exp, wl = session.experiment, session.workload
     return {
-        "schema": 1,
+        "schema": SCHEMA,
         "title": title,
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kind": kind,
@@ -111,8 +113,11 @@ def calibration_record(result: CalibrationResult, bar: float, title: str | None 
     return rec
 
 
-def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str | None = None, notes: str = "") -> dict:
-    """One record for a whole grid: every point as an arm, ranked; `best` names the fastest valid point."""
+def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str | None = None, notes: str = "",
+                 default_label: str | None = None) -> dict:
+    """One record for a whole grid: every point as an arm; `best` names the fastest valid point (by throughput
+    when the points do different work, as `minfer sweep` ranks them) and `default` the point with the experiment's
+    default knobs (``default_label``), when the sweep measured it."""
     exp = session.experiment
     varied = sorted({k for a in outcomes for k in a.config if a.config[k] != outcomes[0].config[k]})
     title = title or f"{exp.name} sweep over {', '.join(varied) or 'one point'}"
@@ -123,4 +128,6 @@ def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str |
     rec["bar"] = 0.0
     rec["verdict"] = "MEASURED" if best else "INVALID"
     rec["best"] = None if best is None else {"label": best.label, "knobs": dict(best.config)}
+    default = next((a for a in outcomes if a.label == default_label), None)
+    rec["default"] = None if default is None else {"label": default.label, "knobs": dict(default.config)}
     return rec

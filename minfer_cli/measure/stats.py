@@ -25,7 +25,7 @@ CONFIDENCE = 0.95
 @dataclass(frozen=True)
 class ArmStats:
     """Summary of one arm's samples, in the metric's unit (e.g. µs). ``throttled``: how many of the ``n`` samples
-    were taken while the GPU reported throttling."""
+    were taken while the GPU reported throttling; ``std``: the sample standard deviation (0 for one sample)."""
 
     median: float
     p10: float
@@ -33,6 +33,7 @@ class ArmStats:
     mean: float
     n: int
     throttled: int
+    std: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class CalibrationSummary:
 
 
 def summarize(samples, throttled_mask=None) -> ArmStats:
-    """Median, 10th/90th percentile (numpy's linear interpolation) and mean of one arm's samples.
+    """Median, 10th/90th percentile (numpy's linear interpolation), mean and sample standard deviation of one arm's
+    samples.
 
     ``throttled_mask``: optional booleans, one per sample, True where the GPU reported throttling; their count
     becomes ``ArmStats.throttled``. Raises ValueError for no samples or a mask of another length.
@@ -88,7 +90,8 @@ def summarize(samples, throttled_mask=None) -> ArmStats:
             raise ValueError(f"throttled_mask has {mask.size} entries for {x.size} samples; give one per sample")
         throttled = int(mask.sum())
     p10, median, p90 = np.percentile(x, [10, 50, 90])
-    return ArmStats(float(median), float(p10), float(p90), float(x.mean()), int(x.size), throttled)
+    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    return ArmStats(float(median), float(p10), float(p90), float(x.mean()), int(x.size), throttled, std)
 
 
 def verdict(delta: float, ci_low: float, ci_high: float, bar: float, higher_is_better: bool) -> str:

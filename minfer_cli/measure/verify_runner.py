@@ -87,6 +87,6 @@ class HarnessRunner:
             count = int(test[2:])
             run = run_pp if test.startswith("pp") else run_tg
             rows += run(weights, [count], plan.reps, options, 0, progress=self.progress)
-        rec = bench_record(rows, weights, config)
+        rec = bench_record(rows, weights, config, preset=(plan.preset or DEFAULT_PRESET) if source.startswith("synth:") else None)
         return Measured(rec["arms"], None, rec)
 
