@@ -19,6 +19,8 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
+_LEGACY = {"LOOP": "v1"}
+"""Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop)."""
 _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
@@ -41,7 +43,7 @@ def _shape(nt: int, od: int, id_: int) -> dict[str, int]:
 class GemmF16Experiment(Experiment):
     name = "gemm_f16"
     purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
-    knobs = tuple(Knob(k, tuple(v), kernel.DEFAULT[k], _DOCS[k]) for k, v in kernel.KNOBS.items()) + (
+    knobs = tuple(Knob(k, tuple(v), kernel.DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in kernel.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "cublas"), "minfer",
              "minfer's kernel, or cuBLAS through torch (f16 in, f32 out) as the vendor arm; tile knobs do not apply to cublas"),
     )

@@ -42,17 +42,27 @@ class Knob:
     """A named compile-time or launch parameter of a kernel variant.
 
     name: upper-case identifier (``TM``, ``KS``, ``VEC``); values: the allowed values, all int or all str;
-    default: one of ``values``; doc: one line saying what the knob changes.
+    default: one of ``values``; doc: one line saying what the knob changes; legacy: the value that reproduces
+    what the code did before this knob existed, when that is not the default (``ledger verify`` gives it to a
+    record that predates the knob; None: the default did).
     """
 
     name: str
     values: tuple[KnobValue, ...]
     default: KnobValue
     doc: str
+    legacy: KnobValue | None = None
 
     def __post_init__(self) -> None:
         if self.default not in self.values:
             raise ValueError(f"knob {self.name}: default {self.default!r} is not one of {self.values!r}")
+        if self.legacy is not None and self.legacy not in self.values:
+            raise ValueError(f"knob {self.name}: legacy {self.legacy!r} is not one of {self.values!r}")
+
+    @property
+    def before(self) -> KnobValue:
+        """The value of a record that predates this knob: `legacy` when set, else the default."""
+        return self.default if self.legacy is None else self.legacy
         if len({type(v) for v in self.values}) != 1:
             raise ValueError(f"knob {self.name}: values must all be int or all be str, got {self.values!r}")
 

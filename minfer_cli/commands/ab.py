@@ -12,6 +12,7 @@ from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get, pick_for_arms
 from minfer_cli.knobs import format_config
+from minfer_cli.ledger import plots
 
 
 
@@ -45,6 +46,8 @@ def ab(
     title: Optional[str] = options.TITLE,
     ledger: Optional[str] = options.LEDGER,
     as_json: bool = options.JSON,
+    plot: Optional[str] = options.PLOT,
+    force: bool = options.FORCE,
 ) -> None:
     """Interleaved A/B comparison (ABBA rounds, adaptive stopping) of two arms of one experiment.
 
@@ -53,11 +56,12 @@ def ab(
     LANDED: CI wholly on the better side and |Δ| >= bar; REVERTED: wholly on the worse side and |Δ| >= bar;
     NEUTRAL otherwise.
 
-    Example: minfer ab copy --arm VEC=1 --arm VEC=4
+    Example: minfer ab copy --arm VEC=1 --arm VEC=4 --plot vec.png
     """
     from minfer_cli.measure.harness import measure_ab, open_session
     from minfer_cli.measure.record import ab_record
 
+    options.check_plot(plot, force, ledger)
     exp, configs = resolve_arms(experiment, arm)
     wl = exp.workload(workload, configs)
     options.check_arms_can_run(exp, wl, configs, ["A", "B"])
@@ -81,6 +85,7 @@ def ab(
     if as_json:
         print(json.dumps(rec, default=str))
     code = 0 if no_record else options.write_record(rec, ledger)
+    options.draw_plot(plot, force, ledger, plots.plot_ab, rec)
     if fail_on_regression and result.verdict == "REVERTED":
         raise typer.Exit(code=1)
     if code:

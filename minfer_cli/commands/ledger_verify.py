@@ -51,7 +51,7 @@ def verify(
     max_time: float = typer.Option(30.0, "--max-time", min=1.0, max=3600.0, help="Seconds of A/B rounds at most "
                                    "per record (the adaptive stop usually ends sooner)."),
     plan_only: bool = typer.Option(False, "--plan", help="Say what would be re-run and how (knobs dropped or "
-                                   "defaulted, CANNOT-RUN reasons), measure nothing; needs no GPU."),
+                                   "predated, CANNOT-RUN reasons), measure nothing; needs no GPU."),
     no_record: bool = typer.Option(False, "--no-record", help="Do not append the verify records to the ledger."),
     ledger: Optional[Path] = LEDGER,
 ) -> None:
@@ -90,7 +90,7 @@ def verify(
                     f"superseded by #{p.superseded_by}, not re-run" if record["id"] in superseded else
                     f"{p.mode} of {p.experiment} · {', '.join(dict.fromkeys(p.workloads))}, bar {p.bar * 100:.2g}%"
                     + (f"; dropped {figures.knobs_text(p.dropped)}" if p.dropped else "")
-                    + (f"; defaults for {figures.knobs_text(p.defaulted)}" if p.defaulted else ""))
+                    + (f"; predated knobs as of their time: {figures.knobs_text(p.predated)}" if p.predated else ""))
             out.print(f"#{record['id']} {record.get('title')}: {what}", markup=False, soft_wrap=True)
         return
     if not no_record:

@@ -96,7 +96,7 @@ def check_same_work(exp, configs: list) -> None:
 
 
 def check_plot(plot: Optional[str], force: bool, ledger: Optional[str]) -> None:
-    """UsageError, before any GPU work, for a --plot FILE that could not be written (see `outputs.check_output_path`)."""
+    """UsageError, before any GPU work, for a --plot FILE that cannot be written (`outputs.check_output_path`)."""
     if plot is not None:
         from minfer_cli import ledger as ledger_core
         from minfer_cli.outputs import PLOT_SUFFIXES, check_output_path

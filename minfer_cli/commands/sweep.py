@@ -12,6 +12,7 @@ from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get
 from minfer_cli.knobs import parse_grid
+from minfer_cli.ledger import plots
 
 
 @guard
@@ -28,21 +29,30 @@ def sweep(
     title: Optional[str] = options.TITLE,
     ledger: Optional[str] = options.LEDGER,
     as_json: bool = options.JSON,
+    plot: Optional[str] = options.PLOT,
+    force: bool = options.FORCE,
 ) -> None:
     """Measure every point of a knob grid with the same harness and rank them (a failing point is INVALID,
-    listed last, never a crash). This is how defaults are found; confirm a winner with `minfer ab`.
+    listed last, never a crash). The experiment's default configuration is measured too (added to the grid when
+    the grid lacks it), so the record holds the best point's change against the default of its time. This is how
+    defaults are found; confirm a winner with `minfer ab`.
 
-    Example: minfer sweep gemm_f16 TM=64,128,256 KS=32,64
+    Example: minfer sweep gemm_f16 TM=64,128,256 KS=32,64 --plot tiles.svg
     """
     from minfer_cli.measure.harness import measure_sweep, open_session
     from minfer_cli.measure.record import sweep_record
 
+    options.check_plot(plot, force, ledger)
     exp = get(experiment)
     configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
     wl = exp.workload(workload, configs)
     problems = [exp.refuse(config, wl) for config in configs]
     if all(problems):
         raise UsageError(f"no point of the grid can run on workload {wl.name}: {problems[0]}")
+    default = exp.default_config()
+    if default not in configs and exp.refuse(default, wl) is None:
+        configs.append(default)  # measured too, so the best point's change against today's default is on record
+    default_label = f"p{configs.index(default) + 1}" if default in configs else None
     if record:
         options.check_ledger_writable(ledger)
     with progress(f"sweep {exp.name} {wl.name} ({len(configs)} points)") as report:
@@ -53,9 +63,10 @@ def sweep(
     for line in render.timing_lines(session, ranked[:1]):
         out.print(line)
     out.print(render.environment_line(session, session.nvml.state()))
-    rec = sweep_record(session, outcomes, session.nvml.state(), title, note)
+    rec = sweep_record(session, outcomes, session.nvml.state(), title, note, default_label=default_label)
     if as_json:
         print(json.dumps(rec, default=str))
     code = options.write_record(rec, ledger) if record else 0
+    options.draw_plot(plot, force, ledger, plots.plot_sweep, rec)
     if code:
         raise typer.Exit(code=code)

@@ -12,7 +12,9 @@ record's protocol, and judges the new measurement against the recorded one (`jud
   was removed, another GPU model, a model file that is gone, a kind with no claim to re-check.
 * RETIRED: a `retire` record names it.
 
-Knobs a record predates (the experiment has them now, the record does not) take today's defaults and are listed;
+Knobs a record predates (the experiment has them now, the record does not) take the value of their time — the
+knob's ``legacy`` value (what the code did before the knob existed) where it declares one, else its default — and
+are listed;
 knobs the code no longer has are dropped and listed when both arms agreed on them (else CANNOT-RUN). Nothing here
 touches the GPU: the runner does (`minfer_cli.measure.verify_runner`), so every outcome is testable with a fake.
 """
@@ -35,7 +37,7 @@ class Plan:
     """What to re-run for one record. ``mode``: "ab" (two configurations, interleaved), "figure" (each of
     ``configs`` measured alone, compared with ``recorded_values``) or "none" (``outcome`` and ``reason`` say why
     not). ``workloads``: the workload of each configuration (a bench record has one per test). ``dropped`` and
-    ``defaulted``: knob adjustments, listed in the verify record."""
+    ``predated``: knob adjustments, listed in the verify record."""
 
     record_id: int
     kind: str
@@ -50,7 +52,7 @@ class Plan:
     outcome: str | None = None
     reason: str = ""
     dropped: dict = field(default_factory=dict)
-    defaulted: dict = field(default_factory=dict)
+    predated: dict = field(default_factory=dict)
     superseded_by: int | None = None
     source: str | None = None
     preset: str | None = None
@@ -152,7 +154,7 @@ def supersessions(records: list[Mapping[str, Any]]) -> dict[int, int]:
 
 
 def _resolve_knobs(experiment: Any, arms: list[Mapping[str, Any]]) -> tuple[list[dict], dict, dict, str | None]:
-    """Each arm's knobs as a configuration the experiment accepts today: (configs, dropped, defaulted, problem)."""
+    """Each arm's knobs as a configuration the experiment accepts today: (configs, dropped, predated, problem)."""
     known = {k.name: k for k in experiment.knobs}
     configs: list[dict] = []
     dropped: dict[str, Any] = {}
@@ -170,8 +172,10 @@ def _resolve_knobs(experiment: Any, arms: list[Mapping[str, Any]]) -> tuple[list
                 return [], {}, {}, f"knob value {name}={value} no longer exists (allowed: {allowed})"
             config[name] = value
         configs.append(config)
-    defaulted = {name: knob.default for name, knob in known.items() if all(name not in s for s in stored)}
-    return configs, dropped, defaulted, None
+    predated = {name: knob.before for name, knob in known.items() if all(name not in s for s in stored)}
+    for config in configs:
+        config.update(predated)
+    return configs, dropped, predated, None
 
 
 def _none(record: Mapping[str, Any], outcome: str, reason: str, **extra: Any) -> Plan:
@@ -219,7 +223,7 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
     valid = {w.name for w in experiment.workloads}
     if kind != "bench" and workload not in valid:
         return _none(record, "CANNOT-RUN", f"workload {workload!r} of {experiment.name} no longer exists")
-    configs, dropped, defaulted, problem = _resolve_knobs(experiment, arms)
+    configs, dropped, predated, problem = _resolve_knobs(experiment, arms)
     if problem:
         return _none(record, "CANNOT-RUN", problem)
     bar_value = bar if bar is not None else (float(record.get("bar") or 0.0) if kind == "ab" else DEFAULT_FIGURE_BAR)
@@ -229,14 +233,14 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
             return _none(record, "CANNOT-RUN", "the record has no comparison to re-check")
         return Plan(record["id"], "ab", "ab", experiment.name, workloads, tuple(configs),
                     tuple(str(a.get("label")) for a in arms), (change[0],), higher, bar_value,
-                    dropped=dropped, defaulted=defaulted, superseded_by=later)
+                    dropped=dropped, predated=predated, superseded_by=later)
     values = tuple(figures.stats_of(a)["mean" if kind == "bench" else "median"] or math.nan for a in arms)
     if not all(math.isfinite(v) and v > 0 for v in values):
         return _none(record, "CANNOT-RUN", "the record holds no figure to re-check")
     reps = max(3, int(figures.stats_of(arms[0])["n"] or 3)) if kind == "bench" else 3
     return Plan(record["id"], str(kind), "figure", experiment.name, workloads, tuple(configs),
                 tuple(str(a.get("label")) for a in arms), values, higher, bar_value, dropped=dropped,
-                defaulted=defaulted, superseded_by=later, source=source,
+                predated=predated, superseded_by=later, source=source,
                 preset=str(preset) if preset else None, model=workload, reps=min(reps, 10))
 
 
@@ -262,7 +266,7 @@ def verify(record: Mapping[str, Any], records: list[Mapping[str, Any]], runner: 
         return Outcome(record["id"], "CANNOT-RUN", measured.error, plan=p, measurement=measured)
     adjust = "; ".join(x for x in (
         f"dropped {figures.knobs_text(p.dropped)}" if p.dropped else "",
-        f"defaults for {figures.knobs_text(p.defaulted)}" if p.defaulted else "") if x)
+        f"predated knobs as of their time: {figures.knobs_text(p.predated)}" if p.predated else "") if x)
     adjust = f" ({adjust})" if adjust else ""
     if p.mode == "ab":
         c = measured.comparison or {}
@@ -311,7 +315,7 @@ def verify_record(original: Mapping[str, Any], outcome: Outcome, *, git: dict, c
             "bar": float(p.bar) if p is not None else None,
             "recorded": dict(outcome.recorded),
             "measured": dict(outcome.measured),
-            "knobs": {"dropped": dict(p.dropped) if p else {}, "defaulted": dict(p.defaulted) if p else {}},
+            "knobs": {"dropped": dict(p.dropped) if p else {}, "predated": dict(p.predated) if p else {}},
             "superseded_by": p.superseded_by if p else None,
         },
         "git": git,
