@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, idle_knobs
+from minfer_cli.engine.bench import DECODE_KNOBS, engine_conflict, engine_knobs, engine_options, idle_knobs
 from minfer_cli.engine.presets import DEFAULT_PRESET
 from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
 
@@ -91,6 +91,11 @@ class BenchExperiment(Experiment):
             self._engines[key] = (DecodeEngine(model, workload.shape["n"], options) if self._is_tg(workload)
                                   else PrefillEngine(model, workload.shape["nt"], options))
         return self._engines[key]
+
+    def unread_knobs(self, workload: Workload) -> tuple[str, ...]:
+        """A tg workload reads only the decode knobs, a pp workload every other one."""
+        tg = self._is_tg(workload)
+        return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
 
     def refuse(self, config, workload: Workload) -> str | None:
         """An arm that moves a knob this workload never reads (its A/B would time a no-op), or FUSE_NORM_Q8=1

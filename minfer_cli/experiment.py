@@ -117,6 +117,11 @@ class Experiment(ABC):
     """Knobs that change the work itself (what is computed or how many bytes must move), not how: `ab` refuses two
     arms that differ in one (their times measure different tasks); `sweep` ranks such points by throughput."""
 
+    def unread_knobs(self, workload: Workload) -> tuple[str, ...]:
+        """Knobs that ``workload`` never reads (a decode knob on a prefill workload): their values cannot change
+        its result. `ledger verify` sets them to today's defaults when it re-runs an old record."""
+        return ()
+
     def refuse(self, config: Config, workload: Workload) -> str | None:
         """Why ``config`` can never run on ``workload`` (a knob combination the kernels refuse, a knob the workload
         never reads), in one sentence, or None. `run`, `ab` and `calibrate` stop on it before the GPU is opened;

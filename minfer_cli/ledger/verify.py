@@ -226,6 +226,12 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
     configs, dropped, predated, problem = _resolve_knobs(experiment, arms)
     if problem:
         return _none(record, "CANNOT-RUN", problem)
+    if kind != "bench":  # knobs the workload never reads take today's defaults: they cannot change the result
+        unread = experiment.unread_knobs(experiment.workload(workload))
+        defaults = experiment.default_config()
+        for config in configs:
+            config.update({k: defaults[k] for k in unread if k in config})
+        predated = {k: v for k, v in predated.items() if k not in unread}
     bar_value = bar if bar is not None else (float(record.get("bar") or 0.0) if kind == "ab" else DEFAULT_FIGURE_BAR)
     if kind == "ab":
         change = figures.comparison_change(record)
