@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kernels.errors import KernelConstraintError
 from minfer_cli.errors import MinferError
@@ -106,6 +105,7 @@ def quiet_when_stdout_closes() -> None:
 @contextlib.contextmanager
 def progress(title: str) -> Iterator[Callable[[str, float], None]]:
     """A rich progress bar on stderr (stdout stays clean for tables and exports); yields report(text, fraction)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     bar = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

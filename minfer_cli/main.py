@@ -55,13 +55,18 @@ NUMPY_MAX = (2, 5)  # numba-cuda 0.30 calls np.row_stack, removed in numpy 2.5 (
 
 
 def check_numpy() -> None:
-    """Refuse to start with a numpy that numba-cuda 0.30 cannot import its CUDA target with."""
-    import numpy
+    """Refuse to start with a numpy that numba-cuda 0.30 cannot import its CUDA target with (read from the
+    installed package's metadata: importing numpy would cost every command ~0.1 s)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    major, minor = (int(x) for x in numpy.__version__.split(".")[:2])
+    try:
+        installed = version("numpy")
+    except PackageNotFoundError:
+        return
+    major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in (installed.split(".") + ["0"])[:2])
     if (major, minor) >= NUMPY_MAX:
         raise EnvironmentProblem(
-            f"numpy {numpy.__version__} is installed, but numba-cuda 0.30 needs numpy < 2.5 (it calls np.row_stack, "
+            f"numpy {installed} is installed, but numba-cuda 0.30 needs numpy < 2.5 (it calls np.row_stack, "
             "removed in 2.5); fix: pip install 'numpy<2.5'"
         )
 

@@ -168,9 +168,10 @@ def test_without_a_gpu_commands_name_doctor():
 
 
 def test_numpy_pin_is_checked_at_start(monkeypatch):
-    import numpy
+    import importlib.metadata
 
-    monkeypatch.setattr(numpy, "__version__", "2.5.0")
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.5.0" if name == "numpy" else real(name))
     r = invoke("experiments", "list")
     assert r.exit_code != 0 and "numpy < 2.5" in r.output
 

@@ -12,7 +12,6 @@ from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get, pick_for_arms
 from minfer_cli.knobs import format_config
-from minfer_cli.ledger import plots
 
 
 
@@ -85,8 +84,14 @@ def ab(
     if as_json:
         print(json.dumps(rec, default=str))
     code = 0 if no_record else options.write_record(rec, ledger)
-    options.draw_plot(plot, force, ledger, plots.plot_ab, rec)
+    options.draw_plot(plot, force, ledger, _plot_ab, rec)
     if fail_on_regression and result.verdict == "REVERTED":
         raise typer.Exit(code=1)
     if code:
         raise typer.Exit(code=code)
+
+
+def _plot_ab(record: dict, path) -> None:
+    from minfer_cli.ledger.plots import plot_ab  # matplotlib and the plot code only when a plot is asked for
+
+    plot_ab(record, path)

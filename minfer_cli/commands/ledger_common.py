@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import typer
-from rich.table import Table
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from minfer_cli import ledger as core
-from minfer_cli.console import err, out, verdict_text
+from minfer_cli.console import VERDICT_STYLE, err, out, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import ENV_LEDGER, env
 from minfer_cli.ledger import figures
@@ -54,21 +54,34 @@ def fit_widths(natural: dict[str, int], width: int, shrink: tuple[tuple[str, int
     return widths
 
 
+def _cell(text: str, width: int, right: bool) -> str:
+    """``text`` in exactly ``width`` terminal cells: cut with an ellipsis when too long, padded otherwise."""
+    if cell_len(text) > width:
+        text = set_cell_size(text, max(0, width - 1)) + "…" if width > 0 else ""
+    pad = " " * (width - cell_len(text))
+    return pad + text if right else text + pad
+
+
 def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None,
-                 shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None) -> Table:
-    """A table whose rows never wrap: columns ``names``, cells ``rows`` (plain text by column name; a ``verdict``
-    or ``outcome`` column is coloured), sized by `fit_widths` for ``width`` terminal columns (a cut cell ends in
-    ``…``); ``width`` None keeps every cell whole."""
-    natural = {n: max([len(n)] + [len(r.get(n, "")) for r in rows]) for n in names}
+                 shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None) -> Text:
+    """A table whose rows never wrap, as one styled text (fast for thousands of rows): columns ``names``, cells
+    ``rows`` (plain text by column name; a ``verdict`` or ``outcome`` column is coloured), sized by `fit_widths`
+    for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole."""
+    natural = {n: max([cell_len(n)] + [cell_len(r.get(n, "")) for r in rows]) for n in names}
     widths = natural if width is None else fit_widths(natural, width, shrink)
-    table = Table(show_edge=False, header_style="bold", pad_edge=False, title=title, title_justify="left")
-    for name in names:
-        table.add_column(name, justify="right" if name in right else "left", no_wrap=True, overflow="ellipsis",
-                         width=widths[name])
+    text = Text(no_wrap=True, overflow="ignore", end="\n")
+    if title:
+        text.append(title + "\n")
+    text.append(" ┃ ".join(_cell(n, widths[n], n in right) for n in names).rstrip(), style="bold")
+    text.append("\n" + "━╇━".join("━" * widths[n] for n in names))
     for cells in rows:
-        table.add_row(*(Text.from_markup(verdict_text(cells.get(n, ""))) if n in ("verdict", "outcome")
-                        else Text(cells.get(n, "")) for n in names))
-    return table
+        text.append("\n")
+        for i, n in enumerate(names):
+            if i:
+                text.append(" │ ")
+            value = _cell(cells.get(n, ""), widths[n], n in right)
+            text.append(value, style=VERDICT_STYLE.get(cells.get(n, ""), "") if n in ("verdict", "outcome") else "")
+    return text
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -101,7 +114,7 @@ def environment_text(record: Mapping[str, Any]) -> str:
     return " · ".join(parts) or "not recorded"
 
 
-def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Table, str]:
+def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Text, str]:
     """The arms of a measurement record (knobs that differ first) and the line of knobs they share."""
     arms = [a for a in record.get("arms") or [] if isinstance(a, Mapping)]
     unit = (record.get("metric") or {}).get("unit") or ""

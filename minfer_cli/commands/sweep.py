@@ -12,7 +12,6 @@ from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 from minfer_cli.experiment import get
 from minfer_cli.knobs import parse_grid
-from minfer_cli.ledger import plots
 
 
 @guard
@@ -67,6 +66,12 @@ def sweep(
     if as_json:
         print(json.dumps(rec, default=str))
     code = options.write_record(rec, ledger) if record else 0
-    options.draw_plot(plot, force, ledger, plots.plot_sweep, rec)
+    options.draw_plot(plot, force, ledger, _plot_sweep, rec)
     if code:
         raise typer.Exit(code=code)
+
+
+def _plot_sweep(record: dict, path) -> None:
+    from minfer_cli.ledger.plots import plot_sweep  # matplotlib and the plot code only when a plot is asked for
+
+    plot_sweep(record, path)

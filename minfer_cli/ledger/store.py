@@ -47,6 +47,14 @@ _SLUG_MAX = 48
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+class _NoAliasDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """The safe dumper (libyaml's emitter where present) that never writes anchors: a record reads the same to a
+    person and to any YAML reader."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 @dataclass(frozen=True)
 class AppendResult:
     """Where `append` put a record: its assigned id and the path of its YAML file."""
@@ -218,11 +226,7 @@ def _reserve_id(directory: Path) -> tuple[int, Path]:
 def dump(record: Mapping[str, Any]) -> str:
     """``record`` as the YAML text `append` stores (plain data, key order kept, Unicode as is, no anchors)."""
 
-    class _NoAliases(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    return yaml.dump(_plain(record), Dumper=_NoAliases, sort_keys=False, allow_unicode=True, width=10**6)
+    return yaml.dump(_plain(record), Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True, width=10**6)
 
 
 def append(directory: str | Path, record: Mapping[str, Any]) -> AppendResult:
