@@ -17,8 +17,16 @@ FORMATS = ("md", "csv", "json", "jsonl")
 
 
 def _rows_dicts(rows) -> list[dict]:
+    """One export row per test: llama-bench's columns (t_s = mean tok/s, stddev) and the same figures the ledger
+    keeps (median, p10, p90, n; numpy's linear-interpolation percentiles of the repetitions)."""
+    import numpy as np
+
+    def pct(r, q: float) -> float:
+        return round(float(np.percentile(r.samples, q)), 2)
+
     return [{"model": r.model, "size_gib": round(r.size_bytes / 2**30, 4), "params_b": round(r.n_params / 1e9, 4),
-             "test": r.test, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "samples": [round(x, 2) for x in r.samples],
+             "test": r.test, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "median": pct(r, 50),
+             "p10": pct(r, 10), "p90": pct(r, 90), "n": len(r.samples), "samples": [round(x, 2) for x in r.samples],
              "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1)}
             for r in rows]
 

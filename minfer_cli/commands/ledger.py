@@ -16,7 +16,7 @@ from rich.text import Text
 from minfer_cli import ledger as core
 from minfer_cli.commands import ledger_diff, ledger_trend, ledger_verify
 from minfer_cli.commands.ledger_common import LEDGER, fitted_table, print_record, report_problems, resolve_dir
-from minfer_cli.console import guard, out, verdict_text
+from minfer_cli.console import err, guard, out, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
 
@@ -103,6 +103,10 @@ def show(
         "flat rows (a bench record: one per pp/tg test; a sweep: one per point) with each arm's median, mean, std, "
         "p10, p90, n and the change as a speed-up; columns are documented in docs/ledger.md.",
     ),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="With an ID: also draw the record to "
+                                       "FILE (.png or .svg): an A/B's per-round samples, a sweep's grid, a bench's "
+                                       "tests."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --plot FILE."),
     ledger: Optional[Path] = LEDGER,
 ) -> None:
     """List ledger records with the figure that matters, or show one record whole.
@@ -124,6 +128,8 @@ def show(
 
       minfer ledger show 86
 
+      minfer ledger show 86 --plot pdl.png
+
       minfer ledger show --format csv > ledger.csv
     """
     number = core.parse_id(record_id) if record_id is not None else None
@@ -144,12 +150,27 @@ def show(
         raise UsageError(f"--last must be at least 1, got {last}")
     since_value = core.parse_since(since) if since is not None else None
     directory = resolve_dir(ledger)
+    if plot is not None and number is None:
+        raise UsageError("--plot draws one record: give its ID, e.g. minfer ledger show 86 --plot ab.png "
+                         "(a figure over many records is `minfer ledger trend`)")
+    if plot is not None:
+        from minfer_cli.outputs import PLOT_SUFFIXES, check_output_path
+
+        check_output_path(plot, force=force, ledger_dir=directory, suffixes=PLOT_SUFFIXES)
 
     if number is not None:
         if any(v is not None for v in (experiment, verdict, kind, since, grep, last)):
             raise UsageError("give either an ID or filters (--experiment/--verdict/--kind/--since/--grep/--last), not both")
         contents = core.load(directory)
-        _show_one(core.find(contents, number), fmt, wide)
+        chosen = core.find(contents, number)
+        _show_one(chosen, fmt, wide)
+        if plot is not None:
+            from minfer_cli.ledger.plots import plot_record
+            from minfer_cli.outputs import PLOT_SUFFIXES, write_output
+
+            written = write_output(plot, lambda tmp: plot_record(chosen[0], tmp), force=force, ledger_dir=directory,
+                                   suffixes=PLOT_SUFFIXES)
+            err.print(f"plot written to {written}", markup=False, soft_wrap=True)
         if report_problems(contents) and number in contents.duplicates:
             raise typer.Exit(code=1)
         return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.table import Table
+from rich.text import Text
 
-from minfer_cli.console import verdict_text
+from minfer_cli.console import out, verdict_text
 from minfer_cli.knobs import format_config
 
 if TYPE_CHECKING:
@@ -30,34 +30,41 @@ def knob_columns(configs: list) -> tuple[list[str], str]:
     return columns, f"every arm: {format_config(shared)}" if shared else ""
 
 
-def arms_table(session: Session, arms: list[ArmOutcome]) -> Table:
-    """One row per arm: knobs (those that differ between the arms; the shared ones in the caption), parity, median
-    µs [p10, p90], n, TFLOP/s, GB/s, % of roofline."""
+def arms_table(session: Session, arms: list[ArmOutcome]) -> Text:
+    """One row per arm: knobs (those that differ between the arms; the shared ones under the table, once), check,
+    median µs [p10, p90], n, TFLOP/s, GB/s, % of roofline. Rows never wrap: a long cell ends in … at the
+    terminal's width (a one-arm run's knobs, which are long, go under the table whole instead)."""
+    from minfer_cli.commands.ledger_common import fitted_table
+
     exp, wl = session.experiment, session.workload
     columns, caption = knob_columns([a.config for a in arms])
-    t = Table(title=f"{exp.name} · {wl.name} ({wl.describe()})", title_justify="left", caption=caption or None,
-              caption_justify="left")
+    if len(arms) == 1:
+        columns, caption = [""], f"knobs: {columns[0]}" if columns[0] else ""
     unit = exp.metric.unit
-    for col, just in (("arm", "left"), ("knobs", "left"), ("check", "left"), (f"median {unit}", "right"),
-                      (f"p10–p90 {unit}", "right"), ("n", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
-                      ("% roofline", "right")):
-        t.add_column(col, justify=just, overflow="fold")  # a narrow terminal wraps values, never cuts them
+    names = ["arm", *(["knobs"] if len(arms) > 1 else []), "check", f"median {unit}", f"p10–p90 {unit}", "n",
+             "TFLOP/s", "GB/s", "% roofline"]
+    rows = []
     for a, knobs in zip(arms, columns):
         if a.status != "ok":
-            check = f"[magenta]FAIL[/] {a.error}"
+            check = f"FAIL {a.error}"
         else:
             check = f"ok ({a.parity_error:.2g})" if a.parity_error else "ok (exact)"
         s, f = a.stats, a.figures
-        t.add_row(
-            a.label, knobs, check,
-            _num(s.median if s else None, ".2f"),
-            f"{s.p10:.2f}–{s.p90:.2f}" if s else "—",
-            str(s.n) if s else "—",
-            _num(f.tflops if f else None, ".1f") if (f and f.tflops) else "—",
-            _num(f.gbps if f else None, ".0f"),
-            _num(f.pct_roofline if f else None, ".1f"),
-        )
-    return t
+        rows.append({
+            "arm": a.label, "knobs": knobs, "check": check,
+            f"median {unit}": _num(s.median if s else None, ".2f"),
+            f"p10–p90 {unit}": f"{s.p10:.2f}–{s.p90:.2f}" if s else "—",
+            "n": str(s.n) if s else "—",
+            "TFLOP/s": _num(f.tflops if f else None, ".1f") if (f and f.tflops) else "—",
+            "GB/s": _num(f.gbps if f else None, ".0f"),
+            "% roofline": _num(f.pct_roofline if f else None, ".1f"),
+        })
+    shrink = (("knobs", 16), ("check", 10), (f"p10–p90 {unit}", 9), ("knobs", 8), ("check", 4))
+    table = fitted_table(names, rows, out.width, shrink, right=tuple(names[names.index("check") + 1:]),
+                         title=f"{exp.name} · {wl.name} ({wl.describe()})")
+    if caption:
+        table.append(f"\n{caption}")
+    return table
 
 
 def timing_lines(session: Session, arms: list[ArmOutcome]) -> list[str]:
@@ -86,7 +93,11 @@ def environment_line(session: Session, end) -> str:
 def verdict_line(comparison, verdict: str, bar: float, higher_is_better: bool) -> str:
     if comparison is None:
         return f"verdict: {verdict_text(verdict)}"
-    direction = "higher is better" if higher_is_better else "lower is better"
-    return (f"B vs A: Δ {comparison.delta * 100:+.2f}% [95% CI {comparison.ci_low * 100:+.2f}%, "
-            f"{comparison.ci_high * 100:+.2f}%], Wilcoxon p = {comparison.p_value:.2g}, {comparison.rounds} rounds "
-            f"({direction}; bar {bar * 100:.2g}%) → {verdict_text(verdict)}")
+    from minfer_cli.ledger.figures import fmt_change, fmt_p, speedup, speedup_interval
+
+    gain = speedup(comparison.delta, higher_is_better)
+    low, high = speedup_interval(comparison.ci_low, comparison.ci_high, higher_is_better)
+    p_text = fmt_p(comparison.p_value)
+    return (f"B vs A: {fmt_change(gain)} [95% CI {low * 100:+.2f}%, {high * 100:+.2f}%] (speed-up = old time / new "
+            f"time - 1, or new rate / old rate - 1), Wilcoxon p {p_text if p_text.startswith('<') else '= ' + p_text}, "
+            f"{comparison.rounds} rounds (bar {bar * 100:.2g}%) → {verdict_text(verdict)}")
