@@ -1,8 +1,9 @@
 """The one place that prints: rich console objects, progress bars, and errors turned into exit codes.
 
 Core modules raise `minfer_cli.errors.MinferError` subclasses; `guard()` turns each into one line on stderr
-(no traceback) and the error's exit status. `quiet_when_stdout_closes()` makes every command stop writing,
-silently, once the reader of stdout has gone (`minfer ledger show | head -1`).
+(no traceback) and the error's exit status. `guard_streams()` makes every command stop writing, silently,
+once the reader of stdout has gone (`minfer ledger show | head -1`), fall back to ASCII where the terminal cannot
+take Unicode, and report a full disk in one line.
 """
 
 from __future__ import annotations
@@ -52,16 +53,41 @@ def guard(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class _ClosedStdoutIsQuiet:
-    """Stands in for ``sys.stdout``: writes and flushes pass through until one fails with a broken pipe; from then
-    on the descriptor is pointed at the null device (so the interpreter's last flush cannot fail either) and
-    everything written is dropped. Every other attribute (``isatty``, ``fileno``, ``encoding``...) is the stream's."""
+ASCII_FALLBACK = str.maketrans({
+    "µ": "u", "→": "->", "±": "+/-", "Δ": "d", "—": "-", "–": "-", "…": "...", "≤": "<=", "≥": ">=", "·": "-",
+    "°": "", "×": "x", "━": "-", "─": "-", "╇": "+", "┃": "|", "│": "|", "╭": "+", "╮": "+", "╰": "+", "╯": "+",
+    "┏": "+", "┓": "+", "┗": "+", "┛": "+", "┳": "+", "┻": "+", "╋": "+", "┡": "+", "┩": "+", "├": "+", "┤": "+",
+    "┼": "+", "┌": "+", "┐": "+", "└": "+", "┘": "+", "┬": "+", "┴": "+", "█": "#", "▏": "|", "▕": "|",
+})
+"""What minfer's own non-ASCII characters become on a stream that cannot encode them (LC_ALL=C, PYTHONIOENCODING=
+ascii); anything else such a stream cannot take is written as ``?``."""
+
+
+def _encodes(stream: Any, text: str) -> bool:
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+        return True
+    except (UnicodeEncodeError, LookupError):
+        return False
+
+
+class _GuardedStream:
+    """Stands in for ``sys.stdout`` / ``sys.stderr``: what is written passes through, except that
+    * on a stream whose encoding cannot take minfer's characters (µ, →, box drawing), text is transliterated
+      (`ASCII_FALLBACK`) and any other character the encoding lacks becomes ``?``: never a UnicodeEncodeError;
+    * once a write fails with a broken pipe (the reader went away: `minfer ledger show | head -1`), the descriptor is
+      pointed at the null device and everything later is dropped, silently;
+    * once a write fails with another OS error (a full disk: `> /dev/full`), the rest is dropped too and
+      ``failure`` keeps the reason, so the console script can say it in one line and exit non-zero.
+    Every other attribute (``isatty``, ``fileno``, ``encoding``...) is the stream's."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
         self._closed = False
+        self._ascii = not _encodes(stream, "µ→±━┃…")
+        self.failure: str | None = None
 
-    def _reader_gone(self) -> None:
+    def _drop_from_now_on(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -70,36 +96,49 @@ class _ClosedStdoutIsQuiet:
             finally:
                 os.close(devnull)
 
+    def _fail(self, exc: OSError) -> None:
+        if not isinstance(exc, BrokenPipeError) and self.failure is None:
+            self.failure = exc.strerror or str(exc)
+        self._drop_from_now_on()
+
     def write(self, text: str) -> int:
         if not self._closed:
+            if self._ascii:
+                text = text.translate(ASCII_FALLBACK)
+                encoding = getattr(self._stream, "encoding", None) or "ascii"
+                text = text.encode(encoding, "replace").decode(encoding)
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
-                self._reader_gone()
+            except OSError as exc:
+                self._fail(exc)
         return len(text)
 
     def flush(self) -> None:
         if not self._closed:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
-                self._reader_gone()
+            except OSError as exc:
+                self._fail(exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
-def quiet_when_stdout_closes() -> None:
-    """Once the reader of stdout goes away (`minfer ledger show | head -1`), drop the rest of stdout, silently.
+def guard_streams() -> None:
+    """Install `_GuardedStream` on stdout and stderr (once, by the console script `minfer_cli.main.cli`), so that
+    no command ends in a traceback because of where its output goes: an ASCII-only terminal, a reader that went
+    away, a full disk. A closed stdout is met quietly: the command runs to its end (a measurement still reaches
+    the ledger) and exits with its own status; stderr still shows errors."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _GuardedStream):
+            setattr(sys, name, _GuardedStream(stream))
 
-    Installed once, by the console script (`minfer_cli.main.cli`), for every command: `print`, the rich `out`
-    console and typer's help all write through ``sys.stdout``. No BrokenPipeError reaches the user or typer (which
-    would turn it into exit status 1, the status `ledger show` gives for skipped files); the command runs to its
-    end, so a measurement still reaches the ledger, and exits with its own status. stderr is left as it is, so
-    errors still show.
-    """
-    if not isinstance(sys.stdout, _ClosedStdoutIsQuiet) and sys.stdout is not None:
-        sys.stdout = _ClosedStdoutIsQuiet(sys.stdout)
+
+def output_failure() -> str | None:
+    """Why stdout could not be written (e.g. "No space left on device"), or None; a closed pipe is no failure."""
+    stream = sys.stdout
+    return stream.failure if isinstance(stream, _GuardedStream) else None
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import typer.core
 
 from minfer_cli import __version__
 from minfer_cli.commands import ab, bench, calibrate, doctor, experiments, kernels, ledger, model, run, sweep
-from minfer_cli.console import error_line, out, quiet_when_stdout_closes
+from minfer_cli.console import error_line, guard_streams, out, output_failure
 from minfer_cli.errors import EnvironmentProblem
 
 
@@ -93,7 +93,8 @@ def main(
 def cli() -> None:
     """The `minfer` console script: the typer app, with command-line errors (a bad option value, a missing
     argument, an unknown command) printed as one `error:` line, exit status 2, like minfer's own errors, and a
-    closed stdout (`minfer ledger show | head -1`) met quietly (see `console.quiet_when_stdout_closes`)."""
+    closed stdout (`minfer ledger show | head -1`) met quietly, an ASCII-only terminal given ASCII, and an output that
+cannot be written (a full disk) reported in one line, exit status 1 (see `console.guard_streams`)."""
     import sys
 
     try:  # typer >= 0.20 vendors click as typer._click; older typer uses click itself
@@ -101,7 +102,7 @@ def cli() -> None:
     except ImportError:
         from click import exceptions as click_exceptions
 
-    quiet_when_stdout_closes()
+    guard_streams()
     try:
         code = app(standalone_mode=False)
     except click_exceptions.UsageError as exc:
@@ -116,6 +117,10 @@ def cli() -> None:
         sys.exit(130)
     finally:
         sys.stdout.flush()  # what `print` left buffered meets a closed pipe here, quietly, not at interpreter exit
+    failure = output_failure()
+    if failure:
+        error_line(f"the output could not be written: {failure} (nothing was lost from the ledger)")
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 

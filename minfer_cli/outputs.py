@@ -37,8 +37,6 @@ def check_output_path(path: str | Path, *, force: bool, ledger_dir: str | Path |
     is missing or not writable, or when it exists and ``force`` is false.
     """
     path = Path(path).expanduser()
-    if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise UsageError(f"cannot write {path}: the file name must end in {' or '.join(suffixes)}")
     if path.name in ("", ".", ".."):
         raise UsageError(f"cannot write {path}: give a file name, e.g. {path / ('out' + (suffixes or ('',))[0])}")
     parent = path.parent
@@ -53,6 +51,8 @@ def check_output_path(path: str | Path, *, force: bool, ledger_dir: str | Path |
                              "live; write it elsewhere")
     if path.is_dir():
         raise UsageError(f"cannot write {path}: it is a directory; give a file name")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise UsageError(f"cannot write {path}: the file name must end in {' or '.join(suffixes)}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {path}: directory {parent} is not writable")
     if (path.exists() or path.is_symlink()) and not force:

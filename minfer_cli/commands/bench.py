@@ -90,10 +90,16 @@ def bench(
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     if model and not Path(model).is_file():
         raise UsageError(f"-m {model}: no such file (give a GGUF file, or leave -m out for the built-in preset)")
+    from minfer_cli.engine.weights import inspect_gguf, load_gguf, synth_weights
+
+    model_config = inspect_gguf(model)[0].config if model else config_preset  # the whole file checked, no GPU yet
+    longest = max(pp + tg)
+    if longest > model_config.context_length:
+        raise UsageError(f"{'-p' if max(pp or [0]) >= max(tg or [0]) else '-n'} {longest} is beyond the model's "
+                         f"context length {model_config.context_length}")
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()
-    from minfer_cli.engine.weights import load_gguf, synth_weights
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)

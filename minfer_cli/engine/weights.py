@@ -201,8 +201,43 @@ def _field(reader, key: str, path: Path, default=None):
         raise ModelError(f"{path}: metadata key {key} cannot be read ({_one_line(exc)})") from None
 
 
+METADATA_LIMITS: dict[str, tuple[float, float]] = {
+    "n_layers": (1, 1024), "hidden": (1, 1 << 20), "ffn": (1, 1 << 22), "n_heads": (1, 4096), "n_kv_heads": (1, 4096),
+    "context_length": (1, 1 << 24), "vocab": (1, 1 << 24), "head_dim": (2, 1024),
+}
+"""Inclusive bounds of the integer hyper-parameters read from a GGUF file (docs/inputs.md). Beyond them a value is
+refused by name before anything is allocated; the block count must also equal the number of ``blk.N`` layers
+present."""
+FLOAT_LIMITS: dict[str, tuple[float, float, bool]] = {"rope_base": (0.0, 1e12, False), "rms_eps": (0.0, 1e-2, True)}
+"""(low, high, high inclusive) of the float hyper-parameters; low is exclusive: the rope base must be finite and
+positive, the RMS epsilon in (0, 1e-2]."""
+
+
+def _int_meta(value, key: str, path: Path, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ModelError(f"{path}: metadata key {key} must be an integer, got {type(value).__name__} {value!r:.40}")
+    low, high = METADATA_LIMITS[name]
+    if not low <= int(value) <= high:
+        raise ModelError(f"{path}: metadata key {key} = {int(value)} is outside {int(low)}..{int(high)}")
+    return int(value)
+
+
+def _float_meta(value, key: str, path: Path, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ModelError(f"{path}: metadata key {key} must be a number, got {type(value).__name__} {value!r:.40}")
+    low, high, inclusive = FLOAT_LIMITS[name]
+    number = _f32_value(value)
+    if not (np.isfinite(number) and low < number and (number <= high if inclusive else number < high)):
+        bound = f"({low:g}, {high:g}{']' if inclusive else ')'}"
+        raise ModelError(f"{path}: metadata key {key} = {number!r} must be finite and in {bound}")
+    return number
+
+
 def read_config(reader, path: Path) -> ModelConfig:
-    """The ModelConfig described by an open GGUFReader's metadata and tensor list (see `load_gguf`)."""
+    """The ModelConfig described by an open GGUFReader's metadata and tensor list (see `load_gguf`).
+
+    Every hyper-parameter is checked by value, not only by type (`METADATA_LIMITS`, `FLOAT_LIMITS`), and the
+    block count against the ``blk.N`` tensors present; a bad one is a ModelError naming the key."""
     arch = _field(reader, "general.architecture", path)
     if arch not in ARCHITECTURES:
         raise ModelError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
@@ -214,21 +249,29 @@ def read_config(reader, path: Path) -> ModelConfig:
         raise ModelError(f"{path} lacks the tensor token_embd.weight")
     embd_shape = [int(d) for d in names["token_embd.weight"].shape]
     vocab = _field(reader, f"{arch}.vocab_size", path, embd_shape[-1])
-    n_heads = int(values["n_heads"])
-    head_dim = _field(reader, f"{arch}.attention.key_length", path, int(values["hidden"]) // max(n_heads, 1))
+    ints = {name: _int_meta(values[name], f"{arch}.{_META[name]}", path, name)
+            for name in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "context_length")}
+    layers = {int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if layers and layers != set(range(ints["n_layers"])):  # none at all: the missing tensor is named below
+        raise ModelError(f"{path}: metadata key {arch}.block_count = {ints['n_layers']}, but the file holds blk.N "
+                         f"tensors for {len(layers)} layer(s){' (not 0..N-1)' if layers and max(layers) >= len(layers) else ''}")
+    vocab = _int_meta(vocab, f"{arch}.vocab_size", path, "vocab")
+    n_heads = ints["n_heads"]
+    head_dim = _int_meta(_field(reader, f"{arch}.attention.key_length", path, ints["hidden"] // n_heads),
+                         f"{arch}.attention.key_length", path, "head_dim")
     config = ModelConfig(
         arch=str(arch),
         name=str(_field(reader, "general.name", path, path.stem)),
-        n_layers=int(values["n_layers"]),
-        hidden=int(values["hidden"]),
-        ffn=int(values["ffn"]),
+        n_layers=ints["n_layers"],
+        hidden=ints["hidden"],
+        ffn=ints["ffn"],
         n_heads=n_heads,
-        n_kv_heads=int(values["n_kv_heads"]),
-        head_dim=int(head_dim),
-        vocab=int(vocab),
-        rope_base=_f32_value(values["rope_base"]),
-        rms_eps=_f32_value(values["rms_eps"]),
-        context_length=int(values["context_length"]),
+        n_kv_heads=ints["n_kv_heads"],
+        head_dim=head_dim,
+        vocab=vocab,
+        rope_base=_float_meta(values["rope_base"], f"{arch}.{_META['rope_base']}", path, "rope_base"),
+        rms_eps=_float_meta(values["rms_eps"], f"{arch}.{_META['rms_eps']}", path, "rms_eps"),
+        context_length=ints["context_length"],
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_style=ROPE_STYLE[arch],
         tied_output="output.weight" not in names,
@@ -254,6 +297,23 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
     """
     from numba import cuda
 
+    weights, specs = inspect_gguf(path)
+    _require_device()
+    total = sum(s.n_bytes for s, _ in specs)
+    done = 0
+    for spec, t in specs:
+        host = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+        weights.tensors[spec.name] = (spec, cuda.to_device(host))
+        done += spec.n_bytes
+        if progress:
+            progress(spec.name, done / total)
+    return weights
+
+
+def inspect_gguf(path) -> tuple[ModelWeights, list]:
+    """Everything `load_gguf` checks, on the host only (no GPU needed, nothing copied): the file, its metadata
+    (by value) and every tensor's presence, type, shape and bytes. Returns the ModelWeights without tensors and
+    the (TensorSpec, gguf tensor) pairs to copy. Raises ModelError as `load_gguf` does."""
     from kernels.quant import SUPPORTED
 
     path = Path(path)
@@ -281,13 +341,4 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
         if t.data.nbytes != spec.n_bytes:
             raise ModelError(f"{path} is truncated: tensor {name} has {t.data.nbytes} of its {spec.n_bytes} bytes")
         specs.append((spec, t))
-    _require_device()
-    total = sum(s.n_bytes for s, _ in specs)
-    done = 0
-    for spec, t in specs:
-        host = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        weights.tensors[spec.name] = (spec, cuda.to_device(host))
-        done += spec.n_bytes
-        if progress:
-            progress(spec.name, done / total)
-    return weights
+    return weights, specs
