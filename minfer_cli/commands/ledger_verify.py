@@ -40,6 +40,22 @@ def _summary(outcomes: list[core_verify.Outcome], records: dict[int, dict], widt
                         right=("id",), title="verify")
 
 
+ENVIRONMENT_KEYS = ("GPU", "driver", "CUDA runtime", "SM MHz (start)", "mem MHz (start)", "W (start)",
+                    "throttle (start)", "throttle (end)", "°C (end)")
+"""What `verify` prints beside a re-measurement when it differs from the record's (a figure is compared across
+processes and days: clocks, power, throttling and the driver explain many a difference)."""
+
+
+def _environment_changes(record: dict, outcome: core_verify.Outcome) -> str:
+    from minfer_cli.ledger.diff import diff as diff_records
+
+    measured = outcome.measurement.record if outcome.measurement else None
+    if not measured or "environment" not in measured:
+        return ""
+    changes = diff_records(record, measured).environment
+    return ", ".join(f"{d.what} {d.a} → {d.b}" for d in changes if d.what in ENVIRONMENT_KEYS)
+
+
 @guard
 def verify(
     ids: Optional[List[str]] = typer.Argument(None, metavar="[ID]...", help="Records to re-check, e.g. 83 86."),
@@ -108,6 +124,9 @@ def verify(
             outcome = core_verify.verify(record, contents.records, runner, bar=bar_fraction)
             outcomes.append(outcome)
             out.print(f"#{record['id']} {verdict_text(outcome.outcome)}: {outcome.reason}", soft_wrap=True)
+            changed = _environment_changes(record, outcome)
+            if changed:
+                out.print(f"  environment then → now: {changed}", markup=False, soft_wrap=True)
             if not no_record:
                 rec = core_verify.verify_record(record, outcome, git=envmod.git_state(),
                                                 command=envmod.command_line(), timestamp=core.utc_timestamp())
