@@ -298,3 +298,61 @@ def test_a_new_ledger_under_a_read_only_parent_is_refused_before_measuring(tmp_p
             ledger.check_writable(parent / "new")
     finally:
         parent.chmod(0o700)
+
+
+# Refusals that teach: a key or tensor that changes the math and is not implemented is refused by name.
+def _gguf_with(path: Path, extra_fields: dict, extra_tensors: tuple[str, ...] = ()) -> Path:
+    from gguf import GGUFReader, GGUFWriter
+
+    base = GGUFReader(_gguf(path.with_suffix(".base.gguf")))
+    w = GGUFWriter(path, "qwen2")
+    for field in base.fields.values():
+        if field.name.startswith("qwen2."):
+            value = field.contents()
+            (w.add_float32 if isinstance(value, float) else w.add_uint64)(field.name, value)
+    for key, value in extra_fields.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_uint32(key, value)
+    for t in base.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name in extra_tensors:
+        w.add_tensor(name, np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("fields, tensors, message", [
+    ({}, ("rope_freqs.weight",), "tensor rope_freqs.weight: Llama 3.1+ RoPE frequency scaling (rope_freqs) is not implemented"),
+    ({"qwen2.rope.scaling.type": "yarn"}, (), "metadata key qwen2.rope.scaling.type = 'yarn' changes the math"),
+    ({"qwen2.attention.sliding_window": 4096}, (), "metadata key qwen2.attention.sliding_window = 4096 changes the math"),
+    ({"qwen2.final_logit_softcapping": 30.0}, (), "metadata key qwen2.final_logit_softcapping is not supported"),
+    ({"qwen2.expert_count": 8}, (), "metadata key qwen2.expert_count = 8 changes the math"),
+    ({"qwen2.rope.dimension_count": 32}, (), "qwen2.rope.dimension_count = 32 differs from the head dim 64"),
+    ({}, ("blk.0.ffn_gate_inp.weight",), "tensor blk.0.ffn_gate_inp.weight is not part of a qwen2 model"),
+])
+def test_math_changing_keys_and_tensors_are_refused_by_name(tmp_path, fields, tensors, message):
+    from minfer_cli.engine.weights import inspect_gguf
+
+    path = _gguf_with(tmp_path / "m.gguf", fields, tensors)
+    with pytest.raises(ModelError) as e:
+        inspect_gguf(path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    r = invoke("bench", "-m", str(path), "-p", "16", "-n", "0")
+    assert r.exit_code == 2 and message in r.output
+
+
+def test_neutral_values_of_such_keys_pass_the_check(tmp_path):
+    from minfer_cli.engine.weights import inspect_gguf
+
+    path = _gguf_with(tmp_path / "m.gguf", {"qwen2.rope.scaling.type": "none", "qwen2.expert_count": 0,
+                                            "qwen2.rope.dimension_count": 64})
+    with pytest.raises(ModelError) as e:  # the only complaint left is the layer's missing tensors
+        inspect_gguf(path)
+    assert "lacks the tensor blk.0.attn_q.weight" in str(e.value)

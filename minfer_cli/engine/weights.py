@@ -213,6 +213,51 @@ FLOAT_LIMITS: dict[str, tuple[float, float, bool]] = {"rope_base": (0.0, 1e12, F
 positive, the RMS epsilon in (0, 1e-2]."""
 
 
+IMPLEMENTED_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                    "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "context_length",
+                    "vocab_size", "attention.key_length", "attention.value_length", "rope.dimension_count")
+"""The ``{arch}.*`` metadata keys minfer reads (the last two only when they equal the head dim). Any other key
+under the architecture's prefix may change the math (RoPE scaling, sliding windows, logit soft-capping, experts),
+so a file carrying one is refused by name rather than run as something else."""
+NEUTRAL_VALUES = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1.0, 0.0), "expert_count": (0,),
+                  "expert_used_count": (0,), "attention.sliding_window": (0,)}
+"""Keys that are accepted when they hold the value that changes nothing (llama.cpp writes some of them always)."""
+UNSUPPORTED_TENSORS = {"rope_freqs.weight": "Llama 3.1+ RoPE frequency scaling (rope_freqs) is not implemented yet"}
+
+
+def check_supported(reader, arch: str, config: ModelConfig, path: Path) -> None:
+    """Refuse, by name and in one line, a metadata key or tensor that changes the math and that minfer does not
+    implement (`IMPLEMENTED_KEYS`, `NEUTRAL_VALUES`, `UNSUPPORTED_TENSORS`), and any tensor that is not one of the
+    model's (`config.tensor_names`): silence would mean computing another model than the file describes."""
+    prefix = f"{arch}."
+    for key in reader.fields:
+        if not key.startswith(prefix):
+            continue
+        short = key[len(prefix):]
+        if short in IMPLEMENTED_KEYS:
+            if short in ("attention.value_length", "rope.dimension_count"):
+                value = _field(reader, key, path)
+                if value != config.head_dim:
+                    raise ModelError(f"{path}: metadata key {key} = {value} differs from the head dim {config.head_dim}; "
+                                     "partial rotation and value dims other than the key dim are not supported")
+            continue
+        if short in NEUTRAL_VALUES:
+            value = _field(reader, key, path)
+            if value in NEUTRAL_VALUES[short] or (isinstance(value, bytes) and value.decode(errors="replace") in NEUTRAL_VALUES[short]):
+                continue
+            raise ModelError(f"{path}: metadata key {key} = {value!r:.40} changes the math and is not supported "
+                             f"(supported: {', '.join(map(str, NEUTRAL_VALUES[short]))})")
+        raise ModelError(f"{path}: metadata key {key} is not supported (it may change the math); minfer reads "
+                         f"{', '.join(prefix + k for k in IMPLEMENTED_KEYS[:8])}, ...")
+    wanted = {name for name, _ in tensor_names(config)}
+    for t in reader.tensors:
+        if t.name in UNSUPPORTED_TENSORS:
+            raise ModelError(f"{path}: tensor {t.name}: {UNSUPPORTED_TENSORS[t.name]}")
+        if t.name not in wanted:
+            raise ModelError(f"{path}: tensor {t.name} is not part of a {arch} model minfer runs (expert, extra "
+                             "projection or norm?); it would be ignored, so the file is refused")
+
+
 def _int_meta(value, key: str, path: Path, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ModelError(f"{path}: metadata key {key} must be an integer, got {type(value).__name__} {value!r:.40}")
@@ -290,7 +335,8 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
     layer_norm_rms_epsilon, context_length; vocab_size and attention.key_length when present, else from
     token_embd's shape and hidden / heads). QKV bias = attn_q.bias present; tied output = no output.weight.
     Every tensor `config.tensor_names` lists must be present with that shape, in a type `kernels.quant`
-    dequantizes (any of ``kernels.quant.SUPPORTED``); other tensors in the file are ignored.
+    dequantizes (any of ``kernels.quant.SUPPORTED``); a metadata key or tensor that would change the math and is not
+    implemented is refused by name (`check_supported`), never ignored.
 
     Raises ModelError (one sentence) for: a missing file, not a GGUF file, a truncated or corrupt one, an
     unsupported architecture, a missing metadata key or tensor, a wrong shape, an unsupported tensor type.
@@ -319,6 +365,7 @@ def inspect_gguf(path) -> tuple[ModelWeights, list]:
     path = Path(path)
     reader = _open_reader(path)
     config = read_config(reader, path)
+    check_supported(reader, config.arch, config, path)
     by_name = {t.name: t for t in reader.tensors}
     file_type = reader.fields.get("general.file_type")
     weights = ModelWeights(config, file_type=int(file_type.contents()) if file_type else None, source=str(path))
