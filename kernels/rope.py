@@ -156,7 +156,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False) -> None
     (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`).
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
-    Not supported (yet), and refused by name at load (`engine.weights.check_supported`): rope_freqs factors (Llama-3.1), YaRN/linear scaling, partial rotation (n_dims < head_dim).
+    Not supported (yet), and refused by name when a file is loaded: rope_freqs factors (Llama-3.1), YaRN/linear
+    scaling, partial rotation (n_dims < head_dim).
     Source: RoFormer (arXiv:2104.09864); llama.cpp ``rope.cu``.
 
     Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
