@@ -15,7 +15,7 @@ block tile. Two tensor-core paths:
 * ``MMA="wgmma"`` (sm_90a, Hopper): `wgmma.mma_async.m64nNk16` with both operands read by the tensor cores
   straight from the same XOR-swizzled cp.async tiles (which are wgmma's 64-/128-byte swizzled K-major layout)
   through shared-memory matrix descriptors; one warpgroup (4 warps) per 64 x N sub-tile, accumulators in registers
-  in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx_wgmma.py, _make_kernel_wgmma).
+  in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx/wgmma.py, _make_kernel_wgmma).
 
 Staging: ``STAGING="cp_async"`` issues `cp.async.cg` 16-byte copies (src-size 0 = hardware zero-fill for rows past
 nt/od and k past id: tails need no branches) and keeps STAGES-1 tiles in flight (`cp.async.wait_group STAGES-2`);
@@ -57,7 +57,7 @@ from kernels.ptx import (
     wmma_mma_f32_f16,
     wmma_store_d_f32_shared,
 )
-from kernels.ptx_wgmma import (
+from kernels.ptx.wgmma import (
     SWIZZLE_64B,
     SWIZZLE_128B,
     fence_proxy_async_shared,
@@ -676,7 +676,7 @@ def _make_kernel_v2(g: Geometry):
 
 def _make_kernel_wgmma(g: Geometry):
     """MMA=wgmma (sm_90a; STAGING=cp_async; LOOP=addr32 or pipe): Hopper warpgroup MMA with both operands read
-    from shared memory through matrix descriptors (kernels/ptx_wgmma.py).
+    from shared memory through matrix descriptors (kernels/ptx/wgmma.py).
 
     * Tiles: LOOP=addr32/pipe's copy plan and XOR-swizzled shared tiles, unchanged: a KS=32 tile row is 64 bytes
       with 16-byte chunk c of row r stored at chunk c ^ ((r >> 1) & 3), a KS=64 row 128 bytes with c ^ (r & 7).

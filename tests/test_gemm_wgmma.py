@@ -1,4 +1,4 @@
-"""kernels/ptx_wgmma.py and gemm_f16's MMA=wgmma path (sm_90a warpgroup MMA), tested like kernels/ptx.py's helpers:
+"""kernels/ptx/wgmma.py and gemm_f16's MMA=wgmma path (sm_90a warpgroup MMA), tested like kernels.ptx's other helpers:
 
 * simulator session: the fallback's numbers for one m64nNk16 product read through descriptors (no-swizzle core
   matrices with LBO/SBO, and the 64-byte swizzle the GEMM tiles use), checked against the accumulator fragment
@@ -15,7 +15,7 @@ import pytest
 from numba import cuda, float32, types
 
 from kernels import gemm_f16 as G
-from kernels import ptx_wgmma as W
+from kernels.ptx import wgmma as W
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
 

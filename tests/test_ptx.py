@@ -1,4 +1,4 @@
-"""kernels/ptx.py tensor-core helpers, each tested three ways with the same tiny kernels:
+"""kernels.ptx tensor-core helpers, each tested three ways with the same tiny kernels:
 
 * simulator session: the Python fallbacks' numbers, checked against per-lane expectations written here
   independently from the PTX ISA fragment tables (not from the fallbacks' own code);

@@ -1,4 +1,4 @@
-"""Helpers added to kernels/ptx.py after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and
+"""Helpers added to kernels.ptx after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and
 `dp4a_s32` (four-way int8 dot product).
 
 Numbers in the simulator session (the fallback), the instruction in the compiled PTX (`compile`), the same numbers
@@ -114,3 +114,20 @@ def test_dp4a_instruction_in_ptx():
     i32 = types.Array(types.int32, 1, "C")
     ptx, _ = cuda.compile_ptx(_k_dp4a.py_func, (u32, u32, i32, i32), cc=(9, 0))
     assert "dp4a.s32.s32" in ptx
+
+
+@sim
+@pytest.mark.parametrize("begin, end, ok", [(0, 32, True), (32, 256, True), (-32, 32, False), (0, 16, False),
+                                            (224, 288, False), (0, 257, False)])
+def test_prefetch_l2_bulk_simulator_checks_the_whole_range(begin, end, ok):
+    """The simulator form refuses what the device would fault on: a range outside the array or under 32 bytes."""
+    import numpy as np
+
+    from kernels.ptx import prefetch_l2_bulk
+
+    array = np.zeros(256, np.uint8)
+    if ok:
+        prefetch_l2_bulk(array, begin, end)
+    else:
+        with pytest.raises(IndexError, match="prefetch_l2_bulk"):
+            prefetch_l2_bulk(array, begin, end)

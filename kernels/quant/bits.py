@@ -11,13 +11,13 @@ The kernels must reproduce gguf-py's float32 arithmetic bit for bit (their f16 o
   because numba compiles a device function for the current device, which `compile_ptx` on a GPU-less CI
   machine does not have.
 * ``ld_global_v4_u32`` / ``st_global_v4_u32``: 16-byte loads and stores (same semantics as
-  `kernels/ptx.py`'s helpers of the same names; duplicated because that module did not import while this one was
+  `kernels.ptx`'s helpers of the same names; duplicated because that module did not import while this one was
   written; prefer one copy).
 * ``f32_from_f16_bits`` (``cvt.f32.f16``), ``f16x2_bits`` (``cvt.rn.f16x2.f32``, sm_80+; round to nearest even,
   like numpy's ``astype(float16)``) and ``f32_from_bits`` (``__nv_int_as_float``) move between bit patterns
   and values without a memory round trip (``f32_from_bits`` is an LLVM bitcast, no PTX of its own).
 
-Inline PTX follows the `kernels/ptx.py` pattern (numba-cuda ``cache_hints.py``); kept here, not imported from
+Inline PTX follows the `kernels.ptx` pattern (numba-cuda ``cache_hints.py``); kept here, not imported from
 there, so that the quant kernels depend on nothing but numba. Under ``NUMBA_ENABLE_CUDASIM=1``
 each helper is a numpy function computing exactly what the instruction computes.
 Source: PTX ISA 9.x §9.7.3 (floating-point instructions), §9.7.9.21 "cvt".

@@ -1,7 +1,7 @@
 """Hopper warpgroup MMA helpers (sm_90a only): `wgmma.mma_async` with both operands in shared memory, its
-shared-memory matrix descriptor, and the fences / group commits it needs. Same pattern as kernels/ptx.py: a stub
-per instruction naming its PTX ISA section, an `@intrinsic` emitting `llvmlite.ir.InlineAsm`, and a CUDA-simulator
-fallback of the same semantics.
+shared-memory matrix descriptor, and the fences / group commits it needs. Same pattern as the rest of kernels.ptx:
+a stub per instruction naming its PTX ISA section, an `@intrinsic` emitting `llvmlite.ir.InlineAsm`, and beside it
+a CUDA-simulator form of the same semantics.
 
 Instruction (PTX ISA §9.7.15.5 "wgmma.mma_async"):
 
@@ -39,7 +39,7 @@ are pending (accumulators may be read, and the shared tiles of the finished batc
 Shared memory written through the generic proxy (st.shared, cp.async) must be made visible to wgmma's async proxy
 with `fence_proxy_async_shared()` (§9.7.13.4.17 "membar/fence", .proxy.async) before the barrier that publishes it.
 
-Simulator fallback: the 128 threads of a warpgroup rendezvous (as kernels/ptx.py's warp exchange, one barrier of
+Simulator forms: the 128 threads of a warpgroup rendezvous (as kernels/ptx/_base.py's warp exchange, one barrier of
 128 parties per simulated warpgroup); the last to arrive decodes both descriptors against the shared array with the
 layout rules above (so a wrong LBO/SBO/swizzle gives wrong numbers there too), multiplies in float64 and hands each
 thread its fragment. Fences, commits and waits are no-ops (the simulated wgmma is synchronous).
@@ -49,7 +49,19 @@ from __future__ import annotations
 
 from numba import types
 
-from kernels.ptx import SIMULATOR
+from kernels.ptx._base import SIMULATOR
+
+if SIMULATOR:
+    import threading
+
+    import numpy as np
+
+    from kernels.ptx._base import _BARRIER_TIMEOUT_S, _ndarray
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import _intrinsic, intrinsic
+
+    from kernels.ptx._base import _asm, _check_1d_array, _check_scalars, _shared_u32
 
 SWIZZLE_NONE, SWIZZLE_128B, SWIZZLE_64B, SWIZZLE_32B = 0, 1, 2, 3
 SWIZZLE_BYTES = {SWIZZLE_128B: 128, SWIZZLE_64B: 64, SWIZZLE_32B: 32}
@@ -84,17 +96,52 @@ def operand_byte_offsets(desc: int, rows: int):
     return a ^ (((a >> 7) & (width // 16 - 1)) << 4)
 
 
+# ---- matrix descriptor ----------------------------------------------------------------------------------------
+
 if SIMULATOR:
-    import threading
 
-    import numpy as np
+    def wgmma_desc(smem, byte_offset, lbo, sbo, swizzle):
+        """Simulator form of `wgmma_desc`: the start address is the byte offset into ``smem`` (the simulator has
+        no shared window; the device array is 1024-byte aligned, so the swizzle phase is the same)."""
+        return np.uint64(desc_value(int(byte_offset), int(lbo), int(sbo), int(swizzle)))
 
-    from kernels.ptx import _BARRIER_TIMEOUT_S, _ndarray
+else:
 
+    @intrinsic
+    def wgmma_desc(typingctx, smem, byte_offset, lbo, sbo, swizzle):
+        """The 64-bit wgmma shared-memory matrix descriptor (PTX ISA §9.7.15.5.1.2.2) of the operand starting
+        ``byte_offset`` bytes into the 1-D shared array ``smem``: start = (shared-window address & 0x3FFFF) >> 4,
+        LBO >> 4 in bits 16-29, SBO >> 4 in bits 32-45, base offset 0, ``swizzle`` (0 none, 1 128 B, 2 64 B,
+        3 32 B) in bits 62-63. Returns uint64. Adding ``x >> 4`` to it moves the start by x bytes (no carry out
+        of bits 0-13 while the address stays below 256 KB)."""
+        _check_1d_array("wgmma_desc", smem, byte_offset)
+        _check_scalars("wgmma_desc lbo, sbo, swizzle", (lbo, sbo, swizzle), types.Integer, 3)
+        sig = types.uint64(smem, byte_offset, lbo, sbo, swizzle)
+
+        def codegen(context, builder, sig, args):
+            struct = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = _shared_u32(builder, struct.data)
+            i64 = ir.IntType(64)
+            off = context.cast(builder, args[1], sig.args[1], types.uint32)
+            addr = builder.zext(builder.add(base, off), i64)
+            lbo_v, sbo_v, sw = (context.cast(builder, v, t, types.uint64) for v, t in zip(args[2:], sig.args[2:]))
+            c = lambda x: ir.Constant(i64, x)  # noqa: E731
+            d = builder.lshr(builder.and_(addr, c(0x3FFFF)), c(4))
+            d = builder.or_(d, builder.shl(builder.and_(builder.lshr(lbo_v, c(4)), c(0x3FFF)), c(16)))
+            d = builder.or_(d, builder.shl(builder.and_(builder.lshr(sbo_v, c(4)), c(0x3FFF)), c(32)))
+            return builder.or_(d, builder.shl(builder.and_(sw, c(3)), c(62)))
+
+        return sig, codegen
+
+
+# ---- wgmma.mma_async ------------------------------------------------------------------------------------------
+
+if SIMULATOR:
     _GROUPS_LOCK = threading.Lock()
 
     class _GroupExchange:
-        """All-threads rendezvous of one simulated warpgroup (128 threads), as kernels/ptx.py's _WarpExchange."""
+        """All-threads rendezvous of one simulated warpgroup (128 threads), as kernels/ptx/_base.py's
+        _WarpExchange."""
 
         def __init__(self, parties: int) -> None:
             self.slots: list = [None] * parties
@@ -163,11 +210,6 @@ if SIMULATOR:
             out.append(regs)
         return out
 
-    def wgmma_desc(smem, byte_offset, lbo, sbo, swizzle):
-        """Simulator form of `wgmma_desc`: the start address is the byte offset into ``smem`` (the simulator has
-        no shared window; the device array is 1024-byte aligned, so the swizzle phase is the same)."""
-        return np.uint64(desc_value(int(byte_offset), int(lbo), int(sbo), int(swizzle)))
-
     def wgmma_m64nNk16_f32_f16(smem, acc, acc_base, desc_a, desc_b, scale_d, n):
         """Simulator form of `wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16` (see the compiled form): the
         warpgroup's 128 threads rendezvous; acc[acc_base : acc_base + n/2] updated in place."""
@@ -180,92 +222,7 @@ if SIMULATOR:
         for i in range(n // 2):
             acc[base + i] = res[i]
 
-    def wgmma_fence():
-        """Simulator form of `wgmma.fence.sync.aligned` (nothing to order: the simulated wgmma is synchronous)."""
-
-    def wgmma_commit_group():
-        """Simulator form of `wgmma.commit_group.sync.aligned`."""
-
-    def wgmma_wait_group(n):
-        """Simulator form of `wgmma.wait_group.sync.aligned N`."""
-
-    def fence_proxy_async_shared():
-        """Simulator form of `fence.proxy.async.shared::cta` (there is one proxy here)."""
-
 else:
-    from llvmlite import ir
-    from numba.cuda.extending import _intrinsic, intrinsic
-
-    from kernels.ptx import _asm, _check_1d_array, _check_scalars, _shared_u32
-
-    def _void_asm(text: str, doc: str):
-        @intrinsic
-        def impl(typingctx):
-            sig = types.void()
-
-            def codegen(context, builder, sig, args):
-                _asm(builder, ir.VoidType(), [], text, "~{memory}", True)
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        impl.__doc__ = doc
-        return impl
-
-    wgmma_fence = _void_asm("wgmma.fence.sync.aligned;", """`wgmma.fence.sync.aligned` (PTX ISA §9.7.15.6
-        "wgmma.fence"): orders the warpgroup's earlier register and shared-memory accesses before the following
-        wgmma.mma_async; needed before the first wgmma of each batch.""")
-    wgmma_commit_group = _void_asm("wgmma.commit_group.sync.aligned;", """`wgmma.commit_group.sync.aligned` (PTX
-        ISA §9.7.15.7 "wgmma.commit_group"): closes the batch of wgmma.mma_async issued since the last commit.""")
-    fence_proxy_async_shared = _void_asm("fence.proxy.async.shared::cta;", """`fence.proxy.async.shared::cta`
-        (PTX ISA §9.7.13.4.17 "membar/fence"): makes this thread's generic-proxy writes to shared memory (st.shared,
-        completed cp.async) visible to the async proxy (wgmma operand reads); issue it before the barrier that
-        publishes the tile.""")
-
-    @_intrinsic(target="cuda", prefer_literal=True)
-    def wgmma_wait_group(typingctx, n):
-        """`wgmma.wait_group.sync.aligned N` (PTX ISA §9.7.15.8 "wgmma.wait_group"): wait until at most N committed
-        wgmma batches of the warpgroup are pending. N must be a compile-time integer constant."""
-        from numba.cuda.core.errors import NumbaTypeError
-
-        if not isinstance(n, types.IntegerLiteral):
-            raise NumbaTypeError(f"wgmma_wait_group needs a compile-time integer constant, got {n}")
-        count = int(n.literal_value)
-        if not 0 <= count <= 7:
-            raise NumbaTypeError(f"wgmma_wait_group: N must be 0..7, got {count}")
-        sig = types.void(n)
-
-        def codegen(context, builder, sig, args):
-            _asm(builder, ir.VoidType(), [], f"wgmma.wait_group.sync.aligned {count};", "~{memory}", True)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def wgmma_desc(typingctx, smem, byte_offset, lbo, sbo, swizzle):
-        """The 64-bit wgmma shared-memory matrix descriptor (PTX ISA §9.7.15.5.1.2.2) of the operand starting
-        ``byte_offset`` bytes into the 1-D shared array ``smem``: start = (shared-window address & 0x3FFFF) >> 4,
-        LBO >> 4 in bits 16-29, SBO >> 4 in bits 32-45, base offset 0, ``swizzle`` (0 none, 1 128 B, 2 64 B,
-        3 32 B) in bits 62-63. Returns uint64. Adding ``x >> 4`` to it moves the start by x bytes (no carry out
-        of bits 0-13 while the address stays below 256 KB)."""
-        _check_1d_array("wgmma_desc", smem, byte_offset)
-        _check_scalars("wgmma_desc lbo, sbo, swizzle", (lbo, sbo, swizzle), types.Integer, 3)
-        sig = types.uint64(smem, byte_offset, lbo, sbo, swizzle)
-
-        def codegen(context, builder, sig, args):
-            struct = context.make_array(sig.args[0])(context, builder, value=args[0])
-            base = _shared_u32(builder, struct.data)
-            i64 = ir.IntType(64)
-            off = context.cast(builder, args[1], sig.args[1], types.uint32)
-            addr = builder.zext(builder.add(base, off), i64)
-            lbo_v, sbo_v, sw = (context.cast(builder, v, t, types.uint64) for v, t in zip(args[2:], sig.args[2:]))
-            c = lambda x: ir.Constant(i64, x)  # noqa: E731
-            d = builder.lshr(builder.and_(addr, c(0x3FFFF)), c(4))
-            d = builder.or_(d, builder.shl(builder.and_(builder.lshr(lbo_v, c(4)), c(0x3FFF)), c(16)))
-            d = builder.or_(d, builder.shl(builder.and_(builder.lshr(sbo_v, c(4)), c(0x3FFF)), c(32)))
-            return builder.or_(d, builder.shl(builder.and_(sw, c(3)), c(62)))
-
-        return sig, codegen
 
     @_intrinsic(target="cuda", prefer_literal=True)
     def wgmma_m64nNk16_f32_f16(typingctx, smem, acc, acc_base, desc_a, desc_b, scale_d, n):
@@ -309,6 +266,68 @@ else:
             res = _asm(builder, ir.LiteralStructType([f32] * regs), [da, db, sd, *accs], text, cons, True)
             for i, p in enumerate(ptrs):
                 builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# ---- ordering: fences, commit and wait of batches ---------------------------------------------------------------
+
+if SIMULATOR:
+
+    def wgmma_fence():
+        """Simulator form of `wgmma.fence.sync.aligned` (nothing to order: the simulated wgmma is synchronous)."""
+
+    def wgmma_commit_group():
+        """Simulator form of `wgmma.commit_group.sync.aligned`."""
+
+    def wgmma_wait_group(n):
+        """Simulator form of `wgmma.wait_group.sync.aligned N`."""
+
+    def fence_proxy_async_shared():
+        """Simulator form of `fence.proxy.async.shared::cta` (there is one proxy here)."""
+
+else:
+
+    def _void_asm(text: str, doc: str):
+        @intrinsic
+        def impl(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                _asm(builder, ir.VoidType(), [], text, "~{memory}", True)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        impl.__doc__ = doc
+        return impl
+
+    wgmma_fence = _void_asm("wgmma.fence.sync.aligned;", """`wgmma.fence.sync.aligned` (PTX ISA §9.7.15.6
+        "wgmma.fence"): orders the warpgroup's earlier register and shared-memory accesses before the following
+        wgmma.mma_async; needed before the first wgmma of each batch.""")
+    wgmma_commit_group = _void_asm("wgmma.commit_group.sync.aligned;", """`wgmma.commit_group.sync.aligned` (PTX
+        ISA §9.7.15.7 "wgmma.commit_group"): closes the batch of wgmma.mma_async issued since the last commit.""")
+    fence_proxy_async_shared = _void_asm("fence.proxy.async.shared::cta;", """`fence.proxy.async.shared::cta`
+        (PTX ISA §9.7.13.4.17 "membar/fence"): makes this thread's generic-proxy writes to shared memory (st.shared,
+        completed cp.async) visible to the async proxy (wgmma operand reads); issue it before the barrier that
+        publishes the tile.""")
+
+    @_intrinsic(target="cuda", prefer_literal=True)
+    def wgmma_wait_group(typingctx, n):
+        """`wgmma.wait_group.sync.aligned N` (PTX ISA §9.7.15.8 "wgmma.wait_group"): wait until at most N committed
+        wgmma batches of the warpgroup are pending. N must be a compile-time integer constant."""
+        from numba.cuda.core.errors import NumbaTypeError
+
+        if not isinstance(n, types.IntegerLiteral):
+            raise NumbaTypeError(f"wgmma_wait_group needs a compile-time integer constant, got {n}")
+        count = int(n.literal_value)
+        if not 0 <= count <= 7:
+            raise NumbaTypeError(f"wgmma_wait_group: N must be 0..7, got {count}")
+        sig = types.void(n)
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], f"wgmma.wait_group.sync.aligned {count};", "~{memory}", True)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -1,0 +1,130 @@
+"""Warp synchronisation and exchange (`bar.warp.sync`, `shfl.sync.bfly`) and programmatic dependent launch
+(`griddepcontrol.wait` / `.launch_dependents`, sm_90, and `pdl_enter`, the two at the top of a kernel)."""
+
+from __future__ import annotations
+
+from numba import cuda, types
+
+from kernels.ptx._base import SIMULATOR, _check_scalars
+
+if SIMULATOR:
+    import numpy as np
+
+    from kernels.ptx._base import _warp_exchange
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    from kernels.ptx._base import _asm
+
+
+# ---- warp barrier and shuffle ---------------------------------------------------------------------------------
+
+if SIMULATOR:
+
+    def syncwarp():
+        """Simulator form of `bar.warp.sync 0xffffffff`: the calling warp's 32 lanes rendezvous."""
+        _warp_exchange(_NO_OP, None)
+
+    def _NO_OP(slots):
+        return slots
+
+else:
+
+    @intrinsic
+    def syncwarp(typingctx):
+        """`bar.warp.sync 0xffffffff` (PTX ISA §9.7.13.3 "bar.warp.sync"): all 32 lanes of the warp meet here, and
+        their shared-memory writes before it are visible to each other after it."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "bar.warp.sync -1;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# numba's CUDA simulator has no `cuda.shfl_*_sync`, hence this helper for attention's row reductions.
+
+if SIMULATOR:
+
+    def _shfl_xor_op(slots):
+        return [slots[lane ^ (int(slots[lane][1]) & 31)][0] for lane in range(32)]
+
+    def shfl_xor_f32(value, lane_mask):
+        """Simulator form of `shfl.sync.bfly.b32 d, a, lane_mask, 0x1f, 0xffffffff`: lane l gets the ``value`` of
+        lane l ^ lane_mask (all 32 lanes rendezvous, as for mma)."""
+        return np.float32(_warp_exchange(_shfl_xor_op, (np.float32(value), lane_mask)))
+
+else:
+
+    @intrinsic
+    def shfl_xor_f32(typingctx, value, lane_mask):
+        """`shfl.sync.bfly.b32 d, a, lane_mask, 0x1f, 0xffffffff` (PTX ISA §9.7.9.6 "shfl.sync", .bfly mode): lane
+        l receives the float32 ``value`` of lane l ^ lane_mask; the whole warp must take part (converged). The
+        butterfly for warp reductions: ``x = max(x, shfl_xor_f32(x, 1))`` etc."""
+        _check_scalars("shfl_xor_f32 value", (value,), types.Float, 1)
+        _check_scalars("shfl_xor_f32 lane_mask", (lane_mask,), types.Integer, 1)
+        sig = types.float32(value, lane_mask)
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            m = context.cast(builder, args[1], sig.args[1], types.uint32)
+            i32 = ir.IntType(32)
+            bits = builder.bitcast(f, i32)
+            res = _asm(builder, i32, [bits, m], "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", True)
+            return builder.bitcast(res, ir.FloatType())
+
+        return sig, codegen
+
+
+# ---- programmatic dependent launch (sm_90) --------------------------------------------------------------------
+
+if SIMULATOR:
+
+    def griddepcontrol_wait():
+        """Simulator form of `griddepcontrol.wait`: kernels run one after another here, so nothing is in flight."""
+
+    def griddepcontrol_launch_dependents():
+        """Simulator form of `griddepcontrol.launch_dependents`: a scheduling hint, no effect on results."""
+
+else:
+
+    @intrinsic
+    def griddepcontrol_wait(typingctx):
+        """`griddepcontrol.wait` (PTX ISA, parallel synchronization instructions: "griddepcontrol"; sm_90, PTX 7.8):
+        wait until every prerequisite grid in flight (the kernel before this one in the stream, when this one was
+        launched with programmatic stream serialization: `kernels.launch`) has completed and its memory operations
+        are visible. Returns at once when there is none (an ordinary launch). Every read of what an earlier kernel writes, and every write of what it
+        reads or writes, must come after it; a memory clobber keeps the compiler from moving accesses across."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "griddepcontrol.wait;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def griddepcontrol_launch_dependents(typingctx):
+        """`griddepcontrol.launch_dependents` (PTX ISA "griddepcontrol"; sm_90, PTX 7.8): allow the next kernel of
+        the stream, if launched with programmatic stream serialization, to start before this grid ends (its CUDA
+        blocks take SM slots as this grid's blocks leave them). A scheduling hint: the dependent kernel's
+        `griddepcontrol_wait` still waits for this grid's completion."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], "griddepcontrol.launch_dependents;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+@cuda.jit(device=True, inline="always")
+def pdl_enter():
+    """The first statement of a kernel that may be a programmatic dependent launch (`kernels.launch`) and touches
+    nothing before it: wait for the previous kernel of the stream (`griddepcontrol_wait`), then let the next one
+    start (`griddepcontrol_launch_dependents`), so that one kernel at a time waits in another's tail. Both are no-ops
+    for an ordinary launch."""
+    griddepcontrol_wait()
+    griddepcontrol_launch_dependents()
