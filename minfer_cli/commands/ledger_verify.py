@@ -66,6 +66,8 @@ def verify(
                                         f"record's own bar; {core_verify.DEFAULT_FIGURE_BAR * 100:.0f}% for a figure)."),
     max_time: float = typer.Option(30.0, "--max-time", min=1.0, max=3600.0, help="Seconds of A/B rounds at most "
                                    "per record (the adaptive stop usually ends sooner)."),
+    min_rounds: int = typer.Option(10, "--min-rounds", min=3, max=10000, help="A/B rounds before the adaptive "
+                                   "stop may end one (fewer for arms whose sample takes seconds, e.g. GRAPHS=0 tg128)."),
     plan_only: bool = typer.Option(False, "--plan", help="Say what would be re-run and how (knobs dropped or "
                                    "predated, CANNOT-RUN reasons), measure nothing; needs no GPU."),
     no_record: bool = typer.Option(False, "--no-record", help="Do not append the verify records to the ledger."),
@@ -118,7 +120,7 @@ def verify(
     outcomes: list[core_verify.Outcome] = []
     code = 0
     with progress("ledger verify") as report:
-        runner = HarnessRunner(max_time_s=max_time, progress=report)
+        runner = HarnessRunner(max_time_s=max_time, min_rounds=min_rounds, progress=report)
         for i, record in enumerate(to_run):
             report(f"#{record['id']} ({i + 1}/{len(to_run)})", i / len(to_run))
             outcome = core_verify.verify(record, contents.records, runner, bar=bar_fraction)

@@ -16,7 +16,7 @@ holds the token to process, its position and the attention length pos + 1. One s
     state.id = argmax(logits)  (on the device; ties -> lowest index)
     history[state.pos] = state.id;  state.pos += 1;  state.length += 1
 
-The weights are the GGUF tensors as loaded (raw blocks on the device, read by `kernels.gemv_q`; no f16 copies).
+The weights are the GGUF tensors as loaded (raw blocks on the device, read by `kernels.gemv`; no f16 copies).
 Because nothing a step reads or writes depends on the host, ``GRAPHS=1`` captures one step once (after one eager
 warm-up step that compiles every kernel) and `generate` replays that graph n times, then copies the n tokens back
 in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debugging; ~400 launches a step at 7B,
@@ -27,10 +27,10 @@ quantization serves q, k and v, and gate and up); other weight types keep the f3
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: +7.5% tg128, ledger #39) computes
-``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv_q.gemv_glu`) when gate and up share a
+``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
 format, instead of two mat-vecs and `swiglu`. ``PREFETCH=1`` (``options.prefetch``) has every mat-vec stream its
-CUDA blocks' weight rows into L2 first (`kernels.gemv_q`'s PREFETCH knob). ``STAGE=1`` (``options.stage``) has every
-mat-vec that `kernels.gemv_q.stage_refusal` allows (the 2-byte-aligned formats, W 16-byte aligned and a whole
+CUDA blocks' weight rows into L2 first (`kernels.gemv`'s PREFETCH knob). ``STAGE=1`` (``options.stage``) has every
+mat-vec that `kernels.gemv.stage_refusal` allows (the 2-byte-aligned formats, W 16-byte aligned and a whole
 number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE knob); the others run as before.
 ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
@@ -60,7 +60,7 @@ from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
-# Mat-vec launch knobs (`kernels.gemv_q`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
+# Mat-vec launch knobs (`kernels.gemv`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
 # RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ): RPB=4, WPR=2 (ledger #25: Q6_K at ffn_down
 # 29.3 µs, the fastest; RPB=8, WPR=1 131 µs), except Q4_K with many rows, where one warp per 8 rows wins (ledger
 # #24, ffn_up od=18944: 17.0 µs vs 20.1) — but not on od=3584..4608 (1 warp per 8 rows leaves ~450 warps for 132
@@ -68,7 +68,7 @@ from minfer_cli.engine.weights import ModelWeights
 # More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
 # (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
 # Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, compiled for the grid's one wave (MINB,
-# `kernels.gemv_q.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
+# `kernels.gemv.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
 # #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
 # µs vs 28.30 (#69). Session 5's DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
 # and -0.27%, NEUTRAL, after it (#57).
@@ -135,7 +135,7 @@ class DecodeEngine:
     eager launches. prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
     shares (a prompt prefilled there is continued here). stream: default the prefill engine's or a new one.
     splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`). rows_per_block,
-    warps_per_row: GEMV knobs (`kernels.gemv_q`) for every mat-vec (None: ``GEMV_F32`` / ``GEMV_MMVQ``, the
+    warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: ``GEMV_F32`` / ``GEMV_MMVQ``, the
     fastest measured for each input form).
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
@@ -152,7 +152,7 @@ class DecodeEngine:
         from kernels.attention_decode import DEFAULT_SPLITS, HEAD_DIM, decode_workspace
         from kernels.decode_state import STATE_SIZE
         from kernels.embedding import SUPPORTED as EMBEDDING_TYPES
-        from kernels.gemv_q import GEMV_TYPES
+        from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
 
         c: ModelConfig = weights.config
@@ -334,13 +334,13 @@ class DecodeEngine:
     def _deep_launch(self, m: _Gemv) -> dict | None:
         """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
         (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
-        has no deep launch, when its ring (STAGE=2) is refused for m's bytes (`kernels.gemv_q.stage_refusal`), or
-        when no bound of at least `kernels.gemv_q.MINB_REGISTER_FLOOR` registers fits the grid in one wave (llama
+        has no deep launch, when its ring (STAGE=2) is refused for m's bytes (`kernels.gemv.stage_refusal`), or
+        when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid in one wave (llama
         7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 was slower than the
         general shape: Q4_K 20.56 vs 17.95 µs, ledger #68, #70)."""
         key = (m.qtype, m.od, id(m.raw))
         if key not in self._launch_mmvq_deep:
-            from kernels.gemv_q import one_wave_min_blocks, stage_refusal
+            from kernels.gemv import one_wave_min_blocks, stage_refusal
 
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
@@ -361,11 +361,11 @@ class DecodeEngine:
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
         least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at least
         DEEP_COLS columns), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added to a launch that does
-        not stage yet where `kernels.gemv_q.stage_refusal` allows it for m (``glu``: with a second weight of m's
-        shape); with HOIST=1, ``hoist=1`` where `kernels.gemv_q.hoist_refusal` allows it (m's format, not staged);
-        with VLOAD=1, ``vload=1`` where `kernels.gemv_q.vload_refusal` allows it for m's bytes (Q6_K, not staged,
+        not stage yet where `kernels.gemv.stage_refusal` allows it for m (``glu``: with a second weight of m's
+        shape); with HOIST=1, ``hoist=1`` where `kernels.gemv.hoist_refusal` allows it (m's format, not staged);
+        with VLOAD=1, ``vload=1`` where `kernels.gemv.vload_refusal` allows it for m's bytes (Q6_K, not staged,
         not GLU)."""
-        from kernels.gemv_q import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
+        from kernels.gemv import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -395,7 +395,7 @@ class DecodeEngine:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
         Without FUSE_ADD the add is a separate kernel: a bias (``residual`` is not ``out``) is added to ``out`` in
         place; the residual stream (``residual`` is ``out``) gets W·x through a scratch vector."""
-        from kernels.gemv_q import gemv_q
+        from kernels.gemv import gemv_q
         from kernels.residual import bias_add, residual_add
 
         if residual is not None and not self.fuse_add:
@@ -413,7 +413,7 @@ class DecodeEngine:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
         with two weights: 36.7 vs 27.5 µs a call at ffn_up on the H200, a profiler trace, not in the ledger)."""
-        from kernels.gemv_q import gemv_glu
+        from kernels.gemv import gemv_glu
 
         x_in, launch = self._input(gate, x, xq, wide=False, glu=True)
         gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, stream=self.stream, **launch)
