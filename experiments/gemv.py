@@ -1,21 +1,21 @@
-"""Experiment `gemv`: decode mat-vec ``y[od] = W[od, id] · x[id]`` straight from GGUF blocks (`kernels.gemv_q`).
+"""Experiment `gemv`: decode mat-vec ``y[od] = W[od, id] · x[id]`` straight from GGUF blocks (`kernels.gemv`).
 
-Knobs: TYPE (W's GGUF format; every one `kernels.gemv_q` supports), RPB (rows per CUDA block, decoded together
+Knobs: TYPE (W's GGUF format; every one `kernels.gemv` supports), RPB (rows per CUDA block, decoded together
 by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
 of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
 block's rows are first streamed into L2 by one TMA bulk prefetch; 2, 3: each warp prefetches into L2 the lines of
 its chunk 1 or 2 steps ahead, UNROLL=1 and STAGE other than 1), STAGE (shared-memory slots per warp that chunks
 pass through before they are decoded: 1 copied through registers with 16-byte loads; 2-4 a cp.async ring that keeps
-STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv_q.STAGE_TYPES`, UNROLL=1, W a whole number of
+STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv.STAGE_TYPES`, UNROLL=1, W a whole number of
 16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
-decode; the TYPEs `kernels.gemv_q.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
+decode; the TYPEs `kernels.gemv.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
 for: ``__launch_bounds__``'s register cap, 0 none), VLOAD (1: Q6_K blocks read with 8-byte vector loads and a funnel
 shift; W 8-byte aligned and a multiple of 8 bytes), FOLD (1: Q6_K's -32 offset enters each plane's dp4a chain
 once per chunk from x, not per word and row; MMVQ=1, not with VLOAD=1), PDL (1: programmatic dependent launch,
 each timed launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's fused gate/up pass,
-`kernels.gemv_q.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
+`kernels.gemv.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
-kernel runs; TYPE must be one of `kernels.gemv_q.MMVQ_TYPES`. The quantization's own cost is in the model-level
+kernel runs; TYPE must be one of `kernels.gemv.MMVQ_TYPES`. The quantization's own cost is in the model-level
 tg A/B, where one quantized x serves several mat-vecs).
 Workloads: the nt = 1 projections of one Qwen2-7B layer (hidden 3584, FFN 18944, 28 q heads + 2x4 kv heads of
 128 -> fused qkv 4608) and its vocabulary head (152064 x 3584), plus a tiny shape for the CUDA simulator.
@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from kernels.gemv_q import (
+from kernels.gemv import (
     DEFAULT_FOLD,
     DEFAULT_HOIST,
     DEFAULT_MINB,
@@ -261,12 +261,12 @@ class GemvExperiment(Experiment):
         return cuda.device_array(self._shape(workload)[0], dtype=np.float32)
 
     def refuse(self, config, workload):
-        """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE > 0 where `kernels.gemv_q` refuses it (TYPE, UNROLL,
+        """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE > 0 where `kernels.gemv` refuses it (TYPE, UNROLL,
         shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
-        `kernels.gemv_q.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv_q.vload_refusal`
+        `kernels.gemv.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv.vload_refusal`
         refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes); FOLD=1 where
-        `kernels.gemv_q.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1); PREFETCH=2, 3 where
-        `kernels.gemv_q.prefetch_refusal` refuses it (UNROLL=2, STAGE=1)."""
+        `kernels.gemv.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1); PREFETCH=2, 3 where
+        `kernels.gemv.prefetch_refusal` refuses it (UNROLL=2, STAGE=1)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
@@ -294,7 +294,7 @@ class GemvExperiment(Experiment):
 
     @staticmethod
     def _kernel(config):
-        """The dispatcher of this config's knobs (`kernels.gemv_q.kernel_for`, which refuses a bad combination)."""
+        """The dispatcher of this config's knobs (`kernels.gemv.kernel_for`, which refuses a bad combination)."""
         return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
                           unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
                           stage=int(config["STAGE"]), hoist=int(config["HOIST"]), min_blocks=int(config["MINB"]),

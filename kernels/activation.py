@@ -34,7 +34,7 @@ SILU_EXP_CAP = 100.0  # above f32's exp range (88.72): exp(min(-g, cap)) is inf 
 @cuda.jit(device=True, inline="always")
 def silu_mul(g, u):
     """``silu(g) * u = g / (1 + exp(-g)) * u`` for f32 scalars g, u: the one SwiGLU expression of every kernel (this
-    file's and the fused mat-vec's `kernels.gemv_q.gemv_glu`), so fused and unfused decode agree bit for bit.
+    file's and the fused mat-vec's `kernels.gemv.gemv_glu`), so fused and unfused decode agree bit for bit.
     -0 for g < -88.72 (f32's exp is inf there); exp's argument is capped at `SILU_EXP_CAP` so that the simulator's
     float64 ``math.exp`` gives the same inf instead of raising OverflowError."""
     return g / (float32(1.0) + math.exp(min(-g, float32(SILU_EXP_CAP)))) * u

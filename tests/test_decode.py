@@ -221,7 +221,7 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     the Q6_K attn_v, ffn_down and output weights are loaded, and HOIST=1, which only moves the Q4_K mat-vecs'
     loads ahead of their decode): one eager MMVQ step, logits bit-identical to the
     unfused path (gate, up and SwiGLU as three kernels; RMSNorm and the Q8_1 quantization as two)."""
-    from kernels.gemv_q import stage_refusal
+    from kernels.gemv import stage_refusal
     from minfer_cli.engine.decode import DecodeEngine
 
     q6 = [n for n, (spec, _) in micro_weights.tensors.items() if spec.qtype == "Q6_K"]
@@ -244,11 +244,11 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
 def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch):
     """DEEP=1 (on 132 SMs): a Q4_K or Q6_K mat-vec of at least DEEP_COLS columns gets its format's
     `GEMV_MMVQ_DEEP` (Q6_K: the cp.async ring and the offset fold) and MINB for its grid's one wave
-    (`kernels.gemv_q.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
+    (`kernels.gemv.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
     whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
     the general MMVQ shape. On a deep launch HOIST=1 hoists Q4_K but leaves the Q6_K ring alone, VLOAD=1 leaves
     it alone, and STAGE=1 does not replace it."""
-    from kernels.gemv_q import one_wave_min_blocks
+    from kernels.gemv import one_wave_min_blocks
     from minfer_cli.engine import decode
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv
 
@@ -273,7 +273,7 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
 
 
 def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
-    """VLOAD=1: a Q6_K mat-vec whose bytes `kernels.gemv_q.vload_refusal` accepts gets vload=1; a Q6_K weight
+    """VLOAD=1: a Q6_K mat-vec whose bytes `kernels.gemv.vload_refusal` accepts gets vload=1; a Q6_K weight
     not a multiple of 8 bytes, a Q4_K weight and the GLU pass keep their launch unchanged."""
     from minfer_cli.engine.decode import GEMV_MMVQ, DecodeEngine, _Gemv
 
@@ -588,7 +588,7 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     one wave) on fresh random blocks, residual added in place as the decode step does: within 1e-5 of float64 and
     of the general MMVQ launch (the same products, each row's sums split over 4 warps instead of 2)."""
     from experiments.gemv import reference_mmvq
-    from kernels.gemv_q import gemv_q
+    from kernels.gemv import gemv_q
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, DecodeEngine, _Gemv
     from minfer_cli.quant_blocks import random_blocks

@@ -1,4 +1,4 @@
-"""Decode mat-vec straight from GGUF blocks (`kernels.gemv_q`) against numpy float64 ``dequantize(W) @ x``.
+"""Decode mat-vec straight from GGUF blocks (`kernels.gemv`) against numpy float64 ``dequantize(W) @ x``.
 
 Simulator session: every format at tiny shapes (od = 5: a partial last CUDA block for RPB 2 and 4; ids with a
 partial last warp chunk), several RPB/WPR values, output poisoned with NaN, fresh random W and x each test,
@@ -21,7 +21,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv_q import GEMV_TYPES, HOIST_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
+from kernels.gemv import GEMV_TYPES, HOIST_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -172,19 +172,19 @@ def test_lookahead_prefetches_every_later_chunk_inside_w(monkeypatch, name, od, 
     warp decodes PREFETCH - 1 steps after asking), with a partial last chunk, a partial last CUDA block, two
     prefetches a lane (RPB=8 of Q6_K: 64 lines), the ring (16-byte aligned W), and W starting ``shift`` blocks into its allocation (lines
     no longer aligned with W); the numbers against float64 and bit for bit against PREFETCH=0."""
-    import kernels.gemv_q as gemv_module
+    from kernels.gemv import _IMPLS, codegen, launch
     from kernels.ptx import _ndarray
 
     fmt = FORMATS[name]
     asked = []
-    real = gemv_module.prefetch_l2
+    real = codegen.prefetch_l2
 
     def recording(array, byte_offset):
         real(array, byte_offset)
         asked.append((_ndarray(array).__array_interface__["data"][0], int(byte_offset)))
 
-    monkeypatch.setattr(gemv_module, "prefetch_l2", recording)
-    monkeypatch.setattr(gemv_module, "_CACHE", {})
+    monkeypatch.setattr(codegen, "prefetch_l2", recording)  # the name the generated kernels are built with
+    monkeypatch.setattr(launch, "_CACHE", {})
     seed = int(np.random.default_rng().integers(2**63))
     ts = fmt.type_size
     ahead, direct = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, prefetch=p,
@@ -196,7 +196,7 @@ def test_lookahead_prefetches_every_later_chunk_inside_w(monkeypatch, name, od, 
     assert len(bases) == 1, "one weight, one array prefetched from"
     base = bases.pop()
     row_bytes = fmt.row_bytes(id)
-    chunk = 32 // gemv_module._IMPLS[name][2] * ts
+    chunk = 32 // _IMPLS[name][2] * ts
     nchunks = -(-row_bytes // chunk)
     first = (prefetch - 1) * wpr
     assert first < nchunks, "the shape must have chunks past the lookahead for the test to mean anything"
@@ -275,7 +275,7 @@ def test_vload_against_float64_and_bit_for_bit_the_halfword_loads(od, id, rpb, w
 
 def test_vload_refusals():
     """VLOAD=1 for another format, with STAGE=1, or for W not a multiple of 8 bytes or not 8-byte aligned."""
-    from kernels.gemv_q import vload_refusal
+    from kernels.gemv import vload_refusal
 
     rng = np.random.default_rng()
     x = cuda.to_device(np.ones(256, np.float32))
@@ -298,7 +298,7 @@ def test_one_wave_min_blocks():
     """MINB for one wave: qwen2 ffn_down at RPB=4, WPR=4 (896 blocks) on 132 SMs needs 7 a SM (72 registers);
     llama's od 4096 (1024 blocks) would need 8 (64 registers, under the floor: no bound); past the SM's threads or
     the largest value, no bound; an empty grid or no SMs is an error."""
-    from kernels.gemv_q import MINB_REGISTER_FLOOR, min_blocks_registers, one_wave_min_blocks
+    from kernels.gemv import MINB_REGISTER_FLOOR, min_blocks_registers, one_wave_min_blocks
 
     assert one_wave_min_blocks(896, 132, 4) == 7 and min_blocks_registers(7, 4) == MINB_REGISTER_FLOOR == 72
     assert one_wave_min_blocks(1024, 132, 4) == 0 and min_blocks_registers(8, 4) == 64
@@ -673,7 +673,7 @@ def test_loads_no_wider_than_the_format_alignment(name):
 @pytest.mark.compile
 @pytest.mark.parametrize("name", GEMV_TYPES)
 def test_default_kernel_has_no_local_memory_and_no_float64(name):
-    from kernels.gemv_q import DEFAULT_RPB, DEFAULT_WPR
+    from kernels.gemv import DEFAULT_RPB, DEFAULT_WPR
 
     ptx = _ptx(name, DEFAULT_RPB, DEFAULT_WPR)
     assert ".local" not in ptx, "accumulators or x registers spilled to local memory in NVVM's output"
@@ -830,7 +830,7 @@ def test_stage_reads_weights_in_16_byte_vectors_and_decodes_from_shared_memory(n
     """STAGE=1: W's only global loads are ``ld.global.v4.b32`` (none of the 2-byte loads of STAGE=0), the
     decode's halfwords come from shared memory (``ld.shared.u16``), one ``bar.warp.sync`` before and after each
     copy, no local memory."""
-    from kernels.gemv_q import stage_window_bytes
+    from kernels.gemv import stage_window_bytes
 
     ptx = _ptx(name, 4, 2, mmvq=mmvq, stage=1)
     assert "ld.global.u16" in _ptx(name, 4, 2, mmvq=mmvq) and "ld.global.u16" not in ptx
@@ -844,7 +844,7 @@ def test_stage_reads_weights_in_16_byte_vectors_and_decodes_from_shared_memory(n
 @pytest.mark.compile
 @pytest.mark.parametrize("name", MMVQ_TYPES)
 def test_mmvq_kernels_use_dp4a_and_keep_weight_loads_aligned(name):
-    from kernels.gemv_q import DEFAULT_RPB, DEFAULT_WPR
+    from kernels.gemv import DEFAULT_RPB, DEFAULT_WPR
 
     ptx = _ptx(name, DEFAULT_RPB, DEFAULT_WPR, mmvq=True)
     assert "dp4a.s32.s32" in ptx, "the MMVQ kernel lost its integer dot products"

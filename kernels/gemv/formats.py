@@ -1,0 +1,139 @@
+"""Per-format tables of the gemv kernels (`kernels.gemv`): which x loader and block dot each GGUF format uses with
+f32 x and with Q8_1 x (MMVQ), how many lanes share a block, and which formats each knob takes. Block sizes, byte
+sizes and alignments come from `kernels.quant.formats` (the one table of GGUF layouts), not from here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.errors import KernelConstraintError
+from kernels.gemv.device import _q4_k_words, _q6_k_lane, _q6_k_lane8, _q6_k_lane_at, _q8_0_words
+from kernels.gemv.dots import (
+    _dot_bf16,
+    _dot_f16,
+    _dot_f32,
+    _dot_mxfp4,
+    _dot_q2_k,
+    _dot_q3_k,
+    _dot_q4_0,
+    _dot_q4_1,
+    _dot_q4_k,
+    _dot_q5_0,
+    _dot_q5_1,
+    _dot_q5_k,
+    _dot_q6_k,
+    _dot_q6_k8,
+    _dot_q8_0,
+    _math_q4_k,
+    _math_q6_k,
+    _math_q8_0,
+    _x_float,
+    _x_k_nibbles,
+    _x_k_planes,
+    _x_legacy,
+    _x_q8_0,
+)
+from kernels.gemv.dots_q8 import (
+    _dotq_q4_k,
+    _dotq_q6_k,
+    _dotq_q6_k8,
+    _dotq_q6_k_fold,
+    _dotq_q8_0,
+    _mathq_q4_k,
+    _mathq_q6_k,
+    _mathq_q6_k_fold,
+    _mathq_q8_0,
+    _xq_k_nibbles,
+    _xq_k_planes,
+    _xq_k_planes_fold,
+    _xq_q8_0,
+)
+from kernels.quant.formats import FORMATS, SUPPORTED, block_format
+
+FLOAT_GROUP = 8
+"""Float types: ``id`` must be a multiple of 8 (each lane reads a row's elements in whole 16-byte groups)."""
+_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint32}
+"""The dtype a kernel views W's bytes as, by the format's ``align``: the widest word every block starts on, except
+that 16-byte-aligned blocks are uint32 words read four at a time (`kernels.quant.bits.ld_global_v4_u32`)."""
+
+
+def _geometry(name: str) -> tuple:
+    """(weights per (pseudo-)block, raw view dtype) of format ``name`` from `kernels.quant.formats`: a float type's
+    pseudo-block is the ``FLOAT_GROUP`` elements one lane reads."""
+    fmt = FORMATS[name]
+    return (FLOAT_GROUP if fmt.block_size == 1 else fmt.block_size), _VIEW[fmt.align]
+
+
+# name -> (x loader, block dot, lanes per block); `_IMPLS` adds `_geometry`'s two
+_F32_DOTS = {
+    "F32": (_x_float, _dot_f32, 1),
+    "F16": (_x_float, _dot_f16, 1),
+    "BF16": (_x_float, _dot_bf16, 1),
+    "Q4_0": (_x_legacy, _dot_q4_0, 2),
+    "Q4_1": (_x_legacy, _dot_q4_1, 2),
+    "Q5_0": (_x_legacy, _dot_q5_0, 2),
+    "Q5_1": (_x_legacy, _dot_q5_1, 2),
+    "Q8_0": (_x_q8_0, _dot_q8_0, 2),
+    "Q2_K": (_x_k_planes, _dot_q2_k, 8),
+    "Q3_K": (_x_k_planes, _dot_q3_k, 8),
+    "Q4_K": (_x_k_nibbles, _dot_q4_k, 8),
+    "Q5_K": (_x_k_nibbles, _dot_q5_k, 8),
+    "Q6_K": (_x_k_planes, _dot_q6_k, 8),
+    "MXFP4": (_x_legacy, _dot_mxfp4, 2),
+}
+_MMVQ_DOTS = {
+    "Q4_K": (_xq_k_nibbles, _dotq_q4_k, 8),
+    "Q6_K": (_xq_k_planes, _dotq_q6_k, 8),
+    "Q8_0": (_xq_q8_0, _dotq_q8_0, 2),
+}
+assert set(_F32_DOTS) == set(SUPPORTED), "every supported format needs a gemv implementation"
+# name -> (x loader, block dot, lanes per block, weights per (pseudo-)block, raw view dtype)
+_IMPLS = {name: (*dots, *_geometry(name)) for name, dots in _F32_DOTS.items()}
+_MMVQ_IMPLS = {name: (*dots, *_geometry(name)) for name, dots in _MMVQ_DOTS.items()}
+GEMV_TYPES = tuple(SUPPORTED)
+"""Names of every format ``gemv_q`` takes (all of `kernels.quant.SUPPORTED`)."""
+MMVQ_TYPES = tuple(_MMVQ_IMPLS)
+"""Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
+and Q8_0."""
+# name -> (fetch: every load of a lane's piece of a block, math: the decode of what fetch returned); the block dot
+# computes math(fetch(...)) (Q4_K's with the header decoded between its two loads), so HOIST=1 and HOIST=0
+# compute the same float32 operations in the same order.
+_SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), "Q8_0": (_q8_0_words, _math_q8_0)}
+_MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
+                "Q8_0": (_q8_0_words, _mathq_q8_0)}
+HOIST_TYPES = tuple(_SPLITS)
+"""Formats HOIST=1 takes (f32 and MMVQ x): the ones whose block dot is split into a load half and a decode half."""
+STAGE_TYPES = tuple(name for name in SUPPORTED if FORMATS[name].align == 2)
+"""Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views):
+Q4_0, Q5_0, Q8_0, Q3_K, Q6_K."""
+# STAGE=2..4: name -> a lane's fetch from the block at element ``base`` of a uint16 ring window (`_ring_loop`)
+_RING_FETCH = {"Q6_K": _q6_k_lane_at}
+# VLOAD=1: name -> (f32-x dot, Q8_1-x dot, fetch) reading the blocks with 8-byte vector loads
+_VLOAD = {"Q6_K": (_dot_q6_k8, _dotq_q6_k8, _q6_k_lane8)}
+VLOAD_TYPES = tuple(_VLOAD)
+"""Formats VLOAD=1 takes: Q6_K, whose 210-byte blocks are only 2-byte aligned."""
+# FOLD=1: name -> (x loader, Q8_1-x dot, math for HOIST=1)
+_FOLD = {"Q6_K": (_xq_k_planes_fold, _dotq_q6_k_fold, _mathq_q6_k_fold)}
+FOLD_TYPES = tuple(_FOLD)
+"""Formats FOLD=1 takes: Q6_K, whose MMVQ dot subtracts 32 from every stored q."""
+
+
+def _format_name(qtype, mmvq: bool) -> str:
+    try:
+        name = block_format(qtype).name
+    except KeyError as e:
+        raise KernelConstraintError(e.args[0]) from None
+    if mmvq and name not in _MMVQ_IMPLS:
+        raise KernelConstraintError(
+            f"{name} has no MMVQ (int8-activation) kernel; MMVQ covers {', '.join(MMVQ_TYPES)} (use f32 x for {name})"
+        )
+    return name
+
+
+def _known_format(qtype) -> tuple:
+    """(the format's name, None), or (None, the sentence naming the supported formats) for an unknown ``qtype``."""
+    try:
+        return block_format(qtype).name, None
+    except KeyError as e:
+        return None, e.args[0]
