@@ -28,9 +28,26 @@ VERDICT_STYLE = {"LANDED": "bold green", "REVERTED": "bold red", "NEUTRAL": "yel
 F = TypeVar("F", bound=Callable)
 
 
+def clean(text: object) -> str:
+    """``text`` safe to print: every character a terminal would act on instead of showing (control characters,
+    escape sequences, bidirectional overrides, tabs, newlines) written as a Python escape (``\\x1b``, ``\\u202e``),
+    so a record or a file name can never move the cursor, recolour the screen or split a table row."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def plain(text: object) -> str:
+    """``text`` cleaned (`clean`) and with rich markup escaped: what came from a user or a file, printed as is."""
+    from rich.markup import escape
+
+    return escape(clean(text))
+
+
 def error_line(message: str) -> None:
-    """Print one error sentence on stderr, prefixed with `error:`."""
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    """Print one error sentence on stderr, prefixed with `error:` (the message is printed as text, never as markup)."""
+    err.print(f"[bold red]error:[/] {plain(message)}", soft_wrap=True)
 
 
 def guard(func: F) -> F:
@@ -131,7 +148,9 @@ def guard_streams() -> None:
     the ledger) and exits with its own status; stderr still shows errors."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _GuardedStream):
+        if stream is None:  # started with the descriptor closed (`minfer ... >&-`): write nowhere, quietly
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        if not isinstance(stream, _GuardedStream):
             setattr(sys, name, _GuardedStream(stream))
 
 

@@ -84,6 +84,10 @@ def write_output(path: str | Path, write_fn: Callable[[Path], None], *, force: b
                 _link_no_clobber(tmp, path)
         except OSError as exc:
             raise MinferError(f"cannot write {path}: {exc.strerror or exc}") from None
+        except MinferError:
+            raise
+        except Exception as exc:  # a drawing library that chokes on a value: one line, nothing half-written
+            raise MinferError(f"cannot draw {path}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()

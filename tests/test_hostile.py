@@ -56,7 +56,7 @@ def _every_view_still_shows(directory: Path, ids: list[int], bad: str) -> None:
         if fmt == "json":
             assert sorted({row["id"] for row in json.loads(r.stdout)}) == ids
     r = invoke("ledger", "show", str(ids[0]), "--ledger", str(directory))
-    assert r.exit_code == 0 and r.stdout.startswith(f"#{ids[0]} ")
+    assert r.exit_code == 1 and r.stdout.startswith(f"#{ids[0]} ") and f"skipped {bad}" in r.stderr
 
 
 # 1. Any failure while reading one file is isolated.
@@ -356,3 +356,97 @@ def test_neutral_values_of_such_keys_pass_the_check(tmp_path):
     with pytest.raises(ModelError) as e:  # the only complaint left is the layer's missing tensors
         inspect_gguf(path)
     assert "lacks the tensor blk.0.attn_q.weight" in str(e.value)
+
+
+# Found by a fresh probe: markup, control characters, extreme-but-finite figures, odd optional parts, the cache.
+def test_text_from_users_and_records_is_never_markup_or_terminal_control(tmp_path):
+    write_ledger(tmp_path, 2)
+    r = invoke("ledger", "retire", "1", "--why", "variant [/deleted] in \x1b[2Ja1b2\u202e", "--ledger", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    for args in (["ledger", "show", "3"], ["ledger", "show"], ["ledger", "diff", "1", "3"]):
+        r = invoke(*args, "--ledger", str(tmp_path))
+        assert r.exit_code == 0 and "\x1b" not in r.stdout and "\u202e" not in r.stdout, (args, r.output)
+    assert "[/deleted]" in invoke("ledger", "show", "3", "--ledger", str(tmp_path)).stdout
+    r = invoke("ledger", "show", "[/x]", "--ledger", str(tmp_path))
+    assert r.exit_code == 2 and "'[/x]'" in r.output
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"comparison": {"delta": -1.0, "ci_low": -1.0, "ci_high": -0.9, "p_value": 0.1, "rounds": 3}}, "above -1"),
+    ({"bar": 1e300}, "at most"),
+    ({"timestamp": "2026-13-45T99:99:99Z"}, "ISO-8601"),
+])
+def test_extreme_but_finite_figures_are_refused_by_the_schema(tmp_path, change, where):
+    rec = write_ledger(tmp_path, 1)[0]
+    assert any(where in p for p in ledger.validate({**rec, **change}))
+
+
+def test_odd_optional_parts_cost_one_cell_not_the_ledger(tmp_path):
+    write_ledger(tmp_path, 2)
+    odd = {"schema": 2, "id": 3, "title": "t", "timestamp": "2026-12-03T00:00:00Z", "kind": "retire",
+           "verdict": "RETIRED", "retire": {"ids": [1], "why": "w"}, "git": {"commit": None, "dirty": None},
+           "command": "c", "notes": "", "workload": "str"}
+    assert any("workload" in p for p in ledger.validate(odd))  # a view's key, wrongly typed, is refused
+    odd.pop("workload")
+    odd["best"] = "not a mapping"
+    (tmp_path / "0003-odd.yaml").write_text(store.dump(odd))
+    for args in (["ledger", "show"], ["ledger", "show", "3"], ["ledger", "show", "-f", "csv"]):
+        assert invoke(*args, "--ledger", str(tmp_path)).exit_code == 0, args
+
+
+def test_a_fifo_in_the_cache_never_hangs(tmp_path, monkeypatch):
+    write_ledger(tmp_path / "records", 2)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.mkfifo(cache / "ledger-index.key")
+    monkeypatch.setenv("MINFER_CACHE_DIR", str(cache))
+    assert [r["id"] for r in ledger.load(tmp_path / "records").records] == [1, 2]
+    (cache / "ledger-index.key").unlink()
+    from minfer_cli.ledger import index
+
+    os.mkfifo(index.index_path(tmp_path / "records"))
+    assert [r["id"] for r in ledger.load(tmp_path / "records").records] == [1, 2]
+
+
+def test_the_cache_never_writes_into_the_ledger(tmp_path, monkeypatch):
+    write_ledger(tmp_path, 2)
+    monkeypatch.setenv("MINFER_CACHE_DIR", str(tmp_path))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    ledger.load(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_closed_stdout_is_quiet_and_keeps_the_exit_status(tmp_path):
+    write_ledger(tmp_path, 2)
+    r = subprocess.run([sys.executable, "-m", "minfer_cli", "ledger", "retire", "1", "--why", "x", "--ledger",
+                        str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                       close_fds=True, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert len(list(tmp_path.glob("0003-*.yaml"))) == 1
+
+
+def test_text_that_is_not_utf8_is_kept_visibly(tmp_path):
+    write_ledger(tmp_path, 1)
+    r = invoke("ledger", "retire", "1", "--why", "bad\udcffbyte", "--ledger", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert ledger.load(tmp_path).records[-1]["retire"]["why"] == "bad\\udcffbyte"
+
+
+def test_junk_and_stale_reservations_cannot_use_up_ids(tmp_path):
+    write_ledger(tmp_path, 2)
+    (tmp_path / "999999999-junk.yaml").write_text("not: a record\n")
+    stale = tmp_path / ".999999998.reserve"
+    stale.write_text("")
+    os.utime(stale, (0, 0))
+    rec = yaml.safe_load(next(tmp_path.glob("0001-*")).read_text())
+    assert ledger.append(tmp_path, rec).id == 3
+
+
+def test_plot_text_is_never_mathtext_and_a_drawing_failure_is_one_line(tmp_path):
+    rec = write_ledger(tmp_path / "records", 1)[0]
+    rec = {**rec, "id": 2, "title": r"$\frac{$ broken and $5 vs $10"}
+    rec["arms"][0]["knobs"] = {"TM": r"$\x$"}
+    (tmp_path / "records" / "0002-math.yaml").write_text(store.dump(rec))
+    r = invoke("ledger", "show", "2", "--ledger", str(tmp_path / "records"), "--plot", str(tmp_path / "m.png"))
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "m.png").stat().st_size > 1000

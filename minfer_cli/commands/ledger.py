@@ -171,7 +171,7 @@ def show(
             written = write_output(plot, lambda tmp: plot_record(chosen[0], tmp), force=force, ledger_dir=directory,
                                    suffixes=PLOT_SUFFIXES)
             err.print(f"plot written to {written}", markup=False, soft_wrap=True)
-        if report_problems(contents) and number in contents.duplicates:
+        if report_problems(contents):
             raise typer.Exit(code=1)
         return
 

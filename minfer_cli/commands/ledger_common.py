@@ -11,7 +11,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from minfer_cli import ledger as core
-from minfer_cli.console import VERDICT_STYLE, err, out, verdict_text
+from minfer_cli.console import VERDICT_STYLE, clean, err, out, plain, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import ENV_LEDGER, env
 from minfer_cli.ledger import figures
@@ -31,10 +31,10 @@ def resolve_dir(ledger: Optional[Path]) -> Path:
 def report_problems(contents: core.LedgerContents) -> bool:
     """Print skipped files and duplicate ids on stderr (one line each); True when there was any."""
     for problem in contents.problems:
-        err.print(f"skipped {problem.file}: {problem.reason}", markup=False, soft_wrap=True, style="yellow")
+        err.print(f"skipped {clean(problem.file)}: {clean(problem.reason)}", markup=False, soft_wrap=True, style="yellow")
     for record_id, files in sorted(contents.duplicates.items()):
-        err.print(f"duplicate id {record_id}: {', '.join(files)} (both shown, flagged *; the first is the one "
-                  "verify and diff use)", markup=False, soft_wrap=True, style="yellow")
+        err.print(f"duplicate id {record_id}: {', '.join(map(clean, files))} (both shown, flagged *; the first is the "
+                  "one verify and diff use)", markup=False, soft_wrap=True, style="yellow")
     return bool(contents.problems or contents.duplicates)
 
 
@@ -56,6 +56,7 @@ def fit_widths(natural: dict[str, int], width: int, shrink: tuple[tuple[str, int
 
 def _cell(text: str, width: int, right: bool) -> str:
     """``text`` in exactly ``width`` terminal cells: cut with an ellipsis when too long, padded otherwise."""
+    text = clean(text)
     if cell_len(text) > width:
         text = set_cell_size(text, max(0, width - 1)) + "…" if width > 0 else ""
     pad = " " * (width - cell_len(text))
@@ -67,7 +68,7 @@ def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None
     """A table whose rows never wrap, as one styled text (fast for thousands of rows): columns ``names``, cells
     ``rows`` (plain text by column name; a ``verdict`` or ``outcome`` column is coloured), sized by `fit_widths`
     for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole."""
-    natural = {n: max([cell_len(n)] + [cell_len(r.get(n, "")) for r in rows]) for n in names}
+    natural = {n: max([cell_len(n)] + [cell_len(clean(r.get(n, ""))) for r in rows]) for n in names}
     widths = natural if width is None else fit_widths(natural, width, shrink)
     text = Text(no_wrap=True, overflow="ignore", end="\n")
     if title:
@@ -154,22 +155,31 @@ def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Text
 
 def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
     """One record whole, for a person: title, verdict, kind, workload, commit, GPU and clocks, the result, each
-    arm's knobs (those that differ first) and statistics, the kind's own fields, the command and the notes."""
+    arm's knobs (those that differ first) and statistics, the kind's own fields, the command and the notes. A part
+    that cannot be shown (an odd optional value) is named in one line; `--format yaml` shows the record as read."""
+    try:
+        _print_record(record, wide)
+    except Exception as exc:  # a valid record may still hold odd optional values
+        out.print(f"(record #{record.get('id')} cannot be shown whole: {type(exc).__name__}; "
+                  "`--format yaml` prints it as read)", markup=False)
+
+
+def _print_record(record: Mapping[str, Any], wide: bool) -> None:
     git = _mapping(record.get("git"))
     commit = str(git.get("commit") or "unknown")[:12]
     dirty = {True: " (uncommitted changes)", False: " (clean)"}.get(git.get("dirty"), "")
-    out.print(f"[bold]#{record['id']} {record.get('title')}[/bold]  {verdict_text(str(record.get('verdict')))}")
+    out.print(f"[bold]#{record['id']} {plain(record.get('title'))}[/bold]  {verdict_text(plain(record.get('verdict')))}")
     workload = _mapping(record.get("workload"))
     shape = ", ".join(f"{k}={v}" for k, v in _mapping(workload.get("shape")).items())
     where = " · ".join(x for x in (f"kind {record.get('kind')}",
                                    f"experiment {record['experiment']}" if record.get("experiment") else "",
                                    f"workload {workload.get('name')}" + (f" ({shape})" if shape else "")
                                    if workload else "") if x)
-    out.print(where, markup=False)
-    out.print(f"date {str(record.get('timestamp')).replace('T', ' ').rstrip('Z')} UTC · commit {commit}{dirty} · "
+    out.print(clean(where), markup=False)
+    out.print(f"date {clean(record.get('timestamp')).replace('T', ' ').rstrip('Z')} UTC · commit {clean(commit)}{dirty} · "
               f"schema {record.get('schema')}", markup=False)
     if record.get("environment"):
-        out.print(f"GPU {environment_text(record)}", markup=False)
+        out.print(f"GPU {clean(environment_text(record))}", markup=False)
     head = figures.headline(record)
     result = " ".join(x for x in (head.result, head.change, head.ci) if x)
     comparison = _mapping(record.get("comparison"))
@@ -177,16 +187,16 @@ def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
         result += f" · p {head.p} · {comparison.get('rounds')} rounds"
     if record.get("kind") in core.KINDS_WITH_BAR and isinstance(record.get("bar"), (int, float)):
         result += f" · bar {record['bar'] * 100:.2g}%"
-    out.print(f"result {result}", markup=False)
+    out.print(f"result {clean(result)}", markup=False)
     if record.get("arms"):
         table, shared = _arms_table(record, wide, out.width)
         out.print(table)
         if shared:
-            out.print(f"knobs of every arm: {shared}", markup=False, soft_wrap=True)
+            out.print(f"knobs of every arm: {clean(shared)}", markup=False, soft_wrap=True)
     for key in ("verify", "retire", "check", "calibration", "peer"):
         if isinstance(record.get(key), Mapping):
             items = ", ".join(f"{k}: {v}" for k, v in record[key].items() if k not in ("trial_deltas", "trial_verdicts"))
-            out.print(f"{key}: {items}", markup=False, soft_wrap=True)
-    out.print(f"command: {record.get('command') or '—'}", markup=False, soft_wrap=True)
+            out.print(f"{key}: {clean(items)}", markup=False, soft_wrap=True)
+    out.print(f"command: {clean(record.get('command') or '—')}", markup=False, soft_wrap=True)
     if record.get("notes"):
-        out.print(f"notes: {record['notes']}", markup=False, soft_wrap=True)
+        out.print(f"notes: {clean(record['notes'])}", markup=False, soft_wrap=True)

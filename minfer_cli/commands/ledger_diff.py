@@ -10,8 +10,9 @@ from rich.table import Table
 
 from minfer_cli import ledger as core
 from minfer_cli.commands.ledger_common import LEDGER, fitted_table, report_problems, resolve_dir
-from minfer_cli.console import guard, out, verdict_text
+from minfer_cli.console import clean, guard, out, plain, verdict_text
 from minfer_cli.ledger import figures
+from minfer_cli.errors import UsageError
 from minfer_cli.ledger.diff import diff as diff_records
 
 
@@ -37,12 +38,16 @@ def diff(
     ids = core.parse_id(first), core.parse_id(second)
     contents = core.load(resolve_dir(ledger))
     a, b = (core.find(contents, i)[0] for i in ids)
-    result = diff_records(a, b)
+    try:
+        result = diff_records(a, b)
+    except Exception as exc:  # a valid record may still hold odd optional values
+        raise UsageError(f"records #{a['id']} and #{b['id']} cannot be compared ({type(exc).__name__}); "
+                         "`minfer ledger show ID --format yaml` prints each as read") from None
     for record, tag in ((a, "A"), (b, "B")):
-        out.print(f"{tag}: #{record['id']} {record.get('title')} · {str(record.get('timestamp'))[:16].replace('T', ' ')} "
+        out.print(f"{tag}: #{record['id']} {plain(record.get('title'))} · {plain(str(record.get('timestamp'))[:16]).replace('T', ' ')} "
                   f"· {verdict_text(str(record.get('verdict')))}", soft_wrap=True)
     for note in result.notes:
-        out.print(note, markup=False, soft_wrap=True)
+        out.print(clean(note), markup=False, soft_wrap=True)
     if result.figures:
         table = _table("figures", ("figure", "A", "B", "change"))
         for f in result.figures:

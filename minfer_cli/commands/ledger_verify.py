@@ -11,7 +11,7 @@ import typer
 from minfer_cli import ledger as core
 from minfer_cli.commands import options
 from minfer_cli.commands.ledger_common import LEDGER, fitted_table, report_problems, resolve_dir
-from minfer_cli.console import err, guard, out, progress, verdict_text
+from minfer_cli.console import clean, err, guard, out, plain, progress, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
 from minfer_cli.ledger import verify as core_verify
@@ -19,7 +19,7 @@ from minfer_cli.ledger import verify as core_verify
 
 def _choose(contents: core.LedgerContents, ids: list[int], landed: bool, since: Optional[int]) -> list[dict]:
     if ids:
-        chosen = [core.find(contents, i)[0] for i in ids]
+        chosen = [core.find(contents, i)[0] for i in dict.fromkeys(ids)]
     else:
         chosen = [r for r in contents.records if r.get("kind") == "ab" and r.get("verdict") == "LANDED"]
     if since is not None:
@@ -99,7 +99,10 @@ def verify(
     if not chosen:
         raise UsageError(f"no record to verify in {directory} (no LANDED A/B{' from #' + str(since_id) if since_id else ''})")
     bar_fraction = bar / 100.0 if bar is not None else None
-    plans = {r["id"]: core_verify.plan(r, contents.records, bar=bar_fraction) for r in chosen}
+    retired = core_verify.retired_ids(contents.records)
+    superseded_by = core_verify.supersessions(contents.records)
+    plans = {r["id"]: core_verify.plan(r, contents.records, bar=bar_fraction, retired=retired,
+                                       superseded=superseded_by) for r in chosen}
     superseded = {i for i, p in plans.items() if landed and not numbers and p.superseded_by is not None}
     if plan_only:
         for record in chosen:
@@ -109,7 +112,9 @@ def verify(
                     f"{p.mode} of {p.experiment} · {', '.join(dict.fromkeys(p.workloads))}, bar {p.bar * 100:.2g}%"
                     + (f"; dropped {figures.knobs_text(p.dropped)}" if p.dropped else "")
                     + (f"; predated knobs as of their time: {figures.knobs_text(p.predated)}" if p.predated else ""))
-            out.print(f"#{record['id']} {record.get('title')}: {what}", markup=False, soft_wrap=True)
+            out.print(clean(f"#{record['id']} {record.get('title')}: {what}"), markup=False, soft_wrap=True)
+        if report_problems(contents):
+            raise typer.Exit(code=1)
         return
     if not no_record:
         options.check_ledger_writable(str(directory))
@@ -123,12 +128,13 @@ def verify(
         runner = HarnessRunner(max_time_s=max_time, min_rounds=min_rounds, progress=report)
         for i, record in enumerate(to_run):
             report(f"#{record['id']} ({i + 1}/{len(to_run)})", i / len(to_run))
-            outcome = core_verify.verify(record, contents.records, runner, bar=bar_fraction)
+            outcome = core_verify.verify(record, contents.records, runner, bar=bar_fraction,
+                                         given=plans[record["id"]])
             outcomes.append(outcome)
-            out.print(f"#{record['id']} {verdict_text(outcome.outcome)}: {outcome.reason}", soft_wrap=True)
+            out.print(f"#{record['id']} {verdict_text(outcome.outcome)}: {plain(outcome.reason)}", soft_wrap=True)
             changed = _environment_changes(record, outcome)
             if changed:
-                out.print(f"  environment then → now: {changed}", markup=False, soft_wrap=True)
+                out.print(f"  environment then → now: {clean(changed)}", markup=False, soft_wrap=True)
             if not no_record:
                 rec = core_verify.verify_record(record, outcome, git=envmod.git_state(),
                                                 command=envmod.command_line(), timestamp=core.utc_timestamp())
@@ -139,8 +145,8 @@ def verify(
     out.print(_summary(outcomes, {r["id"]: r for r in chosen}, out.width))
     counts = {k: sum(o.outcome == k for o in outcomes) for k in core.schema.VERIFY_OUTCOMES}
     out.print(", ".join(f"{n} {k}" for k, n in counts.items() if n) + (f", {len(superseded)} superseded" if superseded else ""))
-    report_problems(contents)
-    if counts["REGRESSED"]:
+    flagged = report_problems(contents)
+    if counts["REGRESSED"] or flagged:
         raise typer.Exit(code=1)
     if code:
         raise typer.Exit(code=code)

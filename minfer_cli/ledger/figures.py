@@ -330,7 +330,16 @@ def _row(record: Mapping[str, Any], workload: Any, arm_a: Mapping[str, Any] | No
 
 
 def rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The flat rows of one record (see `to_frame`)."""
+    """The flat rows of one record (see `to_frame`); a record whose optional parts defeat them gives one row with
+    only its id, kind, verdict and title, never an exception."""
+    try:
+        return _rows(record)
+    except Exception:  # a valid record may still hold odd optional values: the row says what it can
+        return [{**{name: None for name in COLUMNS}, "id": record.get("id"), "kind": record.get("kind"),
+                 "verdict": record.get("verdict"), "title": record.get("title")}]
+
+
+def _rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     arms = record.get("arms") or []
     kind = record.get("kind")
     if kind in KINDS_WITH_WORKLOAD_ARMS:  # one configuration on several workloads: a row per workload
@@ -380,5 +389,6 @@ def export(records: Iterable[Mapping[str, Any]], fmt: str) -> str:
         return frame.to_csv(index=False)
     if fmt == "json":
         return frame.to_json(orient="records", force_ascii=False) + "\n"
-    shown = frame.astype(object).where(frame.notna(), None)
+    escaped = frame.astype(object).map(lambda v: v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else v)
+    shown = escaped.astype(object).where(frame.notna(), None)
     return shown.to_markdown(index=False, missingval="") + "\n"

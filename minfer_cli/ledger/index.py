@@ -34,12 +34,35 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "minfer"
 
 
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file of at most ``limit`` bytes (never blocks on a FIFO)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _key(folder: Path) -> bytes | None:
     path = folder / "ledger-index.key"
-    with contextlib.suppress(OSError):
-        data = path.read_bytes()
-        if len(data) == _KEY_BYTES:
-            return data
+    data = _read_regular(path, _KEY_BYTES)
+    if data is not None and len(data) == _KEY_BYTES:
+        return data
+    if path.exists() and not path.is_file():
+        return None  # a FIFO or a directory where the key should be: no index, never a hang
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=".key-", dir=folder)
@@ -112,13 +135,17 @@ def open_index(directory: Path) -> Index:
     its HMAC or format check (then it is rebuilt as records are read)."""
     try:
         path = index_path(directory)
+        ledger_real = Path(os.path.realpath(directory))
+        cache_real = Path(os.path.realpath(path.parent))
+        if cache_real == ledger_real or ledger_real in cache_real.parents:
+            return Index(None, None, {})  # the cache must never write into the ledger directory
         key = _key(path.parent)
     except (OSError, RuntimeError, ValueError):  # no home directory, an unusable cache path
         return Index(None, None, {})
     entries: dict[str, Any] = {}
     if key is not None:
         with contextlib.suppress(OSError, ValueError):
-            data = path.read_bytes()
+            data = _read_regular(path, 1 << 30) or b""
             mac, _, payload = data.partition(b"\n")
             if hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).hexdigest().encode()):
                 parsed = json.loads(payload)

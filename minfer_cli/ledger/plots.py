@@ -33,9 +33,11 @@ MAX_TICKS = 24  # a trend labels at most this many records on its x axis
 
 def _figure(width: float, height: float) -> "Figure":
     try:
+        import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
         raise UsageError("plots need matplotlib, which is not installed: pip install matplotlib") from None
+    matplotlib.rcParams["text.parse_math"] = False  # titles and knobs are text: `$5` is five dollars, not math
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 

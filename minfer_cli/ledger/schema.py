@@ -40,10 +40,25 @@ KINDS_WITH_BAR = ("ab", "calibrate")
 # Kinds whose arms are not alternatives but the workloads one configuration was measured on: a bench record holds
 # one arm per pp/tg test, labelled with the test (pp512, tg128: the workload names `minfer ab bench -w` takes).
 KINDS_WITH_WORKLOAD_ARMS = ("bench",)
+NUMBER_MAX = 1e15
+"""Largest magnitude of any number a record holds (µs, tok/s, GB/s, counts): beyond it a value is no measurement."""
+INT_MAX = 10**15
 SAMPLES_MAX = 4096
 """Most per-round values an arm's ``samples`` keeps (a record stays far under the size limit)."""
 
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
+
+
+def _real_timestamp(text: str) -> bool:
+    import datetime as _dt
+
+    if not _TIMESTAMP.match(text):
+        return False
+    try:
+        _dt.datetime.fromisoformat(text[:19])
+    except ValueError:
+        return False
+    return True
 
 
 def is_number(value: Any) -> bool:
@@ -68,8 +83,10 @@ def _check_type(problems: list[str], where: str, value: Any, kind: str) -> None:
     if not ok:
         expected = f"{kind} or null" if optional else kind
         problems.append(f"{where} must be a {expected}, got {type(value).__name__} {value!r:.60}")
-    elif kind == "number" and not math.isfinite(value):
-        problems.append(f"{where} must be finite, got {value!r}")
+    elif kind == "number" and not (math.isfinite(value) and abs(value) <= NUMBER_MAX):
+        problems.append(f"{where} must be finite and at most {NUMBER_MAX:.0e} in size, got {value!r:.40}")
+    elif kind == "int" and not abs(value) <= INT_MAX:
+        problems.append(f"{where} must be at most {INT_MAX:.0e} in size")
 
 
 def _check_fields(problems: list[str], where: str, mapping: Any, fields: Mapping[str, str], required: bool) -> None:
@@ -91,8 +108,29 @@ _ARM_REQUIRED = {"label": "str", "knobs": "mapping", "status": "str"}
 _ARM_OPTIONAL = {"error": "str?", "parity_error": "number?", "stats": "mapping?", "tflops": "number?",
                  "gbps": "number?", "pct_roofline": "number?", "samples": "list?", "device": "mapping?"}
 _STATS = {"median": "number?", "p10": "number?", "p90": "number?", "mean": "number?", "std": "number?",
-          "n": "int?"}
+          "n": "int?", "throttled": "number?"}
 _COMPARISON = {"delta": "number", "ci_low": "number", "ci_high": "number", "p_value": "number", "rounds": "int"}
+_COMPARISON_OPTIONAL = {"throttled_rounds": "number?", "stop_reason": "str?"}
+
+
+def _check_comparison(problems: list[str], comparison: Any) -> None:
+    _check_fields(problems, "comparison", comparison, _COMPARISON, required=True)
+    _check_fields(problems, "comparison", comparison, _COMPARISON_OPTIONAL, required=False)
+    if not isinstance(comparison, Mapping):
+        return
+    for key in ("delta", "ci_low", "ci_high"):  # B/A - 1 of two positive figures is above -1
+        value = comparison.get(key)
+        if is_number(value) and math.isfinite(value) and value <= -1:
+            problems.append(f"comparison.{key} must be above -1 (it is B/A - 1), got {value!r}")
+    p_value = comparison.get("p_value")
+    if is_number(p_value) and not 0 <= p_value <= 1:
+        problems.append(f"comparison.p_value must be in [0, 1], got {p_value!r}")
+
+
+def _check_knobs(problems: list[str], where: str, knobs: Any) -> None:
+    if isinstance(knobs, Mapping) and not all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in knobs.items()):
+        problems.append(f"{where}.knobs must map knob names (text) to plain values")
 
 
 def _check_measurement(problems: list[str], record: Mapping[str, Any], required: bool) -> None:
@@ -102,7 +140,7 @@ def _check_measurement(problems: list[str], record: Mapping[str, Any], required:
     _check_fields(problems, "workload", record.get("workload"), {"name": "str", "shape": "mapping"}, required=True)
     metric_fields = {"name": "str", "unit": "str", "higher_is_better": "bool"}
     _check_fields(problems, "metric", record.get("metric"), metric_fields, required=True)
-    _check_fields(problems, "comparison", record.get("comparison"), _COMPARISON, required=True)
+    _check_comparison(problems, record.get("comparison"))
     arms = record.get("arms")
     if not isinstance(arms, list):
         return
@@ -116,6 +154,7 @@ def _check_measurement(problems: list[str], record: Mapping[str, Any], required:
         _check_fields(problems, where, arm, _ARM_REQUIRED, required=True)
         _check_fields(problems, where, arm, _ARM_OPTIONAL, required=False)
         _check_fields(problems, f"{where}.stats", arm.get("stats"), _STATS, required=False)
+        _check_knobs(problems, where, arm.get("knobs"))
         if arm.get("label") == "":
             problems.append(f"{where}.label must not be empty")
         if isinstance(arm.get("status"), str) and arm["status"] not in ARM_STATUSES:
@@ -137,8 +176,6 @@ def _check_kind_keys(problems: list[str], record: Mapping[str, Any]) -> None:
         else:
             _check_fields(problems, "verify", verify, {"of": "int", "reason": "str"}, required=True)
             _check_fields(problems, "verify", verify, {"bar": "number?", "of_kind": "str?"}, required=False)
-        if "arms" in record:
-            _check_measurement(problems, record, required=False)
     elif kind == "retire":
         retire = record.get("retire")
         if not isinstance(retire, Mapping):
@@ -156,6 +193,8 @@ def _check_kind_keys(problems: list[str], record: Mapping[str, Any]) -> None:
             problems.append("check must be a mapping of the numerical check's figures")
     elif kind in MEASUREMENT_KINDS:
         _check_measurement(problems, record, required=True)
+    if kind in ("verify", "check", "retire") and any(k in record for k in _MEASUREMENT):
+        _check_measurement(problems, record, required=False)  # whatever a view reads is held to the same types
 
 
 def _schema_problems(record: Any, require_id: bool) -> list[str]:
@@ -176,8 +215,8 @@ def _schema_problems(record: Any, require_id: bool) -> list[str]:
         problems.append(f"id must be 1..{ID_MAX}, got {record_id}")
     if record.get("title") == "":
         problems.append("title must not be empty")
-    if isinstance(record.get("timestamp"), str) and not _TIMESTAMP.match(record["timestamp"]):
-        problems.append(f"timestamp {record['timestamp']!r} is not ISO-8601 UTC like 2026-11-29T23:10:00Z")
+    if isinstance(record.get("timestamp"), str) and not _real_timestamp(record["timestamp"]):
+        problems.append(f"timestamp {record['timestamp']!r:.40} is not ISO-8601 UTC like 2026-11-29T23:10:00Z")
     _check_fields(problems, "git", record.get("git"), {"commit": "str?", "dirty": "bool?"}, required=True)
     kind, verdict = record.get("kind"), record.get("verdict")
     kinds = SCHEMA1_KINDS if schema == 1 else KINDS

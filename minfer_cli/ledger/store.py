@@ -169,13 +169,16 @@ def utc_timestamp(when: _dt.datetime | None = None) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as plain YAML data: numpy scalars -> Python numbers, tuples -> lists, mappings -> dicts."""
+    """``value`` as plain YAML data: numpy scalars -> Python numbers, tuples -> lists, mappings -> dicts, text that
+    is not valid UTF-8 (lone surrogates) -> its backslash escape (``\\udcff``)."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # numpy scalars (np.float64, np.bool_, ...)
         return value.item()
+    if isinstance(value, str):  # a byte the shell could not decode arrives as a lone surrogate: keep it visible
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value  # anything else is left for yaml.safe_dump to store or refuse
 
 
@@ -199,13 +202,34 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+RESERVATION_STALE_S = 3600
+"""A reservation older than this was left by a writer that died: it no longer holds its id back."""
+
+
+def _used_ids(directory: Path) -> list[int]:
+    """Ids taken: those of valid records (a junk or unreadable file cannot push ids up) and of reservations younger
+    than `RESERVATION_STALE_S` (a writer at work)."""
+    import time
+
+    used = [r["id"] for r in load(directory).records]
+    now = time.time()
+    for name in os.listdir(directory):
+        match = _RESERVATION_NAME.match(name)
+        if match and (rid := _id_of(name)) is not None:
+            with contextlib.suppress(OSError):
+                if now - os.stat(directory / name).st_mtime < RESERVATION_STALE_S:
+                    used.append(rid)
+    return used
+
+
 def _reserve_id(directory: Path) -> tuple[int, Path]:
     """Reserve the next free id with an O_EXCL file ``.NNNN.reserve``; returns the id and the reservation.
 
-    Only names holding an id 1..`ID_MAX` count, so a junk file name cannot push ids out of range."""
+    The next id follows the valid records and live reservations (`_used_ids`), so a junk file name or a stale
+    reservation cannot push ids out of range; an id some file name already holds is skipped."""
     candidate = 1
     while True:
-        used = [i for i in map(_id_of, os.listdir(directory)) if i is not None]
+        used = _used_ids(directory)
         candidate = max(candidate, max(used, default=0) + 1)
         if candidate > ID_MAX:
             raise LedgerError(f"ledger directory {directory} has used every id up to {ID_MAX}; start a new ledger")

@@ -183,15 +183,17 @@ def _none(record: Mapping[str, Any], outcome: str, reason: str, **extra: Any) ->
 
 
 def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: float | None = None,
-         registry: Any = None) -> Plan:
+         registry: Any = None, retired: dict | None = None, superseded: dict | None = None) -> Plan:
     """What re-running ``record`` means today (see the module docstring); ``records`` is the whole ledger (for
-    retire tombstones and supersession), ``bar`` overrides the record's bar (a fraction), ``registry`` is a
-    callable name -> Experiment (default `minfer_cli.experiment.get`; raises UsageError for an unknown name)."""
+    retire tombstones and supersession; pass ``retired`` = `retired_ids` and ``superseded`` = `supersessions` of it
+    when planning many records, so each is computed once), ``bar`` overrides the record's bar (a fraction),
+    ``registry`` is a callable name -> Experiment (default `minfer_cli.experiment.get`; raises UsageError for an
+    unknown name)."""
     from minfer_cli.errors import UsageError
 
     if registry is None:
         from minfer_cli.experiment import get as registry
-    retired = retired_ids(list(records))
+    retired = retired if retired is not None else retired_ids(list(records))
     if record["id"] in retired:
         rid, why = retired[record["id"]]
         return _none(record, "RETIRED", f"retired by #{rid}: {why}")
@@ -200,7 +202,7 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
         return _none(record, "CANNOT-RUN", f"a {kind} record makes no claim that can be re-measured")
     if record.get("verdict") == "INVALID":
         return _none(record, "CANNOT-RUN", "the record is INVALID: nothing was measured to re-check")
-    later = supersessions(list(records)).get(record["id"])
+    later = (superseded if superseded is not None else supersessions(list(records))).get(record["id"])
     try:
         experiment = registry(str(record.get("experiment")))
     except UsageError:
@@ -258,10 +260,10 @@ def _device_of(record: Mapping[str, Any]) -> str | None:
 
 
 def verify(record: Mapping[str, Any], records: list[Mapping[str, Any]], runner: Runner, *,
-           bar: float | None = None, registry: Any = None) -> Outcome:
-    """Plan, run and judge one record (see the module docstring). Never raises for a record that cannot be
-    re-run: that is a CANNOT-RUN outcome with the reason."""
-    p = plan(record, records, bar=bar, registry=registry)
+           bar: float | None = None, registry: Any = None, given: Plan | None = None) -> Outcome:
+    """Plan (or take the ``given`` plan), run and judge one record (see the module docstring). Never raises for a
+    record that cannot be re-run: that is a CANNOT-RUN outcome with the reason."""
+    p = given if given is not None else plan(record, records, bar=bar, registry=registry)
     if p.mode == "none":
         return Outcome(record["id"], str(p.outcome), p.reason, plan=p)
     here, there = runner.device_name(), _device_of(record)
