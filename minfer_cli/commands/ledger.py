@@ -99,7 +99,7 @@ def show(
     wide: bool = typer.Option(False, "--wide", help="Every column, every cell whole (cells fold instead of ending in …)."),
     fmt: str = typer.Option(
         "table", "--format", "-f",
-        help=f"Output format: {', '.join(SHOW_FORMATS)}; with an ID also yaml (the file as stored). md/csv/json print "
+        help=f"Output format: {', '.join(SHOW_FORMATS)}; with an ID also yaml (the record as read, written out again: comments and layout are not kept). md/csv/json print "
         "flat rows (a bench record: one per pp/tg test; a sweep: one per point) with each arm's median, mean, std, "
         "p10, p90, n and the change as a speed-up; columns are documented in docs/ledger.md.",
     ),
