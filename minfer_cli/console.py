@@ -63,6 +63,10 @@ def guard(func: F) -> F:
         except KernelConstraintError as exc:
             error_line(str(exc))
             raise typer.Exit(code=2) from None
+        except OSError as exc:  # a path the system refuses (too long, read-only, vanished): one line, not a traceback
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            error_line(f"{where}{exc.strerror or exc}")
+            raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             error_line("interrupted")
             raise typer.Exit(code=130) from None

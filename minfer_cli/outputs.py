@@ -44,9 +44,13 @@ def check_output_path(path: str | Path, *, force: bool, ledger_dir: str | Path |
         raise UsageError(f"cannot write {path}: directory {parent} does not exist")
     if ledger_dir is not None:
         ledger = Path(ledger_dir).expanduser()
-        ledger_real = ledger.resolve()  # symbolic links resolved as far as the path exists
-        where = parent.resolve() / path.name
-        if _inside(where, ledger_real) or _inside(path.resolve(), ledger_real):
+        try:
+            ledger_real = ledger.resolve()  # symbolic links resolved as far as the path exists
+            where = parent.resolve() / path.name
+            target = path.resolve()
+        except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13)
+            raise UsageError(f"cannot write {path}: it is a loop of symbolic links") from None
+        if _inside(where, ledger_real) or _inside(target, ledger_real):
             raise UsageError(f"cannot write {path}: it is inside the ledger directory {ledger}, where only records "
                              "live; write it elsewhere")
     if path.is_dir():

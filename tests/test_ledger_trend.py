@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from minfer_cli import console, ledger
 from minfer_cli.commands.ledger_trend import bar_text
-from minfer_cli.errors import UsageError
+from minfer_cli.errors import MinferError, UsageError
 from minfer_cli.ledger import plots
 from minfer_cli.ledger.trend import series
 from minfer_cli.main import app
@@ -333,7 +333,7 @@ def test_write_output_is_atomic_and_never_clobbers(tmp_path):
         path.write_bytes(b"half")
         raise RuntimeError("drawing failed")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(MinferError, match="cannot draw .*data.png: RuntimeError: drawing failed"):
         write_output(target, fails, force=True, ledger_dir=None)
     assert target.read_bytes() == b"two" and [p.name for p in tmp_path.iterdir()] == ["data.png"]
     assert check_output_path(tmp_path / "new.SVG", force=False, ledger_dir=tmp_path / "l",

@@ -185,8 +185,9 @@ def _open_reader(path: Path):
         raise ModelError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic)")
     try:
         return GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError) as exc:
-        raise ModelError(f"{path} is a truncated or corrupt GGUF file ({_one_line(exc)})") from None
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError, RecursionError,
+            MemoryError) as exc:
+        raise ModelError(f"{path} is a truncated or corrupt GGUF file ({type(exc).__name__}: {_one_line(exc)})") from None
 
 
 def _field(reader, key: str, path: Path, default=None):
@@ -317,7 +318,7 @@ def read_config(reader, path: Path) -> ModelConfig:
         rope_base=_float_meta(values["rope_base"], f"{arch}.{_META['rope_base']}", path, "rope_base"),
         rms_eps=_float_meta(values["rms_eps"], f"{arch}.{_META['rms_eps']}", path, "rms_eps"),
         context_length=ints["context_length"],
-        qkv_bias="blk.0.attn_q.bias" in names,
+        qkv_bias=any(f"blk.0.attn_{p}.bias" in names for p in "qkv"),  # one missing bias is then named as missing
         rope_style=ROPE_STYLE[arch],
         tied_output="output.weight" not in names,
     )

@@ -204,7 +204,7 @@ def _headline(record: Mapping[str, Any]) -> Headline:
         return Headline(", ".join(parts) + f" {unit}")
     if kind == "sweep":
         best = sweep_point(record, "best")
-        if best is None:
+        if best is None or best.get("status") != "ok":
             return Headline("no valid point")
         median = stats_of(best)["median"]
         varied = differing_knobs(arms)

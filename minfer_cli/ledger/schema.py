@@ -122,6 +122,9 @@ def _check_comparison(problems: list[str], comparison: Any) -> None:
         value = comparison.get(key)
         if is_number(value) and math.isfinite(value) and value <= -1:
             problems.append(f"comparison.{key} must be above -1 (it is B/A - 1), got {value!r}")
+    low, high = comparison.get("ci_low"), comparison.get("ci_high")
+    if is_number(low) and is_number(high) and low > high:
+        problems.append("comparison.ci_low must not be above comparison.ci_high")
     p_value = comparison.get("p_value")
     if is_number(p_value) and not 0 <= p_value <= 1:
         problems.append(f"comparison.p_value must be in [0, 1], got {p_value!r}")
@@ -155,6 +158,11 @@ def _check_measurement(problems: list[str], record: Mapping[str, Any], required:
         _check_fields(problems, where, arm, _ARM_OPTIONAL, required=False)
         _check_fields(problems, f"{where}.stats", arm.get("stats"), _STATS, required=False)
         _check_knobs(problems, where, arm.get("knobs"))
+        stats = arm.get("stats")
+        if isinstance(stats, Mapping):
+            negative = [k for k in ("median", "p10", "p90", "mean", "std", "n") if is_number(stats.get(k)) and stats[k] < 0]
+            if negative:
+                problems.append(f"{where}.stats.{negative[0]} must not be negative")
         if arm.get("label") == "":
             problems.append(f"{where}.label must not be empty")
         if isinstance(arm.get("status"), str) and arm["status"] not in ARM_STATUSES:

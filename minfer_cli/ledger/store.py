@@ -300,6 +300,9 @@ def append(directory: str | Path, record: Mapping[str, Any]) -> AppendResult:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)  # readable as any file the user creates (mkstemp makes 0600): a shared ledger
         os.rename(temp, final)
         temp = None
         _fsync_directory(directory)
