@@ -46,7 +46,7 @@ block); 0: decode straight from global memory.
   chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
   per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). Alone it was slower on
   the H200 (Q6_K MMVQ at ffn_down, RPB=4, WPR=2: STAGE=3 34.88 vs 30.02 µs for STAGE=0, +16%, REVERTED, #59).
-  Session 7 made its copy and window addressing lean (`_ring_copy`, `_RING_FETCH`: ~15% fewer instructions).
+  Its copy and window addressing were later made lean (`_ring_copy`, `_RING_FETCH`: ~15% fewer instructions).
   With FOLD=1, 4 warps a row and MINB=7 (72 registers, 23 warps an SM) it is the fastest Q6_K shape at
   ffn_down: 24.08 µs vs 28.30 for RPB=4, WPR=2 without it (#69, #73), the engine's DEEP=1 launch (tg128 +2.2%,
   #71). Hardware counters (ncu) of that kernel: issue slots 58.5% busy, DRAM 49.8%."""

@@ -70,7 +70,7 @@ from minfer_cli.engine.weights import ModelWeights
 # Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, compiled for the grid's one wave (MINB,
 # `kernels.gemv.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
 # #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
-# µs vs 28.30 (#69). Session 5's DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
+# µs vs 28.30 (#69). An earlier DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
 # and -0.27%, NEUTRAL, after it (#57).
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
