@@ -204,6 +204,16 @@ def test_verify_cannot_run_names_why():
     assert core_verify.verify(calibration, [calibration], FakeRunner()).outcome == "CANNOT-RUN"
 
 
+@pytest.mark.parametrize("recorded, asked, expected", [(3, None, 3), (2, None, 3), (27, None, 10), (None, None, 10),
+                                                      (3, 12, 12)])
+def test_verify_reruns_as_many_rounds_as_the_record_ran(recorded, asked, expected):
+    original = _copy_ab(1, 0.3)
+    original["comparison"]["rounds"] = recorded
+    plan = core_verify.plan(original, [original])
+    assert plan.rounds == recorded
+    assert core_verify.min_rounds_for(plan, asked) == expected
+
+
 def test_verify_drops_shared_removed_knobs_and_gives_predated_knobs_their_legacy_value():
     from minfer_cli.knobs import Knob
 

@@ -66,8 +66,8 @@ def verify(
                                         f"record's own bar; {core_verify.DEFAULT_FIGURE_BAR * 100:.0f}% for a figure)."),
     max_time: float = typer.Option(30.0, "--max-time", min=1.0, max=3600.0, help="Seconds of A/B rounds at most "
                                    "per record (the adaptive stop usually ends sooner)."),
-    min_rounds: int = typer.Option(10, "--min-rounds", min=3, max=10000, help="A/B rounds before the adaptive "
-                                   "stop may end one (fewer for arms whose sample takes seconds, e.g. GRAPHS=0 tg128)."),
+    min_rounds: Optional[int] = typer.Option(None, "--min-rounds", min=3, max=10000, help="A/B rounds before the "
+                                             "adaptive stop may end one (default: the record's own rounds, 3 to 10)."),
     plan_only: bool = typer.Option(False, "--plan", help="Say what would be re-run and how (knobs dropped or "
                                    "predated, CANNOT-RUN reasons), measure nothing; needs no GPU."),
     no_record: bool = typer.Option(False, "--no-record", help="Do not append the verify records to the ledger."),
@@ -110,6 +110,7 @@ def verify(
             what = (f"CANNOT-RUN/RETIRED: {p.outcome} — {p.reason}" if p.mode == "none" else
                     f"superseded by #{p.superseded_by}, not re-run" if record["id"] in superseded else
                     f"{p.mode} of {p.experiment} · {', '.join(dict.fromkeys(p.workloads))}, bar {p.bar * 100:.2g}%"
+                    + (f", at least {core_verify.min_rounds_for(p, min_rounds)} rounds" if p.mode == "ab" else "")
                     + (f"; dropped {figures.knobs_text(p.dropped)}" if p.dropped else "")
                     + (f"; predated knobs as of their time: {figures.knobs_text(p.predated)}" if p.predated else ""))
             out.print(clean(f"#{record['id']} {record.get('title')}: {what}"), markup=False, soft_wrap=True)

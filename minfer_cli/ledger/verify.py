@@ -37,7 +37,8 @@ class Plan:
     """What to re-run for one record. ``mode``: "ab" (two configurations, interleaved), "figure" (each of
     ``configs`` measured alone, compared with ``recorded_values``) or "none" (``outcome`` and ``reason`` say why
     not). ``workloads``: the workload of each configuration (a bench record has one per test). ``dropped`` and
-    ``predated``: knob adjustments, listed in the verify record."""
+    ``predated``: knob adjustments, listed in the verify record. ``rounds``: the paired rounds the recorded A/B
+    ran (None when it does not say): a re-run needs no more before its adaptive stop may end it."""
 
     record_id: int
     kind: str
@@ -58,6 +59,7 @@ class Plan:
     preset: str | None = None
     model: str | None = None
     reps: int = 3
+    rounds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,8 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
             return _none(record, "CANNOT-RUN", "the record has no comparison to re-check")
         return Plan(record["id"], "ab", "ab", experiment.name, workloads, tuple(configs),
                     tuple(str(a.get("label")) for a in arms), (change[0],), higher, bar_value,
-                    dropped=dropped, predated=predated, superseded_by=later)
+                    dropped=dropped, predated=predated, superseded_by=later,
+                    rounds=_recorded_rounds(record))
     values = tuple(figures.stats_of(a)["mean" if kind == "bench" else "median"] or math.nan for a in arms)
     if not all(math.isfinite(v) and v > 0 for v in values):
         return _none(record, "CANNOT-RUN", "the record holds no figure to re-check")
@@ -250,6 +253,22 @@ def plan(record: Mapping[str, Any], records: list[Mapping[str, Any]], *, bar: fl
                 tuple(str(a.get("label")) for a in arms), values, higher, bar_value, dropped=dropped,
                 predated=predated, superseded_by=later, source=source,
                 preset=str(preset) if preset else None, model=workload, reps=min(reps, 10))
+
+
+def _recorded_rounds(record: Mapping[str, Any]) -> int | None:
+    rounds = (record.get("comparison") or {}).get("rounds")
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 2 else None
+
+
+def min_rounds_for(plan: Plan, asked: int | None, default: int = 10) -> int:
+    """The rounds an A/B re-run takes before its adaptive stop may end it: ``asked`` when the user gave one, else
+    the record's own rounds (at least 3, at most ``default``), else ``default``. A record whose arms take seconds
+    per sample (GRAPHS=0 decode) ran few rounds; re-running it with ten would take many minutes."""
+    if asked is not None:
+        return asked
+    if plan.rounds is None:
+        return default
+    return max(3, min(default, plan.rounds))
 
 
 # ---------------------------------------------------------------------------------------------------- running

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from minfer_cli.ledger.verify import Measured, Plan
+from minfer_cli.ledger.verify import Measured, Plan, min_rounds_for
 
 Progress = Callable[[str, float], None]
 
@@ -18,10 +18,11 @@ def _quiet(_: str, __: float) -> None:
 
 class HarnessRunner:
     """Runs plans on this machine's GPU. ``max_time_s``: an A/B's time budget (its adaptive stop usually ends it
-    sooner, never before ``min_rounds`` rounds); ``warmup_s``: warm-up seconds per arm; ``progress(text,
+    sooner, never before ``min_rounds`` rounds; None: the record's own rounds, see
+    `minfer_cli.ledger.verify.min_rounds_for`); ``warmup_s``: warm-up seconds per arm; ``progress(text,
     fraction)`` is called along the way."""
 
-    def __init__(self, *, max_time_s: float = 30.0, min_rounds: int = 10, warmup_s: float = 1.0,
+    def __init__(self, *, max_time_s: float = 30.0, min_rounds: int | None = None, warmup_s: float = 1.0,
                  progress: Progress = _quiet) -> None:
         self.max_time_s, self.min_rounds, self.warmup_s, self.progress = max_time_s, min_rounds, warmup_s, progress
         self._device = None
@@ -49,7 +50,7 @@ class HarnessRunner:
         session = open_session(exp, wl, warmup_s=self.warmup_s, progress=self.progress)
         if plan.mode == "ab":
             result = measure_ab(session, list(plan.configs), bar=plan.bar, max_time_s=self.max_time_s,
-                                min_rounds=self.min_rounds, progress=self.progress)
+                                min_rounds=min_rounds_for(plan, self.min_rounds), progress=self.progress)
             if result.verdict == "INVALID":
                 errors = "; ".join(f"{a.label}: {a.error}" for a in result.arms if a.error)
                 return Measured([], error=f"an arm is INVALID today ({errors})")
