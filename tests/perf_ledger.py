@@ -5,7 +5,8 @@ records on the project's CPU machine). Not a test: run it, read the figures.
 
 For each N it writes N records of every kind (tests/ledger_factory.py) to a temporary ledger, then times the whole
 `minfer ledger show` process: once with an empty cache (every file parsed; the derived index is built) and five
-times after (records from the index), printing the minimum and median of those five.
+times after (records from the index), printing the minimum and median of those five. The timed processes may
+write bytecode caches (as an installed minfer has them), so the cold run also includes compiling minfer's modules.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main(sizes: list[int]) -> None:
             ledger_dir, cache = Path(tmp) / "records", Path(tmp) / "cache"
             write_ledger(ledger_dir, n)
             env = dict(os.environ, MINFER_CACHE_DIR=str(cache), COLUMNS="80")
+            # an installed minfer runs from cached bytecode; without it every run recompiles minfer's modules
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
             args = [sys.executable, "-m", "minfer_cli", "ledger", "show", "--ledger", str(ledger_dir)]
             cold = _time(args, env)
             warm = [_time(args, env) for _ in range(5)]
