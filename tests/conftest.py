@@ -40,3 +40,17 @@ def _private_cache_dir(tmp_path_factory, monkeypatch):
     """Every test gets its own minfer cache directory (the ledger's derived index, unrecorded results), never the
     user's ~/.cache."""
     monkeypatch.setenv("MINFER_CACHE_DIR", str(tmp_path_factory.mktemp("minfer-cache")))
+
+
+@pytest.fixture
+def console_width():
+    """Sets the shared console's width for one test (rich reads COLUMNS once; tests set the width directly)."""
+    from minfer_cli.console import out
+
+    saved = out._width
+
+    def set_width(width: int) -> None:
+        out._width = width
+
+    yield set_width
+    out._width = saved

@@ -318,7 +318,18 @@ def test_model_list_shows_every_preset_with_llama_bench_size_and_params():
     result = runner.invoke(app, ["model", "list"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert all(name in result.output for name in PRESETS)
-    row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m (default)" in line)
-    assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row
-    narrow = runner.invoke(app, ["model", "list"], env={"COLUMNS": "80"})
-    assert narrow.exit_code == 0 and "…" not in narrow.output  # values wrap at 80 columns, none is cut
+    row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m *" in line)
+    assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row and "169/29/141" in row
+    assert "* the default preset\n" in result.output
+
+
+def test_model_list_fits_80_columns_by_leaving_columns_out(console_width):
+    """At 80 columns no cell wraps or is cut: whole columns are left out, and the table says which."""
+    from minfer_cli.engine.presets import PRESETS
+
+    console_width(80)
+    narrow = runner.invoke(app, ["model", "list"])
+    assert narrow.exit_code == 0 and "…" not in narrow.output, narrow.output
+    assert all(len(line) <= 80 for line in narrow.output.splitlines())
+    assert all(name in narrow.output for name in PRESETS)
+    assert "a wider terminal also shows Q4_K/Q6_K/F32" in narrow.output

@@ -20,18 +20,6 @@ from minfer_cli.main import app
 from tests.ledger_factory import KINDS, record, write_ledger
 
 
-@pytest.fixture
-def narrow(monkeypatch):
-    """The shared console at a given width (rich reads COLUMNS once; tests set the width directly)."""
-    saved = out._width
-
-    def set_width(width: int) -> None:
-        out._width = width
-
-    yield set_width
-    out._width = saved
-
-
 def invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
@@ -40,9 +28,9 @@ def invoke(*args: str):
 
 
 @pytest.mark.parametrize("n", [0, 1, 1000])
-def test_show_fits_80_columns_one_line_per_record(tmp_path, narrow, n):
+def test_show_fits_80_columns_one_line_per_record(tmp_path, console_width, n):
     write_ledger(tmp_path, n, seed=n)
-    narrow(80)
+    console_width(80)
     r = invoke("ledger", "show", "--ledger", str(tmp_path))
     assert r.exit_code == 0, r.output
     lines = r.stdout.rstrip("\n").split("\n")
@@ -55,9 +43,9 @@ def test_show_fits_80_columns_one_line_per_record(tmp_path, narrow, n):
     assert ids == list(range(1, n + 1))
 
 
-def test_every_kind_shows_its_figure_in_its_unit(tmp_path, narrow):
+def test_every_kind_shows_its_figure_in_its_unit(tmp_path, console_width):
     write_ledger(tmp_path, len(KINDS))
-    narrow(200)
+    console_width(200)
     r = invoke("ledger", "show", "--ledger", str(tmp_path))
     rows = {line.split("│")[0].strip(): line for line in r.stdout.splitlines()[2:]}
     assert re.search(r"\d+\.\d → \d+\.\d µs [+-]\d+\.\d% (faster|slower)", rows["1"])  # ab: both medians, the change
@@ -103,9 +91,9 @@ def test_exports_carry_every_statistic_and_every_sweep_point(tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_show_one_record_whole_and_readable(tmp_path, narrow, kind):
+def test_show_one_record_whole_and_readable(tmp_path, console_width, kind):
     write_ledger(tmp_path, len(KINDS))
-    narrow(80)
+    console_width(80)
     record_id = KINDS.index(kind) + 1
     r = invoke("ledger", "show", str(record_id), "--ledger", str(tmp_path))
     assert r.exit_code == 0, r.output

@@ -8,6 +8,9 @@ import typer
 
 from minfer_cli.console import guard, out, progress
 
+PRESET_COLUMNS_DROPPED_FIRST = ("Q4_K/Q6_K/F32", "context", "arch", "vocab")
+"""`model list` columns left out, in this order, while the table is wider than the terminal."""
+
 app = typer.Typer(name="model", help="Model presets and GGUF files.", no_args_is_help=True)
 
 
@@ -20,25 +23,35 @@ def list_presets() -> None:
     Columns: layers, hidden (d_model), ffn, heads (q/kv x head_dim), vocab, context (the KV-cache rows a preset
     allows), params, size (GiB or MiB, llama-bench's "size") and the number of Q4_K / Q6_K / F32 tensors.
     """
-    from rich.table import Table
-
+    from minfer_cli.commands.ledger_common import fitted_table
     from minfer_cli.engine.config import size_label, tensor_specs
     from minfer_cli.engine.presets import DEFAULT_PRESET, PRESETS
 
-    t = Table(title="model presets (Q4_K_M mix)", title_justify="left")
-    for col in ("preset", "arch", "layers", "hidden", "ffn", "heads", "vocab", "context", "params", "size",
-                "Q4_K/Q6_K/F32"):
-        t.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold")
+    rows = []
     for name, c in PRESETS.items():
         specs = tensor_specs(c)
         size, params = sum(s.n_bytes for s in specs), sum(s.n_elements for s in specs)
-        types = "/".join(str(sum(s.qtype == q for s in specs)) for q in ("Q4_K", "Q6_K", "F32"))
-        t.add_row(name + (" (default)" if name == DEFAULT_PRESET else ""), f"{c.arch} {size_label(params, c)}",
-                  str(c.n_layers), str(c.hidden), str(c.ffn), f"{c.n_heads}/{c.n_kv_heads} x {c.head_dim}",
-                  str(c.vocab), str(c.context_length),
-                  f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M",
-                  f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB", types)
-    out.print(t)
+        rows.append({
+            "preset": name + (" *" if name == DEFAULT_PRESET else ""), "arch": f"{c.arch} {size_label(params, c)}",
+            "layers": str(c.n_layers), "hidden": str(c.hidden), "ffn": str(c.ffn),
+            "heads": f"{c.n_heads}/{c.n_kv_heads} x {c.head_dim}", "vocab": str(c.vocab),
+            "context": str(c.context_length),
+            "params": f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M",
+            "size": f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB",
+            "Q4_K/Q6_K/F32": "/".join(str(sum(s.qtype == q for s in specs)) for q in ("Q4_K", "Q6_K", "F32")),
+        })
+    names = list(rows[0])
+    natural = {n: max(len(n), *(len(r[n]) for r in rows)) for n in names}
+    left_out = []
+    for column in PRESET_COLUMNS_DROPPED_FIRST:  # a narrow terminal shows fewer columns, never wrapped cells
+        if sum(natural[n] for n in names) + 3 * (len(names) - 1) <= out.width:
+            break
+        names.remove(column)
+        left_out.append(column)
+    out.print(fitted_table(names, rows, out.width, (("preset", 12),), right=tuple(n for n in names if n not in ("preset", "arch")),
+                           title="model presets (Q4_K_M mix)"), markup=False)
+    out.print(f"* the default preset{'; a wider terminal also shows ' + ', '.join(left_out) if left_out else ''}",
+              markup=False)
 
 
 @app.command("synth")
