@@ -375,10 +375,14 @@ def test_text_from_users_and_records_is_never_markup_or_terminal_control(tmp_pat
     ({"comparison": {"delta": -1.0, "ci_low": -1.0, "ci_high": -0.9, "p_value": 0.1, "rounds": 3}}, "above -1"),
     ({"bar": 1e300}, "at most"),
     ({"timestamp": "2026-13-45T99:99:99Z"}, "ISO-8601"),
+    ({"peer": {"engine": "llama.cpp", "figures": {"pp512": float("nan")}}}, "peer.figures.pp512 is not a finite"),
+    ({"check": {"logits_rel_l2": float("inf")}}, "check.logits_rel_l2 is not a finite"),
+    ({"notes_extra": [1.0, float("-inf")]}, "notes_extra[1] is not a finite"),
 ])
 def test_extreme_but_finite_figures_are_refused_by_the_schema(tmp_path, change, where):
     rec = write_ledger(tmp_path, 1)[0]
-    assert any(where in p for p in ledger.validate({**rec, **change}))
+    assert not ledger.validate(rec)
+    assert any(where in p for p in ledger.validate({**rec, **change})), ledger.validate({**rec, **change})
 
 
 def test_odd_optional_parts_cost_one_cell_not_the_ledger(tmp_path):

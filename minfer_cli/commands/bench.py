@@ -89,7 +89,8 @@ def bench(
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     if model and not Path(model).is_file():
-        raise UsageError(f"-m {model}: no such file (give a GGUF file, or leave -m out for the built-in preset)")
+        what = "is not a regular file" if Path(model).exists() else "no such file"
+        raise UsageError(f"-m {model}: {what} (give a GGUF file, or leave -m out for the built-in preset)")
     from minfer_cli.engine.weights import inspect_gguf, load_gguf, synth_weights
 
     model_config = inspect_gguf(model)[0].config if model else config_preset  # the whole file checked, no GPU yet

@@ -24,7 +24,9 @@ def resolve_dir(ledger: Optional[Path]) -> Path:
     """The ledger directory of a reading command; UsageError when one named explicitly does not exist."""
     directory = core.ledger_dir(ledger)
     if (ledger is not None or env(ENV_LEDGER)) and not directory.is_dir():
-        raise UsageError(f"ledger directory {directory} does not exist (from {'--ledger' if ledger is not None else ENV_LEDGER})")
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise UsageError(f"ledger directory {directory} {what} (from {'--ledger' if ledger is not None else ENV_LEDGER}; "
+                         "give the directory that holds the records)")
     return directory
 
 

@@ -89,10 +89,11 @@ def verify(
 
       minfer ledger verify 83 88 --plan
     """
-    if not ids and not landed:
-        raise UsageError("name the records to verify (e.g. `minfer ledger verify 83 86`) or give --landed")
     numbers = [core.parse_id(i) for i in ids or []]
     since_id = core.parse_id(since) if since is not None else None
+    if not ids and not landed:
+        raise UsageError("name the records to verify (e.g. `minfer ledger verify 83 86`) or give --landed"
+                         + (" (--since narrows those)" if since is not None else ""))
     directory = resolve_dir(ledger)
     contents = core.load(directory)
     chosen = _choose(contents, numbers, landed, since_id)

@@ -238,7 +238,25 @@ def _schema_problems(record: Any, require_id: bool) -> list[str]:
         _check_measurement(problems, record, required=False)
     else:
         _check_kind_keys(problems, record)
+    where = _non_finite(record, "")
+    if where is not None:
+        problems.append(f"{where or 'a value'} is not a finite number: no figure in a record may be NaN or infinite")
     return problems
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """The path of the first NaN or infinite float anywhere in ``value`` (peer figures, check figures, knob
+    values, extra keys), or None. The store bounds a record's size and depth before this walks it."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+        if isinstance(item, Mapping):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+    return None
 
 
 def validate(record: Any) -> list[str]:
@@ -254,6 +272,7 @@ def validate(record: Any) -> list[str]:
     (null or {delta, ci_low, ci_high, p_value: number, rounds: int}, delta = median per-round ratio B/A - 1),
     ``bar`` (a fraction: 0.02 means 2%), ``environment`` and ``software`` (mappings). ``verify``: a mapping
     {of: int, reason: str, bar?, of_kind?}; ``retire``: {ids: [int...], why: non-empty str}; ``check``: a mapping.
-    Every number named here must be finite. Extra keys are allowed.
+    Every number named here must be finite, and no float anywhere in a record may be NaN or infinite (peer and
+    check figures, knob values, extra keys). Extra keys are allowed.
     """
     return _schema_problems(record, require_id=True)
