@@ -84,6 +84,14 @@ ASCII_FALLBACK = str.maketrans({
 ascii); anything else such a stream cannot take is written as ``?``."""
 
 
+def ascii_stdout() -> bool:
+    """True when stdout is a guarded stream that transliterates to ASCII (`ASCII_FALLBACK`): a table fitted to the
+    terminal must then measure its cells as they will be written ("…" is three characters there, not one)."""
+    import sys
+
+    return bool(getattr(sys.stdout, "_ascii", False)) and isinstance(sys.stdout, _GuardedStream)
+
+
 def _encodes(stream: Any, text: str) -> bool:
     try:
         text.encode(getattr(stream, "encoding", None) or "ascii")

@@ -268,6 +268,8 @@ def test_ascii_only_output_works(args):
     r = subprocess.run([sys.executable, "-m", "minfer_cli", *args], env=env, capture_output=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr.decode("ascii", "replace")
     assert r.stdout.decode("ascii") and b"Traceback" not in r.stderr
+    if "--last" in args:  # a fitted table: its widths as written, in ASCII
+        assert all(len(line) <= 80 for line in r.stdout.decode("ascii").splitlines())
 
 
 def test_a_full_disk_is_one_line():

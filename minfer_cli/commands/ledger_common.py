@@ -11,7 +11,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from minfer_cli import ledger as core
-from minfer_cli.console import VERDICT_STYLE, clean, err, out, plain, verdict_text
+from minfer_cli.console import ASCII_FALLBACK, VERDICT_STYLE, ascii_stdout, clean, err, out, plain, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import ENV_LEDGER, env
 from minfer_cli.ledger import figures
@@ -65,24 +65,34 @@ def _cell(text: str, width: int, right: bool) -> str:
     return pad + text if right else text + pad
 
 
+def _ascii_cell(text: str, width: int, right: bool) -> str:
+    """`_cell` for a stdout that writes ASCII: the text transliterated first, so its width is the written one."""
+    text = clean(text).translate(ASCII_FALLBACK)
+    if len(text) > width:
+        text = text[:max(0, width - 3)] + "..." if width >= 3 else text[:width]
+    return text.rjust(width) if right else text.ljust(width)
+
+
 def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None,
                  shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None) -> Text:
     """A table whose rows never wrap, as one styled text (fast for thousands of rows): columns ``names``, cells
     ``rows`` (plain text by column name; a ``verdict`` or ``outcome`` column is coloured), sized by `fit_widths`
     for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole."""
-    natural = {n: max([cell_len(n)] + [cell_len(clean(r.get(n, ""))) for r in rows]) for n in names}
+    fit = _ascii_cell if ascii_stdout() else _cell
+    measure = (lambda t: len(clean(t).translate(ASCII_FALLBACK))) if fit is _ascii_cell else (lambda t: cell_len(clean(t)))
+    natural = {n: max([measure(n)] + [measure(r.get(n, "")) for r in rows]) for n in names}
     widths = natural if width is None else fit_widths(natural, width, shrink)
     text = Text(no_wrap=True, overflow="ignore", end="\n")
     if title:
         text.append(title + "\n")
-    text.append(" ┃ ".join(_cell(n, widths[n], n in right) for n in names).rstrip(), style="bold")
+    text.append(" ┃ ".join(fit(n, widths[n], n in right) for n in names).rstrip(), style="bold")
     text.append("\n" + "━╇━".join("━" * widths[n] for n in names))
     for cells in rows:
         text.append("\n")
         for i, n in enumerate(names):
             if i:
                 text.append(" │ ")
-            value = _cell(cells.get(n, ""), widths[n], n in right)
+            value = fit(cells.get(n, ""), widths[n], n in right)
             text.append(value, style=VERDICT_STYLE.get(cells.get(n, ""), "") if n in ("verdict", "outcome") else "")
     return text
 
