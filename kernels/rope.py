@@ -1,12 +1,14 @@
 """Rotary position embedding (RoPE), in place on f32 q ``[nt, n_heads, head_dim]`` and k ``[nt, n_kv_heads, head_dim]``.
 
 For token t at position ``p = pos[t]`` (a device int32 array, so decode reads its position from device memory)
-and pair i (0 <= i < head_dim/2), with ``theta = p * base^(-2i/head_dim)``:
+and pair i (0 <= i < head_dim/2), with ``theta = p * base^(-2i/head_dim) / factor[i]``:
 
     x0' = x0 cos(theta) - x1 sin(theta),    x1' = x0 sin(theta) + x1 cos(theta)
 
 where (x0, x1) = (x[i], x[i + head_dim/2]) in ``neox`` mode (qwen2; ggml's GGML_ROPE_TYPE_NEOX, HF's
-``rotate_half``) and (x[2i], x[2i+1]) in ``norm`` mode (llama; ggml's mode 0, "normal"/interleaved).
+``rotate_half``) and (x[2i], x[2i+1]) in ``norm`` mode (llama; ggml's mode 0, "normal"/interleaved). ``factor``
+is the file's ``rope_freqs`` tensor (Llama 3.1+ frequency scaling: each pair's frequency divided by its factor,
+as ggml's rope with ``freq_factors``), all ones for models without one.
 
 Angles in float64, then sin/cos rounded to f32. In f32, ``theta`` itself carries an error of up to half an ulp of
 theta (at p = 32768 and i = 1, theta ~ 26000 and ulp = 2^-9: up to 1e-3 rad), i.e. a relative error of ~1e-4 in
@@ -84,8 +86,9 @@ def _rotate(x, t, h, i0, i1, cs, sn):
 
 
 @cuda.jit
-def _rope(q, k, pos, base, interleaved):
-    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64.
+def _rope(q, k, pos, base, factors, interleaved):
+    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64;
+    factors f32 [hd/2].
     The threads of row ``threadIdx.y == 0`` compute each pair's (cos, sin) once into shared memory; then every
     thread rotates its pairs in its heads."""
     pdl_enter()
@@ -99,7 +102,7 @@ def _rope(q, k, pos, base, interleaved):
         p = float64(pos[t])
         i = cuda.threadIdx.x
         while i < half:
-            theta = p * math.pow(base, float64(-2 * i) / float64(hd))
+            theta = p * math.pow(base, float64(-2 * i) / float64(hd)) / float64(factors[i])
             s64, c64 = sincos_f64(theta)
             table[i, 0] = float32(c64)
             table[i, 1] = float32(s64)
@@ -144,7 +147,18 @@ def _check_qk(a, name: str):
         )
 
 
-def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False) -> None:
+_ONES: dict[int, object] = {}
+
+
+def _unit_factors(pairs: int):
+    """A device array of ``pairs`` f32 ones (the factors of a model without ``rope_freqs``), made once per size."""
+    ones = _ONES.get(pairs)
+    if ones is None:
+        ones = _ONES[pairs] = cuda.to_device(np.ones(pairs, dtype=np.float32))
+    return ones
+
+
+def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -153,16 +167,20 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False) -> None
     pos: int32 device array ``[nt]`` of positions (0 <= pos < 1.6e6). base: ``rope_freq_base`` (1e6 for
     Qwen2-7B, 5e5 for Llama-3, 1e4 for Llama-2). mode: ``"neox"`` pairs (i, i + head_dim/2) (qwen2),
     ``"norm"`` pairs (2i, 2i+1) (llama), as ggml's ROPE_TYPE_NEOX / NORMAL. pdl: a programmatic dependent launch
-    (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`).
+    (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`). factors: None, or a
+    contiguous f32 device array ``[head_dim/2]`` of positive frequency divisors (a GGUF ``rope_freqs.weight``,
+    Llama 3.1+): pair i turns by ``pos * base^(-2i/head_dim) / factors[i]``; the caller checks the values (the
+    loader does, on the host), this function their shape.
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
-    Not supported (yet), and refused by name when a file is loaded: rope_freqs factors (Llama-3.1), YaRN/linear
-    scaling, partial rotation (n_dims < head_dim).
-    Source: RoFormer (arXiv:2104.09864); llama.cpp ``rope.cu``.
+    Not supported, and refused by name when a file is loaded: YaRN/linear scaling, partial rotation
+    (n_dims < head_dim).
+    Source: RoFormer (arXiv:2104.09864); llama.cpp ``rope.cu`` (``freq_factors``), ``llm_build_llama``.
 
     Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
     nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
-    non-positive base, or a mode other than "neox"/"norm".
+    non-positive base, a mode other than "neox"/"norm", or factors not a contiguous f32 ``[head_dim/2]`` device
+    array.
     """
     _check_qk(q, "q")
     _check_qk(k, "k")
@@ -183,7 +201,14 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False) -> None
         raise KernelConstraintError(f"base must be a positive finite number, got {base!r}")
     if mode not in MODES:
         raise KernelConstraintError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
+    if factors is None:
+        factors = _unit_factors(hd // 2)
+    elif not (devicearray.is_cuda_ndarray(factors) and factors.dtype == np.float32
+              and tuple(factors.shape) == (hd // 2,) and factors.is_c_contiguous()):
+        raise KernelConstraintError(f"factors must be a contiguous float32 device array of shape ({hd // 2},) "
+                                    f"(one per pair), got {getattr(factors, 'dtype', type(factors).__name__)} "
+                                    f"{tuple(getattr(factors, 'shape', ()))}")
     if nt == 0 or nh + k.shape[1] == 0:
         return
-    launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream, (q, k, pos, np.float64(base), mode == "norm"),
-                  pdl=pdl)
+    launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream,
+                  (q, k, pos, np.float64(base), factors, mode == "norm"), pdl=pdl)

@@ -474,17 +474,23 @@ def _assert_greedy(tokens, got, want, max_ties: int = 4):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+rope_freqs"])
 def test_greedy_tokens_match_the_reference_for_32_steps(name):
     """32 greedy tokens from an empty cache and 16 after a 6-token prefill on the shared cache, against the float64
-    `Reference.forward` of the engine's own sequence (`_assert_greedy`)."""
+    `Reference.forward` of the engine's own sequence (`_assert_greedy`). ``+rope_freqs``: a Llama 3.1-style
+    `rope_freqs` tensor of factors in [1, 8] (the reference divides each pair's frequency by its factor)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.forward import PrefillEngine
     from minfer_cli.engine.reference import Reference
     from minfer_cli.engine.weights import synth_weights
 
     rng = np.random.default_rng()
-    weights = synth_weights(preset(name), int(rng.integers(0, 2**31)))
+    base, _, scaled = name.partition("+")
+    config = dataclasses.replace(preset(base), rope_freqs=bool(scaled))
+    weights = synth_weights(config, int(rng.integers(0, 2**31)))
+    if scaled:
+        factors = rng.uniform(1.0, 8.0, size=config.head_dim // 2).astype(np.float32)
+        weights.tensors["rope_freqs.weight"] = (weights.spec("rope_freqs.weight"), cuda.to_device(factors.view(np.uint8)))
     ref = Reference(weights)
     first = int(rng.integers(0, weights.config.vocab))
     exact = EngineOptions(mmvq=False)  # f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie)

@@ -53,11 +53,12 @@ def _rms_norm_ref(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w.astype(np.float64)
 
 
-def _rope_ref(x, pos, base, mode):
+def _rope_ref(x, pos, base, mode, factors=None):
     x = x.astype(np.float64)
     hd = x.shape[-1]
     half = hd // 2
-    theta = pos.astype(np.float64)[:, None] * base ** (-2.0 * np.arange(half) / hd)[None, :]
+    freq = base ** (-2.0 * np.arange(half) / hd) / (1.0 if factors is None else factors.astype(np.float64))
+    theta = pos.astype(np.float64)[:, None] * freq[None, :]
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     out = x.copy()
     i0, i1 = (slice(0, half), slice(half, hd)) if mode == "neox" else (slice(0, hd, 2), slice(1, hd, 2))
@@ -162,6 +163,21 @@ def test_rope_both_pairings_at_small_and_large_positions(mode, base):
     rope(dq, dk, cuda.to_device(POSITIONS), base, mode)
     assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, base, mode)) < F32_TOL
     assert _rel(dk.copy_to_host(), _rope_ref(k, POSITIONS, base, mode)) < F32_TOL
+
+
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+def test_rope_divides_each_pairs_frequency_by_its_factor(mode):
+    """Llama 3.1's `rope_freqs`: pair i turns by pos * base^(-2i/hd) / factors[i]; fresh factors in [0.5, 8]."""
+    rng = _rng()
+    nt, nh, nkv, hd = len(POSITIONS), 2, 1, 10
+    q = rng.standard_normal((nt, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((nt, nkv, hd)).astype(np.float32)
+    factors = rng.uniform(0.5, 8.0, size=hd // 2).astype(np.float32)
+    dq, dk = cuda.to_device(q), cuda.to_device(k)
+    rope(dq, dk, cuda.to_device(POSITIONS), 5e5, mode, factors=cuda.to_device(factors))
+    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode, factors)) < F32_TOL
+    assert _rel(dk.copy_to_host(), _rope_ref(k, POSITIONS, 5e5, mode, factors)) < F32_TOL
+    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode)) > 0.1
 
 
 def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
@@ -300,6 +316,7 @@ BAD_CALLS = [
         "contiguous within a token",
     ),
     (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), -1.0, "neox"), "base must be a positive"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", factors=_d(8)), "factors must be a contiguous float32"),
     (lambda: swiglu(_d((2, 7))), "even, positive number of columns"),
     (lambda: swiglu(_d((2, 8)), _d((2, 9))), "must have the same shape"),
     (lambda: swiglu(_d((2, 8), np.float16), _d((2, 8))), "2-D float32"),
@@ -339,8 +356,8 @@ def _compile_cases():
         "rms_norm f32 out": (norm._rms_norm, f"{rows}, float32[::1], {rows}, float32"),
         "rms_norm q8": (norm._rms_norm_q8, f"{rows}, float32[::1], {rows}, int8[::1], float32[::1], float32[::1], "
                                            "float32"),
-        "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, boolean"),
-        "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, boolean"),
+        "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, float32[::1], boolean"),
+        "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, float32[::1], boolean"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
         "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
         "swiglu f32 out": (activation._swiglu, f"{rows}, {rows}, {rows}, int64"),

@@ -139,3 +139,35 @@ def test_tiny_greedy_tokens_match_the_reference_for_8_steps():
         logits = engine.prefill(cuda.to_device(np.array(seq, dtype=np.int32))).copy_to_host()[0]
         seq.append(int(np.argmax(logits)))
     assert seq[len(prompt):] == Reference(weights).greedy(prompt, 8)
+
+
+def _llama3_factors(rng, pairs: int) -> np.ndarray:
+    """RoPE frequency divisors in [1, 8] for every pair (Llama 3.1's `rope_freqs` reach 8 on its slow pairs; here
+    every pair is scaled, so that a 5-token prompt shows whether they are applied)."""
+    return rng.uniform(1.0, 8.0, size=pairs).astype(np.float32)
+
+
+def test_rope_freqs_reach_the_prefill(monkeypatch):
+    """A llama with a `rope_freqs` tensor (Llama 3.1+): the engine's logits follow the float64 reference that divides
+    each pair's frequency by its factor, and are far from the reference that ignores them (the test fails if the
+    engine ignores the tensor). numpy stand-ins for the GEMM and attention, as in the wiring test above."""
+    import kernels.attention
+    import kernels.gemm_f16
+
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", _numpy_gemm)
+    monkeypatch.setattr(kernels.attention, "flash_attention", _numpy_attention)
+    rng = np.random.default_rng()
+    config = dataclasses.replace(preset("tiny-llama"), name="micro-llama3.1", n_layers=1, ffn=256, vocab=256,
+                                 rope_freqs=True)
+    weights = synth_weights(config, int(rng.integers(0, 2**31)))
+    spec = weights.spec("rope_freqs.weight")
+    weights.tensors["rope_freqs.weight"] = (spec, cuda.to_device(_llama3_factors(rng, config.head_dim // 2).view(np.uint8)))
+    tokens = rng.integers(0, config.vocab, size=5, dtype=np.int32)
+    want = Reference(weights).forward(tokens, last_only=True)
+    unscaled = dataclasses.replace(weights, config=dataclasses.replace(config, rope_freqs=False),
+                                   tensors={k: v for k, v in weights.tensors.items() if k != "rope_freqs.weight"})
+    ignored = Reference(unscaled).forward(tokens, last_only=True)
+    engine = PrefillEngine(weights, 8, SMALL_TILES)
+    got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
+    assert _rel(got, want) < 1e-2
+    assert _rel(ignored, want) > 5e-2  # the factors matter at these positions: ignoring them would be seen

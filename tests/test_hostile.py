@@ -303,7 +303,7 @@ def test_a_new_ledger_under_a_read_only_parent_is_refused_before_measuring(tmp_p
 
 
 # Refusals that teach: a key or tensor that changes the math and is not implemented is refused by name.
-def _gguf_with(path: Path, extra_fields: dict, extra_tensors: tuple[str, ...] = ()) -> Path:
+def _gguf_with(path: Path, extra_fields: dict, extra_tensors: tuple = ()) -> Path:
     from gguf import GGUFReader, GGUFWriter
 
     base = GGUFReader(_gguf(path.with_suffix(".base.gguf")))
@@ -321,8 +321,9 @@ def _gguf_with(path: Path, extra_fields: dict, extra_tensors: tuple[str, ...] = 
             w.add_uint32(key, value)
     for t in base.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    for name in extra_tensors:
-        w.add_tensor(name, np.ones(64, np.float32))
+    for extra in extra_tensors:  # a name (64 f32 ones) or (name, array)
+        name, data = (extra, np.ones(64, np.float32)) if isinstance(extra, str) else extra
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -331,7 +332,9 @@ def _gguf_with(path: Path, extra_fields: dict, extra_tensors: tuple[str, ...] = 
 
 
 @pytest.mark.parametrize("fields, tensors, message", [
-    ({}, ("rope_freqs.weight",), "tensor rope_freqs.weight: Llama 3.1+ RoPE frequency scaling (rope_freqs) is not implemented"),
+    ({}, ("rope_freqs.weight",), "tensor rope_freqs.weight has GGUF shape (64,), but the metadata implies (32,)"),
+    ({}, (("rope_freqs.weight", np.r_[np.ones(31), 0.0].astype(np.float32)),), "must hold finite positive factors"),
+    ({}, (("rope_freqs.weight", np.ones(32, np.float16)),), "rope_freqs.weight has type F16; RoPE frequency factors must be F32"),
     ({"qwen2.rope.scaling.type": "yarn"}, (), "metadata key qwen2.rope.scaling.type = 'yarn' changes the math"),
     ({"qwen2.attention.sliding_window": 4096}, (), "metadata key qwen2.attention.sliding_window = 4096 changes the math"),
     ({"qwen2.final_logit_softcapping": 30.0}, (), "metadata key qwen2.final_logit_softcapping is not supported"),

@@ -230,14 +230,19 @@ def test_write_then_load_round_trip(tiny, tmp_path):
     assert t.tensor_type.name == "Q6_K" and [int(d) for d in t.shape] == [512, 256]
 
 
-def test_tied_output_round_trip(tmp_path):
+def test_tied_output_and_rope_freqs_round_trip(tmp_path):
+    import dataclasses
+
     from minfer_cli.engine.gguf_io import write_gguf
     from minfer_cli.engine.weights import load_gguf, synth_weights
 
-    w = synth_weights(preset("tiny-llama"), SEED)
-    assert "output.weight" not in w.tensors
+    w = synth_weights(dataclasses.replace(preset("tiny-llama"), rope_freqs=True), SEED)
+    assert "output.weight" not in w.tensors and w.spec("rope_freqs.weight").shape == (64,)
     back = load_gguf(write_gguf(w, tmp_path / "t.gguf"))
     assert back.config == w.config and back.config.tied_output and back.config.rope_style == "norm"
+    assert back.config.rope_freqs and np.array_equal(back.to_host("rope_freqs.weight"), w.to_host("rope_freqs.weight"))
+    factors = back.rope_factors().copy_to_host()
+    assert factors.dtype == np.float32 and factors.shape == (64,) and (factors > 0).all()
 
 
 def test_not_a_gguf_file(tmp_path):

@@ -57,7 +57,8 @@ class ModelConfig:
     arch: "llama" | "qwen2"; name: a label (preset name or ``general.name``); n_layers; hidden (d_model);
     ffn (SwiGLU inner dim); n_heads, n_kv_heads (GQA: query head h reads KV head h // (n_heads/n_kv_heads));
     head_dim; vocab; rope_base (theta); rms_eps; context_length; qkv_bias (attn_q/k/v biases, qwen2);
-    rope_style "neox" | "norm" (see ROPE_STYLE); tied_output (no ``output`` tensor: logits use token_embd).
+    rope_style "neox" | "norm" (see ROPE_STYLE); tied_output (no ``output`` tensor: logits use token_embd);
+    rope_freqs (a ``rope_freqs.weight`` F32 ``[head_dim/2]`` tensor of RoPE frequency divisors, Llama 3.1+).
     """
 
     arch: str
@@ -75,6 +76,7 @@ class ModelConfig:
     qkv_bias: bool
     rope_style: str
     tied_output: bool
+    rope_freqs: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -166,11 +168,14 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 def tensor_names(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """``(GGUF name, GGUF shape)`` of every tensor of ``config``, in file order: token_embd, the blocks
+    """``(GGUF name, GGUF shape)`` of every tensor of ``config``, in file order: token_embd, rope_freqs (when the
+    config has it), the blocks
     (attn_norm, attn_q/k/v (+ biases), attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down), output_norm,
     output (absent when tied)."""
     c = config
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (c.hidden, c.vocab))]
+    if c.rope_freqs:
+        out.append(("rope_freqs.weight", (c.head_dim // 2,)))
     for i in range(c.n_layers):
         b = f"blk.{i}."
         out.append((b + "attn_norm.weight", (c.hidden,)))

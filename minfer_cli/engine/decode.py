@@ -224,6 +224,7 @@ class DecodeEngine:
         self._attn1, self._act1 = self.attn.reshape(c.q_dim), self.act.reshape(c.ffn)
         self._qkv2 = self.qkv.reshape(1, width)
         qkv3 = self.qkv.reshape(1, heads, c.head_dim)
+        self.rope_factors = weights.rope_factors()
         self._q_rope = head_slice(qkv3, 0, c.n_heads)
         self._k_rope = head_slice(qkv3, c.n_heads, c.n_heads + c.n_kv_heads)
         self._q_heads = self.qkv[0: c.q_dim].reshape(c.n_heads, c.head_dim)
@@ -435,7 +436,8 @@ class DecodeEngine:
             hq = self._norm(layer.attn_norm)
             for m, out, bias in layer.qkv:
                 self._matvec(m, self._h1, out, residual=bias, xq=hq)
-            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p)
+            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
+                 factors=self.rope_factors)
             kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s, pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
                              splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)

@@ -125,6 +125,7 @@ class PrefillEngine:
         self.max_tokens = int(max_tokens)
         self.context = int(context or max_tokens)
         self.stream = stream if stream is not None else cuda.stream()
+        self.rope_factors = weights.rope_factors()
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
                 from minfer_cli.engine.errors import ModelError
@@ -250,7 +251,7 @@ class PrefillEngine:
                 bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
             view = qkv.reshape(nt, heads, c.head_dim)
             rope(head_slice(view, 0, c.n_heads), head_slice(view, c.n_heads, c.n_heads + c.n_kv_heads), pos,
-                 c.rope_base, c.rope_style, stream=s)
+                 c.rope_base, c.rope_style, stream=s, factors=self.rope_factors)
             kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
             flash_attention(
                 q16.reshape(nt, c.n_heads, c.head_dim),

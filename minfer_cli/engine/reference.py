@@ -6,7 +6,8 @@ models only). One decoder layer of llama / qwen2 (llama.cpp ``llm_build_llama`` 
     h  = RMSNorm(x) * attn_norm
     q  = h Wq^T (+ bq),  k = h Wk^T (+ bk),  v = h Wv^T (+ bv)        per head, head h = rows h*hd .. h*hd+hd-1
     q, k = RoPE(q, pos), RoPE(k, pos)        neox (qwen2): pairs (i, i + hd/2); norm (llama): pairs (2i, 2i+1);
-                                             pair i turns by pos * base^(-2i/hd)
+                                             pair i turns by pos * base^(-2i/hd) / factor_i
+                                             (factor: rope_freqs.weight, Llama 3.1+; else 1)
     a  = softmax(q k^T / sqrt(hd) + causal mask) v     query head h reads KV head h // (n_heads / n_kv_heads)
     x  = x + a Wo^T
     h  = RMSNorm(x) * ffn_norm
@@ -43,10 +44,13 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, style: str) -> np.ndarray:
-    """Rotate ``x[T, heads, hd]`` by position: pair i turns by ``pos * base^(-2i/hd)`` (see module docstring)."""
+def rope(x: np.ndarray, positions: np.ndarray, base: float, style: str, factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotate ``x[T, heads, hd]`` by position: pair i turns by ``pos * base^(-2i/hd) / factors[i]`` (see module
+    docstring; ``factors`` None: all 1)."""
     hd = x.shape[-1]
     inv = base ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
+    if factors is not None:
+        inv = inv / factors
     ang = positions.astype(np.float64)[:, None] * inv[None, :]  # [T, hd/2]
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     if style == "neox":
@@ -97,8 +101,9 @@ class Reference:
         q, k, v = (h @ w[b + p + ".weight"].T for p in ("attn_q", "attn_k", "attn_v"))
         if c.qkv_bias:
             q, k, v = q + w[b + "attn_q.bias"], k + w[b + "attn_k.bias"], v + w[b + "attn_v.bias"]
-        q = rope(q.reshape(t, c.n_heads, c.head_dim), positions, c.rope_base, c.rope_style)
-        k = rope(k.reshape(t, c.n_kv_heads, c.head_dim), positions, c.rope_base, c.rope_style)
+        factors = w.get("rope_freqs.weight")
+        q = rope(q.reshape(t, c.n_heads, c.head_dim), positions, c.rope_base, c.rope_style, factors)
+        k = rope(k.reshape(t, c.n_kv_heads, c.head_dim), positions, c.rope_base, c.rope_style, factors)
         v = v.reshape(t, c.n_kv_heads, c.head_dim)
         x = x + attention(q, k, v) @ w[b + "attn_output.weight"].T
         h = rms_norm(x, w[b + "ffn_norm.weight"], c.rms_eps)

@@ -67,6 +67,15 @@ class ModelWeights:
         """The tensor's bytes as a 1-D uint8 device array."""
         return self.tensors[name][1]
 
+    def rope_factors(self):
+        """The RoPE frequency divisors as a float32 device array ``[head_dim/2]``: the ``rope_freqs.weight``
+        tensor (viewed, not copied) when the model has one, else ones (`kernels.rope.rope`'s ``factors``)."""
+        from numba import cuda
+
+        if self.config.rope_freqs:
+            return self.device("rope_freqs.weight").view(np.float32)
+        return cuda.to_device(np.ones(self.config.head_dim // 2, dtype=np.float32))
+
     def to_host(self, name: str) -> np.ndarray:
         """The tensor's bytes copied to a 1-D uint8 numpy array."""
         return self.tensors[name][1].copy_to_host()
@@ -223,12 +232,11 @@ so a file carrying one is refused by name rather than run as something else."""
 NEUTRAL_VALUES = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1.0, 0.0), "expert_count": (0,),
                   "expert_used_count": (0,), "attention.sliding_window": (0,)}
 """Keys that are accepted when they hold the value that changes nothing (llama.cpp writes some of them always)."""
-UNSUPPORTED_TENSORS = {"rope_freqs.weight": "Llama 3.1+ RoPE frequency scaling (rope_freqs) is not implemented yet"}
 
 
 def check_supported(reader, arch: str, config: ModelConfig, path: Path) -> None:
     """Refuse, by name and in one line, a metadata key or tensor that changes the math and that minfer does not
-    implement (`IMPLEMENTED_KEYS`, `NEUTRAL_VALUES`, `UNSUPPORTED_TENSORS`), and any tensor that is not one of the
+    implement (`IMPLEMENTED_KEYS`, `NEUTRAL_VALUES`), and any tensor that is not one of the
     model's (`config.tensor_names`): silence would mean computing another model than the file describes."""
     prefix = f"{arch}."
     for key in reader.fields:
@@ -252,8 +260,6 @@ def check_supported(reader, arch: str, config: ModelConfig, path: Path) -> None:
                          f"{', '.join(prefix + k for k in IMPLEMENTED_KEYS[:8])}, ...")
     wanted = {name for name, _ in tensor_names(config)}
     for t in reader.tensors:
-        if t.name in UNSUPPORTED_TENSORS:
-            raise ModelError(f"{path}: tensor {t.name}: {UNSUPPORTED_TENSORS[t.name]}")
         if t.name not in wanted:
             raise ModelError(f"{path}: tensor {t.name} is not part of a {arch} model minfer runs (expert, extra "
                              "projection or norm?); it would be ignored, so the file is refused")
@@ -321,6 +327,7 @@ def read_config(reader, path: Path) -> ModelConfig:
         qkv_bias=any(f"blk.0.attn_{p}.bias" in names for p in "qkv"),  # one missing bias is then named as missing
         rope_style=ROPE_STYLE[arch],
         tied_output="output.weight" not in names,
+        rope_freqs="rope_freqs.weight" in names,
     )
     try:
         return config.validate()
@@ -357,6 +364,18 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
     return weights
 
 
+def _check_rope_factors(tensor, path: Path) -> None:
+    """A ``rope_freqs.weight`` tensor must be F32 (as llama.cpp writes it) and hold finite positive divisors."""
+    if tensor.tensor_type.name != "F32":
+        raise ModelError(f"{path}: tensor rope_freqs.weight has type {tensor.tensor_type.name}; RoPE frequency "
+                         "factors must be F32")
+    values = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise ModelError(f"{path}: tensor rope_freqs.weight must hold finite positive factors (each pair's RoPE "
+                         f"frequency is divided by its factor); it has {int((~(np.isfinite(values) & (values > 0))).sum())} "
+                         "that are not")
+
+
 def inspect_gguf(path) -> tuple[ModelWeights, list]:
     """Everything `load_gguf` checks, on the host only (no GPU needed, nothing copied): the file, its metadata
     (by value) and every tensor's presence, type, shape and bytes. Returns the ModelWeights without tensors and
@@ -388,5 +407,7 @@ def inspect_gguf(path) -> tuple[ModelWeights, list]:
         spec = TensorSpec(name, shape, qname)
         if t.data.nbytes != spec.n_bytes:
             raise ModelError(f"{path} is truncated: tensor {name} has {t.data.nbytes} of its {spec.n_bytes} bytes")
+        if name == "rope_freqs.weight":
+            _check_rope_factors(t, path)
         specs.append((spec, t))
     return weights, specs
