@@ -338,3 +338,18 @@ def test_write_output_is_atomic_and_never_clobbers(tmp_path):
     assert target.read_bytes() == b"two" and [p.name for p in tmp_path.iterdir()] == ["data.png"]
     assert check_output_path(tmp_path / "new.SVG", force=False, ledger_dir=tmp_path / "l",
                              suffixes=PLOT_SUFFIXES) == tmp_path / "new.SVG"
+
+
+def test_a_trend_never_joins_different_configurations_silently():
+    """--arm naming part of a configuration: arms that differ in another knob they all have are refused (naming
+    it); a bench run with other knobs than the newest is labelled with them."""
+    mixed = [record("run", [arm("A", {"TYPE": t, "RPB": 4}, m)], f"2026-12-0{i + 1}T00:00:00Z", COMMITS[i],
+                    experiment="gemv", workload="ffn_down", id=i + 1)
+             for i, (t, m) in enumerate([("Q4_K", 15.3), ("Q6_K", 20.9)])]
+    with pytest.raises(UsageError, match=r"differ in TYPE \(Q4_K, Q6_K\).*--arm RPB=4,TYPE=Q4_K"):
+        series(mixed, "median", "gemv", "ffn_down", {"RPB": 4})
+    assert [p.value for p in series(mixed, "median", "gemv", "ffn_down", {"RPB": 4, "TYPE": "Q6_K"})] == [20.9]
+    eager, graphs = (dict(bench(f"2026-12-0{i}T00:00:00Z", COMMITS[i], None, tg), id=i) for i, tg in ((1, 31.4), (2, 374.0)))
+    eager["arms"][0]["knobs"] = {"W16": 1, "GRAPHS": 0}
+    points = series([eager, graphs], "tg128")
+    assert [p.label for p in points] == ["tg128 (GRAPHS=0)", "tg128"]

@@ -316,3 +316,15 @@ def test_ten_thousand_records_load_and_export(tmp_path):
 def test_ledger_common_fit_widths_shrinks_in_order():
     widths = ledger_common.fit_widths({"a": 10, "b": 30, "c": 30}, 60, (("b", 10), ("c", 20)))
     assert widths == {"a": 10, "b": 14, "c": 30}  # 10 + 14 + 30 + 2 separators x 3 = 60
+
+
+def test_a_verify_of_a_bench_exports_a_row_per_test_not_an_ab():
+    rng = random.Random(1)
+    bench = record(1, "bench", rng)
+    result = core_verify.verify(bench, [bench], FakeRunner(ratio=1.0))
+    rec = core_verify.verify_record(bench, result, git={"commit": None, "dirty": None}, command="c",
+                                    timestamp="2026-12-02T00:00:00Z")
+    rec["id"] = 2
+    rows = figures.rows(rec)
+    assert [r["workload"] for r in rows] == [a["label"] for a in bench["arms"]]
+    assert all(r["arm_b"] is None and r["b_median"] is None for r in rows)

@@ -92,12 +92,12 @@ def chart(points: Sequence[core_trend.TrendPoint], width: int) -> Table:
 
 def _title(metric: str, points: Sequence[core_trend.TrendPoint], experiment: Optional[str],
            workload: Optional[str], arm: Optional[str]) -> str:
-    first = points[0]
     if metric in core_trend.EXPERIMENT_METRICS:
         where = f"{experiment} · {workload}" if workload else str(experiment)
         return f"{where}: median at {arm or 'the current defaults'}"
     filters = " · ".join(x for x in (experiment, workload, arm) if x)
-    return f"{first.label}" + (f" ({filters})" if filters else "") + " over the ledger"
+    others = " (a point run with other knobs than the newest names them)" if any("(" in p.label for p in points) else ""
+    return f"{metric}" + (f" ({filters})" if filters else "") + " over the ledger" + others
 
 
 def _heading(points: Sequence[core_trend.TrendPoint]) -> str:

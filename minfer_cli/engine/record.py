@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
+
 from minfer_cli.engine.bench import BenchRow
 from minfer_cli.engine.weights import ModelWeights
 from minfer_cli.ledger.schema import SAMPLES_MAX, SCHEMA
@@ -19,12 +21,11 @@ def bench_record(rows: list[BenchRow], weights: ModelWeights, config: dict, note
     device = probe()
     arms = []
     for r in rows:
-        s = sorted(r.samples)
+        p10, median, p90 = (float(v) for v in np.percentile(np.asarray(r.samples, dtype=np.float64), [10, 50, 90]))
         arms.append({
             "label": r.test, "knobs": dict(config), "status": "ok", "error": None,
-            "stats": {"median": round(s[len(s) // 2], 3), "p10": round(s[int(0.1 * (len(s) - 1))], 3),
-                      "p90": round(s[int(0.9 * (len(s) - 1))], 3), "mean": round(r.mean, 3), "std": round(r.std, 3),
-                      "n": len(s)},
+            "stats": {"median": round(median, 3), "p10": round(p10, 3), "p90": round(p90, 3),  # as measure.stats
+                      "mean": round(r.mean, 3), "std": round(r.std, 3), "n": len(r.samples)},
             "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 2),
             "samples": [round(float(x), 3) for x in r.samples[:SAMPLES_MAX]],
         })

@@ -342,7 +342,8 @@ def rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     arms = record.get("arms") or []
     kind = record.get("kind")
-    if kind in KINDS_WITH_WORKLOAD_ARMS:  # one configuration on several workloads: a row per workload
+    of_kind = _m(record.get("verify")).get("of_kind") if kind == "verify" else None
+    if kind in KINDS_WITH_WORKLOAD_ARMS or of_kind in KINDS_WITH_WORKLOAD_ARMS:  # one configuration, several tests
         return [_row(record, arm.get("label"), arm, None) for arm in arms]
     workload = _m(record.get("workload")).get("name")
     if kind == "sweep":  # a grid: every point; `point` says which is best / default

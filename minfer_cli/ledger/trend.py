@@ -8,7 +8,7 @@ This module returns data and raises `UsageError`; it never prints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from minfer_cli.errors import MinferError, UsageError
@@ -28,7 +28,7 @@ class TrendPoint:
     hex digits or ""), the figure ``value`` in ``unit``, the error bars as distances below and above the value
     (``err_low``, ``err_high``, both >= 0, None when the record has no spread), ``label`` what was measured (the
     bench test, or the record's kind and arm: ``ab B``), ``spread`` what the bars are (``± std``, ``p10–p90``,
-    or "" when there are none) and ``higher_is_better`` (the metric's direction)."""
+    or "" when there are none), ``higher_is_better`` (the metric's direction) and ``knobs`` (the arm's)."""
 
     id: int
     timestamp: str
@@ -40,6 +40,7 @@ class TrendPoint:
     label: str
     spread: str = ""
     higher_is_better: bool = False
+    knobs: dict = field(default_factory=dict, compare=False)
 
 
 def _commit(record: Mapping[str, Any]) -> str:
@@ -134,8 +135,24 @@ def _bench_points(records: list[Mapping[str, Any]], test: str, experiment: str |
                 spread = "p10–p90"
             points.append(TrendPoint(int(record["id"]), str(record.get("timestamp")), _commit(record), value, low,
                                      high, str(metric.get("unit") or ""), test, spread,
-                                     bool(metric.get("higher_is_better"))))
-    return points
+                                     bool(metric.get("higher_is_better")), dict(entry.get("knobs") or {})))
+    return _label_configurations(points)
+
+
+def _label_configurations(points: list[TrendPoint]) -> list[TrendPoint]:
+    """Each point whose knobs differ from the newest point's (on the knobs both have) says so in its label
+    (``pp2048 (GRAPHS=0)``): a bench run with other knobs is another configuration, not a step in this one's
+    history."""
+    if not points:
+        return points
+    newest = max(points, key=lambda p: (p.timestamp, p.id)).knobs
+    out = []
+    for p in points:
+        differ = {k: v for k, v in p.knobs.items() if k in newest and not _same(v, newest[k])}
+        out.append(p if not differ else TrendPoint(p.id, p.timestamp, p.commit, p.value, p.err_low, p.err_high, p.unit,
+                                                   f"{p.label} ({knobs_text(differ)})", p.spread, p.higher_is_better,
+                                                   p.knobs))
+    return out
 
 
 def _configuration(experiment: str, arm: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool, str]:
@@ -196,7 +213,7 @@ def _experiment_points(records: list[Mapping[str, Any]], metric: str, experiment
             points.append(TrendPoint(int(record["id"]), str(record.get("timestamp")), _commit(record), s["median"],
                                      low, high, str(record_metric.get("unit") or ""),
                                      f"{record.get('kind')} {entry.get('label')}", spread,
-                                     bool(record_metric.get("higher_is_better"))))
+                                     bool(record_metric.get("higher_is_better")), dict(knobs)))
     if not points and metric != "median" and metric not in seen_metrics:
         raise UsageError(f"experiment {experiment} records {', '.join(sorted(seen_metrics))}, not {metric!r}; use "
                          "`median` (the experiment's own metric)")
@@ -204,7 +221,22 @@ def _experiment_points(records: list[Mapping[str, Any]], metric: str, experiment
         raise UsageError(f"no arm of experiment {experiment} on workload {workload} matches {named}; name the "
                          "configuration with --arm K=V[,K=V] (see `minfer ledger show -e "
                          f"{experiment}` for the recorded arms)")
+    if not only_shared:
+        _refuse_mixed(points, wanted, named)
     return points
+
+
+def _refuse_mixed(points: list[TrendPoint], wanted: Mapping[str, Any], named: str) -> None:
+    """UsageError when the arms matching ``--arm`` differ in a knob they all have: a line through them would join
+    different configurations (a Q4_K kernel and a Q6_K one) as if it were one figure's history."""
+    shared = set.intersection(*(set(p.knobs) for p in points)) - set(wanted)
+    varying = {k: sorted({str(p.knobs[k]) for p in points}) for k in sorted(shared)}
+    varying = {k: v for k, v in varying.items() if len(v) > 1}
+    if varying:
+        example = ",".join(f"{k}={v[0]}" for k, v in list(varying.items())[:2])
+        raise UsageError(f"the arms matching {named} are {len(points)} of different configurations: they differ in "
+                         + "; ".join(f"{k} ({', '.join(v[:4])}{', …' if len(v) > 4 else ''})" for k, v in varying.items())
+                         + f"; name those knobs too, e.g. --arm {knobs_text(wanted)},{example}")
 
 
 def series(records: Iterable[Mapping[str, Any]], metric: str, experiment: str | None = None,
@@ -217,10 +249,11 @@ def series(records: Iterable[Mapping[str, Any]], metric: str, experiment: str | 
     (``time``, ``throughput``): one point per arm of the ab/run/sweep/verify records of ``experiment`` on
     ``workload`` (optional when the experiment was measured on one) whose knobs match the configuration: ``arm``
     ({knob: value}, values as stored or as text, every named knob must match) or else the experiment's current
-    defaults (compared on the knobs both the arm and the defaults have); its median with p10–p90 bars.
+    defaults (compared on the knobs both the arm and the defaults have); its median with p10–p90 bars. A bench
+    point run with other knobs than the newest one says which in its label.
 
-    Raises UsageError (one line) for an unknown metric, experiment or workload (naming what this ledger holds)
-    and when no point matches.
+    Raises UsageError (one line) for an unknown metric, experiment or workload (naming what this ledger holds),
+    when no point matches, and when the arms matching ``arm`` differ in another knob they all have.
     """
     records = [r for r in records if isinstance(r, Mapping)]
     bench_labels = {str(a.get("label")) for r in records if _is_bench(r) for a in _ok_arms(r)}
