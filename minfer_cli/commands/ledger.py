@@ -25,8 +25,8 @@ app = typer.Typer(name="ledger", help="Read the ledger (one YAML record per resu
 
 SHOW_FORMATS = ("table", *core.FORMATS)
 ONE_FORMATS = ("table", "yaml", "json", "md", "csv")
-SHOW_SHRINK = (("title", 8), ("compared", 14), ("experiment", 6), ("workload", 6), ("compared", 10), ("result", 28),
-               ("result", 16))
+SHOW_SHRINK = (("title", 8), ("compared", 40), ("workload", 12), ("result", 48), ("compared", 24), ("experiment", 6),
+               ("workload", 6), ("result", 32), ("compared", 12), ("result", 16), ("compared", 8))
 """Which `show` columns give up width first when the table is wider than the terminal, and the least each keeps."""
 MEDIUM_WIDTH = 110  # from this terminal width on, `show` adds the workload and the CI columns
 WIDE_WIDTH = 150  # and from this one, the p-value, the commit and the title

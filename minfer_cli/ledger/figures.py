@@ -134,7 +134,10 @@ def record_arms_text(record: Mapping[str, Any]) -> str:
         varied = differing_knobs(arms)
         return f"{len(arms)} points over {','.join(varied)}" if varied else f"{len(arms)} point(s)"
     if kind == "verify":
-        return f"#{(record.get('verify') or {}).get('of')}" + (f": {arms_text(arms)}" if arms else "")
+        verify = _m(record.get("verify"))
+        if verify.get("of_kind") in KINDS_WITH_WORKLOAD_ARMS:
+            return f"#{verify.get('of')}: " + ", ".join(str(a.get("label")) for a in arms)
+        return f"#{verify.get('of')}" + (f": {arms_text(arms)}" if arms else "")
     if kind == "retire":
         return "retires " + ", ".join(f"#{i}" for i in _m(record.get("retire")).get("ids", []))
     if kind == "check":
@@ -225,7 +228,15 @@ def _headline(record: Mapping[str, Any]) -> Headline:
         bar_text = f" at {bar * 100:.2g}%" if bar is not None else ""
         return Headline(f"FP rate {fpr * 100:.0f}%{bar_text}, suggested bar {fmt_num((suggested or 0) * 100)}%")
     if kind == "verify":
-        verify = record.get("verify") or {}
+        verify = _m(record.get("verify"))
+        then, now = _m(verify.get("recorded")), _m(verify.get("measured"))
+        if _finite(then.get("speedup")) is not None and _finite(now.get("speedup")) is not None:
+            low, high = _finite(now.get("ci_low")), _finite(now.get("ci_high"))
+            return Headline(f"then {fmt_pct(then['speedup'])}, now {fmt_change(now['speedup'])}", "",
+                            _ci_text(low, high) if low is not None and high is not None else "")
+        if then and set(then) == set(now) and all(_finite(v) is not None for v in [*then.values(), *now.values()]):
+            return Headline(", ".join(f"{k} {fmt_num(then[k])} → {fmt_num(now[k])} ({fmt_pct(speedup(now[k] / then[k] - 1, _higher(record)))})"
+                                      for k in then) + f" {_unit(record)}".rstrip())
         return Headline(str(verify.get("measured_text") or verify.get("reason") or ""))
     if kind == "retire":
         return Headline(str(_m(record.get("retire")).get("why", "")))
