@@ -310,12 +310,13 @@ def test_arm_table_shows_the_knobs_that_differ_and_captions_the_shared_ones():
         ["RPB=2,HOIST=0", "RPB=2,HOIST=1", "RPB=4,HOIST=0"], "every arm: TYPE=Q4_K,WPR=2")
 
 
-def test_model_list_shows_every_preset_with_llama_bench_size_and_params():
+def test_model_list_shows_every_preset_with_llama_bench_size_and_params(console_width):
     """`minfer model list` needs no GPU: shapes, params and size from the tensor specs (Qwen2-7B Q4_K_M: 7.62 B
     params, 4.36 GiB, as llama-bench reports for the real file)."""
     from minfer_cli.engine.presets import PRESETS
 
-    result = runner.invoke(app, ["model", "list"], env={"COLUMNS": "200"})
+    console_width(200)
+    result = runner.invoke(app, ["model", "list"])
     assert result.exit_code == 0, result.output
     assert all(name in result.output for name in PRESETS)
     row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m *" in line)
