@@ -261,6 +261,15 @@ def test_retire_makes_verify_report_retired(tmp_path, monkeypatch):
     assert runner.plans == []  # nothing was measured
     assert invoke("ledger", "retire", "1", "--why", " ", "--ledger", str(tmp_path)).exit_code == 2
     assert invoke("ledger", "retire", "9", "--why", "x", "--ledger", str(tmp_path)).exit_code == 2
+    again = invoke("ledger", "retire", "1", "--why", "x", "--ledger", str(tmp_path))
+    assert again.exit_code == 2 and "already retired by #2" in again.output
+    tomb = invoke("ledger", "retire", "2", "--why", "x", "--ledger", str(tmp_path))
+    assert tomb.exit_code == 2 and "itself a retire record" in tomb.output
+    assert sorted(p.name[:4] for p in tmp_path.glob("*.yaml")) == ["0001", "0002", "0003"]  # the verify; no more
+    row = next(line for line in invoke("ledger", "show", "--ledger", str(tmp_path)).stdout.splitlines()
+               if line.lstrip().startswith("1 "))
+    assert row.rstrip().endswith("RETIRED")
+    assert "retired by #2: VEC=1 deleted in abc1234" in invoke("ledger", "show", "1", "--ledger", str(tmp_path)).stdout
 
 
 def test_verify_needs_records_or_landed(tmp_path):

@@ -16,7 +16,7 @@ from rich.text import Text
 from minfer_cli import ledger as core
 from minfer_cli.commands import ledger_diff, ledger_trend, ledger_verify
 from minfer_cli.commands.ledger_common import LEDGER, fitted_table, print_record, report_problems, resolve_dir
-from minfer_cli.console import err, guard, out, verdict_text
+from minfer_cli.console import clean, err, guard, out, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
 
@@ -31,9 +31,13 @@ SHOW_SHRINK = (("title", 8), ("compared", 40), ("workload", 12), ("result", 48),
 MEDIUM_WIDTH = 110  # from this terminal width on, `show` adds the workload and the CI columns
 WIDE_WIDTH = 150  # and from this one, the p-value, the commit and the title
 
-def records_table(records: list[dict[str, Any]], duplicates: set[int], width: int, wide: bool) -> Text:
+def records_table(records: list[dict[str, Any]], duplicates: set[int], width: int, wide: bool,
+                  retired: dict[int, tuple[int, str]] | None = None) -> Text:
     """The `ledger show` table: columns chosen for ``width`` (all of them with ``wide``); cells never wrap, a
-    long one ends in an ellipsis (``wide`` shows every cell whole)."""
+    long one ends in an ellipsis (``wide`` shows every cell whole). A record that a retire tombstone names
+    (``retired``: `minfer_cli.ledger.verify.retired_ids`) shows RETIRED as its verdict (`show ID`: its own verdict
+    and why it was retired)."""
+    retired = retired or {}
     medium = wide or width >= MEDIUM_WIDTH
     full = wide or width >= WIDE_WIDTH
     names = ["id", "date", "experiment", *(["workload"] if medium else []), "compared", "result",
@@ -50,7 +54,8 @@ def records_table(records: list[dict[str, Any]], duplicates: set[int], width: in
             "compared": figures.record_arms_text(record),
             "result": " ".join(t for t in (head.result, head.change) if t),
             "95% CI": head.ci, "p": head.p, "commit": str((record.get("git") or {}).get("commit") or "")[:8],
-            "title": str(record.get("title") or ""), "verdict": str(record.get("verdict")),
+            "title": str(record.get("title") or ""),
+            "verdict": "RETIRED" if record["id"] in retired else str(record.get("verdict")),
         }
         rows.append(cells)
     return fitted_table(names, rows, None if wide else width, SHOW_SHRINK, right=("id", "95% CI", "p"))
@@ -164,6 +169,12 @@ def show(
         contents = core.load(directory)
         chosen = core.find(contents, number)
         _show_one(chosen, fmt, wide)
+        if fmt == "table":
+            from minfer_cli.ledger.verify import retired_ids
+
+            tomb = retired_ids(contents.records).get(chosen[0]["id"])
+            if tomb:
+                out.print(f"retired by #{tomb[0]}: {clean(tomb[1])}", markup=False, soft_wrap=True)
         if plot is not None:
             from minfer_cli.ledger.plots import plot_record
             from minfer_cli.outputs import PLOT_SUFFIXES, write_output
@@ -182,7 +193,9 @@ def show(
         print(core.export(records, fmt).rstrip("\n"))
     elif records:
         width = 10**4 if wide else out.width
-        table = records_table(records, set(contents.duplicates), out.width, wide)
+        from minfer_cli.ledger.verify import retired_ids
+
+        table = records_table(records, set(contents.duplicates), out.width, wide, retired_ids(contents.records))
         if out.is_terminal:
             out.print(table, width=width, crop=False)
         else:  # piped: the same text without styles; rich's renderer costs ~0.1 s per 1,000 rows

@@ -176,6 +176,34 @@ def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
                   "`--format yaml` prints it as read)", markup=False)
 
 
+CHANGE_KEYS = ("speedup", "ci_low", "ci_high", "delta", "delta_median")
+RATE_KEYS = ("bar", "false_positive_rate", "suggested_bar", "delta_std", "delta_p95_abs")
+"""Keys of a record's own parts that hold fractions: changes (signed) and rates, shown as percentages, as every
+table shows them."""
+HIDDEN_KEYS = ("trial_deltas", "trial_verdicts", "measured_text")
+"""Parts `show ID` leaves to `--format yaml`: per-trial lists, and a verify's text that repeats its reason."""
+
+
+def _readable(value: Any, key: str = "") -> str:
+    """A record's own part as text for a person: ``of 1 (ab) · reason … · recorded speedup +31.3%``; fractions
+    as percentages, numbers at four digits, lists joined, missing values left out (`--format yaml` has them all)."""
+    if isinstance(value, Mapping):
+        texts = ((k, _readable(v, str(k))) for k, v in value.items() if k not in HIDDEN_KEYS and v is not None)
+        parts = [f"{k} {text}" for k, text in texts if text not in ("", "()")]
+        if not parts:
+            return ""
+        return ("(" + ", ".join(parts) + ")") if key else " · ".join(parts)
+    if isinstance(value, list):
+        return ", ".join(_readable(v, key) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if key in CHANGE_KEYS:
+        return figures.fmt_pct(value, 2 if abs(value) < 0.1 else 1)
+    if key in RATE_KEYS:
+        return f"{value * 100:.3g}%"
+    return str(value) if isinstance(value, int) else figures.fmt_num(value)
+
+
 def _print_record(record: Mapping[str, Any], wide: bool) -> None:
     git = _mapping(record.get("git"))
     commit = str(git.get("commit") or "unknown")[:12]
@@ -207,8 +235,7 @@ def _print_record(record: Mapping[str, Any], wide: bool) -> None:
             out.print(f"knobs of every arm: {clean(shared)}", markup=False, soft_wrap=True)
     for key in ("verify", "retire", "check", "calibration", "peer"):
         if isinstance(record.get(key), Mapping):
-            items = ", ".join(f"{k}: {v}" for k, v in record[key].items() if k not in ("trial_deltas", "trial_verdicts"))
-            out.print(f"{key}: {clean(items)}", markup=False, soft_wrap=True)
+            out.print(f"{key}: {clean(_readable(record[key]))}", markup=False, soft_wrap=True)
     out.print(f"command: {clean(record.get('command') or '—')}", markup=False, soft_wrap=True)
     if record.get("notes"):
         out.print(f"notes: {clean(record['notes'])}", markup=False, soft_wrap=True)

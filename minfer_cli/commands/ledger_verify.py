@@ -171,7 +171,16 @@ def retire(
         raise UsageError("--why must say why the records no longer apply, e.g. --why \"variant deleted in a1b2c3d\"")
     directory = resolve_dir(ledger)
     contents = core.load(directory)
-    titles = [core.find(contents, i)[0].get("title") for i in numbers]
+    found = [core.find(contents, i)[0] for i in numbers]
+    already = core_verify.retired_ids(contents.records)
+    for rec in found:
+        if rec.get("kind") == "retire":
+            raise UsageError(f"#{rec['id']} is itself a retire record; only the records it names can be retired, "
+                             "and records are never removed")
+        if rec["id"] in already:
+            rid, reason = already[rec["id"]]
+            raise UsageError(f"#{rec['id']} is already retired by #{rid} ({reason[:80]}); leave it out")
+    titles = [r.get("title") for r in found]
     options.check_ledger_writable(str(directory))
     from minfer_cli.measure import environment as envmod
 
