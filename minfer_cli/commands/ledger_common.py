@@ -74,14 +74,27 @@ def _ascii_cell(text: str, width: int, right: bool) -> str:
 
 
 def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None,
-                 shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None) -> Text:
+                 shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None,
+                 droppable: tuple[str, ...] = ()) -> Text:
     """A table whose rows never wrap, as one styled text (fast for thousands of rows): columns ``names``, cells
     ``rows`` (plain text by column name; a ``verdict`` or ``outcome`` column is coloured), sized by `fit_widths`
-    for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole."""
+    for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole. Columns of
+    ``droppable`` are left out, in that order, while the shrunk table is still wider than ``width`` (a last line
+    names them), and always when every cell of theirs is ``—``."""
     fit = _ascii_cell if ascii_stdout() else _cell
     measure = (lambda t: len(clean(t).translate(ASCII_FALLBACK))) if fit is _ascii_cell else (lambda t: cell_len(clean(t)))
+    names = [n for n in names if n not in droppable or any(r.get(n, "—") != "—" for r in rows)]
     natural = {n: max([measure(n)] + [measure(r.get(n, "")) for r in rows]) for n in names}
     widths = natural if width is None else fit_widths(natural, width, shrink)
+    left_out = []
+    for column in droppable if width is not None else ():
+        if sum(widths.values()) + 3 * (len(widths) - 1) <= width:
+            break
+        if column in names:
+            names.remove(column)
+            left_out.append(column)
+            natural.pop(column)
+            widths = fit_widths(natural, width, shrink)
     text = Text(no_wrap=True, overflow="ignore", end="\n")
     if title:
         text.append(title + "\n")
@@ -94,6 +107,8 @@ def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None
                 text.append(" │ ")
             value = fit(cells.get(n, ""), widths[n], n in right)
             text.append(value, style=VERDICT_STYLE.get(cells.get(n, ""), "") if n in ("verdict", "outcome") else "")
+    if left_out:
+        text.append(f"\n(left out at this width: {', '.join(left_out)}; --wide shows every column)")
     return text
 
 
@@ -159,9 +174,10 @@ def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Text
             "% roof": f"{arm['pct_roofline']:.1f}" if isinstance(arm.get("pct_roofline"), (int, float)) else "—",
             "check": check,
         })
-    shrink = (("check", 6), ("arm", 6), *((k, 4) for k in varying), ("p10–p90", 8), ("mean ± std", 8))
+    shrink = (("check", 6), ("arm", 6), *((k, 4) for k in varying))
     table = fitted_table(names, rows, None if wide else width, shrink,
-                         right=tuple(n for n in names if n not in ("arm", "check", *varying)))
+                         right=tuple(n for n in names if n not in ("arm", "check", *varying)),
+                         droppable=("GB/s", "% roof", "check", "mean ± std", "n", "p10–p90"))
     return table, figures.knobs_text(shared)
 
 
