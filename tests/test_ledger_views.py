@@ -337,3 +337,13 @@ def test_a_verify_of_a_bench_exports_a_row_per_test_not_an_ab():
     rows = figures.rows(rec)
     assert [r["workload"] for r in rows] == [a["label"] for a in bench["arms"]]
     assert all(r["arm_b"] is None and r["b_median"] is None for r in rows)
+
+
+def test_verify_plan_says_what_each_record_is_judged_against(tmp_path):
+    (tmp_path / "0001-copy.yaml").write_text(store.dump(_copy_ab(1, 0.3)))
+    r = invoke("ledger", "verify", "1", "--plan", "--ledger", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "#1 ab copy · 1GiB: VEC=1 → VEC=4" in r.stdout
+    assert "recorded +30.0% faster: HOLDS if the new 95% CI reaches +29.0% to +31.0%" in r.stdout
+    assert "1 record(s): 1 to re-run (1 A/B" in r.stdout and "appends a verify record" in r.stdout
+    assert list(tmp_path.glob("*.yaml")) == [tmp_path / "0001-copy.yaml"]  # a plan writes nothing

@@ -56,6 +56,46 @@ def _environment_changes(record: dict, outcome: core_verify.Outcome) -> str:
     return ", ".join(f"{d.what} {d.a} → {d.b}" for d in changes if d.what in ENVIRONMENT_KEYS)
 
 
+def _plan_line(record: dict, p: core_verify.Plan, superseded: bool, min_rounds: Optional[int]) -> str:
+    """One `verify --plan` line: what is re-run, how, and what it is judged against."""
+    what = figures.record_arms_text(record) if record.get("kind") != "bench" else ", ".join(p.labels)
+    workload = (record.get("workload") or {}).get("name")
+    head = " ".join(str(x) for x in (f"#{record['id']}", record.get("kind"), record.get("experiment")) if x)
+    head += f" · {workload}" if workload and record.get("kind") != "bench" else ""
+    head += f": {what}"
+    if p.mode == "ab" and len(p.configs) == 2:  # what sets this A/B apart from another of the same knob
+        try:
+            from minfer_cli.experiment import get
+
+            defaults = get(str(p.experiment)).default_config()
+        except Exception:
+            defaults = {}
+        a, b = p.configs
+        special = {k: v for k, v in a.items() if b.get(k) == v and k in defaults and defaults[k] != v
+                   and k not in p.predated}
+        if special:
+            head += f" at {figures.knobs_text(dict(list(special.items())[:4]))}"
+    if p.mode == "none":
+        return f"{head} — {p.outcome}: {p.reason}"
+    if superseded:
+        return f"{head} — superseded by #{p.superseded_by} (the same A/B, later), not re-run"
+    if p.mode == "ab":
+        recorded = p.recorded_values[0]
+        how = (f"re-run interleaved, at least {core_verify.min_rounds_for(p, min_rounds)} rounds; recorded "
+               f"{figures.fmt_change(recorded)}: HOLDS if the new 95% CI reaches {recorded * 100 - p.bar * 100:+.1f}% "
+               f"to {recorded * 100 + p.bar * 100:+.1f}%")
+    else:
+        figure = "mean" if p.kind == "bench" else "median"
+        how = (f"re-measured; recorded {figure} " + ", ".join(
+            f"{label} {figures.fmt_num(v)}" for label, v in zip(p.labels, p.recorded_values))
+            + f": HOLDS within ±{p.bar * 100:.2g}%")
+    extra = "; ".join(x for x in (
+        f"knobs since removed, left out: {figures.knobs_text(p.dropped)}" if p.dropped else "",
+        f"knobs added since, set as before they existed: {figures.knobs_text(p.predated)}" if p.predated else "")
+        if x)
+    return f"{head} — {how}" + (f" ({extra})" if extra else "")
+
+
 @guard
 def verify(
     ids: Optional[List[str]] = typer.Argument(None, metavar="[ID]...", help="Records to re-check, e.g. 83 86."),
@@ -107,14 +147,14 @@ def verify(
     superseded = {i for i, p in plans.items() if landed and not numbers and p.superseded_by is not None}
     if plan_only:
         for record in chosen:
-            p = plans[record["id"]]
-            what = (f"CANNOT-RUN/RETIRED: {p.outcome} — {p.reason}" if p.mode == "none" else
-                    f"superseded by #{p.superseded_by}, not re-run" if record["id"] in superseded else
-                    f"{p.mode} of {p.experiment} · {', '.join(dict.fromkeys(p.workloads))}, bar {p.bar * 100:.2g}%"
-                    + (f", at least {core_verify.min_rounds_for(p, min_rounds)} rounds" if p.mode == "ab" else "")
-                    + (f"; dropped {figures.knobs_text(p.dropped)}" if p.dropped else "")
-                    + (f"; predated knobs as of their time: {figures.knobs_text(p.predated)}" if p.predated else ""))
-            out.print(clean(f"#{record['id']} {record.get('title')}: {what}"), markup=False, soft_wrap=True)
+            out.print(clean(_plan_line(record, plans[record["id"]], record["id"] in superseded, min_rounds)),
+                      markup=False, soft_wrap=True)
+        runs = [p for i, p in plans.items() if p.mode != "none" and i not in superseded]
+        abs_ = sum(p.mode == "ab" for p in runs)
+        out.print(f"{len(chosen)} record(s): {len(runs)} to re-run ({abs_} A/B, at most {max_time:g} s of rounds "
+                  f"each, after compiling), {len(chosen) - len(runs)} not; "
+                  + ("nothing would be recorded (--no-record)" if no_record else
+                     "each re-run appends a verify record to the ledger"), markup=False)
         if report_problems(contents):
             raise typer.Exit(code=1)
         return
