@@ -38,6 +38,34 @@ def _flags_take_no_value_in_help() -> None:
 
 _flags_take_no_value_in_help()
 
+
+def _help_paragraphs_flow() -> None:
+    """Let `--help` paragraphs flow to the terminal's width.
+
+    typer 0.29's rich help keeps every single line break of a docstring after its first paragraph, so a sentence
+    wrapped at 120 columns in the source breaks mid-line at any other width. This joins the lines of each such
+    paragraph, leaving alone a paragraph with an indented line (examples) or one marked ``\\b`` (click's "keep
+    as is"). Where typer has no such function (another version), nothing changes.
+    """
+    try:
+        from typer import rich_utils
+    except ImportError:
+        return
+    kept = getattr(rich_utils, "_fix_linebreaks", None)
+    if kept is None or getattr(kept, "_minfer_flow", False):
+        return
+
+    def fix_linebreaks(paragraphs, markup_mode):
+        flowed = [p if p.startswith("\b") or any(line[:1].isspace() for line in p.splitlines())
+                  else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs]
+        return kept(flowed, markup_mode)
+
+    fix_linebreaks._minfer_flow = True
+    rich_utils._fix_linebreaks = fix_linebreaks
+
+
+_help_paragraphs_flow()
+
 app = typer.Typer(
     name="minfer",
     help=(

@@ -117,10 +117,13 @@ def show(
     """List ledger records with the figure that matters, or show one record whole.
 
     The result column speaks one language for every metric: an A/B shows both arms' medians and the speed-up of B
-    over A (speed-up = old time / new time - 1, or new rate / old rate - 1): "+14.1% faster". A bench record shows
-    each test's mean ± std, a sweep its best point (and its change against the default when recorded), a
-    calibration its false-positive rate and suggested bar. The table fits the terminal (cells end in …);
-    wider terminals show more columns; --wide shows everything.
+    over A (speed-up = old time / new time - 1, or new rate / old rate - 1): "+14.1% faster". The speed-up is the
+    median over rounds of each round's pair (interleaved, so drift cancels), not the ratio of the two medians
+    beside it; the two may differ a little. A bench record shows each test's mean ± std, a sweep its best point
+    (and its change against the default when recorded), a calibration its false-positive rate and suggested bar,
+    a verify the recorded effect then and the re-measured one now. A retired record reads RETIRED. The table fits
+    the terminal (a cut cell ends in …); wider terminals show more columns; --wide shows every cell whole, however
+    wide.
 
     Files that cannot be read are skipped and named on stderr with the reason (exit status 1); every other record
     still shows. Two files with one id are both shown, flagged *.
@@ -133,7 +136,7 @@ def show(
 
       minfer ledger show 86
 
-      minfer ledger show 86 --plot pdl.png
+      minfer ledger show 98 --plot pdl.png
 
       minfer ledger show --format csv > ledger.csv
     """
