@@ -347,3 +347,26 @@ def test_verify_plan_says_what_each_record_is_judged_against(tmp_path):
     assert "recorded +30.0% faster: HOLDS if the new 95% CI reaches +29.0% to +31.0%" in r.stdout
     assert "1 record(s): 1 to re-run (1 A/B" in r.stdout and "appends a verify record" in r.stdout
     assert list(tmp_path.glob("*.yaml")) == [tmp_path / "0001-copy.yaml"]  # a plan writes nothing
+
+
+def test_a_sweep_over_work_knobs_ranks_by_throughput_and_otherwise_by_the_metric():
+    """gemv TYPE=Q2_K is the fastest in µs and the slowest in GB/s: a grid over TYPE names the GB/s winner; a
+    grid over launch shapes the fastest time; a rate metric (bench tok/s) the highest."""
+    from minfer_cli.baselines import Throughput
+    from minfer_cli.experiment import get
+    from minfer_cli.measure.harness import ArmOutcome
+    from minfer_cli.measure.record import sweep_ranking
+    from minfer_cli.measure.stats import ArmStats
+
+    def point(label, knobs, us, gbps):
+        return ArmOutcome(label, knobs, stats=ArmStats(us, us, us, us, 5, 0),
+                          figures=Throughput(0.0, gbps, None, None, None))
+
+    gemv = get("gemv")
+    by_type = [point("p1", {"TYPE": "Q2_K", "RPB": 4}, 47.5, 900.0), point("p2", {"TYPE": "F16", "RPB": 4}, 98.6, 4000.0),
+               ArmOutcome("p3", {"TYPE": "Q4_K", "RPB": 4}, status="invalid")]
+    assert [a.label for a in sweep_ranking(gemv, by_type)] == ["p2", "p1", "p3"]
+    by_shape = [point("p1", {"TYPE": "Q4_K", "RPB": 2}, 20.0, 2000.0), point("p2", {"TYPE": "Q4_K", "RPB": 4}, 16.0, 2500.0)]
+    assert [a.label for a in sweep_ranking(gemv, by_shape)] == ["p2", "p1"]
+    tok_s = [point("p1", {"PDL": 0}, 337.0, 0.0), point("p2", {"PDL": 1}, 373.0, 0.0)]
+    assert [a.label for a in sweep_ranking(get("bench"), tok_s)] == ["p2", "p1"]

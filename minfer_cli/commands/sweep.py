@@ -39,7 +39,7 @@ def sweep(
     Example: minfer sweep gemm_f16 TM=64,128,256 KS=32,64 --plot tiles.svg
     """
     from minfer_cli.measure.harness import measure_sweep, open_session
-    from minfer_cli.measure.record import sweep_record
+    from minfer_cli.measure.record import sweep_ranking, sweep_record
 
     options.check_plot(plot, force, ledger)
     exp = get(experiment)
@@ -57,7 +57,7 @@ def sweep(
     with progress(f"sweep {exp.name} {wl.name} ({len(configs)} points)") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, progress=report)
         outcomes = measure_sweep(session, configs, samples=samples, max_time_s=max_time, progress=report)
-    ranked = sorted(outcomes, key=lambda a: (a.stats is None, a.stats.median if a.stats else 0.0))
+    ranked = sweep_ranking(exp, outcomes)
     out.print(render.arms_table(session, ranked))
     for line in render.timing_lines(session, ranked[:1]):
         out.print(line)

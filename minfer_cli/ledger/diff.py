@@ -78,11 +78,17 @@ def _higher(record: Mapping[str, Any]) -> bool:
     return bool((record.get("metric") or {}).get("higher_is_better"))
 
 
+def _is_bench(record: Mapping[str, Any]) -> bool:
+    return record.get("kind") == "bench" or (record.get("kind") == "verify"
+                                             and (record.get("verify") or {}).get("of_kind") == "bench")
+
+
 def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
     """Compare record ``a`` with record ``b``.
 
     Arms are paired by label (A with A, pp2048 with pp2048, a sweep's p3 with p3); each pair's differing knobs
-    are listed, and its median's change is given as a speed-up of ``b`` over ``a`` (in the metric's direction).
+    are listed, and its median's change (a bench test's mean) is given as a speed-up of ``b`` over ``a`` (in the
+    metric's direction).
     Two A/B records also compare their effects (B over A, each as a speed-up). The environment lists every
     commit, GPU, driver, clock, temperature, power, throttle, ceiling and software version that differs.
     """
@@ -101,9 +107,11 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
             if ka.get(k) != kb.get(k):
                 knobs.append(Difference(f"arm {label} {k}", "—" if k not in ka else str(ka[k]),
                                         "—" if k not in kb else str(kb[k])))
-        ma, mb = figures.stats_of(arms_a[label])["median"], figures.stats_of(arms_b[label])["median"]
+        # a bench test's figure is its mean (llama-bench's form, as `show` prints it); every other arm's its median
+        stat = "mean" if all(_is_bench(r) for r in (a, b)) else "median"
+        ma, mb = figures.stats_of(arms_a[label])[stat], figures.stats_of(arms_b[label])[stat]
         if ma and mb and unit_a == unit_b:
-            changes.append(FigureChange(f"{label} median", ma, mb, unit_a,
+            changes.append(FigureChange(f"{label} {stat}", ma, mb, unit_a,
                                         figures.speedup(mb / ma - 1.0, _higher(b))))
     only = [f"{label} only in #{r['id']}" for r, arms, other in ((a, arms_a, arms_b), (b, arms_b, arms_a))
             for label in arms if label not in other]

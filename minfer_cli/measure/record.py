@@ -113,6 +113,21 @@ def calibration_record(result: CalibrationResult, bar: float, title: str | None 
     return rec
 
 
+def sweep_ranking(experiment, outcomes: list[ArmOutcome]) -> list[ArmOutcome]:
+    """``outcomes`` best first, invalid points last. Points that differ in a knob that changes the work itself
+    (`Experiment.work_knobs`: gemv's TYPE, dequant's TYPE) are ranked by throughput (GB/s when the experiment
+    reports bytes, else TFLOP/s): their times measure different tasks. Otherwise by the metric in its direction
+    (the lowest time, the highest rate)."""
+    valid = [a for a in outcomes if a.stats is not None]
+    invalid = [a for a in outcomes if a.stats is None]
+    varied = {k for a in valid for k in a.config if a.config[k] != valid[0].config[k]} if valid else set()
+    if varied & set(getattr(experiment, "work_knobs", ())) and all(a.figures is not None for a in valid):
+        rate = "gbps" if any(a.figures.gbps for a in valid) else "tflops"
+        return sorted(valid, key=lambda a: -(getattr(a.figures, rate) or 0.0)) + invalid
+    higher = experiment.metric.higher_is_better
+    return sorted(valid, key=lambda a: -a.stats.median if higher else a.stats.median) + invalid
+
+
 def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str | None = None, notes: str = "",
                  default_label: str | None = None) -> dict:
     """One record for a whole grid: every point as an arm; `best` names the fastest valid point (by throughput
@@ -123,7 +138,7 @@ def sweep_record(session: Session, outcomes: list[ArmOutcome], end, title: str |
     title = title or f"{exp.name} sweep over {', '.join(varied) or 'one point'}"
     rec = _common(session, "sweep", title, notes, outcomes, end)
     valid = [a for a in outcomes if a.stats is not None]
-    best = min(valid, key=lambda a: a.stats.median, default=None)
+    best = sweep_ranking(exp, valid)[0] if valid else None
     rec["comparison"] = None
     rec["bar"] = 0.0
     rec["verdict"] = "MEASURED" if best else "INVALID"
