@@ -48,6 +48,17 @@ def test_experiments_list_shows_copy_knobs_and_workloads():
     assert invoke("experiments", "list").exit_code == 0
 
 
+def test_experiments_list_is_a_line_each_and_show_gives_one_whole(console_width):
+    console_width(80)
+    r = invoke("experiments", "list")
+    assert r.exit_code == 0 and all(len(line) <= 80 for line in r.stdout.splitlines())
+    assert sum(line.startswith("gemv ") for line in r.stdout.splitlines()) == 1
+    one = invoke("experiments", "show", "copy")
+    assert one.exit_code == 0 and "VEC ∈ {1, 2, 4*}" in one.stdout and "1GiB: nbytes=1073741824" in one.stdout
+    bad = invoke("experiments", "show", "nope")
+    assert bad.exit_code == 2 and "registered experiments: attention" in bad.output
+
+
 def test_without_w_the_arms_knobs_pick_the_workload():
     """No -w: the first workload every arm can run on (a tg-only engine knob picks tg128, not pp2048); where none
     fits, the first declared one, whose refusal `ab` / `run` then report."""

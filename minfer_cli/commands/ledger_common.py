@@ -75,12 +75,12 @@ def _ascii_cell(text: str, width: int, right: bool) -> str:
 
 def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None,
                  shrink: tuple[tuple[str, int], ...], right: tuple[str, ...] = (), title: str | None = None,
-                 droppable: tuple[str, ...] = ()) -> Text:
+                 droppable: tuple[str, ...] = (), more: str = "--wide shows every column") -> Text:
     """A table whose rows never wrap, as one styled text (fast for thousands of rows): columns ``names``, cells
     ``rows`` (plain text by column name; a ``verdict`` or ``outcome`` column is coloured), sized by `fit_widths`
     for ``width`` terminal columns (a cut cell ends in ``…``); ``width`` None keeps every cell whole. Columns of
     ``droppable`` are left out, in that order, while the shrunk table is still wider than ``width`` (a last line
-    names them), and always when every cell of theirs is ``—``."""
+    names them and ends with ``more``, how to see them), and always when every cell of theirs is ``—``."""
     fit = _ascii_cell if ascii_stdout() else _cell
     measure = (lambda t: len(clean(t).translate(ASCII_FALLBACK))) if fit is _ascii_cell else (lambda t: cell_len(clean(t)))
     names = [n for n in names if n not in droppable or any(r.get(n, "—") != "—" for r in rows)]
@@ -108,7 +108,7 @@ def fitted_table(names: list[str], rows: list[dict[str, str]], width: int | None
             value = fit(cells.get(n, ""), widths[n], n in right)
             text.append(value, style=VERDICT_STYLE.get(cells.get(n, ""), "") if n in ("verdict", "outcome") else "")
     if left_out:
-        text.append(f"\n(left out at this width: {', '.join(left_out)}; --wide shows every column)")
+        text.append(f"\n(left out at this width: {', '.join(left_out)}; {more})")
     return text
 
 
