@@ -45,9 +45,37 @@ def plain(text: object) -> str:
     return escape(clean(text))
 
 
+def json_text(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)`` with every character a terminal could take as control
+    (C1 controls such as U+009B, bidi overrides: what `str.isprintable` rejects and JSON leaves raw) written as its
+    ``\\uXXXX`` escape: the same JSON value, safe to print."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, **options)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch in "\n ":
+            out.append(ch)
+        else:
+            units = ch.encode("utf-16-be")
+            out.extend(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+    return "".join(out)
+
+
+ERROR_LINE_MAX = 600
+"""Characters of an error line at most: a message quoting a hostile input (a 2 MB architecture name, a tensor name of
+60,000 characters) is cut there, with a count of what was left out."""
+
+
 def error_line(message: str) -> None:
-    """Print one error sentence on stderr, prefixed with `error:` (the message is printed as text, never as markup)."""
-    err.print(f"[bold red]error:[/] {plain(message)}", soft_wrap=True)
+    """Print one error sentence on stderr, prefixed with `error:` (the message is printed as text, never as markup),
+    cut at `ERROR_LINE_MAX` characters."""
+    text = plain(message)
+    if len(text) > ERROR_LINE_MAX:
+        text = f"{text[:ERROR_LINE_MAX]}… ({len(text) - ERROR_LINE_MAX:,} more characters)"
+    err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
 
 
 def guard(func: F) -> F:
@@ -189,6 +217,21 @@ def progress(title: str) -> Iterator[Callable[[str, float], None]]:
 
         def report(text: str, fraction: float) -> None:
             bar.update(task, description=f"{title}: {text}", completed=max(0.0, min(1.0, fraction)))
+
+        yield report
+
+
+@contextlib.contextmanager
+def progress_if_needed(title: str) -> Iterator[Callable[[str, float], None]]:
+    """`progress` that draws nothing until the first report: for work that is usually instant (reading a ledger
+    whose records are indexed) and only sometimes long (10,000 records parsed for the first time)."""
+    with contextlib.ExitStack() as stack:
+        live: list[Callable[[str, float], None]] = []
+
+        def report(text: str, fraction: float) -> None:
+            if not live:
+                live.append(stack.enter_context(progress(title)))
+            live[0](text, fraction)
 
         yield report
 

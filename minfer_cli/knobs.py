@@ -7,6 +7,8 @@ an arm does not name take their defaults.
 
 from __future__ import annotations
 
+import re
+
 import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -71,10 +73,9 @@ class Knob:
         allowed = ", ".join(str(v) for v in self.values)
         value: KnobValue = text.strip()
         if isinstance(self.values[0], int):
-            try:
-                value = int(text)
-            except ValueError:
-                raise UsageError(f"{self.name}={text!r} is not an integer; allowed values: {allowed}") from None
+            if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):  # ASCII digits: int() also takes "１" and "٣"
+                raise UsageError(f"{self.name}={text!r} is not an integer; allowed values: {allowed}")
+            value = int(text)
         if value not in self.values:
             raise UsageError(f"{self.name}={text} is not allowed; allowed values: {allowed}")
         return value

@@ -459,3 +459,90 @@ def test_plot_text_is_never_mathtext_and_a_drawing_failure_is_one_line(tmp_path)
     r = invoke("ledger", "show", "2", "--ledger", str(tmp_path / "records"), "--plot", str(tmp_path / "m.png"))
     assert r.exit_code == 0, r.output
     assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+# Found by a third probe: markup in a unit or arm label in diff and trend, GGUF values that crashed, error lines
+# of megabytes, control characters in exports, non-ASCII digits.
+def test_markup_in_a_unit_or_an_arm_label_never_crashes_diff_or_trend(tmp_path):
+    rec = write_ledger(tmp_path, 1)[0]
+    bench = next(r for r in write_ledger(tmp_path / "b", 40) if r["kind"] == "bench")
+    for directory, record in ((tmp_path / "u", bench), (tmp_path / "l", rec)):
+        directory.mkdir()
+        odd = json.loads(json.dumps(record))
+        odd["id"] = 1
+        odd["metric"]["unit"] = "tok/s[/]"
+        odd["arms"][0]["label"] = odd["arms"][0]["label"] + "[/]"
+        (directory / "0001-odd.yaml").write_text(store.dump(odd))
+        r = invoke("ledger", "diff", "1", "1", "--ledger", str(directory))
+        assert r.exit_code == 0 and "[/]" in r.stdout, r.output
+    test = bench["arms"][1]["label"]
+    r = invoke("ledger", "trend", test, "--ledger", str(tmp_path / "u"))
+    assert r.exit_code == 0 and "tok/s[/]" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("value", ["q4", [1, 2], float("nan")])
+def test_a_file_type_that_is_not_an_integer_is_refused_by_name(tmp_path, value):
+    from gguf import GGUFReader, GGUFWriter
+
+    from minfer_cli.engine.weights import inspect_gguf
+
+    base = GGUFReader(_gguf(tmp_path / "base.gguf"))
+    path = tmp_path / "m.gguf"
+    w = GGUFWriter(path, "qwen2")
+    for field in base.fields.values():
+        if field.name.startswith("qwen2."):
+            v = field.contents()
+            (w.add_float32 if isinstance(v, float) else w.add_uint64)(field.name, v)
+    if isinstance(value, str):
+        w.add_string("general.file_type", value)
+    elif isinstance(value, list):
+        w.add_array("general.file_type", value)
+    else:
+        w.add_float32("general.file_type", value)
+    for t in base.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.add_tensor("blk.².attn_norm.weight", np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError) as e:
+        inspect_gguf(path)
+    assert "\n" not in str(e.value)
+
+
+def test_an_error_line_quoting_megabytes_is_cut():
+    from minfer_cli.console import ERROR_LINE_MAX
+
+    r = subprocess.run([sys.executable, "-m", "minfer_cli", "ledger", "show", "x" * 100_000], capture_output=True,
+                       timeout=60, cwd=ROOT)
+    line = r.stderr.decode().strip()
+    assert r.returncode == 2 and "\n" not in line and len(line) < ERROR_LINE_MAX + 100 and "more characters" in line
+
+
+def test_exports_never_carry_terminal_control(tmp_path):
+    write_ledger(tmp_path, 2)
+    assert invoke("ledger", "retire", "1", "--why", "\x1b[2J\x07 and \x9b31m", "--ledger", str(tmp_path)).exit_code == 0
+    for args in (["-f", "csv"], ["-f", "md"], ["-f", "json"], ["3", "-f", "json"], ["3", "-f", "md"]):
+        out = invoke("ledger", "show", *args, "--ledger", str(tmp_path)).stdout
+        assert not any(ch in out for ch in "\x1b\x07\x9b"), args
+    json.loads(invoke("ledger", "show", "3", "-f", "json", "--ledger", str(tmp_path)).stdout)  # still JSON
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "-p", "٣"], "-p takes comma-separated token counts"),
+    (["run", "copy", "--arm", "VEC=１"], "is not an integer"),
+    (["ledger", "show", "--since", "2026-11-30T25:00"], "neither a record id nor a date"),
+    (["bench", "-m", ""], "-m needs a GGUF file"),
+    (["bench", "--preset", ""], "--preset needs a name"),
+])
+def test_non_ascii_digits_impossible_times_and_empty_names_are_refused(args, message):
+    r = invoke(*args)
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_a_file_named_with_non_ascii_digits_is_not_a_record(tmp_path):
+    rec = write_ledger(tmp_path, 1)[0]
+    (tmp_path / "٠٠٢١-x.yaml").write_text(store.dump(dict(rec, id=21)))
+    contents = ledger.load(tmp_path)
+    assert [r["id"] for r in contents.records] == [1] and contents.problems[0].file == "٠٠٢١-x.yaml"

@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from minfer_cli import ledger
 from minfer_cli.commands import ledger_common
-from minfer_cli.console import out
 from minfer_cli.ledger import figures, index, store
 from minfer_cli.ledger import verify as core_verify
 from minfer_cli.main import app

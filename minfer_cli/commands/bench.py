@@ -75,6 +75,10 @@ def bench(
     fmt = fmt.lower()
     if fmt not in FORMATS:
         raise UsageError(f"unknown --output {fmt!r}; valid: {', '.join(FORMATS)}")
+    if model is not None and not str(model).strip():
+        raise UsageError("-m needs a GGUF file (it was empty); leave -m out for the built-in preset")
+    if preset is not None and not preset.strip():
+        raise UsageError(f"--preset needs a name (it was empty); `minfer model list` names them (default {DEFAULT_PRESET})")
     if model and preset:
         raise UsageError("give either -m FILE or --preset NAME, not both")
     pp = parse_counts(prompt, "-p")

@@ -5,7 +5,6 @@ Core: `minfer_cli.ledger`; design: docs/ledger.md.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -15,8 +14,9 @@ from rich.text import Text
 
 from minfer_cli import ledger as core
 from minfer_cli.commands import ledger_diff, ledger_trend, ledger_verify
-from minfer_cli.commands.ledger_common import LEDGER, fitted_table, print_record, report_problems, resolve_dir
-from minfer_cli.console import clean, err, guard, out, verdict_text
+from minfer_cli.commands.ledger_common import (LEDGER, fitted_table, load_contents, print_record, report_problems,
+                                               resolve_dir)
+from minfer_cli.console import clean, err, guard, json_text, out
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
 
@@ -75,7 +75,7 @@ def _json_safe(value: Any) -> Any:
 def _show_one(records: list[dict[str, Any]], fmt: str, wide: bool) -> None:
     for i, record in enumerate(records):
         if fmt == "json":
-            print(json.dumps(_json_safe(record), indent=2, ensure_ascii=False, default=str))
+            print(json_text(_json_safe(record), indent=2, default=str))
         elif fmt == "yaml":
             print(core.store.dump(record).rstrip("\n"))
         elif fmt == "table":
@@ -169,7 +169,7 @@ def show(
     if number is not None:
         if any(v is not None for v in (experiment, verdict, kind, since, grep, last)):
             raise UsageError("give either an ID or filters (--experiment/--verdict/--kind/--since/--grep/--last), not both")
-        contents = core.load(directory)
+        contents = load_contents(directory)
         chosen = core.find(contents, number)
         _show_one(chosen, fmt, wide)
         if fmt == "table":
@@ -189,7 +189,7 @@ def show(
             raise typer.Exit(code=1)
         return
 
-    contents = core.load(directory)
+    contents = load_contents(directory)
     records = core.query(contents.records, experiment=experiment, verdict=verdict, last=last, kind=kind,
                          since=since_value, grep=grep)
     if fmt != "table":

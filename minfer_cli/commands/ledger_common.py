@@ -30,6 +30,15 @@ def resolve_dir(ledger: Optional[Path]) -> Path:
     return directory
 
 
+def load_contents(directory: Path) -> core.LedgerContents:
+    """`minfer_cli.ledger.load` of ``directory``, with a progress bar on stderr when records must be parsed for the
+    first time in numbers (a fresh clone of a large ledger); an indexed ledger draws nothing."""
+    from minfer_cli.console import progress_if_needed
+
+    with progress_if_needed("reading the ledger") as report:
+        return core.load(directory, progress=report)
+
+
 def report_problems(contents: core.LedgerContents) -> bool:
     """Print skipped files and duplicate ids on stderr (one line each); True when there was any."""
     for problem in contents.problems:

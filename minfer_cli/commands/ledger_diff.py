@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from minfer_cli import ledger as core
-from minfer_cli.commands.ledger_common import LEDGER, fitted_table, report_problems, resolve_dir
+from minfer_cli.commands.ledger_common import LEDGER, fitted_table, load_contents, report_problems, resolve_dir
 from minfer_cli.console import clean, guard, out, plain, verdict_text
 from minfer_cli.ledger import figures
 from minfer_cli.errors import UsageError
@@ -36,7 +37,7 @@ def diff(
     Example: minfer ledger diff 83 88
     """
     ids = core.parse_id(first), core.parse_id(second)
-    contents = core.load(resolve_dir(ledger))
+    contents = load_contents(resolve_dir(ledger))
     a, b = (core.find(contents, i)[0] for i in ids)
     try:
         result = diff_records(a, b)
@@ -51,12 +52,13 @@ def diff(
     if result.figures:
         table = _table("figures", ("figure", "A", "B", "change"))
         for f in result.figures:
+            # record text (arm labels, units) is never markup: every cell is a plain Text
             if f.unit == "fraction":
-                table.add_row(f.what, figures.fmt_change(f.a), figures.fmt_change(f.b),
-                              f"{(f.b - f.a) * 100:+.1f} points")
+                cells = (f.what, figures.fmt_change(f.a), figures.fmt_change(f.b), f"{(f.b - f.a) * 100:+.1f} points")
             else:
-                table.add_row(f.what, f"{figures.fmt_num(f.a)} {f.unit}", f"{figures.fmt_num(f.b)} {f.unit}",
-                              figures.fmt_change(f.change) if f.change is not None else "—")
+                cells = (f.what, f"{figures.fmt_num(f.a)} {f.unit}", f"{figures.fmt_num(f.b)} {f.unit}",
+                         figures.fmt_change(f.change) if f.change is not None else "—")
+            table.add_row(*(Text(clean(c)) for c in cells))
         out.print(table)
     for title, rows in (("knobs that differ", result.knobs), ("environment that differs", result.environment)):
         if rows:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -16,9 +15,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from minfer_cli import ledger as core
-from minfer_cli.commands.ledger_common import LEDGER, report_problems, resolve_dir
-from minfer_cli.console import err, guard, out
+from minfer_cli.commands.ledger_common import LEDGER, load_contents, report_problems, resolve_dir
+from minfer_cli.console import clean, err, guard, json_text, out
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import parse_arm_text
 from minfer_cli.ledger import figures
@@ -80,12 +78,12 @@ def chart(points: Sequence[core_trend.TrendPoint], width: int) -> Table:
     bar_width = max(BAR_MIN, spare())
     low, high = min(p.value for p in points), max(p.value for p in points)
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    for name, justify, _ in columns:
-        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")
+    for name, justify, _ in columns:  # a header may hold record text (the unit): a Text, never markup
+        table.add_column(Text(clean(name)), justify=justify, no_wrap=True, overflow="ellipsis")
     span = f"{figures.fmt_num(low)} … {figures.fmt_num(high)}"
     table.add_column(span if len(span) <= bar_width else "", no_wrap=True, overflow="crop", width=bar_width)
     for i, point in enumerate(points):
-        table.add_row(*(Text(cells[i]) for _, _, cells in columns),
+        table.add_row(*(Text(clean(cells[i])) for _, _, cells in columns),
                       Text(bar_text(point.value, low, high, bar_width), style="cyan"))
     return table
 
@@ -148,21 +146,22 @@ def trend(
     directory = resolve_dir(ledger)
     if plot is not None:
         check_output_path(plot, force=force, ledger_dir=directory, suffixes=PLOT_SUFFIXES)
-    contents = core.load(directory)
+    contents = load_contents(directory)
     flagged = report_problems(contents)
     points = core_trend.series(contents.records, metric, experiment=experiment, workload=workload, arm=settings)
     title = _title(metric, points, experiment, workload, arm)
     if fmt == "json":
-        print(json.dumps([dataclasses.asdict(p) for p in points], ensure_ascii=False))
+        print(json_text([dataclasses.asdict(p) for p in points]))
     elif fmt == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(core_trend.TrendPoint)],
-                                lineterminator="\n")
+        fields = [f.name for f in dataclasses.fields(core_trend.TrendPoint) if f.name != "knobs"]  # JSON has them
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(dataclasses.asdict(p) for p in points)
+        writer.writerows({k: clean(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(p).items()}
+                         for p in points)
         print(buffer.getvalue(), end="")
     else:
-        out.print(Text(title, style="bold"), no_wrap=True, overflow="ellipsis", crop=True)
+        out.print(Text(clean(title), style="bold"), no_wrap=True, overflow="ellipsis", crop=True)
         out.print(_heading(points), no_wrap=True, overflow="ellipsis", crop=True, markup=False)
         out.print(chart(points, out.width))
     if plot is not None:

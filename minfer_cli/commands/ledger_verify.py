@@ -10,7 +10,7 @@ import typer
 
 from minfer_cli import ledger as core
 from minfer_cli.commands import options
-from minfer_cli.commands.ledger_common import LEDGER, fitted_table, report_problems, resolve_dir
+from minfer_cli.commands.ledger_common import LEDGER, fitted_table, load_contents, report_problems, resolve_dir
 from minfer_cli.console import clean, err, guard, out, plain, progress, verdict_text
 from minfer_cli.errors import UsageError
 from minfer_cli.ledger import figures
@@ -135,7 +135,7 @@ def verify(
         raise UsageError("name the records to verify (e.g. `minfer ledger verify 83 86`) or give --landed"
                          + (" (--since narrows those)" if since is not None else ""))
     directory = resolve_dir(ledger)
-    contents = core.load(directory)
+    contents = load_contents(directory)
     chosen = _choose(contents, numbers, landed, since_id)
     if not chosen:
         raise UsageError(f"no record to verify in {directory} (no LANDED A/B{' from #' + str(since_id) if since_id else ''})")
@@ -210,7 +210,7 @@ def retire(
     if not why.strip():
         raise UsageError("--why must say why the records no longer apply, e.g. --why \"variant deleted in a1b2c3d\"")
     directory = resolve_dir(ledger)
-    contents = core.load(directory)
+    contents = load_contents(directory)
     found = [core.find(contents, i)[0] for i in numbers]
     already = core_verify.retired_ids(contents.records)
     for rec in found:

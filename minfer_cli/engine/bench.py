@@ -17,6 +17,7 @@ runs first.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -138,10 +139,9 @@ def parse_counts(text: str, flag: str) -> list[int]:
     values = []
     for part in str(text).split(","):
         part = part.strip()
-        try:
-            value = int(part)
-        except ValueError:
-            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}") from None
+        if not re.fullmatch(r"[+-]?[0-9]+", part):  # ASCII digits: int() also takes "٣"
+            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}")
+        value = int(part)
         if value < 0:
             raise UsageError(f"{flag} token counts must be >= 0, got {value}")
         values.append(value)

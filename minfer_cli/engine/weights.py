@@ -245,7 +245,7 @@ def check_supported(reader, arch: str, config: ModelConfig, path: Path) -> None:
         short = key[len(prefix):]
         if short in IMPLEMENTED_KEYS:
             if short in ("attention.value_length", "rope.dimension_count"):
-                value = _field(reader, key, path)
+                value = _int_meta(_field(reader, key, path), key, path, "head_dim")
                 if value != config.head_dim:
                     raise ModelError(f"{path}: metadata key {key} = {value} differs from the head dim {config.head_dim}; "
                                      "partial rotation and value dims other than the key dim are not supported")
@@ -303,7 +303,8 @@ def read_config(reader, path: Path) -> ModelConfig:
     vocab = _field(reader, f"{arch}.vocab_size", path, embd_shape[-1])
     ints = {name: _int_meta(values[name], f"{arch}.{_META[name]}", path, name)
             for name in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "context_length")}
-    layers = {int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    layers = {int(n.split(".")[1]) for n in names  # ASCII digits only: "²".isdigit() is True, int("²") fails
+              if n.startswith("blk.") and n.split(".")[1].isascii() and n.split(".")[1].isdigit()}
     if layers and layers != set(range(ints["n_layers"])):  # none at all: the missing tensor is named below
         raise ModelError(f"{path}: metadata key {arch}.block_count = {ints['n_layers']}, but the file holds blk.N "
                          f"tensors for {len(layers)} layer(s){' (not 0..N-1)' if layers and max(layers) >= len(layers) else ''}")
@@ -387,8 +388,12 @@ def inspect_gguf(path) -> tuple[ModelWeights, list]:
     config = read_config(reader, path)
     check_supported(reader, config.arch, config, path)
     by_name = {t.name: t for t in reader.tensors}
-    file_type = reader.fields.get("general.file_type")
-    weights = ModelWeights(config, file_type=int(file_type.contents()) if file_type else None, source=str(path))
+    file_type = _field(reader, "general.file_type", path) if "general.file_type" in reader.fields else None
+    if file_type is not None and (isinstance(file_type, bool) or not isinstance(file_type, (int, np.integer))
+                                  or not 0 <= int(file_type) < 1 << 16):
+        raise ModelError(f"{path}: metadata key general.file_type must be a small non-negative integer (llama.cpp's "
+                         f"LLAMA_FTYPE, 15 = Q4_K_M), got {type(file_type).__name__} {file_type!r:.40}")
+    weights = ModelWeights(config, file_type=int(file_type) if file_type is not None else None, source=str(path))
     wanted = tensor_names(config)
     specs = []
     for name, shape in wanted:

@@ -381,11 +381,15 @@ def to_frame(records: Iterable[Mapping[str, Any]]) -> "pd.DataFrame":
     ``ci_high_pct`` are the stored comparison (B/A - 1) in percent; ``speedup_pct`` and its CI the same change as a
     speed-up (positive = B faster, for time and throughput alike); ``p_value`` the Wilcoxon p; ``bar_pct`` the bar
     for the kinds judged against one (ab, calibrate); ``commit``/``dirty`` come from ``git``. An empty string is
-    stored as missing, so that every export reads back to the same frame.
+    stored as missing, so that every export reads back to the same frame; a character a terminal would take as
+    control is stored as its escape (`minfer_cli.console.clean`).
     """
     import pandas as pd
 
-    flat = [{k: (None if v == "" else v) for k, v in row.items()} for r in records for row in rows(r)]
+    from minfer_cli.console import clean  # record text is never terminal control, in any export
+
+    flat = [{k: (None if v == "" else clean(v) if isinstance(v, str) else v) for k, v in row.items()}
+            for r in records for row in rows(r)]
     columns = {name: pd.array([row[name] for row in flat], dtype=dtype) for name, dtype in COLUMNS.items()}
     return pd.DataFrame(columns)
 

@@ -45,7 +45,19 @@ def _save(fig: "Figure", path: str | Path) -> None:
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in ("png", "svg"):
         raise UsageError(f"cannot draw {path}: the file name must end in .png or .svg")
-    fig.savefig(path, format=suffix)
+    import warnings
+
+    from matplotlib.text import Text
+
+    from minfer_cli.console import clean
+
+    for text in fig.findobj(Text):  # record text may hold control characters: drawn as their escapes
+        shown = text.get_text()
+        if not shown.isprintable():
+            text.set_text(clean(shown))
+    with warnings.catch_warnings():  # a character the font lacks (an emoji in a title) is drawn as a box, quietly
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
+        fig.savefig(path, format=suffix)
 
 
 def _metric(record: Mapping[str, Any]) -> tuple[str, str, bool]:

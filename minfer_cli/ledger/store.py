@@ -25,7 +25,7 @@ import tomllib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import yaml
 
@@ -41,7 +41,7 @@ RECORD_MAX_NODES = 200_000
 RECORD_MAX_DEPTH = 64
 """Deepest nesting one record may have."""
 
-_RECORD_NAME = re.compile(r"^(\d{4,})-.*\.yaml$")  # `append` writes slugs of [a-z0-9-]; reading takes any
+_RECORD_NAME = re.compile(r"^([0-9]{4,})-.*\.yaml$")  # ASCII digits only (\d takes "٠٠٢١" as 21)
 _RESERVATION_NAME = re.compile(r"^\.(\d{4,})\.reserve$")
 _SLUG_MAX = 48
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -433,7 +433,11 @@ def _read_bytes(directory: Path, name: str) -> tuple[bytes | None, str | None]:
         return None, f"cannot read: {exc.strerror or exc}"
 
 
-def load(directory: str | Path) -> LedgerContents:
+PROGRESS_EVERY = 250
+"""`load` reports its progress after every this many records it has to parse (none that the index holds)."""
+
+
+def load(directory: str | Path, progress: Callable[[str, float], None] | None = None) -> LedgerContents:
     """Read every ``*.yaml`` record of ``directory`` (a missing directory is an empty ledger).
 
     A file that is not a regular file (or a symlink to one inside the directory), is over `RECORD_MAX_BYTES`,
@@ -441,7 +445,8 @@ def load(directory: str | Path) -> LedgerContents:
     `validate`, is not named ``NNNN-slug.yaml`` with an id 1..`ID_MAX`, or whose name id differs from its ``id``, is
     skipped and listed in ``problems`` with the reason; every other record loads. Files sharing an id all load and
     are listed in ``duplicates``. Hidden files (reservations, temporaries) are ignored. Records parsed before come
-    from the derived index when the file's bytes are unchanged (see `minfer_cli.ledger.index`).
+    from the derived index when the file's bytes are unchanged (see `minfer_cli.ledger.index`). ``progress(text,
+    fraction)`` is called after every `PROGRESS_EVERY` records parsed (a ledger read for the first time).
     Raises LedgerError only when ``directory`` exists but cannot be listed.
     """
     directory = Path(directory)
@@ -455,7 +460,8 @@ def load(directory: str | Path) -> LedgerContents:
     cache = _index.open_index(directory)
     found: list[tuple[int, str, dict]] = []
     problems: list[Problem] = []
-    for name in names:
+    parsed = 0
+    for position, name in enumerate(names):
         name_id = _id_of(name) if _RECORD_NAME.match(name) else None
         if name_id is None:
             problems.append(Problem(name, f"file name is not NNNN-slug.yaml with an id 1..{ID_MAX} (4+ digits, a dash, a slug)"))
@@ -467,6 +473,9 @@ def load(directory: str | Path) -> LedgerContents:
         digest = hashlib.blake2b(data, digest_size=20).hexdigest()
         record = cache.get(name, digest)
         if record is None:
+            parsed += 1
+            if progress is not None and parsed % PROGRESS_EVERY == 0:
+                progress(f"{position + 1:,} of {len(names):,} files", (position + 1) / len(names))
             record, reason = _parse(data, name_id)
             if record is None:
                 problems.append(Problem(name, reason or "invalid"))
@@ -539,10 +548,12 @@ def parse_since(text: str) -> str | int:
     text = text.strip()
     if re.fullmatch(r"[0-9]{1,12}", text):
         return parse_id(text)
-    match = re.fullmatch(r"(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2}(?::\d{2})?))?Z?", text)
+    match = re.fullmatch(r"([0-9]{4}-[0-9]{2}-[0-9]{2})(?:[T ]([0-9]{2}:[0-9]{2}(?::[0-9]{2})?))?Z?", text)
     if match:
         try:
             _dt.date.fromisoformat(match.group(1))
+            if match.group(2):
+                _dt.time.fromisoformat(match.group(2))  # 25:00 is not a time
         except ValueError:
             match = None
     if not match:
