@@ -345,3 +345,30 @@ def test_model_list_fits_80_columns_by_leaving_columns_out(console_width):
     assert all(len(line) <= 80 for line in narrow.output.splitlines())
     assert all(name in narrow.output for name in PRESETS)
     assert "a wider terminal also shows Q4_K/Q6_K/F32" in narrow.output
+
+
+def test_the_arms_table_fits_80_columns_for_many_knobs(console_width):
+    """`ab`/`run`/`sweep` tables: long knob cells end in …, figure columns a narrow terminal cannot hold are left
+    out and named, a column without any figure (TFLOP/s of a copy) is not shown."""
+    from types import SimpleNamespace
+
+    from minfer_cli.baselines import Throughput
+    from minfer_cli.commands.render import arms_table
+    from minfer_cli.experiment import get
+    from minfer_cli.measure.harness import ArmOutcome
+    from minfer_cli.measure.stats import ArmStats
+
+    gemv = get("gemv")
+    session = SimpleNamespace(experiment=gemv, workload=gemv.workload("ffn_down"))
+    arms = [ArmOutcome(f"p{i}", {**gemv.default_config(), "RPB": rpb, "WPR": wpr, "MINB": 7, "STAGE": 2},
+                       parity_error=1.2e-6, stats=ArmStats(15.27 + i, 15.0, 16.0, 15.3, 40, 0),
+                       figures=Throughput(0.0, 2501.3, 61.3, None, None))
+            for i, (rpb, wpr) in enumerate([(4, 4), (2, 8), (8, 1)])]
+    console_width(80)
+    from minfer_cli.console import out
+
+    with out.capture() as captured:
+        out.print(arms_table(session, arms))
+    text = captured.get()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "TFLOP/s" not in text and "15.27" in text and "p2 " in text

@@ -33,7 +33,9 @@ def knob_columns(configs: list) -> tuple[list[str], str]:
 def arms_table(session: Session, arms: list[ArmOutcome]) -> Text:
     """One row per arm: knobs (those that differ between the arms; the shared ones under the table, once), check,
     median µs [p10, p90], n, TFLOP/s, GB/s, % of roofline. Rows never wrap: a long cell ends in … at the
-    terminal's width (a one-arm run's knobs, which are long, go under the table whole instead)."""
+    terminal's width, and a narrow terminal leaves whole figure columns out, naming them (a one-arm run's knobs,
+    which are long, go under the table whole instead; a column with no figure at all, TFLOP/s of a copy, is not
+    shown)."""
     from minfer_cli.commands.ledger_common import fitted_table
 
     exp, wl = session.experiment, session.workload
@@ -61,7 +63,9 @@ def arms_table(session: Session, arms: list[ArmOutcome]) -> Text:
         })
     shrink = (("knobs", 16), ("check", 10), (f"p10–p90 {unit}", 9), ("knobs", 8), ("check", 4))
     table = fitted_table(names, rows, out.width, shrink, right=tuple(names[names.index("check") + 1:]),
-                         title=f"{exp.name} · {wl.name} ({wl.describe()})")
+                         title=f"{exp.name} · {wl.name} ({wl.describe()})",
+                         droppable=("TFLOP/s", "GB/s", "n", "% roofline"),
+                         more="a wider terminal shows them; --json has every figure")
     if caption:
         table.append(f"\n{caption}")
     return table
