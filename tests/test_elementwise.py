@@ -245,6 +245,31 @@ def test_embedding_gather_is_bit_exact_against_gguf(name):
     np.testing.assert_array_equal(host.view(np.uint32), _embedding_ref(raw, name, vocab, hidden, ids).view(np.uint32))
 
 
+OTHER_EMBED_TYPES = tuple(t for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "MXFP4")
+                          if t not in EMBED_TYPES)
+
+
+@pytest.mark.parametrize("name", OTHER_EMBED_TYPES)
+def test_a_token_embd_of_any_other_type_embeds_exactly_as_gguf(name):
+    """The types the gather kernels do not read (llama.cpp leaves token_embd in the file's type: a plain Q4_0
+    model): the engine's f32 table (`ModelWeights.embedding_table`) then the F32 gather, bit-identical to gguf."""
+    from minfer_cli.engine.config import TensorSpec
+    from minfer_cli.engine.presets import preset
+    from minfer_cli.engine.weights import ModelWeights
+
+    rng = _rng()
+    vocab, hidden = 6, 256
+    raw = random_blocks(name, vocab, hidden, rng)
+    spec = TensorSpec("token_embd.weight", (hidden, vocab), name)
+    weights = ModelWeights(preset("tiny"), {"token_embd.weight": (spec, cuda.to_device(raw))})
+    table, qtype = weights.embedding_table()
+    assert qtype == "F32" and weights.embedding_table()[0] is table  # made once
+    ids = np.array([5, 0, 2, 5], dtype=np.int32)
+    got = embedding(table, qtype, vocab, hidden, cuda.to_device(ids), out=_poisoned((4, hidden), np.float32))
+    np.testing.assert_array_equal(got.copy_to_host().view(np.uint32),
+                                  _embedding_ref(raw, name, vocab, hidden, ids).view(np.uint32))
+
+
 @pytest.mark.parametrize("name", ["Q8_0", "F16"])
 def test_embedding_out_of_range_ids_give_nan_rows(name):
     rng = _rng()

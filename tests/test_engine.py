@@ -171,3 +171,26 @@ def test_rope_freqs_reach_the_prefill(monkeypatch):
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     assert _rel(got, want) < 1e-2
     assert _rel(ignored, want) > 5e-2  # the factors matter at these positions: ignoring them would be seen
+
+
+def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
+    """A llama whose tied token_embd is Q4_0 (as llama.cpp's quantizer leaves a plain Q4_0 file): the embedding
+    lookup (through the f32 table) and the tied output both read it; logits within 1e-2 of the float64 reference.
+    numpy stand-ins for the GEMM and attention, as in the wiring test."""
+    import kernels.attention
+    import kernels.gemm_f16
+    from minfer_cli.engine.config import TensorSpec
+    from minfer_cli.quant_blocks import random_blocks
+
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", _numpy_gemm)
+    monkeypatch.setattr(kernels.attention, "flash_attention", _numpy_attention)
+    rng = np.random.default_rng()
+    config = dataclasses.replace(preset("tiny-llama"), name="micro-llama-q4_0", n_layers=1, ffn=256, vocab=256)
+    weights = synth_weights(config, int(rng.integers(0, 2**31)))
+    spec = TensorSpec("token_embd.weight", (config.hidden, config.vocab), "Q4_0")
+    weights.tensors["token_embd.weight"] = (spec, cuda.to_device(random_blocks("Q4_0", config.vocab, config.hidden, rng)))
+    tokens = rng.integers(0, config.vocab, size=5, dtype=np.int32)
+    want = Reference(weights).forward(tokens, last_only=True)
+    engine = PrefillEngine(weights, 8, SMALL_TILES)
+    got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
+    assert np.isfinite(got).all() and _rel(got, want) < 1e-2

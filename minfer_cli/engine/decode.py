@@ -139,8 +139,8 @@ class DecodeEngine:
     fastest measured for each input form).
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
-    eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV or the
-    embedding does not cover) and for steps past the cache.
+    eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV does not
+    cover) and for steps past the cache.
     """
 
     def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: EngineOptions = EngineOptions(),
@@ -151,7 +151,6 @@ class DecodeEngine:
         from kernels.argmax import argmax_workspace, default_blocks
         from kernels.attention_decode import DEFAULT_SPLITS, HEAD_DIM, decode_workspace
         from kernels.decode_state import STATE_SIZE
-        from kernels.embedding import SUPPORTED as EMBEDDING_TYPES
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
 
@@ -163,9 +162,6 @@ class DecodeEngine:
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in GEMV_TYPES:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; gemv_q supports: {', '.join(GEMV_TYPES)}")
-        embd = weights.spec("token_embd.weight")
-        if embd.qtype not in EMBEDDING_TYPES:
-            raise ModelError(f"token_embd is {embd.qtype}; the embedding kernel supports: {', '.join(EMBEDDING_TYPES)}")
         self.config, self.weights, self.options = c, weights, options
         self.graphs = bool(options.graphs)
         self.mmvq = bool(options.mmvq)
@@ -254,7 +250,7 @@ class DecodeEngine:
             ))
         self.output_norm = self._f32("output_norm.weight")
         self.output = self._gemv("token_embd.weight" if c.tied_output else "output.weight")
-        self.embedding = self._gemv("token_embd.weight")
+        self.embedding = weights.embedding_table()  # (raw, qtype): token_embd, or its f32 copy for other types
         s.synchronize()
         self.position: Optional[int] = None  # host copy of state.pos (None until `start`)
         self._prepared = False
@@ -430,8 +426,7 @@ class DecodeEngine:
         from kernels.rope import rope
 
         c, s, p = self.config, self.stream, self.pdl
-        e = self.embedding
-        embedding(e.raw, e.qtype, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
+        embedding(*self.embedding, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
         for layer in self.layers:
             hq = self._norm(layer.attn_norm)
             for m, out, bias in layer.qkv:

@@ -126,6 +126,7 @@ class PrefillEngine:
         self.context = int(context or max_tokens)
         self.stream = stream if stream is not None else cuda.stream()
         self.rope_factors = weights.rope_factors()
+        self.embedding = weights.embedding_table()  # (raw, qtype): token_embd, or its f32 copy for other types
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
                 from minfer_cli.engine.errors import ModelError
@@ -240,8 +241,7 @@ class PrefillEngine:
         pos = self.pos[:nt]
         x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
         proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
-        embd = self.weights.spec("token_embd.weight")
-        embedding(self.weights.device("token_embd.weight"), embd.qtype, c.vocab, c.hidden, ids, out=x, stream=s)
+        embedding(*self.embedding, c.vocab, c.hidden, ids, out=x, stream=s)
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
         for layer in self.layers:

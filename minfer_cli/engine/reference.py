@@ -26,8 +26,9 @@ from minfer_cli.engine.config import ModelConfig, TensorSpec
 from minfer_cli.engine.weights import ModelWeights
 
 
-def dequantize_tensor(spec: TensorSpec, raw: np.ndarray) -> np.ndarray:
-    """float64 array of numpy shape ``spec.numpy_shape`` (``[od, id]`` for a matrix) from the tensor's bytes."""
+def dequantize_tensor(spec: TensorSpec, raw: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Array of numpy shape ``spec.numpy_shape`` (``[od, id]`` for a matrix) from the tensor's bytes: gguf's float32
+    values (``quants.dequantize``; F32/F16 as stored), widened to ``dtype`` (float64 by default)."""
     from gguf import quants
 
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
@@ -37,7 +38,7 @@ def dequantize_tensor(spec: TensorSpec, raw: np.ndarray) -> np.ndarray:
         flat = raw.view(np.float16)
     else:
         flat = quants.dequantize(raw.reshape(spec.od, -1), spec.ggml_type)
-    return np.asarray(flat, dtype=np.float64).reshape(spec.numpy_shape)
+    return np.asarray(flat, dtype=dtype).reshape(spec.numpy_shape)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -59,6 +59,7 @@ class ModelWeights:
     file_type: Optional[int] = None
     source: str = ""
     seed: Optional[int] = None
+    _embedding_f32: object = field(default=None, repr=False, compare=False)
 
     def spec(self, name: str) -> TensorSpec:
         return self.tensors[name][0]
@@ -75,6 +76,26 @@ class ModelWeights:
         if self.config.rope_freqs:
             return self.device("rope_freqs.weight").view(np.float32)
         return cuda.to_device(np.ones(self.config.head_dim // 2, dtype=np.float32))
+
+    def embedding_table(self) -> tuple[object, str]:
+        """``(raw, qtype)`` for `kernels.embedding.embedding`: ``token_embd`` itself when the embedding kernel reads
+        its type (``kernels.embedding.SUPPORTED``), else an f32 copy ``[vocab, hidden]`` made once on the host by
+        gguf's own ``quants.dequantize`` (so every row is exactly gguf's float32 value, as the gather kernels'
+        are), as uint8 bytes on the device, with "F32". The copy costs ``4 * vocab * hidden`` bytes of device memory
+        (2.1 GB for Llama-3-8B) and is shared by every engine of these weights."""
+        from kernels.embedding import SUPPORTED
+
+        spec = self.spec("token_embd.weight")
+        if spec.qtype in SUPPORTED:
+            return self.device("token_embd.weight"), spec.qtype
+        if self._embedding_f32 is None:
+            from numba import cuda
+
+            from minfer_cli.engine.reference import dequantize_tensor
+
+            table = dequantize_tensor(spec, self.to_host("token_embd.weight"), dtype=np.float32)
+            self._embedding_f32 = cuda.to_device(np.ascontiguousarray(table).view(np.uint8).reshape(-1))
+        return self._embedding_f32, "F32"
 
     def to_host(self, name: str) -> np.ndarray:
         """The tensor's bytes copied to a 1-D uint8 numpy array."""
