@@ -17,6 +17,7 @@ from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 from minfer_cli.engine.reference import Reference
 from minfer_cli.engine.weights import synth_weights
+from tests.engine_standins import numpy_attention, numpy_gemm
 
 SMALL_TILES = EngineOptions(
     w16=True,
@@ -29,29 +30,6 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _numpy_gemm(a, b, out=None, *, config=None, stream=0):
-    """Stand-in for gemm_f16 in the simulator session: f32 numpy product of the same f16 operands."""
-    result = a.copy_to_host().astype(np.float32) @ b.copy_to_host().astype(np.float32).T
-    out.copy_to_device(result.astype(np.float32))
-    return out
-
-
-def _numpy_attention(q, k, v, out=None, *, causal=True, config=None, stream=0):
-    """Stand-in for flash_attention in the simulator session: causal GQA softmax attention in float64."""
-    qh, kh, vh = (x.copy_to_host().astype(np.float64) for x in (q, k, v))
-    nt, heads, dim = qh.shape
-    group = heads // kh.shape[1]
-    offset = kh.shape[0] - nt
-    res = np.empty_like(qh)
-    for h in range(heads):
-        s = qh[:, h] @ kh[:, h // group].T / np.sqrt(dim)
-        s[np.triu_indices(nt, 1 + offset, kh.shape[0])] = -np.inf
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        res[:, h] = (p / p.sum(axis=1, keepdims=True)) @ vh[:, h // group]
-    out.copy_to_device(res.astype(np.float16))
-    return out
-
-
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM and flash attention
@@ -60,8 +38,8 @@ def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch):
     import kernels.attention
     import kernels.gemm_f16
 
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", _numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", _numpy_attention)
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
+    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
     _tiny_prefill_matches_the_reference()
 
 
@@ -154,8 +132,8 @@ def test_rope_freqs_reach_the_prefill(monkeypatch):
     import kernels.attention
     import kernels.gemm_f16
 
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", _numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", _numpy_attention)
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
+    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
     rng = np.random.default_rng()
     config = dataclasses.replace(preset("tiny-llama"), name="micro-llama3.1", n_layers=1, ffn=256, vocab=256,
                                  rope_freqs=True)
@@ -182,8 +160,8 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     from minfer_cli.engine.config import TensorSpec
     from minfer_cli.quant_blocks import random_blocks
 
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", _numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", _numpy_attention)
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
+    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
     rng = np.random.default_rng()
     config = dataclasses.replace(preset("tiny-llama"), name="micro-llama-q4_0", n_layers=1, ffn=256, vocab=256)
     weights = synth_weights(config, int(rng.integers(0, 2**31)))

@@ -49,7 +49,8 @@ def write_record(record: dict, ledger: Optional[str]) -> int:
             return 3
         error_line(f"{exc} — the result was not lost: saved to {saved} (copy it into the ledger once it can be written)")
         return 3
-    out.print(f"ledger: record #{written.id} written to {written.path}", markup=False, soft_wrap=True)
+    # on stderr: stdout may be data (`--json`, `-f json`), and the confirmation is status, not data
+    err.print(f"ledger: record #{written.id} written to {written.path}", markup=False, soft_wrap=True)
     return 0
 
 

@@ -216,9 +216,11 @@ class PrefillEngine:
         gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream)
 
     # -- the forward ---------------------------------------------------------------------------------------------
-    def prefill(self, ids, start: int = 0):
+    def prefill(self, ids, start: int = 0, taps: Optional[list] = None):
         """Enqueue the prefill of ``ids`` (int32 device array [nt], nt <= max_tokens) at positions start..start+nt-1
         and return the last token's logits (f32 device array [1, vocab]); the caller synchronises the stream.
+        ``taps`` (a list; `minfer model check`): the residual stream after the embedding and after each layer is
+        appended to it as a host f32 array [nt, hidden] (each copy waits for the stream: never in a timed run).
 
         Raises ModelError when nt is 0 or exceeds max_tokens, or the positions exceed the cache's context.
         """
@@ -242,6 +244,8 @@ class PrefillEngine:
         x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
         proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
         embedding(*self.embedding, c.vocab, c.hidden, ids, out=x, stream=s)
+        if taps is not None:
+            taps.append(x.copy_to_host(stream=s))
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
         for layer in self.layers:
@@ -266,6 +270,8 @@ class PrefillEngine:
             swiglu(gu, out=act, stream=s)
             self._gemm(act, layer.down, proj)
             residual_add(x, proj, stream=s)
+            if taps is not None:
+                taps.append(x.copy_to_host(stream=s))
         rms_norm(x[nt - 1: nt], self.output_norm, c.rms_eps, out=self.last, stream=s)
         self._gemm(self.last, self.output, self.logits)
         return self.logits

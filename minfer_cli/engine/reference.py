@@ -15,7 +15,8 @@ models only). One decoder layer of llama / qwen2 (llama.cpp ``llm_build_llama`` 
     logits = (RMSNorm(x) * output_norm) Wout^T     Wout = token_embd when the output is tied
 
 RMSNorm(x) = x / sqrt(mean(x^2) + eps). Weights ``W[od, id]`` are the GGUF tensors dequantized by
-``gguf.quants.dequantize`` (float32, exactly what the dequant kernels reproduce) and widened to float64.
+``gguf.quants.dequantize`` (float32, exactly what the dequant kernels reproduce) and widened to float64, when a
+layer needs them (`Reference` keeps them for tiny models, or streams them layer by layer for large ones).
 """
 
 from __future__ import annotations
@@ -88,28 +89,58 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-class Reference:
-    """The float64 model. ``Reference(weights)`` copies every tensor to the host and dequantizes it once."""
+OUTPUT_ROWS = 8192
+"""Rows of the output matrix dequantized at a time when logits are computed (float64: 8192 x 4096 x 8 = 256 MiB)."""
 
-    def __init__(self, weights: ModelWeights):
+
+class Reference:
+    """The float64 model. ``Reference(weights)`` dequantizes each tensor when a layer first needs it and keeps it
+    (tiny models, many forwards); ``Reference(weights, keep=False)`` streams: a layer's tensors are dequantized for
+    that layer and dropped after it, the embedding rows of the tokens only, the output matrix `OUTPUT_ROWS` rows at a
+    time, so a 7-8B model needs a few GB of host memory, not the ~64 GB of all its weights in float64.
+    ``progress(text, fraction)`` is called per layer."""
+
+    def __init__(self, weights: ModelWeights, keep: bool = True, progress=None):
         self.config: ModelConfig = weights.config
-        self.w = {name: dequantize_tensor(spec, weights.to_host(name)) for name, (spec, _) in weights.tensors.items()}
+        self.weights = weights
+        self.keep = keep
+        self.progress = progress
+        self.w: dict[str, np.ndarray] = {}
+
+    def _tensor(self, name: str) -> np.ndarray:
+        if name in self.w:
+            return self.w[name]
+        spec = self.weights.spec(name)
+        value = dequantize_tensor(spec, self.weights.to_host(name))
+        if self.keep or spec.od == 1:  # vectors (norms, biases, rope factors) are small: always kept
+            self.w[name] = value
+        return value
+
+    def _rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of matrix ``name`` in float64, dequantizing only those rows' bytes (unless kept)."""
+        if self.keep:
+            return self._tensor(name)[rows]
+        spec = self.weights.spec(name)
+        raw = self.weights.to_host(name).reshape(spec.od, -1)[rows]
+        row_spec = type(spec)(spec.name, (spec.id, len(rows)), spec.qtype)
+        return dequantize_tensor(row_spec, raw)
 
     def _layer(self, x: np.ndarray, i: int, positions: np.ndarray) -> np.ndarray:
-        c, w, b = self.config, self.w, f"blk.{i}."
+        c, b = self.config, f"blk.{i}."
+        w = self._tensor
         t = x.shape[0]
-        h = rms_norm(x, w[b + "attn_norm.weight"], c.rms_eps)
-        q, k, v = (h @ w[b + p + ".weight"].T for p in ("attn_q", "attn_k", "attn_v"))
+        h = rms_norm(x, w(b + "attn_norm.weight"), c.rms_eps)
+        q, k, v = (h @ w(b + p + ".weight").T for p in ("attn_q", "attn_k", "attn_v"))
         if c.qkv_bias:
-            q, k, v = q + w[b + "attn_q.bias"], k + w[b + "attn_k.bias"], v + w[b + "attn_v.bias"]
-        factors = w.get("rope_freqs.weight")
+            q, k, v = q + w(b + "attn_q.bias"), k + w(b + "attn_k.bias"), v + w(b + "attn_v.bias")
+        factors = w("rope_freqs.weight") if c.rope_freqs else None
         q = rope(q.reshape(t, c.n_heads, c.head_dim), positions, c.rope_base, c.rope_style, factors)
         k = rope(k.reshape(t, c.n_kv_heads, c.head_dim), positions, c.rope_base, c.rope_style, factors)
         v = v.reshape(t, c.n_kv_heads, c.head_dim)
-        x = x + attention(q, k, v) @ w[b + "attn_output.weight"].T
-        h = rms_norm(x, w[b + "ffn_norm.weight"], c.rms_eps)
-        a = silu(h @ w[b + "ffn_gate.weight"].T) * (h @ w[b + "ffn_up.weight"].T)
-        return x + a @ w[b + "ffn_down.weight"].T
+        x = x + attention(q, k, v) @ w(b + "attn_output.weight").T
+        h = rms_norm(x, w(b + "ffn_norm.weight"), c.rms_eps)
+        a = silu(h @ w(b + "ffn_gate.weight").T) * (h @ w(b + "ffn_up.weight").T)
+        return x + a @ w(b + "ffn_down.weight").T
 
     def hidden_states(self, tokens) -> list[np.ndarray]:
         """The residual stream ``[T, hidden]`` after the embedding and after each layer (n_layers + 1 arrays)."""
@@ -117,22 +148,31 @@ class Reference:
         if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= self.config.vocab:
             raise ValueError(f"tokens must be a non-empty 1-D sequence of ids in [0, {self.config.vocab})")
         positions = np.arange(tokens.size)
-        x = self.w["token_embd.weight"][tokens]
+        x = self._rows("token_embd.weight", tokens)
         states = [x]
         for i in range(self.config.n_layers):
             x = self._layer(x, i, positions)
             states.append(x)
+            if self.progress:
+                self.progress(f"reference layer {i + 1}/{self.config.n_layers}", (i + 1) / self.config.n_layers)
         return states
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``[T, vocab]`` of residual-stream rows ``x [T, hidden]`` (final RMSNorm, then the output matrix,
+        token_embd when tied)."""
+        h = rms_norm(x, self._tensor("output_norm.weight"), self.config.rms_eps)
+        name = "token_embd.weight" if self.config.tied_output else "output.weight"
+        if self.keep:
+            return h @ self._tensor(name).T
+        vocab = self.config.vocab
+        return np.concatenate([h @ self._rows(name, np.arange(r, min(r + OUTPUT_ROWS, vocab))).T
+                               for r in range(0, vocab, OUTPUT_ROWS)], axis=1)
 
     def forward(self, tokens, last_only: bool = False) -> np.ndarray:
         """Logits ``[T, vocab]`` for every position of ``tokens`` (ids, positions 0..T-1), or ``[vocab]`` for the
         last one when ``last_only``."""
         x = self.hidden_states(tokens)[-1]
-        if last_only:
-            x = x[-1:]
-        h = rms_norm(x, self.w["output_norm.weight"], self.config.rms_eps)
-        out_w = self.w["token_embd.weight"] if self.config.tied_output else self.w["output.weight"]
-        logits = h @ out_w.T
+        logits = self.logits(x[-1:] if last_only else x)
         return logits[0] if last_only else logits
 
     def greedy(self, tokens, steps: int) -> list[int]:
