@@ -167,7 +167,7 @@ def check(
         print(json_text(data, indent=1))
     else:
         _print_check(result)
-    code = options.write_record(_check_record(result, model, preset or (None if model else DEFAULT_PRESET)),
+    code = options.write_record(_check_record(result, model, preset or (None if model else DEFAULT_PRESET), text),
                                 ledger_dir) if record else 0
     if code:
         raise typer.Exit(code=code)
@@ -202,8 +202,8 @@ def _print_check(result) -> None:
               markup=False)
 
 
-def _check_record(result, model: Optional[Path], preset: Optional[str]) -> dict:
-    """The ledger's ``check`` record of ``result`` (docs/ledger.md)."""
+def _check_record(result, model: Optional[Path], preset: Optional[str], arm: Optional[str]) -> dict:
+    """The ledger's ``check`` record of ``result`` (docs/ledger.md); ``arm`` the knobs set on the command line."""
     import datetime as dt
 
     from minfer_cli.ledger.schema import SCHEMA
@@ -212,9 +212,10 @@ def _check_record(result, model: Optional[Path], preset: Optional[str]) -> dict:
 
     data = result.as_dict()
     data.pop("positions")
+    data["arm"] = arm or ""
     return {
         "schema": SCHEMA,
-        "title": f"model check {result.model}: prompt {result.prompt}, {result.steps} steps",
+        "title": f"model check {result.model}{' ' + arm if arm else ''}: prompt {result.prompt}, {result.steps} steps",
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kind": "check",
         "verdict": "PASS" if result.passed else "FAIL",

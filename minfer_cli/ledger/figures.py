@@ -141,7 +141,8 @@ def record_arms_text(record: Mapping[str, Any]) -> str:
     if kind == "retire":
         return "retires " + ", ".join(f"#{i}" for i in _m(record.get("retire")).get("ids", []))
     if kind == "check":
-        return str(_m(record.get("workload")).get("name") or record.get("title"))
+        arm = _m(record.get("check")).get("arm")
+        return str(_m(record.get("workload")).get("name") or record.get("title")) + (f" {arm}" if arm else "")
     return arms_text(arms)
 
 
