@@ -88,3 +88,66 @@ def test_cli_prints_exports_and_records_a_check(tmp_path, monkeypatch):
 def test_cli_refuses_bad_input_before_gpu_work(args, message):
     r = CliRunner().invoke(app, ["model", "check", *args])
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+# Every tensor type in every role (llama.cpp's quantizer may put any type anywhere): two micro models whose nine
+# matrix roles hold, between them, all 14 types the dequant kernels read.
+ROLES = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
+MIXES = {
+    "untied": ("Q5_1", "Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q4_1", "MXFP4"),
+    "tied": ("BF16", "F16", "F32", "Q6_K", "Q4_K", "MXFP4", "Q2_K", "Q3_K", None),
+}
+
+
+def _scaled_blocks(qtype: str, od: int, id: int, rng) -> np.ndarray:
+    """Random valid blocks of ``qtype`` whose dequantized weights have std ~1/sqrt(id), as a trained model's do (raw
+    random K-quant blocks reach std 20-40, whose activations would overflow f16): the f16 scale fields are scaled,
+    an MXFP4 block's power-of-two exponent shifted."""
+    from gguf import quants
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from minfer_cli.quant_blocks import _F16_SCALE_OFFSETS, random_blocks
+
+    raw = random_blocks(qtype, od, id, rng)
+    if qtype in ("F32", "F16", "BF16"):
+        return raw
+    factor = (1.0 / np.sqrt(id)) / quants.dequantize(raw.reshape(od, -1), GGMLQuantizationType[qtype]).std()
+    blocks = raw.reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][1])
+    if qtype == "MXFP4":
+        blocks[:, 0] = np.clip(blocks[:, 0].astype(int) + int(np.round(np.log2(factor))), 1, 254).astype(np.uint8)
+    for off in _F16_SCALE_OFFSETS.get(qtype, ()):
+        scale = blocks[:, off:off + 2].copy().view(np.float16).astype(np.float32) * factor
+        blocks[:, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+def _typed(weights, types, rng):
+    from numba import cuda
+
+    from minfer_cli.engine.config import TensorSpec
+
+    for role, qtype in zip(ROLES, types):
+        if qtype is None:
+            continue
+        for name in [n for n in weights.tensors if n.endswith(f"{role}.weight")]:
+            spec = weights.spec(name)
+            weights.tensors[name] = (TensorSpec(name, spec.shape, qtype),
+                                     cuda.to_device(_scaled_blocks(qtype, spec.od, spec.id, rng)))
+    return weights
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_every_type_in_every_role_passes_the_check(mix, monkeypatch):
+    from kernels.quant.formats import SUPPORTED
+    from minfer_cli.engine.weights import synth_weights
+
+    assert (set(MIXES["untied"]) | set(MIXES["tied"])) - {None} >= set(SUPPORTED)
+    use_standins(monkeypatch)
+    rng = np.random.default_rng()
+    tied = mix == "tied"
+    config = dataclasses.replace(preset("tiny-llama" if tied else "tiny"), name=f"micro-{mix}", n_layers=1, ffn=256,
+                                 vocab=256)
+    assert config.tied_output == tied
+    weights = _typed(synth_weights(config, int(rng.integers(0, 2**31))), MIXES[mix], rng)
+    result = check(weights, EXACT, prompt=4, steps=1, seed=int(rng.integers(0, 2**31)))
+    assert result.passed, result.as_dict()
