@@ -62,6 +62,16 @@ def _help_paragraphs_flow() -> None:
 
     fix_linebreaks._minfer_flow = True
     rich_utils._fix_linebreaks = fix_linebreaks
+    command_help = getattr(rich_utils, "_make_command_help", None)
+    if command_help is not None:  # the command list's one-paragraph summaries likewise
+
+        def make_command_help(*, help_text, markup_mode):
+            first, *rest = (help_text or "").split("\n\n")
+            if not first.lstrip().startswith("\b"):
+                first = " ".join(line.strip() for line in first.splitlines())
+            return command_help(help_text="\n\n".join([first, *rest]), markup_mode=markup_mode)
+
+        rich_utils._make_command_help = make_command_help
 
 
 _help_paragraphs_flow()

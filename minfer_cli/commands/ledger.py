@@ -72,7 +72,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _show_one(records: list[dict[str, Any]], fmt: str, wide: bool) -> None:
+def _show_one(records: list[dict[str, Any]], fmt: str, wide: bool, retired: dict | None = None) -> None:
     for i, record in enumerate(records):
         if fmt == "json":
             print(json_text(_json_safe(record), indent=2, default=str))
@@ -81,7 +81,7 @@ def _show_one(records: list[dict[str, Any]], fmt: str, wide: bool) -> None:
         elif fmt == "table":
             if i:
                 out.print()
-            print_record(record, wide=wide)
+            print_record(record, wide=wide, retired_by=(retired or {}).get(record["id"], (None,))[0])
         else:
             print(core.export([record], fmt).rstrip("\n"))
 
@@ -171,13 +171,20 @@ def show(
             raise UsageError("give either an ID or filters (--experiment/--verdict/--kind/--since/--grep/--last), not both")
         contents = load_contents(directory)
         chosen = core.find(contents, number)
-        _show_one(chosen, fmt, wide)
-        if fmt == "table":
-            from minfer_cli.ledger.verify import retired_ids
+        from minfer_cli.ledger.verify import arms_moved, retired_ids
 
-            tomb = retired_ids(contents.records).get(chosen[0]["id"])
+        retired = retired_ids(contents.records)
+        _show_one(chosen, fmt, wide, retired)
+        if fmt == "table":
+            tomb = retired.get(chosen[0]["id"])
             if tomb:
                 out.print(f"retired by #{tomb[0]}: {clean(tomb[1])}", markup=False, soft_wrap=True)
+            verify = chosen[0].get("verify") if chosen[0].get("kind") == "verify" else None
+            original = next((r for r in contents.records if isinstance(verify, dict) and r["id"] == verify.get("of")), None)
+            moved = arms_moved(original, chosen[0].get("arms") or []) if original and original.get("kind") == "ab" else ""
+            if moved:
+                out.print(f"each arm's median then → now{clean(moved).replace(';', ':', 1)}", markup=False,
+                          soft_wrap=True)
         if plot is not None:
             from minfer_cli.ledger.plots import plot_record
             from minfer_cli.outputs import PLOT_SUFFIXES, write_output

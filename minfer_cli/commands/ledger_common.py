@@ -190,12 +190,12 @@ def _arms_table(record: Mapping[str, Any], wide: bool, width: int) -> tuple[Text
     return table, figures.knobs_text(shared)
 
 
-def print_record(record: Mapping[str, Any], wide: bool = False) -> None:
+def print_record(record: Mapping[str, Any], wide: bool = False, retired_by: int | None = None) -> None:
     """One record whole, for a person: title, verdict, kind, workload, commit, GPU and clocks, the result, each
     arm's knobs (those that differ first) and statistics, the kind's own fields, the command and the notes. A part
     that cannot be shown (an odd optional value) is named in one line; `--format yaml` shows the record as read."""
     try:
-        _print_record(record, wide)
+        _print_record(record, wide, retired_by)
     except Exception as exc:  # a valid record may still hold odd optional values
         out.print(f"(record #{record.get('id')} cannot be shown whole: {type(exc).__name__}; "
                   "`--format yaml` prints it as read)", markup=False)
@@ -229,11 +229,13 @@ def _readable(value: Any, key: str = "") -> str:
     return str(value) if isinstance(value, int) else figures.fmt_num(value)
 
 
-def _print_record(record: Mapping[str, Any], wide: bool) -> None:
+def _print_record(record: Mapping[str, Any], wide: bool, retired_by: int | None = None) -> None:
     git = _mapping(record.get("git"))
     commit = str(git.get("commit") or "unknown")[:12]
     dirty = {True: " (uncommitted changes)", False: " (clean)"}.get(git.get("dirty"), "")
-    out.print(f"[bold]#{record['id']} {plain(record.get('title'))}[/bold]  {verdict_text(plain(record.get('verdict')))}")
+    retired = f" (RETIRED by #{retired_by})" if retired_by else ""
+    out.print(f"[bold]#{record['id']} {plain(record.get('title'))}[/bold]  {verdict_text(plain(record.get('verdict')))}"
+              f"{retired}")
     workload = _mapping(record.get("workload"))
     shape = ", ".join(f"{k}={v}" for k, v in _mapping(workload.get("shape")).items())
     where = " · ".join(x for x in (f"kind {record.get('kind')}",

@@ -68,13 +68,19 @@ def chart(points: Sequence[core_trend.TrendPoint], width: int) -> Table:
     def spare() -> int:  # show_edge/pad_edge off: a separator and a space each side between columns
         return width - sum(_width(name, cells) for name, _, cells in columns) - 3 * len(columns)
 
-    for shrink in ("date", "arm", "commit"):
+    # a label naming other knobs than the newest point's ("tg128 (GRAPHS=0)") is kept, cut to fit, never dropped
+    labelled = any("(" in p.label for p in points)
+    for shrink in ("date", "commit") + (() if labelled else ("arm",)):
         if spare() >= BAR_MIN:
             break
         if shrink == "date":
             columns[1] = ("date", "left", [p.timestamp[5:10] for p in points])
         else:
             columns = [c for c in columns if c[0] != shrink]
+    if labelled and spare() < BAR_MIN:
+        i = next(i for i, c in enumerate(columns) if c[0] == "arm")
+        room = max(8, _width(*columns[i][::2]) - (BAR_MIN - spare()))
+        columns[i] = ("arm", "left", [label if len(label) <= room else label[:room - 1] + "…" for label in columns[i][2]])
     bar_width = max(BAR_MIN, spare())
     low, high = min(p.value for p in points), max(p.value for p in points)
     table = Table(show_edge=False, header_style="bold", pad_edge=False)

@@ -133,6 +133,7 @@ class CheckResult:
             "steps_rel_l2": [p.rel_l2 for p in decode],
             "top1_agreement": sum(p.top1_agrees for p in self.positions) / len(self.positions),
             "top1_flips_outside_ties": sum(not p.top1_agrees and not p.near_tie for p in self.positions),
+            "top5_overlap_min": min(p.top5 for p in self.positions),
             "layers_rel_l2": self.layers,
             "positions": [asdict(p) for p in self.positions],
             "decode_skipped": self.decode_skipped,

@@ -78,6 +78,10 @@ def _higher(record: Mapping[str, Any]) -> bool:
     return bool((record.get("metric") or {}).get("higher_is_better"))
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_bench(record: Mapping[str, Any]) -> bool:
     return record.get("kind") == "bench" or (record.get("kind") == "verify"
                                              and (record.get("verify") or {}).get("of_kind") == "bench")
@@ -113,6 +117,15 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
         if ma and mb and unit_a == unit_b:
             changes.append(FigureChange(f"{label} {stat}", ma, mb, unit_a,
                                         figures.speedup(mb / ma - 1.0, _higher(b))))
+    ka, kb = a.get("knobs"), b.get("knobs")  # a record of one configuration (a check) holds its knobs at the top
+    if isinstance(ka, Mapping) and isinstance(kb, Mapping):
+        knobs += [Difference(k, str(ka.get(k, "—")), str(kb.get(k, "—"))) for k in dict.fromkeys([*ka, *kb])
+                  if ka.get(k) != kb.get(k)]
+    ca, cb = a.get("check"), b.get("check")
+    if isinstance(ca, Mapping) and isinstance(cb, Mapping):
+        for key in ("worst_rel_l2", "prefill_rel_l2"):
+            if _number(ca.get(key)) and _number(cb.get(key)):
+                changes.append(FigureChange(f"check {key.replace('_', ' ')}", ca[key], cb[key], "", None))
     only = [f"{label} only in #{r['id']}" for r, arms, other in ((a, arms_a, arms_b), (b, arms_b, arms_a))
             for label in arms if label not in other]
     if only:

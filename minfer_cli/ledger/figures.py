@@ -8,6 +8,8 @@ old rate - 1 for a throughput metric, so ``+14.1% faster`` means the same thing 
 
 from __future__ import annotations
 
+import re
+
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -142,7 +144,10 @@ def record_arms_text(record: Mapping[str, Any]) -> str:
         return "retires " + ", ".join(f"#{i}" for i in _m(record.get("retire")).get("ids", []))
     if kind == "check":
         arm = _m(record.get("check")).get("arm")
-        return str(_m(record.get("workload")).get("name") or record.get("title")) + (f" {arm}" if arm else "")
+        if arm is None:  # records written before `check.arm`: the knobs its command line set
+            found = re.search(r"--arm[ =](\S+)", str(record.get("command") or ""))
+            arm = found.group(1) if found else ""
+        return (f"{arm} · " if arm else "") + str(_m(record.get("workload")).get("name") or record.get("title"))
     return arms_text(arms)
 
 
@@ -245,7 +250,11 @@ def _headline(record: Mapping[str, Any]) -> Headline:
         check = _m(record.get("check"))
         worst = _finite(check.get("worst_rel_l2"))
         tol = _finite(check.get("tolerance"))
-        return Headline(f"rel L2 ≤ {worst:.2g}" + (f" (tol {tol:.0e})" if tol else "") if worst is not None else "")
+        if worst is None:
+            return Headline("")
+        if tol is None:
+            return Headline(f"worst rel L2 {worst:.2g}")
+        return Headline(f"worst rel L2 {worst:.2g} {'≤' if worst <= tol else '>'} tolerance {tol:.2g}")
     if kind == "run" or len(arms) < 2:
         s = stats_of(arms[0] if arms else None)
         extra = arms[0].get("pct_roofline") if arms else None

@@ -53,8 +53,8 @@ def _save(fig: "Figure", path: str | Path) -> None:
 
     for text in fig.findobj(Text):  # record text may hold control characters: drawn as their escapes
         shown = text.get_text()
-        if not shown.isprintable():
-            text.set_text(clean(shown))
+        if not shown.replace("\n", "").isprintable():  # a title's own line breaks stay line breaks
+            text.set_text("\n".join(clean(line) for line in shown.split("\n")))
     with warnings.catch_warnings():  # a character the font lacks (an emoji in a title) is drawn as a box, quietly
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
         fig.savefig(path, format=suffix)

@@ -146,9 +146,15 @@ def _label_configurations(points: list[TrendPoint]) -> list[TrendPoint]:
     if not points:
         return points
     newest = max(points, key=lambda p: (p.timestamp, p.id)).knobs
+    try:  # a tg test reads only the decode knobs, a pp test only the others: the rest cannot move its figure
+        from minfer_cli.engine.bench import DECODE_KNOBS
+    except ImportError:
+        DECODE_KNOBS = None
     out = []
     for p in points:
-        differ = {k: v for k, v in p.knobs.items() if k in newest and not _same(v, newest[k])}
+        tg = p.label.startswith("tg")
+        differ = {k: v for k, v in p.knobs.items() if k in newest and not _same(v, newest[k])
+                  and (DECODE_KNOBS is None or (k in DECODE_KNOBS) == tg)}
         out.append(p if not differ else TrendPoint(p.id, p.timestamp, p.commit, p.value, p.err_low, p.err_high, p.unit,
                                                    f"{p.label} ({knobs_text(differ)})", p.spread, p.higher_is_better,
                                                    p.knobs))
@@ -226,15 +232,18 @@ def _experiment_points(records: list[Mapping[str, Any]], metric: str, experiment
     return points
 
 
-def _refuse_mixed(points: list[TrendPoint], wanted: Mapping[str, Any], named: str) -> None:
-    """UsageError when the arms matching ``--arm`` differ in a knob they all have: a line through them would join
-    different configurations (a Q4_K kernel and a Q6_K one) as if it were one figure's history."""
-    shared = set.intersection(*(set(p.knobs) for p in points)) - set(wanted)
-    varying = {k: sorted({str(p.knobs[k]) for p in points}) for k in sorted(shared)}
+def _refuse_mixed(points: list[TrendPoint], wanted: Mapping[str, Any], name: str) -> None:
+    """UsageError when the arms matching ``--arm`` differ in a knob ``--arm`` leaves out (among the arms that have
+    it: a knob added since is absent from older records): a line through them would join different configurations
+    (a Q4_K kernel and a Q6_K one) as if it were one figure's history."""
+    named = set(wanted)
+    keys = sorted({k for p in points for k in p.knobs} - named)
+    # a knob the older records lack (added since) is compared among the records that have it
+    varying = {k: sorted({str(p.knobs[k]) for p in points if k in p.knobs}) for k in keys}
     varying = {k: v for k, v in varying.items() if len(v) > 1}
     if varying:
         example = ",".join(f"{k}={v[0]}" for k, v in list(varying.items())[:2])
-        raise UsageError(f"the arms matching {named} are {len(points)} of different configurations: they differ in "
+        raise UsageError(f"the arms matching {name} are {len(points)} of different configurations: they differ in "
                          + "; ".join(f"{k} ({', '.join(v[:4])}{', …' if len(v) > 4 else ''})" for k, v in varying.items())
                          + f"; name those knobs too, e.g. --arm {knobs_text(wanted)},{example}")
 

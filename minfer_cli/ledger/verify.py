@@ -304,7 +304,7 @@ def verify(record: Mapping[str, Any], records: list[Mapping[str, Any]], runner: 
         recorded = p.recorded_values[0]
         outcome = judge_effect(recorded, low, high, p.bar)
         text = (f"{figures.fmt_change(recorded)} then, {figures.fmt_change(speed)} [{low * 100:+.1f}, {high * 100:+.1f}] "
-                f"now (bar {p.bar * 100:.2g}%)") + _arms_moved(record, measured.arms)
+                f"now (bar {p.bar * 100:.2g}%)") + arms_moved(record, measured.arms)
         return Outcome(record["id"], outcome, text + adjust, {"speedup": recorded},
                        {"speedup": speed, "ci_low": low, "ci_high": high}, text, p, measured)
     results, worst, parts = {}, "HOLDS", []
@@ -325,7 +325,7 @@ def verify(record: Mapping[str, Any], records: list[Mapping[str, Any]], runner: 
                    {k: v["measured"] for k, v in results.items()}, text, p, measured)
 
 
-def _arms_moved(record: Mapping[str, Any], arms_now: list) -> str:
+def arms_moved(record: Mapping[str, Any], arms_now: list) -> str:
     """Each arm's median then → now (``; A 714.0 → 703.0, B 543.8 → 543.9 µs``): which arm moved when the
     effect changed (a control arm that got faster shrinks the effect with no change to the arm under test)."""
     then = [figures.stats_of(a)["median"] for a in record.get("arms") or [] if isinstance(a, Mapping)]
