@@ -50,9 +50,10 @@ def ab(
 ) -> None:
     """Interleaved A/B comparison (ABBA rounds, adaptive stopping) of two arms of one experiment.
 
-    Both arms are checked against the reference first (an arm that fails is INVALID, not timed). Δ is B
-    against the control A: the median of per-round paired ratios, a bootstrap 95% CI and a Wilcoxon p-value.
-    LANDED: CI wholly on the better side and |Δ| >= bar; REVERTED: wholly on the worse side and |Δ| >= bar;
+    Both arms are checked against the reference first (an arm that fails is INVALID, not timed). The result is
+    B's speed-up over the control A (old time / new time - 1, or new rate / old rate - 1: "+14.1% faster"), from
+    the median of per-round paired ratios, with a bootstrap 95% CI and a Wilcoxon p-value. LANDED: the CI wholly
+    on the faster side and the change at least the bar; REVERTED: wholly on the slower side and at least the bar;
     NEUTRAL otherwise.
 
     Example: minfer ab copy --arm VEC=1 --arm VEC=4 --plot vec.png
