@@ -97,7 +97,12 @@ def bench(
         raise UsageError(f"-m {model}: {what} (give a GGUF file, or leave -m out for the built-in preset)")
     from minfer_cli.engine.weights import inspect_gguf, load_gguf, synth_weights
 
-    model_config = inspect_gguf(model)[0].config if model else config_preset  # the whole file checked, no GPU yet
+    if model:
+        with progress(f"reading {Path(model).name}") as report:  # a huge metadata section takes a while: show it
+            report("metadata and tensor list", 0.0)
+            model_config = inspect_gguf(model)[0].config  # the whole file checked, no GPU yet
+    else:
+        model_config = config_preset
     longest = max(pp + tg)
     if longest > model_config.context_length:
         raise UsageError(f"{'-p' if max(pp or [0]) >= max(tg or [0]) else '-n'} {longest} is beyond the model's "

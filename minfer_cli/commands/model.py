@@ -148,7 +148,12 @@ def check(
     conflict = engine_conflict(config)
     if conflict:
         raise UsageError(conflict)
-    model_config = inspect_gguf(model)[0].config if model is not None else preset_config(preset or DEFAULT_PRESET)
+    if model is not None:
+        with progress(f"reading {Path(model).name}") as report:  # a huge metadata section takes a while: show it
+            report("metadata and tensor list", 0.0)
+            model_config = inspect_gguf(model)[0].config
+    else:
+        model_config = preset_config(preset or DEFAULT_PRESET)
     if prompt + steps > model_config.context_length:
         raise UsageError(f"--prompt {prompt} + --steps {steps} exceed the model's context of "
                          f"{model_config.context_length} tokens")
