@@ -546,3 +546,40 @@ def test_a_file_named_with_non_ascii_digits_is_not_a_record(tmp_path):
     (tmp_path / "٠٠٢١-x.yaml").write_text(store.dump(dict(rec, id=21)))
     contents = ledger.load(tmp_path)
     assert [r["id"] for r in contents.records] == [1] and contents.problems[0].file == "٠٠٢١-x.yaml"
+
+
+def test_a_header_counting_one_tensor_too_few_is_refused_not_loaded_misaligned(tmp_path):
+    """A tensor count one too low moves the data section (every tensor's bytes read 32 bytes early) and drops the
+    last tensor (output.weight: the model would read as tied): the tensors no longer fill the file."""
+    import struct
+
+    from minfer_cli.engine.gguf_io import write_gguf
+    from minfer_cli.engine.presets import preset
+    from minfer_cli.engine.weights import inspect_gguf, synth_weights
+
+    path = write_gguf(synth_weights(preset("tiny"), 1), tmp_path / "m.gguf")
+    assert inspect_gguf(path)[0].config.tied_output is False
+    data = bytearray(path.read_bytes())
+    count = struct.unpack("<Q", data[8:16])[0]
+    data[8:16] = struct.pack("<Q", count - 1)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="header's tensor count or offsets do not describe this file"):
+        inspect_gguf(bad)
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"bar": -5.0}, "bar must be a fraction"), ({"bar": 3.0}, "bar must be a fraction"),
+    ({"kind": []}, "kind and verdict must be text"),
+])
+def test_the_schema_refuses_nonsense_a_view_would_show(tmp_path, change, where):
+    rec = write_ledger(tmp_path, 1)[0]
+    assert any(where in p for p in ledger.validate({**rec, **change})), ledger.validate({**rec, **change})
+
+
+def test_a_picture_that_cannot_be_drawn_is_refused_before_the_record_prints(tmp_path):
+    write_ledger(tmp_path, 2)
+    retire = invoke("ledger", "retire", "1", "--why", "x", "--ledger", str(tmp_path))
+    assert retire.exit_code == 0
+    r = invoke("ledger", "show", "3", "--plot", str(tmp_path.parent / "p.png"), "--ledger", str(tmp_path))
+    assert r.exit_code == 2 and r.stdout == "" and "pictures exist for" in r.output

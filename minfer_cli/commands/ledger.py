@@ -171,6 +171,12 @@ def show(
             raise UsageError("give either an ID or filters (--experiment/--verdict/--kind/--since/--grep/--last), not both")
         contents = load_contents(directory)
         chosen = core.find(contents, number)
+        if plot is not None:
+            from minfer_cli.ledger.plots import plot_refusal
+
+            refusal = plot_refusal(chosen[0])
+            if refusal:  # before the record is printed: the one line is the whole answer
+                raise UsageError(refusal)
         from minfer_cli.ledger.verify import arms_moved, retired_ids
 
         retired = retired_ids(contents.records)

@@ -63,7 +63,8 @@ def synth(
     preset: str = typer.Argument("qwen2-7b-q4_k_m", help="Preset name (qwen2-7b-q4_k_m, llama2-7b-q4_k_m, llama3-8b-q4_k_m, tiny, tiny-llama)."),
     output: Path = typer.Option(..., "--output", "-o", help="GGUF file to write (never inside the ledger; an existing "
                                 "file only with --force)."),
-    seed: int = typer.Option(0, "--seed", "-s", min=0, help="Seed: the same seed writes the same bytes."),
+    seed: int = typer.Option(0, "--seed", "-s", min=0, max=2**63 - 1, help="Seed: the same seed writes the same "
+                             "bytes (0 to 2^63-1)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
 ) -> None:
     """Generate PRESET's weights on the GPU from SEED (Q4_K_M type mix) and write them as a GGUF file that

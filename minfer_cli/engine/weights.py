@@ -386,6 +386,17 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
     return weights
 
 
+def _check_data_section(reader, path: Path) -> None:
+    """The tensors must fill the file's data section: its last tensor ends within one alignment of the file's end.
+    A header whose tensor count or offsets are wrong (a count one too low shifts every tensor's bytes by the size of
+    a tensor-info entry) is refused here, not loaded misaligned."""
+    size = path.stat().st_size
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=int(reader.data_offset))
+    if not 0 <= size - end < int(reader.alignment):
+        raise ModelError(f"{path}: its tensors end at byte {end:,} of {size:,}; the header's tensor count or "
+                         "offsets do not describe this file (truncated, or a corrupt header)")
+
+
 def _check_rope_factors(tensor, path: Path) -> None:
     """A ``rope_freqs.weight`` tensor must be F32 (as llama.cpp writes it) and hold finite positive divisors."""
     if tensor.tensor_type.name != "F32":
@@ -436,4 +447,5 @@ def inspect_gguf(path) -> tuple[ModelWeights, list]:
         if name == "rope_freqs.weight":
             _check_rope_factors(t, path)
         specs.append((spec, t))
+    _check_data_section(reader, path)
     return weights, specs

@@ -292,6 +292,23 @@ def _plot_bench(record: Mapping[str, Any], path: str | Path) -> None:
     _save(fig, path)
 
 
+def plot_refusal(record: Mapping[str, Any]) -> str | None:
+    """Why `plot_record` cannot draw ``record``, in one sentence, or None: asked before anything is printed."""
+    kind = record.get("kind")
+    if kind == "verify" and record.get("arms"):
+        kind = (record.get("verify") or {}).get("of_kind")
+    if kind not in ("bench", "ab", "sweep", "run"):
+        return (f"record #{record.get('id')} is a {record.get('kind')} record; pictures exist for ab, sweep, run and "
+                "bench records (and a verify that re-measured one)")
+    if kind == "ab":
+        try:
+            for arm in (record.get("arms") or [])[:2]:
+                _samples(record, arm)
+        except UsageError as exc:
+            return str(exc)
+    return None
+
+
 def plot_record(record: Mapping[str, Any], path: str | Path) -> None:
     """Draw one record to ``path`` by its kind: ab (and a measured verify of one) `plot_ab`; sweep and run
     `plot_sweep`; bench (and a measured verify of one) a bar per test, mean ± std, with a peer engine's figure

@@ -125,6 +125,9 @@ def _check_comparison(problems: list[str], comparison: Any) -> None:
     low, high = comparison.get("ci_low"), comparison.get("ci_high")
     if is_number(low) and is_number(high) and low > high:
         problems.append("comparison.ci_low must not be above comparison.ci_high")
+    rounds = comparison.get("rounds")
+    if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds < 0:
+        problems.append(f"comparison.rounds must not be negative, got {rounds}")
     p_value = comparison.get("p_value")
     if is_number(p_value) and not 0 <= p_value <= 1:
         problems.append(f"comparison.p_value must be in [0, 1], got {p_value!r}")
@@ -138,6 +141,8 @@ def _check_knobs(problems: list[str], where: str, knobs: Any) -> None:
 
 def _check_measurement(problems: list[str], record: Mapping[str, Any], required: bool) -> None:
     _check_fields(problems, "", record, _MEASUREMENT, required=required)
+    if is_number(record.get("bar")) and not 0 <= record["bar"] <= 1:
+        problems.append(f"bar must be a fraction in [0, 1] (0.01 is 1%), got {record['bar']!r:.40}")
     if record.get("experiment") == "":
         problems.append("experiment must not be empty")
     _check_fields(problems, "workload", record.get("workload"), {"name": "str", "shape": "mapping"}, required=True)
@@ -184,6 +189,9 @@ def _check_kind_keys(problems: list[str], record: Mapping[str, Any]) -> None:
         else:
             _check_fields(problems, "verify", verify, {"of": "int", "reason": "str"}, required=True)
             _check_fields(problems, "verify", verify, {"bar": "number?", "of_kind": "str?"}, required=False)
+            of = verify.get("of")
+            if isinstance(of, int) and not isinstance(of, bool) and not 1 <= of <= ID_MAX:
+                problems.append(f"verify.of must be a record id 1..{ID_MAX}, got {of}")
     elif kind == "retire":
         retire = record.get("retire")
         if not isinstance(retire, Mapping):
@@ -227,6 +235,8 @@ def _schema_problems(record: Any, require_id: bool) -> list[str]:
         problems.append(f"timestamp {record['timestamp']!r:.40} is not ISO-8601 UTC like 2026-11-29T23:10:00Z")
     _check_fields(problems, "git", record.get("git"), {"commit": "str?", "dirty": "bool?"}, required=True)
     kind, verdict = record.get("kind"), record.get("verdict")
+    if not isinstance(kind, str) or not isinstance(verdict, str):  # the kind-specific rules key on both
+        return problems or [f"kind and verdict must be text, got {type(kind).__name__} and {type(verdict).__name__}"]
     kinds = SCHEMA1_KINDS if schema == 1 else KINDS
     if isinstance(kind, str) and kind not in kinds:
         problems.append(f"kind {kind!r} is not one of {', '.join(kinds)}")
