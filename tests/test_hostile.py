@@ -570,7 +570,7 @@ def test_a_header_counting_one_tensor_too_few_is_refused_not_loaded_misaligned(t
 
 @pytest.mark.parametrize("change, where", [
     ({"bar": -5.0}, "bar must be a fraction"), ({"bar": 3.0}, "bar must be a fraction"),
-    ({"kind": []}, "kind and verdict must be text"),
+    ({"kind": []}, "kind must be a str"),
 ])
 def test_the_schema_refuses_nonsense_a_view_would_show(tmp_path, change, where):
     rec = write_ledger(tmp_path, 1)[0]
