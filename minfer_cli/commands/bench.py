@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -67,9 +66,8 @@ def bench(
 
     Example: minfer bench -p 2048 -n 128
     """
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, parse_counts, run_pp, run_tg
+    from minfer_cli.engine.bench import engine_options, parse_counts, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
-    from minfer_cli.knobs import parse_arm_text, resolve_config
     from minfer_cli.measure.device import require_timing_device
 
     fmt = fmt.lower()
@@ -85,24 +83,13 @@ def bench(
     tg = parse_counts(gen, "-n")
     if not pp and not tg:
         raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
-    text = options.single_arm(arm)
-    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
-    conflict = engine_conflict(config)
-    if conflict:
-        raise UsageError(conflict)
+    config = options.engine_config(arm)
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
-    if model and not Path(model).is_file():
-        what = "is not a regular file" if Path(model).exists() else "no such file"
-        raise UsageError(f"-m {model}: {what} (give a GGUF file, or leave -m out for the built-in preset)")
-    from minfer_cli.engine.weights import inspect_gguf, load_gguf, synth_weights
+    from minfer_cli.engine.weights import load_gguf, synth_weights
 
-    if model:
-        with progress(f"reading {Path(model).name}") as report:  # a huge metadata section takes a while: show it
-            report("metadata and tensor list", 0.0)
-            model_config = inspect_gguf(model)[0].config  # the whole file checked, no GPU yet
-    else:
-        model_config = config_preset
+    model_config = options.gguf_config(model, f"-m {model}", "give a GGUF file, or leave -m out for the built-in "
+                                       "preset") if model else config_preset  # the whole file checked, no GPU yet
     longest = max(pp + tg)
     if longest > model_config.context_length:
         raise UsageError(f"{'-p' if max(pp or [0]) >= max(tg or [0]) else '-n'} {longest} is beyond the model's "

@@ -130,31 +130,20 @@ def check(
       minfer model check --preset tiny-llama --arm MMVQ=0 --record
     """
     from minfer_cli.commands import options
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
+    from minfer_cli.engine.bench import engine_options
     from minfer_cli.engine.check import check as run_check
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
-    from minfer_cli.engine.weights import inspect_gguf, load_gguf, synth_weights
-    from minfer_cli.knobs import parse_arm_text, resolve_config
+    from minfer_cli.engine.weights import load_gguf, synth_weights
     from minfer_cli.measure.device import probe
 
     if fmt not in ("table", "json"):
         raise UsageError(f"unknown --format {fmt!r}; valid: table, json")
     if model is not None and preset is not None:
         raise UsageError("give either FILE or --preset NAME, not both")
-    if model is not None and not Path(model).is_file():
-        raise UsageError(f"{model}: {'is not a regular file' if Path(model).exists() else 'no such file'} "
-                         "(give a GGUF file, or --preset NAME)")
+    config = options.engine_config(arm)
     text = options.single_arm(arm)
-    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
-    conflict = engine_conflict(config)
-    if conflict:
-        raise UsageError(conflict)
-    if model is not None:
-        with progress(f"reading {Path(model).name}") as report:  # a huge metadata section takes a while: show it
-            report("metadata and tensor list", 0.0)
-            model_config = inspect_gguf(model)[0].config
-    else:
-        model_config = preset_config(preset or DEFAULT_PRESET)
+    model_config = (options.gguf_config(model, str(model), "give a GGUF file, or --preset NAME") if model is not None
+                    else preset_config(preset or DEFAULT_PRESET))
     if prompt + steps > model_config.context_length:
         raise UsageError(f"--prompt {prompt} + --steps {steps} exceed the model's context of "
                          f"{model_config.context_length} tokens")

@@ -115,3 +115,37 @@ def draw_plot(plot: Optional[str], force: bool, ledger: Optional[str], draw, rec
         written = write_output(plot, lambda tmp: draw(plain, tmp), force=force,
                                ledger_dir=ledger_core.ledger_dir(ledger), suffixes=PLOT_SUFFIXES)
         out.print(f"plot written to {written}", markup=False, soft_wrap=True)
+
+
+def engine_config(arm: Optional[list[str]]) -> dict:
+    """The whole engine knob configuration of a command's one --arm (defaults elsewhere); UsageError for an unknown
+    knob or value, or a combination the engine cannot run (`minfer_cli.engine.bench.engine_conflict`)."""
+    from minfer_cli.engine.bench import engine_conflict, engine_knobs
+    from minfer_cli.errors import UsageError
+    from minfer_cli.knobs import parse_arm_text, resolve_config
+
+    text = single_arm(arm)
+    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
+    conflict = engine_conflict(config)
+    if conflict:
+        raise UsageError(conflict)
+    return config
+
+
+def gguf_config(model, named: str, instead: str):
+    """The ModelConfig of GGUF file ``model``, the whole file checked on the host (`inspect_gguf`) with a progress
+    line while its metadata is read (a huge metadata section takes a while). UsageError, naming it as ``named`` and
+    suggesting ``instead``, when the path is not a regular file."""
+    from pathlib import Path
+
+    from minfer_cli.console import progress
+    from minfer_cli.engine.weights import inspect_gguf
+    from minfer_cli.errors import UsageError
+
+    path = Path(model)
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() else "no such file"
+        raise UsageError(f"{named}: {what} ({instead})")
+    with progress(f"reading {path.name}") as report:
+        report("metadata and tensor list", 0.0)
+        return inspect_gguf(path)[0].config
