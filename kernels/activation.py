@@ -25,6 +25,7 @@ from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.views import column_slice
+from kernels.jit import kernel
 
 DEFAULT_TPB = 256
 OUT_DTYPES = (np.float16, np.float32)
@@ -40,7 +41,7 @@ def silu_mul(g, u):
     return g / (float32(1.0) + math.exp(min(-g, float32(SILU_EXP_CAP)))) * u
 
 
-@cuda.jit
+@kernel
 def _swiglu(gate, up, out, col_blocks):
     """out[r, c] = silu(gate[r, c]) * up[r, c]; gate/up f32 [nt, ffn] (any row stride), out f16/f32 [nt, ffn]."""
     b = cuda.blockIdx.x

@@ -28,6 +28,7 @@ from numba import cuda, float32, int32
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel
 
 DEFAULT_TPB = 256
 TPB_VALUES = (32, 64, 128, 256, 512, 1024)
@@ -95,7 +96,7 @@ def _make(tpb: int):
         if t == 0:
             out[0] = -1 if si[0] == NONE else si[0]
 
-    return cuda.jit(partial), cuda.jit(final)
+    return kernel(partial), kernel(final)
 
 
 _BUILT: dict = {}

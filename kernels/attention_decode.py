@@ -31,6 +31,7 @@ import numpy as np
 from numba import cuda, float32, types
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel
 from kernels.launch import launch_kernel
 from kernels.ptx import pdl_enter, shfl_xor_f32
 
@@ -191,18 +192,13 @@ _BUILD_LOCK = threading.Lock()
 
 def build(group: int, q_dtype=np.float32):
     """(partial, combine) dispatchers for GQA group size ``group`` and q dtype (compiled once; cached)."""
-    from kernels.ptx import SIMULATOR
-
     key = (int(group), np.dtype(q_dtype).name)
     with _BUILD_LOCK:
         if key not in _BUILT:
-            if SIMULATOR:
-                _BUILT[key] = (cuda.jit(_make_partial(group)), cuda.jit(_make_combine()))
-            else:
-                _BUILT[key] = (
-                    cuda.jit(partial_signature(q_dtype), launch_bounds=(WARPS * 32,))(_make_partial(group)),
-                    cuda.jit(COMBINE_SIGNATURE, launch_bounds=(COMBINE_WARPS * 32,))(_make_combine()),
-                )
+            _BUILT[key] = (
+                kernel(_make_partial(group), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_make_combine(), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
+            )
         return _BUILT[key]
 
 

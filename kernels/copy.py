@@ -11,12 +11,13 @@ from numba import cuda
 
 from kernels.errors import KernelConstraintError
 from kernels.ptx import ld_global_v4_u32, st_global_v4_u32
+from kernels.jit import kernel
 
 VEC_VALUES = (1, 2, 4)
 THREADS = 256
 
 
-@cuda.jit
+@kernel
 def _copy_scalar(src, dst):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -25,7 +26,7 @@ def _copy_scalar(src, dst):
         i += stride
 
 
-@cuda.jit
+@kernel
 def _copy_v4(src, dst):
     i = cuda.grid(1) * 4
     stride = cuda.gridsize(1) * 4

@@ -18,12 +18,13 @@ from numba import cuda
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel
 
 ID, POS, LENGTH = 0, 1, 2
 STATE_SIZE = 3
 
 
-@cuda.jit
+@kernel
 def _advance(state, history):
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
         p = state[POS]

@@ -32,6 +32,7 @@ from kernels.errors import KernelConstraintError
 from kernels.quant.bits import F32_MAGIC, F32_MAGIC_BITS, f32_from_bits, f32_from_f16_bits, fmul_rn, fsub_rn
 from kernels.quant.dequant import _address
 from kernels.quant.formats import block_format
+from kernels.jit import kernel
 
 DEFAULT_TPB = 128
 U = np.uint64
@@ -49,7 +50,7 @@ def _row_and_group(bpr):
     return t, (b - t * bpr) * cuda.blockDim.x + cuda.threadIdx.x
 
 
-@cuda.jit
+@kernel
 def _gather_q4_k(raw, ids, out, row_words, vocab, bpr):
     """Q4_K rows (144-byte super-blocks, uint64 words, 18 per block) -> f32; see `kquants.dequant_q4_k`."""
     t, g = _row_and_group(bpr)
@@ -87,7 +88,7 @@ def _gather_q4_k(raw, ids, out, row_words, vocab, bpr):
         out[t, col + k] = fsub_rn(fmul_rn(dsc, q), dm)
 
 
-@cuda.jit
+@kernel
 def _gather_q6_k(raw, ids, out, row_words, vocab, bpr):
     """Q6_K rows (210-byte super-blocks, uint16 words, 105 per block) -> f32; see `kquants.dequant_q6_k`."""
     t, g = _row_and_group(bpr)
@@ -120,7 +121,7 @@ def _gather_q6_k(raw, ids, out, row_words, vocab, bpr):
         out[t, col + k] = fmul_rn(dsc, q)
 
 
-@cuda.jit
+@kernel
 def _gather_q8_0(raw, ids, out, row_words, vocab, bpr):
     """Q8_0 rows (34-byte blocks, uint16 words, 17 per block) -> f32; see `legacy.dequant_q8_0`."""
     t, g = _row_and_group(bpr)
@@ -143,7 +144,7 @@ def _gather_q8_0(raw, ids, out, row_words, vocab, bpr):
         out[t, col + k] = fmul_rn(q, d)
 
 
-@cuda.jit
+@kernel
 def _gather_float(table, ids, out, vocab, bpr):
     """F32 / F16 rows (table f32 or f16 [vocab, hidden]) -> f32, one element per thread (exact)."""
     t, c = _row_and_group(bpr)
@@ -156,7 +157,7 @@ def _gather_float(table, ids, out, vocab, bpr):
         out[t, c] = float32(table[tok, c])
 
 
-@cuda.jit
+@kernel
 def _gather_bf16(table, ids, out, vocab, bpr):
     """BF16 rows (table uint16 bits [vocab, hidden]) -> f32 = bits << 16 (exact), one element per thread."""
     t, c = _row_and_group(bpr)

@@ -15,11 +15,12 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import pdl_enter
+from kernels.jit import kernel
 
 THREADS = 256
 
 
-@cuda.jit
+@kernel
 def _append(qkv, pos, q_out, k_cache, v_cache, q_dim, kv_dim, col_blocks):
     pdl_enter()
     b = cuda.blockIdx.x

@@ -28,6 +28,7 @@ from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, pdl_enter
 from kernels.quantize_q8 import QK, check_q8, quantize_warp_block
+from kernels.jit import kernel
 
 DEFAULT_TPB = 256
 """Threads per block (one block per row) for many rows (prefill): 14 columns per thread at hidden 3584."""
@@ -114,7 +115,7 @@ def _inv_rms(x, row, eps):
     return float32(1.0) / math.sqrt(total / float32(d) + eps)
 
 
-@cuda.jit
+@kernel
 def _rms_norm(x, w, out, eps):
     """Row ``blockIdx.x`` of x (f32 [nt, d]) -> out (f16 or f32 [nt, d]); w f32 [d]; eps f32."""
     pdl_enter()
@@ -139,7 +140,7 @@ def _rms_norm(x, w, out, eps):
         c += step
 
 
-@cuda.jit
+@kernel
 def _rms_norm_q8(x, w, out, q, qd, qs, eps):
     """`_rms_norm` with f32 out, and each warp also quantizes the 32 columns it just wrote (one Q8_1 block: the
     block's threads are a multiple of 32 and d a multiple of 32, so warp-step columns are whole blocks)."""

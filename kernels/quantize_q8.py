@@ -28,6 +28,7 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import pdl_enter, shfl_xor_f32
+from kernels.jit import kernel
 
 QK = 32
 """Elements per Q8_1 block (ggml-common.h ``QK8_1``)."""
@@ -91,7 +92,7 @@ def quantize_warp_block(v, i, q, d, s):
         s[b] = t
 
 
-@cuda.jit
+@kernel
 def _quantize_q8_1(x, q, d, s, n):
     """x f32 [n] -> q int8 [n], d f32 [n/32], s f32 [n/32]; n a multiple of 32, so warps are whole blocks."""
     pdl_enter()

@@ -20,11 +20,12 @@ from numba import cuda
 from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel
 
 DEFAULT_TPB = 256
 
 
-@cuda.jit
+@kernel
 def _add(x, y, out, col_blocks):
     """out[r, c] = x[r, c] + y[r, c]; all f32 [nt, d]."""
     b = cuda.blockIdx.x
@@ -34,7 +35,7 @@ def _add(x, y, out, col_blocks):
         out[row, col] = x[row, col] + y[row, col]
 
 
-@cuda.jit
+@kernel
 def _add_bias(x, y, bias, out, col_blocks):
     """out[r, c] = x[r, c] + (y[r, c] + bias[c]); f32 [nt, d], bias f32 [d]."""
     b = cuda.blockIdx.x
@@ -44,7 +45,7 @@ def _add_bias(x, y, bias, out, col_blocks):
         out[row, col] = x[row, col] + (y[row, col] + bias[col])
 
 
-@cuda.jit
+@kernel
 def _bias(y, bias, out, col_blocks):
     """out[r, c] = y[r, c] + bias[c]; f32 [nt, d], bias f32 [d]."""
     b = cuda.blockIdx.x

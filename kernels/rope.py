@@ -39,6 +39,7 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import pdl_enter
+from kernels.jit import kernel
 
 MODES = ("neox", "norm")
 THREADS = 1024
@@ -85,7 +86,7 @@ def _rotate(x, t, h, i0, i1, cs, sn):
     x[t, h, i1] = x0 * sn + x1 * cs
 
 
-@cuda.jit
+@kernel
 def _rope(q, k, pos, base, factors, interleaved):
     """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64;
     factors f32 [hd/2].

@@ -15,6 +15,7 @@ from typing import Any, Callable, Hashable
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel as jit_kernel
 from kernels.ptx import SIMULATOR
 
 STATIC_SMEM_LIMIT = 48 * 1024
@@ -88,11 +89,8 @@ class KernelCache:
                     f"{self.family} config needs {smem_bytes} bytes of shared memory per block; the device allows "
                     f"{limit}" + (f" ({hint})" if hint else "")
                 )
-            if SIMULATOR:
-                kernel = cuda.jit(make(geometry))
-            else:
-                kernel = cuda.jit(self.signature, launch_bounds=(threads,))(make(geometry))
-                if smem_bytes > STATIC_SMEM_LIMIT:
-                    opt_in_dynamic_smem(kernel, smem_bytes, self.family)
+            kernel = jit_kernel(make(geometry), self.signature, threads=threads)
+            if not SIMULATOR and smem_bytes > STATIC_SMEM_LIMIT:
+                opt_in_dynamic_smem(kernel, smem_bytes, self.family)
             built = self._built[geometry] = BuiltKernel(geometry, kernel)
             return built

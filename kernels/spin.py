@@ -10,8 +10,10 @@ import warnings
 
 from numba import cuda
 
+from kernels.jit import kernel
 
-@cuda.jit
+
+@kernel
 def _spin(iterations):
     for _ in range(iterations):
         cuda.nanosleep(1000)

@@ -34,6 +34,7 @@ from numba.cuda import config
 
 from kernels.errors import KernelConstraintError
 from kernels.quant.bits import f16x2_bits, f32_from_f16_bits
+from kernels.jit import kernel
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
@@ -97,7 +98,7 @@ _NIBBLES = U(0x0F0F0F0F)
 _INV24 = np.float32(1.0 / (1 << 24))
 
 
-@cuda.jit
+@kernel
 def synth_q4_k(out, n_words, key, d_lo, d_span, dmin_ratio):
     """Q4_K: ``out`` the tensor's bytes as uint64 words (18 per block): word 0 d, dmin, scales[0..3]; word 1
     scales[4..11] (mins equal to scales); words 2..17 the quants."""
@@ -117,7 +118,7 @@ def synth_q4_k(out, n_words, key, d_lo, d_span, dmin_ratio):
         i += stride
 
 
-@cuda.jit
+@kernel
 def synth_q6_k(out, n_words, key, d_lo, d_span):
     """Q6_K: ``out`` the tensor's bytes as uint16 words (105 per block); word 104 of a block is d."""
     i = cuda.grid(1)
@@ -132,7 +133,7 @@ def synth_q6_k(out, n_words, key, d_lo, d_span):
         i += stride
 
 
-@cuda.jit
+@kernel
 def synth_f32(out, n, key, center, spread):
     """F32: ``out[i] = center + spread * (2u - 1)``, u in [0, 1) from the top 24 bits of the hash."""
     i = cuda.grid(1)

@@ -20,11 +20,13 @@ ENV_LEDGER = "MINFER_LEDGER"  # ledger directory (default: ledger/records under 
 ENV_GIT_COMMIT = "MINFER_GIT_COMMIT"  # commit to stamp on records (a copy of the tree; overrides git)
 ENV_GIT_DIRTY = "MINFER_GIT_DIRTY"  # "1"/"0": whether that copy had uncommitted changes
 ENV_CACHE_DIR = "MINFER_CACHE_DIR"  # minfer's cache (the ledger's derived index, unrecorded results)
+ENV_KERNEL_CACHE = "MINFER_KERNEL_CACHE"  # "0": compile every kernel in every process (read by kernels.jit)
 ENV_VARS = {
     ENV_LEDGER: "directory of the YAML ledger records (default: ./ledger/records of the project)",
     ENV_GIT_COMMIT: "git commit stamped on records instead of what git says (a copy of the tree on a GPU host)",
     ENV_GIT_DIRTY: "1 or 0: whether that copy had uncommitted changes (with MINFER_GIT_COMMIT)",
     ENV_CACHE_DIR: "minfer's cache directory (default: $XDG_CACHE_HOME/minfer, else ~/.cache/minfer)",
+    ENV_KERNEL_CACHE: "0 turns the compiled-kernel cache (<cache dir>/kernels) off: every process compiles again",
 }
 
 

@@ -14,6 +14,7 @@ from numba import cuda
 from kernels.activation import silu_mul
 from kernels.gemv.config import stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
+from kernels.jit import kernel_from_source
 from kernels.gemv.formats import _FOLD, _IMPLS, _MMVQ_IMPLS, _MMVQ_SPLITS, _RING_FETCH, _SPLITS, _VLOAD
 from kernels.ptx import (
     cp_async_16_off,
@@ -303,7 +304,6 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
              "ld_global_v4_b32": ld_global_v4_b32,
              "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
-    exec(compile(src, f"<kernels.gemv {fname}>", "exec"), scope)
-    if min_blocks and not SIMULATOR:  # a compiler bound: the simulator's jit takes none and has no registers
-        return cuda.jit(scope[fname], launch_bounds=(threads_per_block(wpr), min_blocks))
-    return cuda.jit(scope[fname])
+    # a compiler bound only with MINB (the simulator's jit takes none and has no registers)
+    return kernel_from_source(src, fname, scope, threads=threads_per_block(wpr) if min_blocks else None,
+                              min_blocks=min_blocks, label="kernels.gemv")

@@ -28,11 +28,12 @@ from kernels.quant.bits import (
     ld_global_v4_u32,
     st_global_v4_u32,
 )
+from kernels.jit import kernel
 
 U = np.uint64
 
 
-@cuda.jit
+@kernel
 def dequant_f16(raw_v4, raw_el, out_v4, out_el, n):
     """F16 -> f16: a 16-byte copy per thread, element copy for the n % 8 tail."""
     g = cuda.grid(1)
@@ -45,7 +46,7 @@ def dequant_f16(raw_v4, raw_el, out_v4, out_el, n):
             out_el[U(e)] = raw_el[U(e)]
 
 
-@cuda.jit
+@kernel
 def dequant_bf16(raw_v4, raw_el, out_v4, out_el, n):
     """BF16 -> f16: float32 = bf16 bits << 16, rounded to f16 (nearest even)."""
     g = cuda.grid(1)
@@ -65,7 +66,7 @@ def dequant_bf16(raw_v4, raw_el, out_v4, out_el, n):
             out_el[U(e)] = f16x2_bits(f32_from_bits(int(raw_el[U(e)]) << 16), np.float32(0)) & 0xFFFF
 
 
-@cuda.jit
+@kernel
 def dequant_f32(raw_v4, raw_el, out_v4, out_el, n):
     """F32 -> f16, rounded to nearest even."""
     g = cuda.grid(1)
@@ -86,7 +87,7 @@ def dequant_f32(raw_v4, raw_el, out_v4, out_el, n):
             out_el[U(e)] = f16x2_bits(f32_from_bits(raw_el[U(e)]), np.float32(0)) & 0xFFFF
 
 
-@cuda.jit
+@kernel
 def dequant_mxfp4(raw, out, n_groups):
     """MXFP4, 17-byte blocks ``e (E8M0) | qs[16] (E2M1 nibbles)`` read byte by byte (uint8 view)."""
     g = cuda.grid(1)

@@ -35,6 +35,7 @@ from kernels.quant.bits import (
     fsub_rn,
     st_global_v4_u32,
 )
+from kernels.jit import kernel
 
 U = np.uint64
 LO32 = np.uint64(0xFFFFFFFF)
@@ -43,7 +44,7 @@ F32_MAGIC_P4 = np.float32(8388608.0 + 4.0)  # F32_MAGIC + 4: Q3_K's "minus 4 whe
 F32_MAGIC_P32 = np.float32(8388608.0 + 32.0)  # F32_MAGIC + 32: Q6_K's 6-bit offset
 
 
-@cuda.jit
+@kernel
 def dequant_q2_k(raw, out, n_groups):
     """Q2_K, 84-byte blocks ``scales[16] | qs[64] | d f16 | dmin f16`` read as uint32 words (21 per block).
 
@@ -81,7 +82,7 @@ def dequant_q2_k(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q3_k(raw, out, n_groups):
     """Q3_K, 110-byte blocks ``hmask[32] | qs[64] | scales[12] | d f16`` read as uint16 words (55 per block).
 
@@ -128,7 +129,7 @@ def dequant_q3_k(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q4_k(raw, out, n_groups):
     """Q4_K, 144-byte blocks ``d f16 | dmin f16 | scales[12] | qs[128]`` read as uint64 words (18 per block).
 
@@ -174,7 +175,7 @@ def dequant_q4_k(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q5_k(raw, out, n_groups):
     """Q5_K, 176-byte blocks ``d f16 | dmin f16 | scales[12] | qh[32] | qs[128]`` read as uint64 words (22 per
     block). As Q4_K with a fifth bit: q = (qs nibble) | (bit s of qh[j%32]) << 4, s = j/32."""
@@ -218,7 +219,7 @@ def dequant_q5_k(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q6_k(raw, out, n_groups):
     """Q6_K, 210-byte blocks ``ql[128] | qh[64] | scales[16] int8 | d f16`` read as uint16 words (105 per block).
 

@@ -30,6 +30,7 @@ from kernels.quant.bits import (
     fmul_rn,
     st_global_v4_u32,
 )
+from kernels.jit import kernel
 
 U = np.uint64
 LO32 = np.uint64(0xFFFFFFFF)
@@ -39,7 +40,7 @@ F32_MAGIC_P16 = np.float32(8388608.0 + 16.0)  # Q5_0: q - 16
 F32_MAGIC_P128 = np.float32(8388608.0 + 128.0)  # Q8_0: (byte ^ 0x80) - 128 = int8
 
 
-@cuda.jit
+@kernel
 def dequant_q4_0(raw, out, n_groups):
     """Q4_0, 18-byte blocks ``d f16 | qs[16]`` read as uint16 words (9 per block); w = d*(nibble - 8)."""
     g = cuda.grid(1)
@@ -68,7 +69,7 @@ def dequant_q4_0(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q4_1(raw, out, n_groups):
     """Q4_1, 20-byte blocks ``d f16 | m f16 | qs[16]`` read as uint32 words (5 per block); w = d*nibble + m."""
     g = cuda.grid(1)
@@ -99,7 +100,7 @@ def dequant_q4_1(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q5_0(raw, out, n_groups):
     """Q5_0, 22-byte blocks ``d f16 | qh[4] | qs[16]`` read as uint16 words (11 per block).
 
@@ -133,7 +134,7 @@ def dequant_q5_0(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q5_1(raw, out, n_groups):
     """Q5_1, 24-byte blocks ``d f16 | m f16 | qh[4] | qs[16]`` read as uint64 words (3 per block).
 
@@ -169,7 +170,7 @@ def dequant_q5_1(raw, out, n_groups):
     )
 
 
-@cuda.jit
+@kernel
 def dequant_q8_0(raw, out, n_groups):
     """Q8_0, 34-byte blocks ``d f16 | qs[32] int8`` read as uint16 words (17 per block); w = qs[j]*d."""
     g = cuda.grid(1)
