@@ -195,3 +195,25 @@ def test_off_switch(jit, monkeypatch):
     assert not jit.cache_enabled()
     assert jit.source_file(jit.source_text("def k():\n    pass\n", {})) is None
     assert not jit.cache_root().exists()
+
+
+def test_every_kernel_is_made_through_kernels_jit():
+    """A `__global__` kernel made by `cuda.jit` directly would bypass the cache (and compile in every process)."""
+    import ast
+
+    root = Path(__file__).parents[1] / "kernels"
+    direct = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "jit.py":
+            continue
+        def is_cuda_jit(node):
+            return isinstance(node, ast.Attribute) and node.attr == "jit" and getattr(node.value, "id", "") == "cuda"
+
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and is_cuda_jit(node.func):
+                device = {k.arg: k.value for k in node.keywords}.get("device")
+                if not (isinstance(device, ast.Constant) and device.value is True):
+                    direct.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+            elif isinstance(node, ast.FunctionDef):
+                direct += [f"{path.relative_to(root.parent)}:{d.lineno}" for d in node.decorator_list if is_cuda_jit(d)]
+    assert not direct, f"kernels made with cuda.jit instead of kernels.jit.kernel: {direct}"
