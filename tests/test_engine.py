@@ -23,6 +23,7 @@ SMALL_TILES = EngineOptions(
     w16=True,
     gemm={"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1, "LOOP": "v1"},
     attention={"BQ": 64, "BK": 32, "STAGES": 1},
+    pgraph=False,  # the simulator captures no CUDA graphs
 )
 
 
@@ -93,6 +94,39 @@ def test_qwen2_shaped_prefill_matches_the_float64_reference():
     ref = Reference(weights).forward(tokens, last_only=True)
     assert _rel(got, ref) < 2e-2
     assert int(np.argmax(got)) == int(np.argmax(ref))
+
+
+@pytest.mark.gpu
+def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit():
+    """PGRAPH=1: the first prefill of a (length, start) captures, later ones replay; every replay of fresh token ids
+    equals the eager forward's logits exactly, at several lengths and start positions, and the KV cache rows."""
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    graph = PrefillEngine(weights, 300, EngineOptions(pgraph=True), context=400)
+    eager = PrefillEngine(weights, 300, EngineOptions(pgraph=False), context=400)
+    for nt, start in ((300, 0), (7, 0), (300, 0), (65, 100), (7, 0), (65, 100)):
+        ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
+        poisoned = np.full((1, weights.config.vocab), np.nan, np.float32)
+        graph.logits.copy_to_device(poisoned)
+        got = graph.prefill(ids, start=start).copy_to_host()
+        want = eager.prefill(ids, start=start).copy_to_host()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(graph.layers[-1].k_cache.copy_to_host()[start:start + nt],
+                                      eager.layers[-1].k_cache.copy_to_host()[start:start + nt])
+    assert set(graph.capture_seconds) == {(300, 0), (7, 0), (65, 100)}
+    assert all(0 < s < 60 for s in graph.capture_seconds.values())
+    graph.close()
+
+
+def test_pgraph_is_refused_by_name_under_the_simulator():
+    from kernels.ptx import SIMULATOR
+
+    if not SIMULATOR:
+        pytest.skip("the refusal is the simulator's")
+    from minfer_cli.engine.errors import ModelError
+
+    with pytest.raises(ModelError, match="PGRAPH=1 .* CUDA simulator cannot; use PGRAPH=0"):
+        PrefillEngine(None, 4, EngineOptions(pgraph=True))  # refused before the weights are looked at
 
 
 @pytest.mark.gpu

@@ -60,6 +60,18 @@ def test_use_more_bits_matches_llama_cpp_for_28_layers():
                                                               30, 31]
 
 
+@pytest.mark.parametrize("name, size", [("qwen2-1.5b-q4_k_m", "1.5B"), ("llama3.2-3b-q4_k_m", "3B")])
+def test_a_tied_embedding_takes_the_outputs_type(name, size):
+    """llama.cpp's quantizer gives a model without output.weight an embedding of the output's type (Q6_K)."""
+    from minfer_cli.engine.config import size_label
+
+    cfg = preset(name)
+    specs = {s.name: s for s in tensor_specs(cfg)}
+    assert cfg.tied_output and "output.weight" not in specs
+    assert specs["token_embd.weight"].qtype == "Q6_K" and specs["blk.0.attn_q.weight"].qtype == "Q4_K"
+    assert size_label(sum(s.n_elements for s in specs.values()), cfg) == size
+
+
 def test_q4_k_m_type_mix_at_28_layers():
     cfg = preset("qwen2-7b-q4_k_m")
     specs = {s.name: s for s in tensor_specs(cfg)}

@@ -26,7 +26,8 @@ def _rows_dicts(rows) -> list[dict]:
     return [{"model": r.model, "size_gib": round(r.size_bytes / 2**30, 4), "params_b": round(r.n_params / 1e9, 4),
              "test": r.test, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "median": pct(r, 50),
              "p10": pct(r, 10), "p90": pct(r, 90), "n": len(r.samples), "samples": [round(x, 2) for x in r.samples],
-             "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1)}
+             "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1),
+             "capture_ms": round(r.capture_seconds * 1e3, 2)}
             for r in rows]
 
 
@@ -122,8 +123,9 @@ def bench(
                       f"{r.mean:.2f} ± {r.std:.2f}")
         out.print(t)
         for r in rows:
+            capture = f", graph capture {r.capture_seconds * 1e3:.1f} ms (untimed)" if r.capture_seconds else ""
             out.print(f"{r.test}: peak device memory {r.peak_mem_bytes / 2**30:.2f} GiB, "
-                      f"growth over the repetitions {r.mem_growth_bytes / 2**20:+.1f} MiB", markup=False)
+                      f"growth over the repetitions {r.mem_growth_bytes / 2**20:+.1f} MiB{capture}", markup=False)
     if record:
         from minfer_cli.engine.record import bench_record
 

@@ -3,8 +3,9 @@ judged by.
 
 pp<n>: one prefill of n prompt tokens into an empty KV cache, wall-clock timed from the first launch to the
 stream's completion (llama-bench's definition: tokens / seconds, mean ± sample stddev over repetitions). Weight
-generation or loading, f16 weight copies (W16=1) and JIT compilation happen before timing: a warm-up prefill of
-the same length runs first.
+generation or loading, f16 weight copies (W16=1), JIT compilation and (PGRAPH=1) the capture of the length's
+CUDA graph happen before timing: a warm-up prefill of the same length runs first; the capture's wall time is
+reported beside the figures.
 
 tg<n>: n tokens generated one at a time into an empty KV cache (llama-bench's test_gen: no prompt; the first
 token random, at position 0), tok/s = n / wall seconds from the first step's launch to the n-th token being back
@@ -46,6 +47,9 @@ def engine_knobs() -> tuple[Knob, ...]:
     from kernels import attention, gemm_f16
 
     knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
+    knobs += [Knob("PGRAPH", (0, 1), 1, "prefill (pp): 1 captures the prefill of each prompt length into a CUDA graph "
+                                        "on its first run and replays it; 0 launches every kernel from Python",
+                   legacy=0)]
     knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly", legacy=0)]
     knobs += [Knob("MMVQ", (0, 1), 1, "decode (tg): 1 quantizes mat-vec inputs to Q8_1 (int8, dp4a) for "
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs", legacy=0)]
@@ -108,7 +112,7 @@ def engine_options(config: Config) -> EngineOptions:
                          prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
                          hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 1)),
                          vload=bool(config.get("VLOAD", 0)), pdl=bool(config.get("PDL", 1)),
-                         fuse_qkv=bool(config.get("FUSE_QKV", 0)))
+                         fuse_qkv=bool(config.get("FUSE_QKV", 0)), pgraph=bool(config.get("PGRAPH", 1)))
 
 
 @dataclass
@@ -124,6 +128,7 @@ class BenchRow:
     samples: list = field(default_factory=list)
     peak_mem_bytes: int = 0
     mem_growth_bytes: int = 0
+    capture_seconds: float = 0.0  # pp with PGRAPH=1: wall time of the graph capture (in the warm-up, untimed)
 
     @property
     def mean(self) -> float:
@@ -197,7 +202,9 @@ def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: EngineO
             peak = max(peak, _used_bytes())
         row.peak_mem_bytes = peak
         row.mem_growth_bytes = _used_bytes() - first_used
+        row.capture_seconds = engine.capture_seconds.get((n, 0), 0.0)
         rows.append(row)
+    engine.close()
     return rows
 
 

@@ -194,15 +194,17 @@ def tensor_names(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def mix_type(name: str, shape: tuple[int, ...], n_layers: int, mix: str = "Q4_K_M") -> str:
+def mix_type(name: str, shape: tuple[int, ...], n_layers: int, mix: str = "Q4_K_M", tied: bool = False) -> str:
     """The type llama.cpp's ``llama_tensor_get_type`` gives tensor ``name`` under ``mix`` (only Q4_K_M):
-    vectors F32; ``output.weight`` Q6_K; ``attn_v`` and ``ffn_down`` Q6_K in `use_more_bits` layers; every
-    other matrix (token_embd included) Q4_K. (llama.cpp's 70B and MoE special cases do not apply here.)"""
+    vectors F32; ``output.weight`` Q6_K, and ``token_embd.weight`` too when the output is ``tied`` to it (the
+    quantizer gives a model without an output tensor's embedding the output's type); ``attn_v`` and ``ffn_down``
+    Q6_K in `use_more_bits` layers; every other matrix (an untied token_embd included) Q4_K. (llama.cpp's 70B and
+    MoE special cases do not apply here.)"""
     if mix not in MIXES:
         raise ModelError(f"type mix {mix!r} is not supported; supported: {', '.join(MIXES)}")
     if len(shape) == 1:
         return "F32"
-    if name == "output.weight":
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
         return "Q6_K"
     parts = name.split(".")
     if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down") and use_more_bits(int(parts[1]), n_layers):
@@ -219,7 +221,7 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
     config.validate()
     specs = []
     for name, shape in tensor_names(config):
-        qtype = mix_type(name, shape, config.n_layers, mix)
+        qtype = mix_type(name, shape, config.n_layers, mix, tied=config.tied_output)
         if qtype != "F32" and shape[0] % 256:
             raise ModelError(
                 f"tensor {name} has input dim {shape[0]}, not a multiple of 256, which {qtype} super-blocks need"
@@ -230,7 +232,7 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
 
 # llama.cpp names a model's size by its architecture's layer count and width (llm_type), not by rounding the
 # parameter count: Qwen2-7B has 7.62 B parameters and is "7B"; Llama-2-7B has 6.74 B and is "7B" too.
-KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B"}
+KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B"}
 
 
 def size_label(n_params: int, config: "ModelConfig | None" = None) -> str:

@@ -15,7 +15,11 @@ One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions
 
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16:
 keep a persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing
-before every product into one scratch buffer. Source of the architecture: llama.cpp's llm_build_llama /
+before every product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start
+position) runs eagerly and is then captured into a CUDA graph, which every later prefill of that length replays:
+one host call instead of ~11 kernel launches a layer, each costing tens of µs of Python and driver time. Nothing
+a prefill reads comes from the host (the token ids are copied device to device into the engine's own buffer; the
+positions are a view of one ``0..context-1`` array made at construction), so a replay is the same work. Source of the architecture: llama.cpp's llm_build_llama /
 llm_build_qwen2 (pre-norm, SwiGLU, RoPE NEOX for qwen2 and NORMAL for llama, GQA).
 """
 
@@ -71,6 +75,7 @@ class EngineOptions:
     vload: bool = False
     pdl: bool = True
     fuse_qkv: bool = False
+    pgraph: bool = True
 
 
 @dataclass
@@ -118,8 +123,13 @@ class PrefillEngine:
                  context: Optional[int] = None, stream=None, progress: Progress = None):
         from numba import cuda
 
+        from kernels.ptx import SIMULATOR
         from kernels.quant import SUPPORTED
+        from minfer_cli.engine.errors import ModelError
 
+        if options.pgraph and SIMULATOR:
+            raise ModelError("PGRAPH=1 captures the prefill into CUDA graphs, which the CUDA simulator cannot; "
+                             "use PGRAPH=0 (EngineOptions(pgraph=False)) there")
         c: ModelConfig = weights.config
         self.config, self.weights, self.options = c, weights, options
         self.max_tokens = int(max_tokens)
@@ -129,8 +139,6 @@ class PrefillEngine:
         self.embedding = weights.embedding_table()  # (raw, qtype): token_embd, or its f32 copy for other types
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
-                from minfer_cli.engine.errors import ModelError
-
                 raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
         self.layers: list[_Layer] = []
         for i in range(c.n_layers):
@@ -179,7 +187,10 @@ class PrefillEngine:
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16, stream=s)
         self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
-        self.pos = cuda.device_array(nt, dtype=np.int32, stream=s)
+        self.ids = cuda.device_array(nt, dtype=np.int32, stream=s)
+        self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
+        self._graphs: dict = {}  # (nt, start) -> (CUgraph, CUgraphExec)
+        self.capture_seconds: dict = {}  # (nt, start) -> wall seconds of its capture + instantiation
         s.synchronize()
         if progress:
             progress("f16 weights (W16=1)" if options.w16 else "buffers", 1.0)
@@ -220,10 +231,73 @@ class PrefillEngine:
         """Enqueue the prefill of ``ids`` (int32 device array [nt], nt <= max_tokens) at positions start..start+nt-1
         and return the last token's logits (f32 device array [1, vocab]); the caller synchronises the stream.
         ``taps`` (a list; `minfer model check`): the residual stream after the embedding and after each layer is
-        appended to it as a host f32 array [nt, hidden] (each copy waits for the stream: never in a timed run).
+        appended to it as a host f32 array [nt, hidden] (each copy waits for the stream: never in a timed run;
+        always eager). With ``options.pgraph`` the first call of a (nt, start) runs eagerly and captures a graph
+        (its wall time in ``capture_seconds``); later calls replay it.
 
         Raises ModelError when nt is 0 or exceeds max_tokens, or the positions exceed the cache's context.
         """
+        from minfer_cli.engine.errors import ModelError
+
+        nt = int(ids.shape[0])
+        if not 0 < nt <= self.max_tokens or start + nt > self.context:
+            raise ModelError(f"prefill of {nt} tokens at position {start} does not fit this engine "
+                             f"(max {self.max_tokens} tokens per call, context {self.context})")
+        if not self.options.pgraph or taps is not None:
+            return self._forward(ids, start, taps)
+        own = self.ids[:nt]
+        if ids.device_ctypes_pointer.value != own.device_ctypes_pointer.value:
+            own.copy_to_device(ids, stream=self.stream)
+        key = (nt, int(start))
+        graph = self._graphs.get(key)
+        if graph is None:
+            self._forward(own, start)  # compiles every kernel and sets launch attributes outside the capture
+            self._capture(key, own, start)
+            return self.logits
+        from minfer_cli.measure.timing import _check, _driver
+
+        drv = _driver()
+        _check(drv.cuGraphLaunch(graph[1], drv.CUstream(int(self.stream.handle))), "cuGraphLaunch")
+        return self.logits
+
+    def _capture(self, key, ids, start: int) -> None:
+        import time
+
+        from numba import cuda
+
+        from minfer_cli.measure.timing import _check, _driver
+
+        drv = _driver()
+        handle = drv.CUstream(int(self.stream.handle))
+        t0 = time.perf_counter()
+        with cuda.defer_cleanup():  # no deferred cuMemFree may run inside the capture
+            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                   "cuStreamBeginCapture")
+            try:
+                self._forward(ids, start)
+            finally:
+                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
+        self._graphs[key] = (graph, _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"))
+        self.capture_seconds[key] = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Destroy the captured prefill graphs (the buffers go with the engine)."""
+        if self._graphs:
+            from minfer_cli.measure.timing import _driver
+
+            drv = _driver()
+            for graph, graph_exec in self._graphs.values():
+                drv.cuGraphExecDestroy(graph_exec)
+                drv.cuGraphDestroy(graph)
+            self._graphs.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _forward(self, ids, start: int = 0, taps: Optional[list] = None):
         from kernels.activation import swiglu
         from kernels.attention import flash_attention
         from kernels.embedding import embedding
@@ -232,15 +306,10 @@ class PrefillEngine:
         from kernels.residual import bias_add, residual_add
         from kernels.rope import rope
         from kernels.views import head_slice
-        from minfer_cli.engine.errors import ModelError
 
         c, s = self.config, self.stream
         nt = int(ids.shape[0])
-        if not 0 < nt <= self.max_tokens or start + nt > self.context:
-            raise ModelError(f"prefill of {nt} tokens at position {start} does not fit this engine "
-                             f"(max {self.max_tokens} tokens per call, context {self.context})")
-        self.pos[:nt].copy_to_device(np.arange(start, start + nt, dtype=np.int32), stream=s)
-        pos = self.pos[:nt]
+        pos = self.positions[start: start + nt]
         x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
         proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
         embedding(*self.embedding, c.vocab, c.hidden, ids, out=x, stream=s)
