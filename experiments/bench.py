@@ -13,7 +13,7 @@ harness's CUDA graphs do not apply to a forward that launches hundreds of kernel
   position 0 (`DecodeEngine.generate`: graph replays with GRAPHS=1), JIT and graph capture done before timing.
 
 Check, pp: the last token's logits. For `tiny` they are compared with the independent float64 numpy forward
-(`minfer_cli.engine.reference`); for the 7B preset a float64 forward is far too slow, so they are compared with
+(`minfer_cli.engine.reference`); for the real-sized presets a float64 forward is far too slow, so they are compared with
 the engine at its default knobs on the same tokens (the default engine itself is held to independent references
 by the test suite). Tolerance 2e-2 (f16 weights and activations through every layer).
 Check, tg: the logits of the last step, against a forward over the same token sequence (the first token and the
@@ -33,8 +33,10 @@ from minfer_cli.engine.presets import DEFAULT_PRESET
 from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
 
 SEED = 0
-_PRESET = {"pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny",
-           "tg128": DEFAULT_PRESET, "tiny_tg8": "tiny"}
+_PRESET = {"pp128": DEFAULT_PRESET, "pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny",
+           "tg128": DEFAULT_PRESET, "tiny_tg8": "tiny",
+           "qwen2-1.5b_pp512": "qwen2-1.5b-q4_k_m", "qwen2-1.5b_pp2048": "qwen2-1.5b-q4_k_m",
+           "qwen2-1.5b_tg128": "qwen2-1.5b-q4_k_m", "llama3.2-3b_pp512": "llama3.2-3b-q4_k_m"}
 PP_TOLERANCE = 2e-2
 TG_TOLERANCE = 5e-2
 
@@ -56,6 +58,11 @@ class BenchExperiment(Experiment):
     workloads = (
         Workload("pp2048", {"nt": 2048}, f"{DEFAULT_PRESET}, 2048-token prompt"),
         Workload("pp512", {"nt": 512}, f"{DEFAULT_PRESET}, 512-token prompt"),
+        Workload("pp128", {"nt": 128}, f"{DEFAULT_PRESET}, 128-token prompt"),
+        Workload("qwen2-1.5b_pp512", {"nt": 512}, "qwen2-1.5b-q4_k_m, 512-token prompt"),
+        Workload("qwen2-1.5b_pp2048", {"nt": 2048}, "qwen2-1.5b-q4_k_m, 2048-token prompt"),
+        Workload("llama3.2-3b_pp512", {"nt": 512}, "llama3.2-3b-q4_k_m, 512-token prompt"),
+        Workload("qwen2-1.5b_tg128", {"n": 128}, "qwen2-1.5b-q4_k_m, 128 tokens generated from an empty cache"),
         Workload("tiny_pp16", {"nt": 16}, "tiny preset, 16-token prompt (CUDA simulator)"),
         Workload("tg128", {"n": 128}, f"{DEFAULT_PRESET}, 128 tokens generated from an empty cache"),
         Workload("tiny_tg8", {"n": 8}, "tiny preset, 8 tokens generated (GPU tests; ~130 s a step in the simulator)"),

@@ -341,7 +341,7 @@ def test_cli_synth_writes_a_loadable_file(tmp_path):
     out = tmp_path / "t.gguf"
     res = CliRunner().invoke(app, ["model", "synth", "tiny-llama", "-o", str(out), "--seed", "3"])
     assert res.exit_code == 0, res.output
-    assert "llama 1M Q4_K - Medium, 0.75 MiB, 1.31 M params, 20 tensors, seed 3" in res.output
+    assert "llama 1M Q4_K - Medium, 0.78 MiB, 1.31 M params, 20 tensors, seed 3" in res.output
     assert load_gguf(out).config == preset("tiny-llama")
     bad = CliRunner().invoke(app, ["model", "synth", "nope", "-o", str(out)])
     assert bad.exit_code == 2 and "unknown model preset" in bad.output
