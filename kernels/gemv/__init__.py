@@ -34,8 +34,9 @@ MXFP4 bytes. x (16-byte aligned, f32) is always read with 16-byte loads; Q8_1 x 
 or 4-byte words (Q6_K).
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
-decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`` chunks per loop iteration,
-``PREFETCH`` (an L2 bulk prefetch of the block's rows first, or a per-chunk lookahead), ``PDL`` (a programmatic
+decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``STAGE`` (a per-warp cp.async ring of
+shared-memory windows W passes through), ``MINB`` (the launch bound), ``FOLD`` (Q6_K's offset taken from x),
+``PDL`` (a programmatic
 dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the x form
 (f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
 ``y = silu(gate·x) * (up·x)`` in the epilogue).
@@ -53,38 +54,27 @@ from __future__ import annotations
 from kernels.gemv.codegen import lookahead_lines
 from kernels.gemv.config import (
     DEFAULT_FOLD,
-    DEFAULT_HOIST,
     DEFAULT_MINB,
     DEFAULT_PDL,
-    DEFAULT_PREFETCH,
     DEFAULT_RPB,
     DEFAULT_STAGE,
-    DEFAULT_UNROLL,
-    DEFAULT_VLOAD,
     DEFAULT_WPR,
     FOLD_VALUES,
-    HOIST_VALUES,
     MAX_THREADS_PER_SM,
     MINB_REGISTER_FLOOR,
     MINB_VALUES,
     PDL_VALUES,
-    PREFETCH_VALUES,
     RPB_VALUES,
     STAGE_SMEM_LIMIT,
     STAGE_VALUES,
-    UNROLL_VALUES,
-    VLOAD_VALUES,
     WPR_VALUES,
     fold_refusal,
-    hoist_refusal,
     min_blocks_registers,
     one_wave_min_blocks,
-    prefetch_refusal,
     stage_refusal,
     stage_smem_bytes,
     stage_window_bytes,
     threads_per_block,
-    vload_refusal,
 )
 from kernels.gemv.device import M0, M4, M8, M16, M32, M128, MB, N1, N2, N4, U, ZERO
 from kernels.gemv.dots_q8 import Q6_OFFSET
@@ -92,23 +82,18 @@ from kernels.gemv.formats import (
     FLOAT_GROUP,
     FOLD_TYPES,
     GEMV_TYPES,
-    HOIST_TYPES,
     MMVQ_TYPES,
     STAGE_TYPES,
-    VLOAD_TYPES,
     _IMPLS,
     _MMVQ_IMPLS,
 )
 from kernels.gemv.launch import gemv_glu, gemv_q, kernel_for, kernel_signature
 
 __all__ = [
-    "DEFAULT_FOLD", "DEFAULT_HOIST", "DEFAULT_MINB", "DEFAULT_PDL", "DEFAULT_PREFETCH", "DEFAULT_RPB", "DEFAULT_STAGE",
-    "DEFAULT_UNROLL", "DEFAULT_VLOAD", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES",
-    "HOIST_TYPES", "HOIST_VALUES", "M0", "M4", "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB",
-    "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1", "N2", "N4", "PDL_VALUES", "PREFETCH_VALUES",
-    "Q6_OFFSET", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U", "UNROLL_VALUES",
-    "VLOAD_TYPES", "VLOAD_VALUES", "WPR_VALUES", "ZERO", "fold_refusal", "gemv_glu", "gemv_q", "hoist_refusal",
-    "kernel_for", "kernel_signature", "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks",
-    "prefetch_refusal", "stage_refusal", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
-    "vload_refusal",
+    "DEFAULT_FOLD", "DEFAULT_MINB", "DEFAULT_PDL", "DEFAULT_RPB", "DEFAULT_STAGE", "DEFAULT_WPR", "FLOAT_GROUP",
+    "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "M0", "M4", "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB",
+    "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1", "N2", "N4", "PDL_VALUES", "Q6_OFFSET", "RPB_VALUES",
+    "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U", "WPR_VALUES", "ZERO", "fold_refusal", "gemv_glu",
+    "gemv_q", "kernel_for", "kernel_signature", "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks",
+    "stage_refusal", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
 ]

@@ -8,7 +8,7 @@ Every knob is a compile-time constant: one specialised kernel per combination (`
 from __future__ import annotations
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv.formats import FOLD_TYPES, HOIST_TYPES, STAGE_TYPES, VLOAD_TYPES, _IMPLS, _known_format
+from kernels.gemv.formats import FOLD_TYPES, STAGE_TYPES, _IMPLS, _known_format
 from kernels.quant.dequant import _address
 from kernels.quant.formats import block_format
 
@@ -17,54 +17,19 @@ RPB_VALUES = (1, 2, 4, 8)
 """Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
 WPR_VALUES = (1, 2, 4, 8)
 """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
-UNROLL_VALUES = (1, 2)
-"""Chunks of a row each warp takes per loop iteration (2: both chunks' loads issued before either is decoded)."""
-PREFETCH_VALUES = (0, 1, 2, 3)
-"""How W's bytes are asked into L2 ahead of the loads that use them; 0: the warps' own loads only.
-
-* 1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
-  (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
-  warps' registers hold. On the H200 slower at the best launch shapes (Q4_K ffn_up 17.0 -> 22.2 µs, Q6_K
-  ffn_down 29.1 -> 52.8 µs; ledger #36, #37).
-* 2, 3 (lookahead): at the top of every step each warp prefetches the 128-byte lines of the chunk it will decode
-  ``PREFETCH - 1`` steps later, for all RPB rows (`_lookahead`: one ``prefetch.global.L2`` per lane and weight
-  for up to 32 lines, `kernels.ptx.prefetch_l2`), so the next chunks' DRAM reads overlap this chunk's decode
-  without holding registers or shared memory. UNROLL=1 and STAGE 0 or a ring (`prefetch_refusal`). On the H200
-  slower at every shape measured: Q4_K MMVQ ffn_down (RPB=4, WPR=4, MINB=7) 16.00 -> 18.94 / 20.26 µs, the Q6_K
-  ring two steps ahead 24.27 -> 26.04, the Q4_K gate/up pass (RPB=8, WPR=1) 39.39 -> 40.85 / 43.85 (ledger #76,
-  #77, #78)."""
-STAGE_VALUES = (0, 1, 2, 3, 4)
+STAGE_VALUES = (0, 2, 3, 4)
 """Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
 formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword (Q6_K: 17 a lane a
 block); 0: decode straight from global memory.
 
-* 1: each warp copies a chunk through registers with aligned 16-byte loads, then decodes it (`_staged_body`). On
-  the H200 this was slower: Q6_K MMVQ RPB=4, WPR=2 at ffn_down 34.78 vs 29.73 µs (+17%, ledger #47), at the
-  output head +7% (#49): the copy, its two warp barriers and the shared-memory halfword loads cost more than the
-  2-byte global loads they replace, and no more bytes are in flight.
 * 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the next STAGE - 1
   chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
-  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). Alone it was slower on
+  per warp no longer depend on how ptxas schedules the decode's loads. Alone it was slower on
   the H200 (Q6_K MMVQ at ffn_down, RPB=4, WPR=2: STAGE=3 34.88 vs 30.02 µs for STAGE=0, +16%, REVERTED, #59).
   Its copy and window addressing were later made lean (`_ring_copy`, `_RING_FETCH`: ~15% fewer instructions).
   With FOLD=1, 4 warps a row and MINB=7 (72 registers, 23 warps an SM) it is the fastest Q6_K shape at
   ffn_down: 24.08 µs vs 28.30 for RPB=4, WPR=2 without it (#69, #73), the engine's DEEP=1 launch (tg128 +2.2%,
   #71). Hardware counters (ncu) of that kernel: issue slots 58.5% busy, DRAM 49.8%."""
-HOIST_VALUES = (0, 1)
-"""1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
-them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
-chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
-On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers leave 12
-blocks of 64 threads a SM, too few for 1792 in one wave) but 16.33 µs with RPB=4, WPR=4 and MINB=7 (#52) against
-19.81 for the best HOIST=0 shape (#44); with RPB=4, WPR=4, MINB=7 HOIST=0 is now 16.03 µs vs 16.37 (#68), so
-decode's DEEP=1 does not hoist. #50's and #52's HOIST=0 arms ran a Q4_K dot order reverted
-since (both loads first; now the header is decoded between them, as in #44)."""
-VLOAD_VALUES = (0, 1)
-"""1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
-funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads of 64 bytes (`_q6_k_lane8`):
-more bytes in flight per outstanding load, which is what ptxas's load grouping limits (see HOIST_VALUES). W must
-start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). On the H200 slower: Q6_K MMVQ RPB=4, WPR=2 at
-ffn_down 38.14 vs 29.54 µs (+29%, REVERTED, ledger #56)."""
 FOLD_VALUES = (0, 1)
 """1: Q6_K's MMVQ dot takes its -32 offset from the x loader: per plane ``-32 * Σx`` of the lane's 8 x values, once
 per chunk for all RPB rows (`_xq_k_planes_fold`), starts the plane's dp4a chain over the stored 6-bit q (0..63,
@@ -99,14 +64,10 @@ STAGE_SMEM_LIMIT = 48 * 1024
 <= 56)."""
 DEFAULT_RPB = 4
 DEFAULT_WPR = 4
-DEFAULT_UNROLL = 1
-DEFAULT_PREFETCH = 0
 DEFAULT_STAGE = 0
-DEFAULT_HOIST = 0
 DEFAULT_MINB = 0
 MAX_THREADS_PER_SM = 2048
 """Resident threads an sm_90 SM holds: MINB * 32 * WPR above it is refused (ptxas ignores such a bound)."""
-DEFAULT_VLOAD = 0
 DEFAULT_FOLD = 0
 DEFAULT_PDL = 0
 
@@ -141,8 +102,7 @@ def threads_per_block(warps_per_row: int) -> int:
     return 32 * warps_per_row
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
-                 vload=0, fold=0, pdl=0) -> None:
+def _check_knobs(rows_per_block, warps_per_row, stage=0, min_blocks=0, fold=0, pdl=0) -> None:
     if min_blocks in MINB_VALUES and warps_per_row in WPR_VALUES and min_blocks * 32 * warps_per_row > MAX_THREADS_PER_SM:
         fits = [m for m in MINB_VALUES if m * 32 * warps_per_row <= MAX_THREADS_PER_SM]
         raise KernelConstraintError(
@@ -152,26 +112,14 @@ def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, h
         )
     if pdl not in PDL_VALUES:
         raise KernelConstraintError(f"pdl={pdl!r} is not supported; allowed: {', '.join(map(str, PDL_VALUES))}")
-    if vload not in VLOAD_VALUES:
-        raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
     if fold not in FOLD_VALUES:
         raise KernelConstraintError(f"fold={fold!r} is not supported; allowed: {', '.join(map(str, FOLD_VALUES))}")
     if min_blocks not in MINB_VALUES:
         raise KernelConstraintError(
             f"min_blocks={min_blocks!r} is not supported; allowed: {', '.join(map(str, MINB_VALUES))}"
         )
-    if hoist not in HOIST_VALUES:
-        raise KernelConstraintError(f"hoist={hoist!r} is not supported; allowed: {', '.join(map(str, HOIST_VALUES))}")
     if stage not in STAGE_VALUES:
         raise KernelConstraintError(f"stage={stage!r} is not supported; allowed: {', '.join(map(str, STAGE_VALUES))}")
-    if prefetch not in PREFETCH_VALUES:
-        raise KernelConstraintError(
-            f"prefetch={prefetch!r} is not supported; allowed: {', '.join(map(str, PREFETCH_VALUES))}"
-        )
-    if unroll not in UNROLL_VALUES:
-        raise KernelConstraintError(
-            f"unroll={unroll!r} is not supported; allowed: {', '.join(map(str, UNROLL_VALUES))}"
-        )
     if rows_per_block not in RPB_VALUES:
         raise KernelConstraintError(
             f"rows_per_block={rows_per_block!r} is not supported; allowed: {', '.join(map(str, RPB_VALUES))}"
@@ -182,61 +130,10 @@ def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, h
         )
 
 
-def prefetch_refusal(prefetch: int, *, unroll: int = 1, stage: int = 0) -> str | None:
-    """Why ``prefetch`` (one of ``PREFETCH_VALUES``) cannot run with these knobs, in one sentence, or None: the one
-    owner of PREFETCH's rules (`kernel_for` raises it; the gemv experiment asks first). The lookahead (2, 3)
-    prefetches ahead of a loop of one chunk a step: UNROLL=1, and STAGE 0 or a ring (2..4), not the register copy
-    of STAGE=1."""
-    if prefetch < 2:
-        return None
-    if unroll != 1:
-        return f"prefetch={prefetch} (lookahead) needs unroll=1 (one chunk a step), got unroll={unroll}"
-    if stage == 1:
-        return f"prefetch={prefetch} (lookahead) does not combine with stage=1; use stage 0 or a ring (2..4)"
-    return None
-
-
-def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
-    """Why ``hoist=1`` cannot run for format ``qtype`` (with ``stage``), in one sentence, or None: the one owner of
-    HOIST's rules (`kernel_for` raises it; the gemv experiment and the decode engine ask first)."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in HOIST_TYPES:
-        return (f"hoist=1 takes the formats whose block dot is split into loads and decode, {', '.join(HOIST_TYPES)}; "
-                f"{name} has no split, use hoist=0")
-    if stage:
-        return (f"hoist=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
-                "pick one")
-    return None
-
-
-def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
-    """Why ``vload=1`` cannot run, in one sentence, or None: the one owner of VLOAD's rules (`kernel_for` and the
-    launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage > 0, or, given W
-    (``raw``, a device array named ``what``) or its size ``nbytes``: W not a multiple of 8 bytes or not starting
-    8-byte aligned (the last block's second vector would pass W's end, or the vector loads would fault)."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in VLOAD_TYPES:
-        return (f"vload=1 takes {', '.join(VLOAD_TYPES)} (2-byte-aligned blocks read as 8-byte vectors); {name} "
-                "already loads aligned words, use vload=0")
-    if stage:
-        return (f"vload=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
-                "pick one")
-    size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
-    address = _address(raw) % 8 if raw is not None else 0
-    if size is not None and (size % 8 or address):
-        return (f"vload=1 reads {what} in 8-byte vectors: it must start at an 8-byte aligned address and be a "
-                f"multiple of 8 bytes long, got {size} bytes" + (f" at address % 8 = {address}" if address else ""))
-    return None
-
-
-def fold_refusal(qtype, *, mmvq: bool, vload: int = 0) -> str | None:
+def fold_refusal(qtype, *, mmvq: bool) -> str | None:
     """Why ``fold=1`` cannot run, in one sentence, or None: the one owner of FOLD's rules (`kernel_for` raises it;
     the gemv experiment asks first). A format outside ``FOLD_TYPES``, f32 x (the offset is folded into the int8
-    dot products of the MMVQ kernel), or vload=1."""
+    dot products of the MMVQ kernel)."""
     name, unknown = _known_format(qtype)
     if unknown:
         return unknown
@@ -245,8 +142,6 @@ def fold_refusal(qtype, *, mmvq: bool, vload: int = 0) -> str | None:
                 f"{name} has none, use fold=0")
     if not mmvq:
         return "fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), not f32 x"
-    if vload:
-        return "fold=1 does not combine with vload=1 (its dot reads halfwords); pick one"
     return None
 
 
@@ -256,19 +151,18 @@ def stage_window_bytes(chunk_bytes: int) -> int:
     return (chunk_bytes + 14 + 15) // 16 * 16
 
 
-def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 1) -> int:
+def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 2) -> int:
     """Static shared memory of a staged kernel: one `stage_window_bytes` window per warp, slot (``stage`` of
     them), weight and row."""
     fmt = block_format(qtype)
     chunk = 32 // _IMPLS[fmt.name][2] * fmt.type_size
-    return warps_per_row * max(stage, 1) * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
+    return warps_per_row * stage * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
 
 
-def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, stage: int = 1, unroll: int = 1,
-                  glu: bool = False, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
+def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, stage: int = 2, glu: bool = False, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
     """Why ``stage`` (one of ``STAGE_VALUES`` above 0) cannot run with these knobs, in one sentence, or None: the
     one owner of STAGE's rules (`kernel_for`, `gemv_q` and `gemv_glu` raise it; the gemv experiment and the decode
-    engine ask first). A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over
+    engine ask first). A format outside ``STAGE_TYPES``, windows over
     ``STAGE_SMEM_LIMIT``; with ``raw`` (a device array, named ``what``) or only its size ``nbytes``: W not a whole
     number of 16-byte vectors or, for ``raw``, not starting at a 16-byte aligned address (the copy's vector loads
     would fault or pass its end)."""
@@ -278,8 +172,6 @@ def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, stage: int 
     if name not in STAGE_TYPES:
         return (f"stage={stage} takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
                 "blocks with aligned words, use stage=0")
-    if unroll != 1:
-        return f"stage={stage} needs unroll=1 (the staged loop copies one chunk a step), got {unroll}"
     need = stage_smem_bytes(name, rows_per_block, warps_per_row, glu, stage)
     if need > STAGE_SMEM_LIMIT:
         return (f"stage={stage} with rows_per_block={rows_per_block}, warps_per_row={warps_per_row}"

@@ -12,22 +12,15 @@ from kernels.errors import KernelConstraintError
 from kernels.gemv.codegen import _build
 from kernels.gemv.config import (
     DEFAULT_FOLD,
-    DEFAULT_HOIST,
     DEFAULT_MINB,
     DEFAULT_PDL,
-    DEFAULT_PREFETCH,
     DEFAULT_RPB,
     DEFAULT_STAGE,
-    DEFAULT_UNROLL,
-    DEFAULT_VLOAD,
     DEFAULT_WPR,
     _check_knobs,
     fold_refusal,
-    hoist_refusal,
-    prefetch_refusal,
     stage_refusal,
     threads_per_block,
-    vload_refusal,
 )
 from kernels.gemv.formats import FLOAT_GROUP, _IMPLS, _MMVQ_IMPLS, _format_name
 from kernels.launch import launch_kernel
@@ -40,30 +33,23 @@ _CACHE: dict[tuple, object] = {}
 
 
 def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
-               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB,
-               vload: int = DEFAULT_VLOAD, fold: int = DEFAULT_FOLD, pdl: int = DEFAULT_PDL):
+               mmvq: bool = False, glu: bool = False, stage: int = DEFAULT_STAGE, min_blocks: int = DEFAULT_MINB,
+               fold: int = DEFAULT_FOLD, pdl: int = DEFAULT_PDL):
     """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
-    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
-    two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
-    ``stage``: one of ``STAGE_VALUES``, above 0 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
-    one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
-    ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage;
-    ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload; ``pdl``: one of
-    ``PDL_VALUES``)."""
+    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``glu``: the two-weight SwiGLU kernel of `gemv_glu`, which
+    has no residual; ``stage``: one of ``STAGE_VALUES``, above 0 for the formats ``STAGE_TYPES`` within
+    ``STAGE_SMEM_LIMIT``; ``min_blocks``: one of ``MINB_VALUES``, the launch bound; ``fold``: one of
+    ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq; ``pdl``: one of ``PDL_VALUES``)."""
     name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
+    _check_knobs(rows_per_block, warps_per_row, stage, min_blocks, fold, pdl)
     if glu and residual:
         raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
-    reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, unroll=unroll, glu=glu) if stage else None
-    reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
-    reason = reason or (vload_refusal(name, stage=stage) if vload else None)
-    reason = reason or (fold_refusal(name, mmvq=mmvq, vload=vload) if fold else None)
-    reason = reason or prefetch_refusal(prefetch, unroll=unroll, stage=stage)
+    reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, glu=glu) if stage else None
+    reason = reason or (fold_refusal(name, mmvq=mmvq) if fold else None)
     if reason:
         raise KernelConstraintError(reason)
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           int(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold), bool(pdl))
+    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), bool(glu), int(stage),
+           int(min_blocks), bool(fold), bool(pdl))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _build(*key)
@@ -94,12 +80,8 @@ def gemv_q(
     *,
     rows_per_block: int = DEFAULT_RPB,
     warps_per_row: int = DEFAULT_WPR,
-    unroll: int = DEFAULT_UNROLL,
-    prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
-    hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
-    vload: int = DEFAULT_VLOAD,
     fold: int = DEFAULT_FOLD,
     pdl: int = DEFAULT_PDL,
     residual=None,
@@ -120,22 +102,14 @@ def gemv_q(
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
     rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
     warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
-    unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
-    prefetch: one of ``PREFETCH_VALUES``: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk
-    prefetch; 2, 3 to have each warp prefetch the lines of its chunk 1 or 2 steps ahead (not with unroll=2 or
-    stage=1: `prefetch_refusal`).
-    stage: shared-memory slots per warp that each chunk passes through before it is decoded (``STAGE_VALUES``):
-    1 copies it with 16-byte loads through registers, 2..4 a ring filled by cp.async that keeps stage - 1 chunks in
-    flight; the formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes
-    long, and the windows within ``STAGE_SMEM_LIMIT``.
-    hoist: 1 to issue all of a chunk's loads (every row) before decoding any (``HOIST_VALUES``; the formats
-    ``HOIST_TYPES``, not with stage > 0); the result is bit-identical to hoist=0.
+    stage: shared-memory slots per warp that each chunk passes through before it is decoded (``STAGE_VALUES``;
+    0 none): 2..4 a ring filled by cp.async that keeps stage - 1 chunks in flight; the formats ``STAGE_TYPES``,
+    with raw starting at a 16-byte aligned address and a multiple of 16 bytes long, and the windows within
+    ``STAGE_SMEM_LIMIT``; the result is bit-identical to stage=0.
     min_blocks: CUDA blocks per SM to compile for (``MINB_VALUES``; 0 none): ``__launch_bounds__``'s register cap,
     so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
-    vload: 1 to read Q6_K blocks with 8-byte vector loads (``VLOAD_VALUES``; raw 8-byte aligned and a multiple of
-    8 bytes long, not with stage > 0); the result is bit-identical to vload=0.
     fold: 1 to take Q6_K's -32 offset into the MMVQ dot once per chunk from x (``FOLD_VALUES``; ``FOLD_TYPES``, Q8_1
-    x, not with vload=1); the result is bit-identical to fold=0.
+    x); the result is bit-identical to fold=0.
     pdl: 1 for a programmatic dependent launch (``PDL_VALUES``; a numba stream, not 0): the kernel may start while
     the previous kernel of the stream finishes, touching only W until that kernel has completed; the result is
     bit-identical to pdl=0.
@@ -151,11 +125,10 @@ def gemv_q(
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
     length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel; stage > 0, hoist=1, vload=1, fold=1 or prefetch > 1 where `stage_refusal`, `hoist_refusal`,
-    `vload_refusal`, `fold_refusal` or `prefetch_refusal` refuses it; pdl=1 on stream 0.
+    MMVQ kernel; stage > 0 or fold=1 where `stage_refusal` or `fold_refusal` refuses it; pdl=1 on stream 0.
     """
-    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, pdl, stream)
+    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, stage, min_blocks, fold,
+                   pdl, stream)
 
 
 def gemv_glu(
@@ -169,12 +142,8 @@ def gemv_glu(
     *,
     rows_per_block: int = DEFAULT_RPB,
     warps_per_row: int = DEFAULT_WPR,
-    unroll: int = DEFAULT_UNROLL,
-    prefetch: int = DEFAULT_PREFETCH,
     stage: int = DEFAULT_STAGE,
-    hoist: int = DEFAULT_HOIST,
     min_blocks: int = DEFAULT_MINB,
-    vload: int = DEFAULT_VLOAD,
     fold: int = DEFAULT_FOLD,
     pdl: int = DEFAULT_PDL,
     stream=0,
@@ -192,16 +161,16 @@ def gemv_glu(
     """
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
-    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, pdl, stream)
+    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, stage, min_blocks,
+                   fold, pdl, stream)
 
 
-def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, min_blocks, vload, fold, pdl, stream):
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, stage, min_blocks, fold, pdl,
+            stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq = isinstance(x, Q8Blocks)
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
+    _check_knobs(rows_per_block, warps_per_row, stage, min_blocks, fold, pdl)
     if pdl and not stream:
         raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
                                     "stream, not the default stream 0")
@@ -215,12 +184,8 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     else:
         weights = tuple(_named(name, _check_raw, fmt, w, od, id) for name, w in (("raw_gate", raw), ("raw_up", raw_up)))
     for name, w in zip(("raw", "raw_up"), weights) if stage else ():
-        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, stage=stage, unroll=unroll,
-                               glu=raw_up is not None, raw=w, what=name)
-        if reason:
-            raise KernelConstraintError(reason)
-    for name, w in zip(("raw", "raw_up"), weights) if vload else ():
-        reason = vload_refusal(fmt.name, stage=stage, raw=w, what=name)
+        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, stage=stage, glu=raw_up is not None, raw=w,
+                               what=name)
         if reason:
             raise KernelConstraintError(reason)
     if mmvq:
@@ -244,8 +209,8 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist, min_blocks, vload, fold, pdl)
+    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, raw_up is not None, stage,
+                      min_blocks, fold, pdl)
     grid = (od + rows_per_block - 1) // rows_per_block
     args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
             out if residual is None else residual, od, id)

@@ -28,11 +28,7 @@ quantization serves q, k and v, and gate and up); other weight types keep the f3
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: +7.5% tg128, ledger #39) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
-format, instead of two mat-vecs and `swiglu`. ``PREFETCH=1`` (``options.prefetch``) has every mat-vec stream its
-CUDA blocks' weight rows into L2 first (`kernels.gemv`'s PREFETCH knob). ``STAGE=1`` (``options.stage``) has every
-mat-vec that `kernels.gemv.stage_refusal` allows (the 2-byte-aligned formats, W 16-byte aligned and a whole
-number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE knob); the others run as before.
-``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
+format, instead of two mat-vecs and `swiglu`. ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
 the output norm). ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
 format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too): the engine copies
@@ -72,13 +68,13 @@ from minfer_cli.engine.weights import ModelWeights
 # #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
 # µs vs 28.30 (#69). An earlier DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
 # and -0.27%, NEUTRAL, after it (#57).
-GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
+GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2}
+GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2}
+GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1}
 """`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
 WIDE_ROWS = 8192
-GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1},
-                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1, "stage": 2, "fold": 1}}
+GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4},
+                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "stage": 2, "fold": 1}}
 """`GEMV_MMVQ_DEEP` (DEEP=1): format -> the launch of its matrices of at least ``DEEP_COLS`` columns (ffn_down),
 plus MINB for one wave."""
 DEEP_COLS = 8192
@@ -169,15 +165,10 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
-        self.stage = bool(options.stage)
-        self.hoist = bool(options.hoist)
-        self.vload = bool(options.vload)
         self.pdl = bool(options.pdl)
-        self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST/VLOAD: (weight, launch shape, glu) -> knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
-        override["prefetch"] = int(options.prefetch)
         override["pdl"] = int(options.pdl)
         self._launch_f32 = {**GEMV_F32, **override}
         self._launch_mmvq = {**GEMV_MMVQ, **override}
@@ -357,12 +348,8 @@ class DecodeEngine:
         """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
         MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
         least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at least
-        DEEP_COLS columns), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added to a launch that does
-        not stage yet where `kernels.gemv.stage_refusal` allows it for m (``glu``: with a second weight of m's
-        shape); with HOIST=1, ``hoist=1`` where `kernels.gemv.hoist_refusal` allows it (m's format, not staged);
-        with VLOAD=1, ``vload=1`` where `kernels.gemv.vload_refusal` allows it for m's bytes (Q6_K, not staged,
-        not GLU)."""
-        from kernels.gemv import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
+        DEEP_COLS columns, not GLU), else f32 ``x`` and the f32 shape."""
+        from kernels.gemv import MMVQ_TYPES
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -372,20 +359,6 @@ class DecodeEngine:
             x_in, launch = xq, deep
         else:
             x_in, launch = xq, self._launch_mmvq
-        if self.stage or self.hoist or self.vload:
-            key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
-            if key not in self._load_knobs:
-                extra, staged = {}, launch.get("stage", 0)
-                if self.stage and not staged and stage_refusal(m.qtype, launch["rows_per_block"],
-                                                               launch["warps_per_row"], unroll=launch["unroll"],
-                                                               glu=glu, raw=m.raw) is None:
-                    extra["stage"] = staged = 1
-                if self.hoist and hoist_refusal(m.qtype, stage=staged) is None:
-                    extra["hoist"] = 1
-                if self.vload and not glu and vload_refusal(m.qtype, stage=staged, raw=m.raw) is None:
-                    extra["vload"] = 1
-                self._load_knobs[key] = {**launch, **extra}
-            launch = self._load_knobs[key]
         return x_in, launch
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
