@@ -242,7 +242,7 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     (`kernels.gemv.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
     whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
     the general MMVQ shape."""
-    from kernels.gemv import one_wave_min_blocks
+    from kernels.gemv import GemvConfig, one_wave_min_blocks
     from minfer_cli.engine import decode
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv
 
@@ -251,13 +251,13 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     minb = one_wave_min_blocks(896, 132, 4)
     assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
-        x_in, launch = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
-        assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "pdl": 1, "min_blocks": minb}
+        x_in, config = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
+        assert x_in == "xq" and config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb)
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
               _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
               _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
-        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "pdl": 1}, m
+        assert engine._input(m, "x", "xq", wide=True)[1] == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1), m
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
@@ -559,7 +559,7 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     one wave) on fresh random blocks, residual added in place as the decode step does: within 1e-5 of float64 and
     of the general MMVQ launch (the same products, each row's sums split over 4 warps instead of 2)."""
     from experiments.gemv import reference_mmvq
-    from kernels.gemv import gemv_q
+    from kernels.gemv import GemvConfig, gemv_q
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, DecodeEngine, _Gemv
     from minfer_cli.quant_blocks import random_blocks
@@ -580,7 +580,7 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     got = {}
     for name, launch in (("deep", deep), ("general", GEMV_MMVQ)):
         out = cuda.to_device(res)
-        gemv_q(raw, qtype, od, id, xq, out, residual=out, **launch)
+        gemv_q(raw, qtype, od, id, xq, out, config=GemvConfig(qtype, mmvq=True, residual=True, **launch), residual=out)
         got[name] = out.copy_to_host().astype(np.float64)
         assert np.abs(got[name] - ref).max() <= 1e-5 * np.abs(ref).max(), name
     assert np.abs(got["deep"] - got["general"]).max() <= 1e-5 * np.abs(ref).max()

@@ -14,6 +14,7 @@ Tolerance: relative error ‖y − ref‖ / ‖ref‖ < 1e-5 (float32 accumulati
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
+from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -69,8 +70,9 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
-    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks,
-                 fold=fold, pdl=pdl, residual=res, stream=stream)
+    config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks, fold=fold,
+                        pdl=pdl, mmvq=mmvq, residual=residual is not None)
+    got = gemv_q(dev, name, od, id, xd, out, config=config, residual=res, stream=stream)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -134,9 +136,9 @@ def test_pdl_gives_the_same_numbers_and_needs_a_stream(name, rpb, wpr, mmvq, sta
     np.testing.assert_array_equal(pdl[0], plain[0])
     raw = cuda.to_device(random_blocks(name, od, id, np.random.default_rng(seed)))
     with pytest.raises(KernelConstraintError, match="pdl=1 .* pass a numba stream, not the default stream 0"):
-        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=1)
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), config=GemvConfig(name, pdl=1))
     with pytest.raises(KernelConstraintError, match="pdl=2 is not supported; allowed: 0, 1"):
-        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=2, stream=stream)
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), config=GemvConfig(name, pdl=2), stream=stream)
 
 
 @pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, shift", [
@@ -171,9 +173,7 @@ def test_pdl_prefetches_each_warps_first_chunk_inside_w(monkeypatch, name, od, i
                        rng=np.random.default_rng(seed)) for p in (1, 0)]
     _assert_close(*pdl)
     np.testing.assert_array_equal(pdl[0], plain[0])
-    bases = {b for b, _ in asked}
-    assert len(bases) == 1, "one weight, one array prefetched from"
-    base = bases.pop()
+    assert len({b for b, _ in asked}) == 1, "one weight, one array prefetched from"
     row_bytes = fmt.row_bytes(id)
     chunk = 32 // _IMPLS[name][2] * ts
     end = min(wpr * chunk, row_bytes)
@@ -184,7 +184,7 @@ def test_pdl_prefetches_each_warps_first_chunk_inside_w(monkeypatch, name, od, i
 
 def _glu_knob_off_and_on(name, od, id, knob, on=1):
     """The SwiGLU kernel (MMVQ, RPB=4, WPR=2) on fresh random gate/up weights and x into NaN-poisoned outputs,
-    with ``knob`` (a `gemv_glu` keyword) 0 and ``on``: the two outputs on the host."""
+    with ``knob`` (a `GemvConfig` field) 0 and ``on``: the two outputs on the host."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
@@ -192,7 +192,8 @@ def _glu_knob_off_and_on(name, od, id, knob, on=1):
     xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
     outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
     for value, out in zip((0, on), outs):
-        gemv_glu(wg, wu, name, od, id, xd, out, rows_per_block=4, warps_per_row=2, **{knob: value})
+        config = GemvConfig(name, rows_per_block=4, warps_per_row=2, mmvq=True, glu=True, **{knob: value})
+        gemv_glu(wg, wu, name, od, id, xd, out, config=config)
     return [out.copy_to_host() for out in outs]
 
 
@@ -222,10 +223,10 @@ def test_min_blocks_bit_for_bit_and_refused_outside_its_values():
     _assert_close(*runs[0])
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     with pytest.raises(KernelConstraintError, match="min_blocks=3 is not supported; allowed: 0, 1, 2, 4, 7, 8, 14, 16"):
-        kernel_for("Q4_K", 4, 2, min_blocks=3)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, min_blocks=3)
     with pytest.raises(KernelConstraintError, match="min_blocks=16 with warps_per_row=8 asks for 4096 threads a SM, "
                                                     "more than the 2048 .* allowed here: 0, 1, 2, 4, 7, 8"):
-        kernel_for("Q4_K", 4, 8, min_blocks=16)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=8, min_blocks=16)
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
@@ -248,7 +249,8 @@ def test_residual_may_be_the_output_itself():
     x = rng.standard_normal(id).astype(np.float32)
     r = rng.standard_normal(od).astype(np.float32)
     y = cuda.to_device(r)
-    gemv_q(cuda.to_device(raw), "Q4_K", od, id, cuda.to_device(x), y, rows_per_block=4, warps_per_row=2, residual=y)
+    gemv_q(cuda.to_device(raw), "Q4_K", od, id, cuda.to_device(x), y,
+           config=GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, residual=True), residual=y)
     _assert_close(y.copy_to_host(), _reference(raw, "Q4_K", od, id, x) + r, _scale(raw, "Q4_K", od, id, x, r))
 
 
@@ -347,11 +349,13 @@ def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     dg, du = cuda.to_device(wg), cuda.to_device(wu)
     out = cuda.to_device(np.full(od, np.nan, np.float32))
-    assert gemv_glu(dg, du, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr) is out
+    glu = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=mmvq, glu=True)
+    assert gemv_glu(dg, du, name, od, id, xd, out, config=glu) is out
     _assert_glu_close(out.copy_to_host(), wg, wu, name, od, id, x, mmvq)
     gu = cuda.to_device(np.full((1, 2 * od), np.nan, np.float32))
-    gemv_q(dg, name, od, id, xd, gu.reshape(2 * od)[:od], rows_per_block=rpb, warps_per_row=wpr)
-    gemv_q(du, name, od, id, xd, gu.reshape(2 * od)[od:], rows_per_block=rpb, warps_per_row=wpr)
+    one = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=mmvq)
+    gemv_q(dg, name, od, id, xd, gu.reshape(2 * od)[:od], config=one)
+    gemv_q(du, name, od, id, xd, gu.reshape(2 * od)[od:], config=one)
     unfused = swiglu(gu, out_dtype=np.float32).copy_to_host().reshape(od)
     np.testing.assert_array_equal(out.copy_to_host(), unfused)
 
@@ -364,7 +368,7 @@ def test_glu_rejects_a_wrong_up_and_a_residual():
     with pytest.raises(KernelConstraintError, match="gemv_glu needs raw_up"):
         gemv_glu(_w(2), None, "Q4_K", 2, 256, _x())
     with pytest.raises(KernelConstraintError, match="no residual"):
-        kernel_for("Q4_K", 2, 2, residual=True, glu=True)
+        GemvConfig("Q4_K", rows_per_block=2, warps_per_row=2, residual=True, glu=True)
 
 
 # ---- simulator: rejected inputs -----------------------------------------------------------------------------
@@ -395,17 +399,26 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, cuda.to_device(np.ones(260, np.float32))[1:257]), r"x must start at"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), _x(3)), r"out must be a 1-D float32 device array of 2 elements"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), residual=_x(2, np.float64)), r"residual must be a 1-D float32"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=5), r"stage=5 is not supported; allowed: 0, 2, 3, 4"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1), r"stage=1 is not supported; allowed: 0, 2, 3, 4"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), stage=2), r"stage=2 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=2, rows_per_block=8, warps_per_row=4),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q6_K")),
+         r"config.qtype='Q6_K' does not match this call \(W's format: 'Q4_K'\); make the GemvConfig with qtype='Q4_K'"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", mmvq=True)),
+         r"config.mmvq=True does not match this call \(x given as Q8_1 blocks: False\)"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", residual=True)),
+         r"config.residual=True does not match this call \(a residual given: False\)"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", glu=True)), r"config.glu=True does not match"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=(4, 4)), r"config must be a kernels.gemv.GemvConfig, got tuple"),
+        (lambda: kernel_for({"qtype": "Q4_K"}), r"kernel_for takes a GemvConfig, got dict"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", rows_per_block=3)), r"rows_per_block=3 is not supported"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", warps_per_row=16)), r"warps_per_row=16 is not supported"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=5)), r"stage=5 is not supported; allowed: 0, 2, 3, 4"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=1)), r"stage=1 is not supported; allowed: 0, 2, 3, 4"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", stage=2)), r"stage=2 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=2, rows_per_block=8, warps_per_row=4)),
          r"needs 55296 bytes of shared memory for Q6_K, over the 49152-byte"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=4, rows_per_block=4, warps_per_row=4),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=4, rows_per_block=4, warps_per_row=4)),
          r"stage=4 with rows_per_block=4, warps_per_row=4 needs 55296 bytes .* use fewer rows, warps or stages$"),
-        (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), stage=2), r"multiple of 16 bytes long, got 630 bytes$"),
-        (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), stage=2),
+        (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), config=GemvConfig("Q6_K", stage=2)), r"multiple of 16 bytes long, got 630 bytes$"),
+        (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=2)),
          r"stage=2 reads raw in 16-byte vectors: it must start at a 16-byte aligned address .* address % 16 = 2"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -445,8 +458,9 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, stage, min_blocks, fold, pdl:
-        seen.append((qtype, rows_per_block, warps_per_row, stage, min_blocks, fold, pdl, raw.size)),
+        lambda raw, qtype, od, id, x, out, config, stream: seen.append(
+            (qtype, config.rows_per_block, config.warps_per_row, config.stage, config.min_blocks, config.fold,
+             config.pdl, raw.size)),
     )
     exp = get("gemv")
     wl = exp.workload("tiny")
@@ -460,15 +474,15 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("arm, workload, needle", [
-    ("TYPE=Q6_K,STAGE=2", "tiny", "STAGE=2: stage=2 reads tiny's W in 16-byte vectors: .* got 2100 bytes"),
-    ("TYPE=Q4_K,STAGE=2", "ffn_up", "STAGE=2: stage=2 takes the 2-byte-aligned formats"),
+    ("TYPE=Q6_K,STAGE=2", "tiny", "stage=2 reads tiny's W in 16-byte vectors: .* got 2100 bytes"),
+    ("TYPE=Q4_K,STAGE=2", "ffn_up", "stage=2 takes the 2-byte-aligned formats"),
     ("TYPE=Q6_K,STAGE=2,RPB=8,WPR=8", "ffn_down", "over the 49152-byte static limit"),
     ("TYPE=Q6_K,STAGE=2,RPB=4,WPR=2", "ffn_down", None),
     ("TYPE=Q6_K,STAGE=3,RPB=8,WPR=1", "output", None),
-    ("TYPE=Q6_K,STAGE=4,RPB=4,WPR=4", "ffn_down", "STAGE=4: stage=4 with rows_per_block=4, warps_per_row=4 needs"),
+    ("TYPE=Q6_K,STAGE=4,RPB=4,WPR=4", "ffn_down", "stage=4 with rows_per_block=4, warps_per_row=4 needs"),
     ("TYPE=Q6_K,STAGE=2,RPB=4,WPR=4", "ffn_down", None),
-    ("TYPE=Q4_K,FOLD=1,MMVQ=1", "ffn_down", "FOLD=1: fold=1 takes Q6_K .* Q4_K has none, use fold=0"),
-    ("TYPE=Q6_K,FOLD=1", "ffn_down", "FOLD=1: fold=1 folds the offset .* needs Q8_1 x"),
+    ("TYPE=Q4_K,FOLD=1,MMVQ=1", "ffn_down", "fold=1 takes Q6_K .* Q4_K has none, use fold=0"),
+    ("TYPE=Q6_K,FOLD=1", "ffn_down", "fold=1 folds the offset .* needs Q8_1 x"),
     ("TYPE=Q6_K,FOLD=1,MMVQ=1,STAGE=0", "ffn_down", None),
 ])
 def test_experiment_refuses_stage_where_the_kernel_cannot_take_it(arm, workload, needle):
@@ -509,8 +523,10 @@ def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blo
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
     key = (name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl)
     if key not in _PTX:
-        kernel = kernel_for(name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl)
-        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
+        config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, residual=residual, mmvq=mmvq, glu=glu,
+                            stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl)
+        kernel = kernel_for(config)
+        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
 
@@ -557,6 +573,62 @@ def test_default_kernel_has_no_local_memory_and_no_float64(name):
 @pytest.mark.compile
 def test_eight_rows_per_block_stay_in_registers():
     assert ".local" not in _ptx("Q4_K", 8, 4)
+
+
+_FIELD_CHANGES = {
+    "qtype": ({"qtype": "Q4_K"}, {"qtype": "Q6_K"}),
+    "rows_per_block": ({}, {"rows_per_block": 2}),
+    "warps_per_row": ({}, {"warps_per_row": 2}),
+    "stage": ({"qtype": "Q6_K"}, {"qtype": "Q6_K", "stage": 2}),
+    "min_blocks": ({}, {"min_blocks": 4}),
+    "fold": ({"qtype": "Q6_K", "mmvq": True}, {"qtype": "Q6_K", "mmvq": True, "fold": 1}),
+    "pdl": ({}, {"pdl": 1}),
+    "glu": ({}, {"glu": True}),
+    "mmvq": ({}, {"mmvq": True}),
+    "residual": ({}, {"residual": True}),
+}
+"""Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
+
+
+def test_config_is_the_cache_key_and_generates_the_experiment_knobs():
+    """`GemvConfig` normalises what it is given (a format's enum or value, numpy integers, 0/1 flags) so that equal
+    kernels are equal keys: `kernel_for` returns the same dispatcher; its knob table is the gemv experiment's knobs,
+    and `from_knobs` / `knob_values` are inverse."""
+    from gguf import GGMLQuantizationType
+
+    from minfer_cli.experiment import get
+
+    a = GemvConfig("Q6_K", rows_per_block=np.int64(2), mmvq=1, stage=2, fold=True)
+    b = GemvConfig(GGMLQuantizationType.Q6_K, rows_per_block=2, mmvq=True, stage=np.int32(2), fold=1)
+    assert a == b and hash(a) == hash(b) and kernel_for(a) is kernel_for(b)
+    assert a.qtype == "Q6_K" and a.fold == 1 and a.mmvq is True
+    exp = get("gemv")
+    assert [(k.name, k.values, k.default) for k in exp.knobs] == [spec[:3] for spec in GemvConfig.knob_specs()]
+    assert GemvConfig.from_knobs(a.knob_values()) == a
+    assert GemvConfig.from_knobs(exp.default_config()) == GemvConfig("Q4_K")
+    assert set(_FIELD_CHANGES) == {f.name for f in dataclasses.fields(GemvConfig)}, \
+        "a GemvConfig field without an entry in _FIELD_CHANGES: say how it changes the kernel"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("field", sorted(_FIELD_CHANGES))
+def test_every_config_field_changes_the_kernel(field):
+    """A declared knob the kernel ignores is a bug: for every `GemvConfig` field, two configurations that differ in
+    it alone compile to different sm_90 PTX (the kernel's name, which spells every field, left out) or launch
+    differently (threads, grid)."""
+    from kernels.gemv import codegen
+
+    def ptx(config):
+        kernel = kernel_for(config)
+        text = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
+                                launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
+        return text.replace(codegen._source(config)[0], "KERNEL")
+
+    base, changed = (GemvConfig(**{"qtype": "Q4_K", "rows_per_block": 4, "warps_per_row": 4, **kw})
+                     for kw in _FIELD_CHANGES[field])
+    assert [f.name for f in dataclasses.fields(GemvConfig) if getattr(base, f.name) != getattr(changed, f.name)] == [field]
+    launch = (base.threads, base.grid(1000)) != (changed.threads, changed.grid(1000))
+    assert launch or ptx(base) != ptx(changed), f"{field} changes neither the code nor the launch"
 
 
 @pytest.mark.compile
@@ -622,11 +694,11 @@ def test_fold_against_float64_and_bit_for_bit_the_per_word_offset(od, id, rpb, w
 def test_fold_refusals():
     """FOLD=1 for another format, with f32 x, or an unknown value."""
     with pytest.raises(KernelConstraintError, match="fold=1 takes Q6_K .* Q4_K has none"):
-        kernel_for("Q4_K", 4, 2, mmvq=True, fold=1)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, mmvq=True, fold=1)
     with pytest.raises(KernelConstraintError, match="needs Q8_1 x"):
-        kernel_for("Q6_K", 4, 2, fold=1)
+        GemvConfig("Q6_K", rows_per_block=4, warps_per_row=2, fold=1)
     with pytest.raises(KernelConstraintError, match="fold=2 is not supported; allowed: 0, 1"):
-        kernel_for("Q6_K", 4, 2, mmvq=True, fold=2)
+        GemvConfig("Q6_K", rows_per_block=4, warps_per_row=2, mmvq=True, fold=2)
 
 
 @pytest.mark.compile
@@ -711,7 +783,8 @@ def test_pdl_launches_back_to_back_accumulate_in_place(name, rpb, wpr, stage, mi
     dev, y = cuda.to_device(raw, stream=stream), cuda.to_device(y0, stream=stream)
     xq = quantize_q8_1(cuda.to_device(x, stream=stream), q8_blocks(id), stream=stream)
     for _ in range(8):
-        gemv_q(dev, name, od, id, xq, y, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=minb, pdl=1,
+        gemv_q(dev, name, od, id, xq, y, config=GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage,
+                                                          min_blocks=minb, pdl=1, mmvq=True, residual=True),
                residual=y, stream=stream)
     stream.synchronize()
     ref = y0.astype(np.float64) + 8 * reference_mmvq(raw, name, od, id, x)
@@ -761,7 +834,7 @@ def test_glu_real_shape(rpb, wpr):
     x = (x * 8.0 / np.abs(_reference(wg, "Q4_K", od, id, x)).max()).astype(np.float32)  # |gate| <= 8
     out = cuda.to_device(np.full(od, np.nan, np.float32))
     gemv_glu(cuda.to_device(wg), cuda.to_device(wu), "Q4_K", od, id, quantize_q8_1(cuda.to_device(x), q8_blocks(id)),
-             out, rows_per_block=rpb, warps_per_row=wpr)
+             out, config=GemvConfig("Q4_K", rows_per_block=rpb, warps_per_row=wpr, mmvq=True, glu=True))
     _assert_glu_close(out.copy_to_host(), wg, wu, "Q4_K", od, id, x, mmvq=True)
 
 

@@ -44,7 +44,7 @@ dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the
 Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane fetches both x forms share),
 `kernels.gemv.dots` (f32-x loaders and block dots), `kernels.gemv.dots_q8` (Q8_1-x loaders and dp4a dots),
 `kernels.gemv.formats` (per-format tables: which loader and dot, lanes per block, which formats each knob takes),
-`kernels.gemv.config` (knob values, defaults, limits and the refusal functions), `kernels.gemv.codegen` (the
+`kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations), `kernels.gemv.codegen` (the
 generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`, `kernel_for`). This module re-exports
 their public names.
 """
@@ -53,11 +53,7 @@ from __future__ import annotations
 
 from kernels.gemv.codegen import lookahead_lines
 from kernels.gemv.config import (
-    DEFAULT_FOLD,
-    DEFAULT_MINB,
-    DEFAULT_PDL,
     DEFAULT_RPB,
-    DEFAULT_STAGE,
     DEFAULT_WPR,
     FOLD_VALUES,
     MAX_THREADS_PER_SM,
@@ -68,10 +64,9 @@ from kernels.gemv.config import (
     STAGE_SMEM_LIMIT,
     STAGE_VALUES,
     WPR_VALUES,
-    fold_refusal,
+    GemvConfig,
     min_blocks_registers,
     one_wave_min_blocks,
-    stage_refusal,
     stage_smem_bytes,
     stage_window_bytes,
     threads_per_block,
@@ -90,10 +85,10 @@ from kernels.gemv.formats import (
 from kernels.gemv.launch import gemv_glu, gemv_q, kernel_for, kernel_signature
 
 __all__ = [
-    "DEFAULT_FOLD", "DEFAULT_MINB", "DEFAULT_PDL", "DEFAULT_RPB", "DEFAULT_STAGE", "DEFAULT_WPR", "FLOAT_GROUP",
-    "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "M0", "M4", "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB",
-    "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1", "N2", "N4", "PDL_VALUES", "Q6_OFFSET", "RPB_VALUES",
-    "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U", "WPR_VALUES", "ZERO", "fold_refusal", "gemv_glu",
-    "gemv_q", "kernel_for", "kernel_signature", "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks",
-    "stage_refusal", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
+    "DEFAULT_RPB", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "GemvConfig", "M0", "M4",
+    "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB", "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1",
+    "N2", "N4", "PDL_VALUES", "Q6_OFFSET", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U",
+    "WPR_VALUES", "ZERO", "_IMPLS", "_MMVQ_IMPLS", "gemv_glu", "gemv_q", "kernel_for", "kernel_signature",
+    "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes",
+    "threads_per_block",
 ]

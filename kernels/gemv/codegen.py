@@ -1,5 +1,6 @@
 """The generated source of the gemv kernels (`kernels.gemv`): one kernel per (format, knob combination), its
-per-row code written out RPB times, then jitted; `kernels.gemv.launch.kernel_for` caches what `_build` returns.
+per-row code written out RPB times (`_source`), then jitted (`_build`); `kernels.gemv.launch.kernel_for` caches
+what `_build` returns under its `GemvConfig`.
 
 The pieces: the loop over a row's chunks (`_chunk_body`; STAGE=2..4's cp.async ring `_ring_loop`), PDL's L2
 prefetch of each warp's first chunk before it waits for the previous kernel (`_lookahead`), and the epilogue that
@@ -12,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from kernels.activation import silu_mul
-from kernels.gemv.config import stage_window_bytes, threads_per_block
+from kernels.gemv.config import GemvConfig, stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
 from kernels.gemv.formats import _FOLD, _IMPLS, _MMVQ_IMPLS, _RING_FETCH
 from kernels.ptx import (
@@ -172,12 +173,14 @@ def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk
     return out
 
 
-def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, glu: bool = False, stage: int = 0,
-           min_blocks: int = 0, fold: bool = False, pdl: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, GLU, STAGE, MINB, FOLD, PDL): the
-    per-row code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM
-    when the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
-    same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
+def _source(config: GemvConfig) -> tuple[str, str, dict]:
+    """(kernel name, generated source, the names it runs with) of one `GemvConfig`: the per-row code is written
+    out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block decode
+    is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the same format and
+    shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
+    name, rpb, wpr, residual = config.qtype, config.rows_per_block, config.warps_per_row, config.residual
+    mmvq, glu, stage, min_blocks, fold, pdl = (config.mmvq, config.glu, config.stage, config.min_blocks, config.fold,
+                                               config.pdl)
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
     # the ring's window fetch and the decode of what it returns (`_RING_FETCH`); unused otherwise
     fetch, math_f32, math_q8 = _RING_FETCH.get(name, (None, None, None))
@@ -221,6 +224,13 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, gl
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
+    return fname, src, scope
+
+
+def _build(config: GemvConfig):
+    """Generate (`_source`) and jit the kernel of one `GemvConfig`, with MINB's launch bounds."""
+    fname, src, scope = _source(config)
+    min_blocks, wpr = config.min_blocks, config.warps_per_row
     exec(compile(src, f"<kernels.gemv {fname}>", "exec"), scope)
     if min_blocks and not SIMULATOR:  # a compiler bound: the simulator's jit takes none and has no registers
         return cuda.jit(scope[fname], launch_bounds=(threads_per_block(wpr), min_blocks))

@@ -175,6 +175,7 @@ class DecodeEngine:
         self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
         self.deep = bool(options.deep)
         self._launch_mmvq_deep: dict[tuple, dict | None] = {}  # DEEP=1: (format, od, weight) -> launch knobs or None
+        self._configs: dict[tuple, object] = {}  # (format, launch shape, x form, glu, residual) -> GemvConfig
         self._override = override
         if prefill is not None:
             self.context = prefill.context
@@ -322,34 +323,36 @@ class DecodeEngine:
     def _deep_launch(self, m: _Gemv) -> dict | None:
         """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
         (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
-        has no deep launch, when its ring (STAGE=2) is refused for m's bytes (`kernels.gemv.stage_refusal`), or
-        when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid in one wave (llama
-        7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 was slower than the
-        general shape: Q4_K 20.56 vs 17.95 µs, ledger #68, #70)."""
+        has no deep launch, when its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
+        `weight_refusal`), or when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid
+        in one wave (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 is
+        slower than the general shape)."""
         key = (m.qtype, m.od, id(m.raw))
         if key not in self._launch_mmvq_deep:
-            from kernels.gemv import one_wave_min_blocks, stage_refusal
+            from kernels.errors import KernelConstraintError
+            from kernels.gemv import GemvConfig, one_wave_min_blocks
 
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self._override}
-                if launch.get("stage") and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
-                                                         stage=launch["stage"], raw=m.raw) is not None:
-                    launch = None
-            if launch is not None:
                 grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
-                if not launch["min_blocks"]:  # unbounded, the shape was slower (Q4_K 20.56 vs 17.95 µs, #68, #70)
+                try:
+                    refused = GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
+                except KernelConstraintError as e:
+                    refused = str(e)
+                if refused is not None or not launch["min_blocks"]:
                     launch = None
             self._launch_mmvq_deep[key] = launch
         return self._launch_mmvq_deep[key]
 
-    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
-        """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
-        MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
-        least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at least
-        DEEP_COLS columns, not GLU), else f32 ``x`` and the f32 shape."""
-        from kernels.gemv import MMVQ_TYPES
+    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False, residual: bool = False):
+        """The mat-vec input for weight ``m`` and its kernel (`kernels.gemv.GemvConfig`): x's Q8_1 blocks ``xq`` and
+        an MMVQ shape when MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for
+        Q4_K with at least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
+        least DEEP_COLS columns, not GLU), else f32 ``x`` and the f32 shape; ``glu``: the SwiGLU kernel;
+        ``residual``: the fused-add epilogue. Each configuration is made once and reused on every step."""
+        from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -359,7 +362,11 @@ class DecodeEngine:
             x_in, launch = xq, deep
         else:
             x_in, launch = xq, self._launch_mmvq
-        return x_in, launch
+        key = (m.qtype, id(launch), x_in is xq, glu, residual)
+        config = self._configs.get(key)
+        if config is None:
+            config = self._configs[key] = GemvConfig(m.qtype, mmvq=x_in is xq, glu=glu, residual=residual, **launch)
+        return x_in, config
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
@@ -376,8 +383,8 @@ class DecodeEngine:
                 self._matvec(m, x, out, xq=xq)
                 bias_add(out.reshape(1, m.od), residual, stream=self.stream)
             return
-        x_in, launch = self._input(m, x, xq, wide=True)
-        gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, residual=residual, stream=self.stream, **launch)
+        x_in, config = self._input(m, x, xq, wide=True, residual=residual is not None)
+        gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
     def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
@@ -385,8 +392,8 @@ class DecodeEngine:
         with two weights: 36.7 vs 27.5 µs a call at ffn_up on the H200, a profiler trace, not in the ledger)."""
         from kernels.gemv import gemv_glu
 
-        x_in, launch = self._input(gate, x, xq, wide=False, glu=True)
-        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, stream=self.stream, **launch)
+        x_in, config = self._input(gate, x, xq, wide=False, glu=True)
+        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, config=config, stream=self.stream)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
