@@ -10,8 +10,8 @@ warps split each row's blocks between them, a shared-memory sum joins the warps)
   format.
 * Q8_1 x (MMVQ, llama.cpp's mmvq.cu + vecdotq.cuh route; Q4_K, Q6_K, Q8_0): x quantized once per step by
   `kernels.quantize_q8` (int8 per element, f32 d and sum per 32); the weights' bytes are unpacked into int8 lanes
-  and multiplied four at a time with ``dp4a`` (`kernels.ptx.dp4a_s32`), one float multiply per 32-weight block.
-  On the H200 at the ffn shapes: -37% time for Q4_K and -31% for Q6_K against f32 x (ledger #26, #27).
+  and multiplied four at a time with ``dp4a`` (`kernels.ptx.dp4a_s32`), one float multiply per 32-weight block:
+  faster than f32 x at the decode shapes (x read as int8, four weights a dp4a).
 
 Work split (the same for every format):
 

@@ -167,8 +167,7 @@ def _q6_bytes(lo, m, s):
 @cuda.jit(device=True, inline="always")
 def _scale_min_k4(s, a, c, e):
     """ggml's get_scale_min_k4 for sub-block s, given scales[s%4], scales[s%4 + 4], scales[s%4 + 8]. Converted
-    from int64 (``I2F.S64``): from 32 bits, Q4_K MMVQ at RPB=4, WPR=4, MINB=7 needs 16 bytes of stack at its 72
-    registers and ran 16.03 -> 18.35 µs at ffn_down (ledger #68, #70)."""
+    from int64 (``I2F.S64``): the 32-bit conversion needs more registers, which spill under MINB=7's bound."""
     if s < 4:
         return np.float32(a & 63), np.float32(c & 63)
     return np.float32((e & 0xF) | ((a >> 6) << 4)), np.float32((e >> 4) | ((c >> 6) << 4))

@@ -26,7 +26,7 @@ to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run th
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
-``FUSE_GLU=1`` (``options.fuse_glu``, the default: +7.5% tg128, ledger #39) computes
+``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
 format, instead of two mat-vecs and `swiglu`. ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
@@ -56,18 +56,12 @@ from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
-# Mat-vec launch knobs (`kernels.gemv`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
-# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ): RPB=4, WPR=2 (ledger #25: Q6_K at ffn_down
-# 29.3 µs, the fastest; RPB=8, WPR=1 131 µs), except Q4_K with many rows, where one warp per 8 rows wins (ledger
-# #24, ffn_up od=18944: 17.0 µs vs 20.1) — but not on od=3584..4608 (1 warp per 8 rows leaves ~450 warps for 132
-# SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
-# More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
-# (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
-# Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, compiled for the grid's one wave (MINB,
-# `kernels.gemv.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
-# #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
-# µs vs 28.30 (#69). An earlier DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
-# and -0.27%, NEUTRAL, after it (#57).
+# Mat-vec launch shapes (`kernels.gemv.GemvConfig` fields), the fastest measured for each input form: f32 x two
+# rows and two warps a row; Q8_1 x (MMVQ) four rows and two warps a row, except Q4_K with many rows (WIDE_ROWS),
+# where one warp per 8 rows wins; on fewer rows that shape leaves too few warps for the SMs. More warps a row did
+# not pay in general. Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: four warps a row, compiled for the grid's
+# one wave (MINB, `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the
+# offset fold (FOLD=1): the combination that pays there.
 GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2}
 GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2}
 GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1}
@@ -389,7 +383,7 @@ class DecodeEngine:
     def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
-        with two weights: 36.7 vs 27.5 µs a call at ffn_up on the H200, a profiler trace, not in the ledger)."""
+        with two weights, too many registers for that shape)."""
         from kernels.gemv import gemv_glu
 
         x_in, config = self._input(gate, x, xq, wide=False, glu=True)

@@ -42,10 +42,10 @@ class EngineOptions:
     as one kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
     writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
     (False); deep: decode's Q4_K and Q6_K mat-vecs of long rows (ffn_down) run with
-    `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the default: tg128 +2.2%,
-    ledger #71; MMVQ only) or the general MMVQ shape (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
+    `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the default: faster at
+    ffn_down; MMVQ only) or the general MMVQ shape (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
     (`kernels.launch`; True, the default: each may start before the previous kernel ends and waits for it before
-    reading its output; tg128 +10.5%, ledger #83) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
+    reading its output; the default because it shortens the step) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
     one format run as one mat-vec over their stacked rows (True) or one each (False) — the decode options are read
     by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
 
