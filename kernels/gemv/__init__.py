@@ -44,9 +44,9 @@ dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the
 Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane fetches both x forms share),
 `kernels.gemv.dots` (f32-x loaders and block dots), `kernels.gemv.dots_q8` (Q8_1-x loaders and dp4a dots),
 `kernels.gemv.formats` (per-format tables: which loader and dot, lanes per block, which formats each knob takes),
-`kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations), `kernels.gemv.codegen` (the
-generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`, `kernel_for`). This module re-exports
-their public names.
+`kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations),
+`kernels.gemv.codegen` (the generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`,
+`kernel_for`). This module re-exports their public names.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     group (``cp.async.wait_group slots - 1``: every lane commits one group a step, empty past the row's end),
     `kernels.ptx.syncwarp` (the other lanes' copies are visible), decodes the chunk from its slot with the same
     block dots as STAGE=0, and syncwarps again (the slot is read before it is refilled). Window layout and
-    alignment rules: W 16-byte aligned and a whole number of 16-byte vectors (`kernels.gemv.config.stage_refusal`). ``at``: the
+    alignment rules: W 16-byte aligned and a whole number of 16-byte vectors (`GemvConfig.weight_refusal`). ``at``: the
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
     instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
     ``pdl``: the first copies (W only)

@@ -30,8 +30,8 @@ def _xq_k_nibbles(xq, xd, xsum, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _dotq_q4_k(raw4, bi, j, xs):
-    """Q4_K x Q8_1 (layout: `kernels.gemv.dots._dot_q4_k`): d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes).
-    Header decoded before the qs load, as `_dot_q4_k`."""
+    """Q4_K x Q8_1 (layout: `kernels.gemv.dots._dot_q4_k`): d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx
+    (added once per sub-block: by even lanes). Header decoded before the qs load, as `_dot_q4_k`."""
     base = bi * 36
     d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
     q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
