@@ -1,18 +1,13 @@
 """Experiment `gemv`: decode mat-vec ``y[od] = W[od, id] · x[id]`` straight from GGUF blocks (`kernels.gemv`).
 
-Knobs: TYPE (W's GGUF format; every one `kernels.gemv` supports), RPB (rows per CUDA block, decoded together
-by each warp so x is loaded once per RPB rows), WPR (warps per row; threads per block = 32 * WPR), UNROLL (chunks
-of a row per warp loop iteration: 2 issues both chunks' loads before decoding either), PREFETCH (1: each CUDA
-block's rows are first streamed into L2 by one TMA bulk prefetch; 2, 3: each warp prefetches into L2 the lines of
-its chunk 1 or 2 steps ahead, UNROLL=1 and STAGE other than 1), STAGE (shared-memory slots per warp that chunks
-pass through before they are decoded: 1 copied through registers with 16-byte loads; 2-4 a cp.async ring that keeps
-STAGE - 1 chunks in flight; the 2-byte-aligned TYPEs `kernels.gemv.STAGE_TYPES`, UNROLL=1, W a whole number of
-16-byte vectors), HOIST (1: every load of a chunk, all RPB rows, issued before any
-decode; the TYPEs `kernels.gemv.HOIST_TYPES`, not with STAGE > 0), MINB (CUDA blocks per SM the kernel is compiled
-for: ``__launch_bounds__``'s register cap, 0 none), VLOAD (1: Q6_K blocks read with 8-byte vector loads and a funnel
-shift; W 8-byte aligned and a multiple of 8 bytes), FOLD (1: Q6_K's -32 offset enters each plane's dp4a chain
-once per chunk from x, not per word and row; MMVQ=1, not with VLOAD=1), PDL (1: programmatic dependent launch,
-each timed launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's fused gate/up pass,
+Knobs: the fields of `kernels.gemv.GemvConfig` (`GemvConfig.knob_specs`, one knob each): TYPE (W's GGUF format;
+every one `kernels.gemv` supports), RPB (rows per CUDA block, decoded together by each warp so x is loaded once per
+RPB rows), WPR (warps per row; threads per block = 32 * WPR), STAGE (shared-memory slots per warp that chunks pass
+through before they are decoded: 2-4 a cp.async ring that keeps STAGE - 1 chunks in flight; the 2-byte-aligned
+TYPEs `kernels.gemv.STAGE_TYPES`, W a whole number of 16-byte vectors), MINB (CUDA blocks per SM the kernel is
+compiled for: ``__launch_bounds__``'s register cap, 0 none), FOLD (1: Q6_K's -32 offset enters each plane's dp4a
+chain once per chunk from x, not per word and row; MMVQ=1), PDL (1: programmatic dependent launch, each timed
+launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's fused gate/up pass,
 `kernels.gemv.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv.MMVQ_TYPES`. The quantization's own cost is in the model-level
@@ -33,40 +28,8 @@ import weakref
 
 import numpy as np
 
-from kernels.gemv import (
-    DEFAULT_FOLD,
-    DEFAULT_HOIST,
-    DEFAULT_MINB,
-    DEFAULT_PDL,
-    DEFAULT_VLOAD,
-    DEFAULT_PREFETCH,
-    DEFAULT_RPB,
-    DEFAULT_STAGE,
-    DEFAULT_UNROLL,
-    DEFAULT_WPR,
-    FOLD_VALUES,
-    GEMV_TYPES,
-    HOIST_VALUES,
-    MINB_VALUES,
-    PDL_VALUES,
-    VLOAD_VALUES,
-    MMVQ_TYPES,
-    PREFETCH_VALUES,
-    RPB_VALUES,
-    STAGE_VALUES,
-    UNROLL_VALUES,
-    WPR_VALUES,
-    fold_refusal,
-    gemv_glu,
-    gemv_q,
-    hoist_refusal,
-    kernel_for,
-    kernel_signature,
-    prefetch_refusal,
-    stage_refusal,
-    threads_per_block,
-    vload_refusal,
-)
+from kernels.errors import KernelConstraintError
+from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, GemvConfig, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant import block_format
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
@@ -195,31 +158,7 @@ def relative_error(y: np.ndarray, ref: np.ndarray) -> float:
 class GemvExperiment(Experiment):
     name = "gemv"
     purpose = "decode mat-vec y = W·x reading GGUF blocks directly (f32 x, f32 accumulate) vs the copy ceiling"
-    knobs = (
-        Knob("TYPE", GEMV_TYPES, "Q4_K", "GGUF format of W (selects the block decoder)"),
-        Knob("RPB", RPB_VALUES, DEFAULT_RPB, "rows per CUDA block, decoded together by every warp (x reuse)"),
-        Knob("WPR", WPR_VALUES, DEFAULT_WPR, "warps per row (split of each row's blocks); threads = 32*WPR"),
-        Knob("UNROLL", UNROLL_VALUES, DEFAULT_UNROLL, "chunks of a row per warp loop iteration (loads in flight)"),
-        Knob("PREFETCH", PREFETCH_VALUES, DEFAULT_PREFETCH,
-             "1: one cp.async.bulk.prefetch.L2 of each CUDA block's rows before its loop (TMA engine); 2, 3: each "
-             "warp prefetch.global.L2's the lines of its chunk 1 or 2 steps ahead (lookahead; UNROLL=1, STAGE!=1)"),
-        Knob("STAGE", STAGE_VALUES, DEFAULT_STAGE,
-             "shared slots per warp that chunks pass through: 1 a register copy, 2-4 a cp.async ring (STAGE-1 chunks "
-             "ahead); 2-byte-aligned TYPEs, UNROLL=1"),
-        Knob("HOIST", HOIST_VALUES, DEFAULT_HOIST,
-             "1: a chunk's loads (x and all RPB rows) issued before any decode (Q4_K, Q6_K, Q8_0); 0: row by row"),
-        Knob("MINB", MINB_VALUES, DEFAULT_MINB,
-             "CUDA blocks per SM to compile for (launch bounds: registers <= 65536 / (MINB*32*WPR)); 0: no bound"),
-        Knob("VLOAD", VLOAD_VALUES, DEFAULT_VLOAD,
-             "1: Q6_K pieces read as aligned 8-byte vectors + funnel shift (9 loads a block, not 17 halfwords)"),
-        Knob("FOLD", FOLD_VALUES, DEFAULT_FOLD,
-             "1: Q6_K MMVQ's -32 offset as -32*Σx once per chunk, starting each plane's dp4a chain (no add+xor a word)"),
-        Knob("PDL", PDL_VALUES, DEFAULT_PDL,
-             "1: programmatic dependent launch: each launch may start before the previous one ends, touching only W "
-             "until that one has completed (griddepcontrol; overlaps only within a batch of launches)"),
-        Knob("GLU", (0, 1), 0, "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's FUSE_GLU)"),
-        Knob("MMVQ", (0, 1), 0, "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 FMAs"),
-    )
+    knobs = tuple(Knob(*spec) for spec in GemvConfig.knob_specs())
     workloads = (
         Workload("ffn_up", {"od": 18944, "id": 3584}, "Qwen2-7B FFN up/gate projection, nt=1"),
         Workload("ffn_down", {"od": 3584, "id": 18944}, "Qwen2-7B FFN down projection, nt=1"),
@@ -230,6 +169,9 @@ class GemvExperiment(Experiment):
     )
     ceiling = "copy"
     work_knobs = ("TYPE", "GLU")
+    removed_knobs = {"UNROLL": 1, "PREFETCH": 0, "HOIST": 0, "VLOAD": 0}
+    """Variants deleted after they lost their A/B (their records name the commit that had them); each value here is
+    what the code still runs."""
 
     def __init__(self) -> None:
         self._sets: dict[str, weakref.WeakSet] = {}
@@ -261,68 +203,36 @@ class GemvExperiment(Experiment):
         return cuda.device_array(self._shape(workload)[0], dtype=np.float32)
 
     def refuse(self, config, workload):
-        """MMVQ=1 for a TYPE without an MMVQ kernel; STAGE > 0 where `kernels.gemv` refuses it (TYPE, UNROLL,
-        shared memory) or W of this workload is not a whole number of 16-byte vectors; HOIST=1 where
-        `kernels.gemv.hoist_refusal` refuses it (TYPE, STAGE > 0); VLOAD=1 where `kernels.gemv.vload_refusal`
-        refuses it (TYPE, STAGE > 0, W of this workload not a multiple of 8 bytes); FOLD=1 where
-        `kernels.gemv.fold_refusal` refuses it (TYPE, MMVQ=0, VLOAD=1); PREFETCH=2, 3 where
-        `kernels.gemv.prefetch_refusal` refuses it (UNROLL=2, STAGE=1)."""
+        """MMVQ=1 for a TYPE without an MMVQ kernel; a combination `kernels.gemv.GemvConfig` refuses (STAGE for the
+        TYPE or its shared memory, FOLD without MMVQ or for another TYPE, MINB beyond the SM's threads); STAGE where
+        W of this workload is not a whole number of 16-byte vectors (`GemvConfig.weight_refusal`)."""
         qtype = str(config["TYPE"])
         if int(config["MMVQ"]) and qtype not in MMVQ_TYPES:
             return f"MMVQ=1 needs TYPE one of {', '.join(MMVQ_TYPES)} (the formats with an int8 kernel), got {qtype}"
-        if int(config["STAGE"]):
-            reason = stage_refusal(qtype, int(config["RPB"]), int(config["WPR"]), stage=int(config["STAGE"]),
-                                   unroll=int(config["UNROLL"]), glu=bool(config["GLU"]),
-                                   nbytes=self._quant_bytes(qtype, workload), what=f"{workload.name}'s W")
-            if reason is not None:
-                return f"STAGE={int(config['STAGE'])}: {reason}"
-        if int(config["HOIST"]):
-            reason = hoist_refusal(qtype, stage=int(config["STAGE"]))
-            if reason is not None:
-                return f"HOIST=1: {reason}"
-        if int(config["VLOAD"]):
-            reason = vload_refusal(qtype, stage=int(config["STAGE"]), nbytes=self._quant_bytes(qtype, workload),
-                                   what=f"{workload.name}'s W")
-            if reason is not None:
-                return f"VLOAD=1: {reason}"
-        if int(config["FOLD"]):
-            reason = fold_refusal(qtype, mmvq=bool(config["MMVQ"]), vload=int(config["VLOAD"]))
-            if reason is not None:
-                return f"FOLD=1: {reason}"
-        reason = prefetch_refusal(int(config["PREFETCH"]), unroll=int(config["UNROLL"]), stage=int(config["STAGE"]))
-        return None if reason is None else f"PREFETCH={int(config['PREFETCH'])}: {reason}"
-
-    @staticmethod
-    def _kernel(config):
-        """The dispatcher of this config's knobs (`kernels.gemv.kernel_for`, which refuses a bad combination)."""
-        return kernel_for(str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), mmvq=bool(config["MMVQ"]),
-                          unroll=int(config["UNROLL"]), glu=bool(config["GLU"]), prefetch=int(config["PREFETCH"]),
-                          stage=int(config["STAGE"]), hoist=int(config["HOIST"]), min_blocks=int(config["MINB"]),
-                          vload=int(config["VLOAD"]), fold=int(config["FOLD"]), pdl=int(config["PDL"]))
+        try:
+            gemv = GemvConfig.from_knobs(config)
+        except KernelConstraintError as e:
+            return str(e)
+        return gemv.weight_refusal(nbytes=self._quant_bytes(qtype, workload), what=f"{workload.name}'s W")
 
     def prepare(self, config, workload):
-        qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
-        stage, hoist, min_blocks = int(config["STAGE"]), int(config["HOIST"]), int(config["MINB"])
-        vload, fold, pdl = int(config["VLOAD"]), int(config["FOLD"]), int(config["PDL"])
-        od, id = self._shape(workload)
-        self._kernel(config)  # refuses a bad TYPE
+        gemv = GemvConfig.from_knobs(config)  # refuses a bad combination
+        qtype, od, id = gemv.qtype, *self._shape(workload)
+        kernel_for(gemv)
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype)
-            if glu:
+            if gemv.glu:
                 inputs.materialise(qtype, up=True)
-            if mmvq:
+            if gemv.mmvq:
                 inputs.q8  # noqa: B018 (quantize x now, outside the timed launches)
 
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
-            x = inputs.q8 if mmvq else inputs.x
-            knobs = {"rows_per_block": rpb, "warps_per_row": wpr, "unroll": unroll, "prefetch": prefetch,
-                     "stage": stage, "hoist": hoist, "min_blocks": min_blocks, "vload": vload, "fold": fold, "pdl": pdl}
-            if glu:
-                gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, stream=stream, **knobs)
+            x = inputs.q8 if gemv.mmvq else inputs.x
+            if gemv.glu:
+                gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, config=gemv, stream=stream)
             else:
-                gemv_q(raw, qtype, od, id, x, output, stream=stream, **knobs)
+                gemv_q(raw, qtype, od, id, x, output, config=gemv, stream=stream)
 
         return launch
 
@@ -351,18 +261,14 @@ class GemvExperiment(Experiment):
         return TOLERANCE
 
     def kernels(self, config, workload):
-        qtype, rpb, wpr, mmvq = str(config["TYPE"]), int(config["RPB"]), int(config["WPR"]), bool(config["MMVQ"])
-        unroll, prefetch, glu = int(config["UNROLL"]), int(config["PREFETCH"]), bool(config["GLU"])
-        minb, stage = int(config["MINB"]), int(config["STAGE"])
-        dispatcher = self._kernel(config)
-        signature = kernel_signature(qtype, mmvq, glu)
+        gemv = GemvConfig.from_knobs(config)
+        dispatcher, signature = kernel_for(gemv), kernel_signature(gemv)
         dispatcher.compile(signature)
-        name = (f"gemv[{qtype},RPB={rpb},WPR={wpr},UNROLL={unroll}{f',PREFETCH={prefetch}' if prefetch else ''}"
-                f"{f',STAGE={stage}' if stage else ''}{',HOIST' if int(config['HOIST']) else ''}"
-                f"{f',MINB={minb}' if minb else ''}{',VLOAD' if int(config['VLOAD']) else ''}"
-                f"{',FOLD' if int(config['FOLD']) else ''}{',PDL' if int(config['PDL']) else ''}"
-                f"{',GLU' if glu else ''}{',MMVQ' if mmvq else ''}]")
-        return [KernelInstance(name, dispatcher, signature, threads_per_block(wpr))]
+        k = gemv.knob_values()
+        name = (f"gemv[{gemv.qtype},RPB={gemv.rows_per_block},WPR={gemv.warps_per_row}"
+                + "".join(f",{n}={k[n]}" for n in ("STAGE", "MINB") if k[n])
+                + "".join(f",{n}" for n in ("FOLD", "PDL", "GLU", "MMVQ") if k[n]) + "]")
+        return [KernelInstance(name, dispatcher, signature, gemv.threads)]
 
     def cost(self, workload: Workload, config=None) -> Cost:
         """2*od*id FLOPs per weight; W's quantized bytes (``config``'s TYPE, default Q4_K; GLU: two weights) + x

@@ -23,10 +23,10 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from minfer_cli.errors import UsageError
-from minfer_cli.knobs import Config, Knob, parse_arm_text, resolve_config
+from minfer_cli.knobs import Config, Knob, KnobValue, parse_arm_text, resolve_config
 
 Launch = Callable[[Any, Any, Any], None]
 
@@ -112,6 +112,11 @@ class Experiment(ABC):
 
     def default_config(self) -> Config:
         return {k.name: k.default for k in self.knobs}
+
+    removed_knobs: Mapping[str, KnobValue] = {}
+    """Knobs this experiment no longer has, each with the one value the code still runs (the old default): `ledger
+    verify` leaves such a knob out of an old record's arms only at that value; at any other value (a deleted variant)
+    the record cannot be re-run."""
 
     work_knobs: tuple[str, ...] = ()
     """Knobs that change the work itself (what is computed or how many bytes must move), not how: `ab` refuses two

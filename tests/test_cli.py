@@ -71,7 +71,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
     assert bench.workload(None, [bench.config("W16=0,FUSE_GLU=0")]).name == "pp2048"  # nothing fits: refused later
     assert bench.workload(None).name == "pp2048" and bench.workload("tiny_tg8", arms).name == "tiny_tg8"
     gemv = get("gemv")
-    assert gemv.workload(None, [gemv.config("TYPE=Q6_K,STAGE=1")]).name == "ffn_up"
+    assert gemv.workload(None, [gemv.config("TYPE=Q6_K,STAGE=2")]).name == "ffn_up"
 
 
 @pytest.mark.parametrize(
@@ -97,11 +97,11 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["ab", "bench", "-w", "tg128", "--arm", "W16=0", "--arm", "W16=1"], "W16 acts on pp workloads only"),
         (["bench", "--arm", "GLU=1"], "unknown knob GLU for the engine (did you mean FUSE_GLU?)"),
         (["bench", "--arm", "fuse_glu=1"], "(did you mean FUSE_GLU?)"),
-        (["bench", "-n", "0", "--arm", "PREFETCH=1"], "no requested test reads: PREFETCH (tg: needs -n > 0)"),
+        (["bench", "-n", "0", "--arm", "DEEP=0"], "no requested test reads: DEEP (tg: needs -n > 0)"),
         (["bench", "-p", "0", "--arm", "W16=0"], "no requested test reads: W16 (pp: needs -p > 0)"),
         (["ab", "gemv", "--arm", "GLU=0", "--arm", "GLU=1"], "arms A and B do different work (GLU=0 vs 1)"),
         (["ab", "dequant", "--arm", "TYPE=Q4_K", "--arm", "TYPE=Q6_K"], "`minfer sweep dequant TYPE=Q4_K,Q6_K`"),
-        (["sweep", "bench", "-w", "tiny_pp16", "FUSE_GLU=0", "PREFETCH=1"], "no point of the grid can run on workload"),
+        (["sweep", "bench", "-w", "tiny_pp16", "FUSE_GLU=0", "DEEP=0"], "no point of the grid can run on workload"),
         (["ab", "bench", "-w", "tg128", "--arm", "FUSE_NORM_Q8=0,MMVQ=0", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"],
          "arm B cannot run: FUSE_NORM_Q8=1 needs MMVQ=1"),
         (["bench", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"], "FUSE_NORM_Q8=1 needs MMVQ=1"),

@@ -217,20 +217,15 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
 
 
 def test_fused_step_equals_the_unfused_step(micro_weights):
-    """FUSE_GLU=1 and FUSE_NORM_Q8=1 wiring (with PREFETCH=1, a cache hint, STAGE=1, which only changes how
-    the Q6_K attn_v, ffn_down and output weights are loaded, and HOIST=1, which only moves the Q4_K mat-vecs'
-    loads ahead of their decode): one eager MMVQ step, logits bit-identical to the
-    unfused path (gate, up and SwiGLU as three kernels; RMSNorm and the Q8_1 quantization as two)."""
-    from kernels.gemv import stage_refusal
+    """FUSE_GLU=1, FUSE_NORM_Q8=1 and FUSE_QKV=1 wiring: one eager MMVQ step, logits bit-identical to the
+    unfused path (gate, up and SwiGLU as three kernels; RMSNorm and the Q8_1 quantization as two; q, k, v as three
+    mat-vecs)."""
     from minfer_cli.engine.decode import DecodeEngine
 
-    q6 = [n for n, (spec, _) in micro_weights.tensors.items() if spec.qtype == "Q6_K"]
-    assert len(q6) == 3 and all(stage_refusal("Q6_K", 8, 1, raw=micro_weights.device(n)) is None for n in q6)
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
     logits = []
     for fuse in (False, True):
-        options = EngineOptions(graphs=False, fuse_glu=fuse, fuse_norm_q8=fuse, prefetch=fuse, stage=fuse,
-                                fuse_qkv=fuse, hoist=fuse)
+        options = EngineOptions(graphs=False, fuse_glu=fuse, fuse_norm_q8=fuse, fuse_qkv=fuse)
         engine = DecodeEngine(micro_weights, 2, options,
                               splits=1, rows_per_block=8, warps_per_row=1)
         engine.start(first, 0)
@@ -246,9 +241,8 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     `GEMV_MMVQ_DEEP` (Q6_K: the cp.async ring and the offset fold) and MINB for its grid's one wave
     (`kernels.gemv.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
     whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
-    the general MMVQ shape. On a deep launch HOIST=1 hoists Q4_K but leaves the Q6_K ring alone, VLOAD=1 leaves
-    it alone, and STAGE=1 does not replace it."""
-    from kernels.gemv import one_wave_min_blocks
+    the general MMVQ shape."""
+    from kernels.gemv import GemvConfig, one_wave_min_blocks
     from minfer_cli.engine import decode
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv
 
@@ -257,36 +251,13 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     minb = one_wave_min_blocks(896, 132, 4)
     assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
-        x_in, launch = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
-        assert x_in == "xq" and launch == {**GEMV_MMVQ_DEEP[qtype], "prefetch": 0, "pdl": 1, "min_blocks": minb}
+        x_in, config = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
+        assert x_in == "xq" and config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb)
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
               _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
               _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
-        assert engine._input(m, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}, m
-    every = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True, stage=True, hoist=True, vload=True),
-                         splits=1)
-    launch = every._input(_Gemv(None, "Q6_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
-    assert launch == {**GEMV_MMVQ_DEEP["Q6_K"], "prefetch": 0, "pdl": 1, "min_blocks": minb}
-    launch = every._input(_Gemv(None, "Q4_K", 3584, DEEP_COLS), "x", "xq", wide=True)[1]
-    assert launch == {**GEMV_MMVQ_DEEP["Q4_K"], "prefetch": 0, "pdl": 1, "min_blocks": minb, "hoist": 1}
-
-
-def test_vload_launch_only_for_q6_k_weights_it_can_read(micro_weights):
-    """VLOAD=1: a Q6_K mat-vec whose bytes `kernels.gemv.vload_refusal` accepts gets vload=1; a Q6_K weight
-    not a multiple of 8 bytes, a Q4_K weight and the GLU pass keep their launch unchanged."""
-    from minfer_cli.engine.decode import GEMV_MMVQ, DecodeEngine, _Gemv
-
-    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, vload=True), splits=1)
-    name = next(n for n, (spec, _) in micro_weights.tensors.items() if spec.qtype == "Q6_K")
-    spec = micro_weights.tensors[name][0]
-    raw = micro_weights.device(name)
-    assert raw.size % 8 == 0
-    q6 = _Gemv(raw, "Q6_K", spec.shape[1], spec.shape[0])
-    assert engine._input(q6, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1, "vload": 1}
-    assert engine._input(q6, "x", "xq", wide=False, glu=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}
-    odd = _Gemv(raw[: raw.size - 210], "Q6_K", spec.shape[1] - 1, spec.shape[0])
-    assert odd.raw.size % 8 and engine._input(odd, "x", "xq", wide=True)[1] == {**GEMV_MMVQ, "prefetch": 0, "pdl": 1}
+        assert engine._input(m, "x", "xq", wide=True)[1] == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1), m
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
@@ -326,12 +297,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).fuse_add is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "0"}, "e")).fuse_glu is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).fuse_norm_q8 is True
-    assert engine_options(resolve_config(engine_knobs(), {"PREFETCH": "1"}, "e")).prefetch is True
-    assert engine_options(resolve_config(engine_knobs(), {"STAGE": "1"}, "e")).stage is True
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
-    assert engine_options(resolve_config(engine_knobs(), {"HOIST": "1"}, "e")).hoist is True
     assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).deep is False
-    assert engine_options(resolve_config(engine_knobs(), {"VLOAD": "1"}, "e")).vload is True
     assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).pdl is False
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
@@ -565,11 +532,9 @@ def _torch_logits(weights, tokens, device: str = "cuda") -> np.ndarray:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", [False, True], ids=["STAGE=0", "STAGE=1"])
-def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
+def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps():
     """Issue 5's torch check: Qwen2-7B's shapes and Q4_K_M type mix cut to 2 layers (vocab 4096), graph-replayed
-    decode from an empty cache, f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie), with and without
-    STAGE=1 (which stages the Q6_K attn_v / ffn_down / output mat-vecs): every one of 32 greedy tokens is the
+    decode from an empty cache, f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie): every one of 32 greedy tokens is the
     argmax of the engine's own logits and equals torch's greedy token for the same sequence (`_torch_logits`, one
     causal forward over the engine's tokens), unless torch's two best logits lie within 2 max |engine − torch| of
     each other (a near-tie f32 and the f16 K/V cache may decide either way); the logits within 1e-2 relative."""
@@ -580,7 +545,7 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps(stage):
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
-    engine = DecodeEngine(weights, 64, EngineOptions(mmvq=False, stage=stage))
+    engine = DecodeEngine(weights, 64, EngineOptions(mmvq=False))
     engine.start(first, 0)
     tokens, got = _generate_with_logits(engine, 32)
     engine.close()
@@ -594,7 +559,7 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     one wave) on fresh random blocks, residual added in place as the decode step does: within 1e-5 of float64 and
     of the general MMVQ launch (the same products, each row's sums split over 4 warps instead of 2)."""
     from experiments.gemv import reference_mmvq
-    from kernels.gemv import gemv_q
+    from kernels.gemv import GemvConfig, gemv_q
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
     from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, DecodeEngine, _Gemv
     from minfer_cli.quant_blocks import random_blocks
@@ -615,7 +580,7 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     got = {}
     for name, launch in (("deep", deep), ("general", GEMV_MMVQ)):
         out = cuda.to_device(res)
-        gemv_q(raw, qtype, od, id, xq, out, residual=out, **launch)
+        gemv_q(raw, qtype, od, id, xq, out, config=GemvConfig(qtype, mmvq=True, residual=True, **launch), residual=out)
         got[name] = out.copy_to_host().astype(np.float64)
         assert np.abs(got[name] - ref).max() <= 1e-5 * np.abs(ref).max(), name
     assert np.abs(got["deep"] - got["general"]).max() <= 1e-5 * np.abs(ref).max()
@@ -735,16 +700,14 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"prefetch": True},
-                                  {"stage": True}, {"fuse_qkv": True}, {"fuse_qkv": True, "fuse_add": False},
-                                  {"hoist": True}, {"deep": True}, {"vload": True}, {"pdl": False}],
-                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "PREFETCH=1", "STAGE=1", "FUSE_QKV=1",
-                              "FUSE_QKV=1,FUSE_ADD=0", "HOIST=1", "DEEP=1", "VLOAD=1", "PDL=0"])
+@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"fuse_qkv": True},
+                                  {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False}],
+                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "FUSE_QKV=1", "FUSE_QKV=1,FUSE_ADD=0",
+                              "DEEP=1", "PDL=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
-    default path, PREFETCH=1 only adds a cache hint, STAGE=1 only changes how the Q6_K/Q8_0 weights are loaded,
-    HOIST=1 only where the Q4_K/Q6_K/Q8_0 loads sit in the program, PDL=0 (the default is 1) only when a kernel
+    default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
     sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""

@@ -14,6 +14,7 @@ Tolerance: relative error ‖y − ref‖ / ‖ref‖ < 1e-5 (float32 accumulati
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import GEMV_TYPES, HOIST_TYPES, MMVQ_TYPES, STAGE_TYPES, gemv_glu, gemv_q, kernel_for, kernel_signature
+from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_q, kernel_for, kernel_signature
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -55,8 +56,8 @@ def _scale(raw, name, od, id, x, residual=None):
     return s if residual is None else s + np.abs(residual.astype(np.float64))
 
 
-def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, unroll=1, prefetch=0,
-         stage=0, hoist=0, min_blocks=0, vload=0, fold=0, pdl=0, stream=0):
+def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, stage=0, min_blocks=0,
+         fold=0, pdl=0, stream=0):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
@@ -69,9 +70,9 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
-    got = gemv_q(dev, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr, unroll=unroll, prefetch=prefetch,
-                 stage=stage, hoist=hoist, min_blocks=min_blocks, vload=vload, fold=fold, pdl=pdl, residual=res,
-                 stream=stream)
+    config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks, fold=fold,
+                        pdl=pdl, mmvq=mmvq, residual=residual is not None)
+    got = gemv_q(dev, name, od, id, xd, out, config=config, residual=res, stream=stream)
     assert got is out
     ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
     if residual is not None:
@@ -121,27 +122,6 @@ def test_knobs_do_not_change_the_result(rpb, wpr):
     _assert_close(*_run("Q4_K", 5, 1024, rpb=rpb, wpr=wpr))
 
 
-@pytest.mark.parametrize("name, wpr, mmvq", [("Q4_K", 1, False), ("Q6_K", 2, True), ("Q8_0", 1, True),
-                                             ("Q5_0", 2, False)])
-def test_unroll_two_with_chunks_past_the_row(name, wpr, mmvq):
-    """UNROLL=2: the second chunk of an iteration is partly (or wholly) past the row; those lanes add zero."""
-    _assert_close(*_run(name, 5, _tiny_id(name), rpb=2, wpr=wpr, mmvq=mmvq, unroll=2))
-
-
-@pytest.mark.parametrize("name, rpb, mmvq", [("Q4_K", 4, True), ("Q6_K", 2, True), ("Q5_0", 8, False),
-                                             ("Q8_0", 1, True), ("F16", 1, False)])
-def test_prefetch_with_a_partial_last_block_and_an_odd_block_start(name, rpb, mmvq):
-    """PREFETCH=1 adds one L2 bulk prefetch per CUDA block (a hint: the numbers are the same); its byte range must
-    stay inside W (the simulator fallback checks it) for a partial last CUDA block and W starting one block into
-    its allocation."""
-    _assert_close(*_run(name, 5, _tiny_id(name), rpb=rpb, wpr=2, mmvq=mmvq, prefetch=1))
-    if FORMATS[name].block_size == 1:
-        return  # float rows are read 16 bytes at a time: W must start 16-byte aligned
-    ts = FORMATS[name].type_size
-    _assert_close(*_run(name, 3, _tiny_id(name), rpb=rpb, wpr=1, mmvq=mmvq, prefetch=1,
-                        raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
-
-
 @pytest.mark.parametrize("name, rpb, wpr, mmvq, stage", [("Q4_K", 4, 4, True, 0), ("Q6_K", 2, 2, True, 2),
                                                         ("Q8_0", 8, 1, False, 0)])
 def test_pdl_gives_the_same_numbers_and_needs_a_stream(name, rpb, wpr, mmvq, stage):
@@ -156,22 +136,22 @@ def test_pdl_gives_the_same_numbers_and_needs_a_stream(name, rpb, wpr, mmvq, sta
     np.testing.assert_array_equal(pdl[0], plain[0])
     raw = cuda.to_device(random_blocks(name, od, id, np.random.default_rng(seed)))
     with pytest.raises(KernelConstraintError, match="pdl=1 .* pass a numba stream, not the default stream 0"):
-        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=1)
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), config=GemvConfig(name, pdl=1))
     with pytest.raises(KernelConstraintError, match="pdl=2 is not supported; allowed: 0, 1"):
-        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), pdl=2, stream=stream)
+        gemv_q(raw, name, od, id, cuda.to_device(np.ones(id, np.float32)), config=GemvConfig(name, pdl=2), stream=stream)
 
 
-@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage, prefetch, shift", [
-    ("Q4_K", 5, 1536, 2, 1, True, 0, 2, 0), ("Q4_K", 3, 2560, 4, 1, False, 0, 3, 1),
-    ("Q6_K", 4, 2560, 8, 1, True, 2, 3, 0), ("Q6_K", 9, 2560, 8, 1, False, 0, 2, 1),
-    ("Q8_0", 3, 1696, 8, 2, True, 0, 2, 1)])
-def test_lookahead_prefetches_every_later_chunk_inside_w(monkeypatch, name, od, id, rpb, wpr, mmvq, stage, prefetch,
-                                                         shift):
-    """PREFETCH=2, 3: every prefetched byte offset lies inside W (the simulator's `prefetch_l2` checks it) and the
-    lines asked for cover every byte of every row's chunks from chunk ``(PREFETCH - 1) * WPR`` on (the chunks some
-    warp decodes PREFETCH - 1 steps after asking), with a partial last chunk, a partial last CUDA block, two
-    prefetches a lane (RPB=8 of Q6_K: 64 lines), the ring (16-byte aligned W), and W starting ``shift`` blocks into its allocation (lines
-    no longer aligned with W); the numbers against float64 and bit for bit against PREFETCH=0."""
+@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, shift", [
+    ("Q4_K", 5, 1536, 2, 1, True, 0), ("Q4_K", 3, 2560, 4, 2, False, 1), ("Q6_K", 4, 2560, 8, 2, True, 0),
+    ("Q6_K", 9, 2560, 8, 1, False, 1), ("Q8_0", 3, 1696, 8, 4, True, 1)])
+def test_pdl_prefetches_each_warps_first_chunk_inside_w(monkeypatch, name, od, id, rpb, wpr, mmvq, shift):
+    """PDL=1 (without the ring): before it waits for the previous kernel, each warp asks L2 for its first chunk of
+    every row; every prefetched byte offset lies inside W (the simulator's `prefetch_l2` checks it) and the
+    128-byte lines counted from W's start cover every byte of chunks 0 .. WPR - 1 of every row, with a partial last
+    chunk, a partial last CUDA block, two prefetches a lane (RPB=8 of Q6_K: 64 lines), and W starting ``shift``
+    blocks into its allocation; the numbers against float64 and bit for bit against PDL=0. (Lines of the device
+    address space: where W does not start on a 128-byte boundary, `lookahead_lines` can fall one line short of a
+    chunk's last bytes; a missed line costs a DRAM round trip, never a wrong number.)"""
     from kernels.gemv import _IMPLS, codegen, launch
     from kernels.ptx import _ndarray
 
@@ -187,59 +167,24 @@ def test_lookahead_prefetches_every_later_chunk_inside_w(monkeypatch, name, od, 
     monkeypatch.setattr(launch, "_CACHE", {})
     seed = int(np.random.default_rng().integers(2**63))
     ts = fmt.type_size
-    ahead, direct = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=stage, prefetch=p,
-                          raw_device=lambda r: cuda.to_device(np.concatenate([r[: shift * ts], r]))[shift * ts:],
-                          rng=np.random.default_rng(seed)) for p in (prefetch, 0)]
-    _assert_close(*ahead)
-    np.testing.assert_array_equal(ahead[0], direct[0])
-    bases = {b for b, _ in asked}
-    assert len(bases) == 1, "one weight, one array prefetched from"
-    base = bases.pop()
+    stream = cuda.stream()
+    pdl, plain = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, pdl=p, stream=stream,
+                       raw_device=lambda r: cuda.to_device(np.concatenate([r[: shift * ts], r]))[shift * ts:],
+                       rng=np.random.default_rng(seed)) for p in (1, 0)]
+    _assert_close(*pdl)
+    np.testing.assert_array_equal(pdl[0], plain[0])
+    assert len({b for b, _ in asked}) == 1, "one weight, one array prefetched from"
     row_bytes = fmt.row_bytes(id)
     chunk = 32 // _IMPLS[name][2] * ts
-    nchunks = -(-row_bytes // chunk)
-    first = (prefetch - 1) * wpr
-    assert first < nchunks, "the shape must have chunks past the lookahead for the test to mean anything"
-    lines = {(base + a) // 128 for _, a in asked}
-    need = {(base + r * row_bytes + b) // 128 for r in range(od) for b in range(first * chunk, row_bytes)}
-    assert not need - lines, f"{len(need - lines)} of {len(need)} lines of later chunks were never prefetched"
-
-
-@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq", [
-    ("Q6_K", 4, 1536, 8, 1, True), ("Q6_K", 3, 2048, 2, 2, False), ("Q8_0", 3, 1280, 4, 2, True),
-    ("Q4_0", 4, 704, 8, 1, False), ("Q5_0", 3, 1280, 2, 4, False), ("Q3_K", 4, 1536, 4, 2, False)])
-def test_stage_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, rpb, wpr, mmvq):
-    """STAGE=1 (each chunk copied to shared memory with 16-byte loads, then decoded there) with a partial last
-    chunk (nb not a multiple of the chunk's blocks), a partial last CUDA block or idle warps, and chunks starting
-    at every phase mod 16: against float64, and bit for bit against STAGE=0 (the same arithmetic, only the
-    loads differ). Shapes keep W a whole number of 16-byte vectors, which STAGE=1 requires."""
-    assert name in STAGE_TYPES and od * id // FORMATS[name].block_size * FORMATS[name].type_size % 16 == 0
-    rng = np.random.default_rng()
-    seed = int(rng.integers(2**63))
-    staged, ref, scale = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, stage=1, rng=np.random.default_rng(seed))
-    _assert_close(staged, ref, scale)
-    direct, *_ = _run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, rng=np.random.default_rng(seed))
-    np.testing.assert_array_equal(staged, direct)
-
-
-@pytest.mark.parametrize("name, od, rpb, wpr, unroll", [("Q4_K", 5, 4, 2, 1), ("Q6_K", 3, 2, 1, 2),
-                                                      ("Q8_0", 5, 8, 1, 1), ("Q6_K", 7, 4, 2, 1)])
-@pytest.mark.parametrize("mmvq", [False, True])
-def test_hoist_against_float64_and_bit_for_bit_row_by_row(name, od, rpb, wpr, unroll, mmvq):
-    """HOIST=1 (every load of a chunk issued before any decode) with partial last CUDA blocks, UNROLL=2's chunk
-    past the row, f32 and Q8_1 x: against float64, and bit for bit against HOIST=0 (the same float32 operations
-    in the same order; only where the loads sit in the program differs)."""
-    assert name in HOIST_TYPES
-    seed = int(np.random.default_rng().integers(2**63))
-    runs = [_run(name, od, _tiny_id(name), rpb=rpb, wpr=wpr, mmvq=mmvq, unroll=unroll, hoist=h,
-                 rng=np.random.default_rng(seed)) for h in (1, 0)]
-    _assert_close(*runs[0])
-    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    end = min(wpr * chunk, row_bytes)
+    lines = {a // 128 for _, a in asked}
+    need = {(r * row_bytes + b) // 128 for r in range(od) for b in range(end)}
+    assert not need - lines, f"{len(need - lines)} of {len(need)} lines of the first chunks were never prefetched"
 
 
 def _glu_knob_off_and_on(name, od, id, knob, on=1):
     """The SwiGLU kernel (MMVQ, RPB=4, WPR=2) on fresh random gate/up weights and x into NaN-poisoned outputs,
-    with ``knob`` (a `gemv_glu` keyword) 0 and ``on``: the two outputs on the host."""
+    with ``knob`` (a `GemvConfig` field) 0 and ``on``: the two outputs on the host."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
@@ -247,51 +192,9 @@ def _glu_knob_off_and_on(name, od, id, knob, on=1):
     xd = quantize_q8_1(cuda.to_device((rng.standard_normal(id) * 0.05).astype(np.float32)), q8_blocks(id))
     outs = [cuda.to_device(np.full(od, np.nan, np.float32)) for _ in range(2)]
     for value, out in zip((0, on), outs):
-        gemv_glu(wg, wu, name, od, id, xd, out, rows_per_block=4, warps_per_row=2, **{knob: value})
+        config = GemvConfig(name, rows_per_block=4, warps_per_row=2, mmvq=True, glu=True, **{knob: value})
+        gemv_glu(wg, wu, name, od, id, xd, out, config=config)
     return [out.copy_to_host() for out in outs]
-
-
-def test_hoist_glu_bit_for_bit():
-    """The SwiGLU kernel with HOIST=1 fetches both weights' pieces before decoding: bit for bit HOIST=0."""
-    off, on = _glu_knob_off_and_on("Q4_K", 5, 512, "hoist")
-    assert not np.isnan(on).any()
-    np.testing.assert_array_equal(on, off)
-
-
-@pytest.mark.parametrize("od, id, rpb, wpr, hoist, mmvq", [(4, 256, 8, 1, 0, True), (3, 1024, 2, 2, 1, True),
-                                                          (4, 1536, 4, 2, 0, False), (12, 512, 4, 1, 1, False)])
-def test_vload_against_float64_and_bit_for_bit_the_halfword_loads(od, id, rpb, wpr, hoist, mmvq):
-    """VLOAD=1 (Q6_K pieces from aligned 8-byte vectors and a funnel shift) with blocks at every phase mod 8, the
-    last block's second vector ending exactly at W's end (the simulator's load raises past it), partial CUDA
-    blocks, HOIST=1 and both x forms: against float64, and bit for bit against VLOAD=0."""
-    nbytes = od * id // 256 * 210
-    assert nbytes % 8 == 0
-    seed = int(np.random.default_rng().integers(2**63))
-    runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=hoist, vload=v, rng=np.random.default_rng(seed))
-            for v in (1, 0)]
-    _assert_close(*runs[0])
-    np.testing.assert_array_equal(runs[0][0], runs[1][0])
-
-
-def test_vload_refusals():
-    """VLOAD=1 for another format, with STAGE=1, or for W not a multiple of 8 bytes or not 8-byte aligned."""
-    from kernels.gemv import vload_refusal
-
-    rng = np.random.default_rng()
-    x = cuda.to_device(np.ones(256, np.float32))
-    with pytest.raises(KernelConstraintError, match="vload=1 takes Q6_K .* Q4_K already loads aligned words"):
-        kernel_for("Q4_K", 4, 2, vload=1)
-    with pytest.raises(KernelConstraintError, match="vload=1 does not combine with stage=1"):
-        kernel_for("Q6_K", 4, 2, stage=1, vload=1)
-    with pytest.raises(KernelConstraintError, match="vload=2 is not supported; allowed: 0, 1"):
-        kernel_for("Q6_K", 4, 2, vload=2)
-    with pytest.raises(KernelConstraintError, match="multiple of 8 bytes long, got 1050 bytes"):
-        gemv_q(cuda.to_device(random_blocks("Q6_K", 5, 256, rng)), "Q6_K", 5, 256, x, vload=1)
-    raw = random_blocks("Q6_K", 4, 256, rng)
-    shifted = cuda.to_device(np.concatenate([raw[:210], raw]))[210:]  # W starting 210 bytes into its allocation
-    with pytest.raises(KernelConstraintError, match="address % 8 = 2"):
-        gemv_q(shifted, "Q6_K", 4, 256, x, vload=1)
-    assert vload_refusal("Q6_K", nbytes=3584 * 74 * 210) is None  # ffn_down
 
 
 def test_one_wave_min_blocks():
@@ -320,28 +223,10 @@ def test_min_blocks_bit_for_bit_and_refused_outside_its_values():
     _assert_close(*runs[0])
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     with pytest.raises(KernelConstraintError, match="min_blocks=3 is not supported; allowed: 0, 1, 2, 4, 7, 8, 14, 16"):
-        kernel_for("Q4_K", 4, 2, min_blocks=3)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, min_blocks=3)
     with pytest.raises(KernelConstraintError, match="min_blocks=16 with warps_per_row=8 asks for 4096 threads a SM, "
                                                     "more than the 2048 .* allowed here: 0, 1, 2, 4, 7, 8"):
-        kernel_for("Q4_K", 4, 8, min_blocks=16)
-
-
-def test_hoist_refusals():
-    """HOIST=1 for a format without a split block dot, or with STAGE=1: one sentence saying what to use."""
-    x = cuda.to_device(np.ones(512, np.float32))
-    with pytest.raises(KernelConstraintError, match="Q5_K has no split, use hoist=0"):
-        gemv_q(cuda.to_device(random_blocks("Q5_K", 2, 512, np.random.default_rng())), "Q5_K", 2, 512, x, hoist=1)
-    with pytest.raises(KernelConstraintError, match="does not combine with stage=1"):
-        kernel_for("Q6_K", 4, 2, stage=1, hoist=1)
-    with pytest.raises(KernelConstraintError, match="hoist=2 is not supported; allowed: 0, 1"):
-        kernel_for("Q4_K", 4, 2, hoist=2)
-
-
-def test_stage_glu_bit_for_bit():
-    """The SwiGLU kernel with STAGE=1 stages both weights' chunks: bit for bit the STAGE=0 kernel."""
-    off, on = _glu_knob_off_and_on("Q6_K", 4, 1536, "stage")
-    assert not np.isnan(on).any()
-    np.testing.assert_array_equal(on, off)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=8, min_blocks=16)
 
 
 @pytest.mark.parametrize("name", ["Q6_K", "Q8_0"])
@@ -364,7 +249,8 @@ def test_residual_may_be_the_output_itself():
     x = rng.standard_normal(id).astype(np.float32)
     r = rng.standard_normal(od).astype(np.float32)
     y = cuda.to_device(r)
-    gemv_q(cuda.to_device(raw), "Q4_K", od, id, cuda.to_device(x), y, rows_per_block=4, warps_per_row=2, residual=y)
+    gemv_q(cuda.to_device(raw), "Q4_K", od, id, cuda.to_device(x), y,
+           config=GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, residual=True), residual=y)
     _assert_close(y.copy_to_host(), _reference(raw, "Q4_K", od, id, x) + r, _scale(raw, "Q4_K", od, id, x, r))
 
 
@@ -463,11 +349,13 @@ def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
     dg, du = cuda.to_device(wg), cuda.to_device(wu)
     out = cuda.to_device(np.full(od, np.nan, np.float32))
-    assert gemv_glu(dg, du, name, od, id, xd, out, rows_per_block=rpb, warps_per_row=wpr) is out
+    glu = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=mmvq, glu=True)
+    assert gemv_glu(dg, du, name, od, id, xd, out, config=glu) is out
     _assert_glu_close(out.copy_to_host(), wg, wu, name, od, id, x, mmvq)
     gu = cuda.to_device(np.full((1, 2 * od), np.nan, np.float32))
-    gemv_q(dg, name, od, id, xd, gu.reshape(2 * od)[:od], rows_per_block=rpb, warps_per_row=wpr)
-    gemv_q(du, name, od, id, xd, gu.reshape(2 * od)[od:], rows_per_block=rpb, warps_per_row=wpr)
+    one = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=mmvq)
+    gemv_q(dg, name, od, id, xd, gu.reshape(2 * od)[:od], config=one)
+    gemv_q(du, name, od, id, xd, gu.reshape(2 * od)[od:], config=one)
     unfused = swiglu(gu, out_dtype=np.float32).copy_to_host().reshape(od)
     np.testing.assert_array_equal(out.copy_to_host(), unfused)
 
@@ -480,7 +368,7 @@ def test_glu_rejects_a_wrong_up_and_a_residual():
     with pytest.raises(KernelConstraintError, match="gemv_glu needs raw_up"):
         gemv_glu(_w(2), None, "Q4_K", 2, 256, _x())
     with pytest.raises(KernelConstraintError, match="no residual"):
-        kernel_for("Q4_K", 2, 2, residual=True, glu=True)
+        GemvConfig("Q4_K", rows_per_block=2, warps_per_row=2, residual=True, glu=True)
 
 
 # ---- simulator: rejected inputs -----------------------------------------------------------------------------
@@ -511,20 +399,27 @@ def _x(n=256, dtype=np.float32):
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, cuda.to_device(np.ones(260, np.float32))[1:257]), r"x must start at"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), _x(3)), r"out must be a 1-D float32 device array of 2 elements"),
         (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), residual=_x(2, np.float64)), r"residual must be a 1-D float32"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), rows_per_block=3), r"rows_per_block=3 is not supported"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), warps_per_row=16), r"warps_per_row=16 is not supported"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), unroll=3), r"unroll=3 is not supported; allowed: 1, 2"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=5), r"stage=5 is not supported; allowed: 0, 1, 2, 3, 4"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, unroll=2), r"stage=1 needs unroll=1"),
-        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), stage=1), r"stage=1 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=1, rows_per_block=8, warps_per_row=8),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q6_K")),
+         r"config.qtype='Q6_K' does not match this call \(W's format: 'Q4_K'\); make the GemvConfig with qtype='Q4_K'"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", mmvq=True)),
+         r"config.mmvq=True does not match this call \(x given as Q8_1 blocks: False\)"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", residual=True)),
+         r"config.residual=True does not match this call \(a residual given: False\)"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", glu=True)), r"config.glu=True does not match"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=(4, 4)), r"config must be a kernels.gemv.GemvConfig, got tuple"),
+        (lambda: kernel_for({"qtype": "Q4_K"}), r"kernel_for takes a GemvConfig, got dict"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", rows_per_block=3)), r"rows_per_block=3 is not supported"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", warps_per_row=16)), r"warps_per_row=16 is not supported"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=5)), r"stage=5 is not supported; allowed: 0, 2, 3, 4"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=1)), r"stage=1 is not supported; allowed: 0, 2, 3, 4"),
+        (lambda: gemv_q(_w(), "Q4_K", 2, 256, _x(), config=GemvConfig("Q4_K", stage=2)), r"stage=2 takes the 2-byte-aligned formats Q4_0, .*Q4_K"),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=2, rows_per_block=8, warps_per_row=4)),
          r"needs 55296 bytes of shared memory for Q6_K, over the 49152-byte"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=4, rows_per_block=4, warps_per_row=4),
+        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=4, rows_per_block=4, warps_per_row=4)),
          r"stage=4 with rows_per_block=4, warps_per_row=4 needs 55296 bytes .* use fewer rows, warps or stages$"),
-        (lambda: gemv_q(_w(8, 256, "Q6_K"), "Q6_K", 8, 256, _x(), stage=3, unroll=2), r"stage=3 needs unroll=1"),
-        (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), stage=1), r"multiple of 16 bytes long, got 630 bytes$"),
-        (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), stage=1),
-         r"stage=1 reads raw in 16-byte vectors: it must start at a 16-byte aligned address .* address % 16 = 2"),
+        (lambda: gemv_q(_w(3, 256, "Q6_K"), "Q6_K", 3, 256, _x(), config=GemvConfig("Q6_K", stage=2)), r"multiple of 16 bytes long, got 630 bytes$"),
+        (lambda: gemv_q(cuda.to_device(np.zeros(8 * 210 + 16, np.uint8))[2:-14], "Q6_K", 8, 256, _x(), config=GemvConfig("Q6_K", stage=2)),
+         r"stage=2 reads raw in 16-byte vectors: it must start at a 16-byte aligned address .* address % 16 = 2"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -563,39 +458,32 @@ def test_experiment_knobs_reach_the_launch(monkeypatch):
     monkeypatch.setattr(
         mod,
         "gemv_q",
-        lambda raw, qtype, od, id, x, out, stream, rows_per_block, warps_per_row, unroll, prefetch, stage, hoist,
-        min_blocks, vload, fold, pdl: seen.append((qtype, rows_per_block, warps_per_row, prefetch, stage, hoist,
-                                                   min_blocks, vload, fold, pdl, raw.size)),
+        lambda raw, qtype, od, id, x, out, config, stream: seen.append(
+            (qtype, config.rows_per_block, config.warps_per_row, config.stage, config.min_blocks, config.fold,
+             config.pdl, raw.size)),
     )
     exp = get("gemv")
     wl = exp.workload("tiny")
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
-    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1,PREFETCH=1", "TYPE=Q6_K,HOIST=1,MINB=7,VLOAD=1",
-                "TYPE=Q6_K,STAGE=3,FOLD=1,MMVQ=1", "TYPE=Q4_K,PREFETCH=3,PDL=1"):
+    for arm in ("TYPE=Q4_K,RPB=1,WPR=8", "TYPE=Q8_0,RPB=8,WPR=1", "TYPE=Q6_K,MINB=7",
+                "TYPE=Q6_K,STAGE=3,FOLD=1,MMVQ=1", "TYPE=Q4_K,PDL=1"):
         exp.prepare(exp.config(arm), wl)(inputs, output, 0)
-    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 1, 0, 0, 0, 0, 0, 0, 5 * 16 * 34),
-                    ("Q6_K", 4, 4, 0, 0, 1, 7, 1, 0, 0, 5 * 2 * 210), ("Q6_K", 4, 4, 0, 3, 0, 0, 0, 1, 0, 5 * 2 * 210),
-                    ("Q4_K", 4, 4, 3, 0, 0, 0, 0, 0, 1, 5 * 2 * 144)]
+    assert seen == [("Q4_K", 1, 8, 0, 0, 0, 0, 5 * 2 * 144), ("Q8_0", 8, 1, 0, 0, 0, 0, 5 * 16 * 34),
+                    ("Q6_K", 4, 4, 0, 7, 0, 0, 5 * 2 * 210), ("Q6_K", 4, 4, 3, 0, 1, 0, 5 * 2 * 210),
+                    ("Q4_K", 4, 4, 0, 0, 0, 1, 5 * 2 * 144)]
 
 
 @pytest.mark.parametrize("arm, workload, needle", [
-    ("TYPE=Q6_K,STAGE=1", "tiny", "STAGE=1: stage=1 reads tiny's W in 16-byte vectors: .* got 2100 bytes"),
-    ("TYPE=Q4_K,STAGE=1", "ffn_up", "STAGE=1: stage=1 takes the 2-byte-aligned formats"),
-    ("TYPE=Q6_K,STAGE=1,UNROLL=2", "ffn_down", "STAGE=1: stage=1 needs unroll=1"),
-    ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=8", "ffn_down", "over the 49152-byte static limit"),
-    ("TYPE=Q6_K,STAGE=1,RPB=4,WPR=2", "ffn_down", None),
-    ("TYPE=Q6_K,STAGE=1,RPB=8,WPR=1", "output", None),
-    ("TYPE=Q6_K,VLOAD=1", "tiny", "VLOAD=1: vload=1 reads tiny's W in 8-byte vectors: .* got 2100 bytes"),
-    ("TYPE=Q4_K,VLOAD=1", "ffn_up", "VLOAD=1: vload=1 takes Q6_K"),
-    ("TYPE=Q6_K,VLOAD=1,STAGE=1", "ffn_down", "VLOAD=1: vload=1 does not combine with stage=1"),
-    ("TYPE=Q6_K,VLOAD=1,HOIST=1,MMVQ=1", "ffn_down", None),
-    ("TYPE=Q5_K,HOIST=1", "ffn_down", "HOIST=1: hoist=1 takes the formats .* Q5_K has no split"),
-    ("TYPE=Q6_K,STAGE=4,RPB=4,WPR=4", "ffn_down", "STAGE=4: stage=4 with rows_per_block=4, warps_per_row=4 needs"),
+    ("TYPE=Q6_K,STAGE=2", "tiny", "stage=2 reads tiny's W in 16-byte vectors: .* got 2100 bytes"),
+    ("TYPE=Q4_K,STAGE=2", "ffn_up", "stage=2 takes the 2-byte-aligned formats"),
+    ("TYPE=Q6_K,STAGE=2,RPB=8,WPR=8", "ffn_down", "over the 49152-byte static limit"),
+    ("TYPE=Q6_K,STAGE=2,RPB=4,WPR=2", "ffn_down", None),
+    ("TYPE=Q6_K,STAGE=3,RPB=8,WPR=1", "output", None),
+    ("TYPE=Q6_K,STAGE=4,RPB=4,WPR=4", "ffn_down", "stage=4 with rows_per_block=4, warps_per_row=4 needs"),
     ("TYPE=Q6_K,STAGE=2,RPB=4,WPR=4", "ffn_down", None),
-    ("TYPE=Q4_K,FOLD=1,MMVQ=1", "ffn_down", "FOLD=1: fold=1 takes Q6_K .* Q4_K has none, use fold=0"),
-    ("TYPE=Q6_K,FOLD=1", "ffn_down", "FOLD=1: fold=1 folds the offset .* needs Q8_1 x"),
-    ("TYPE=Q6_K,FOLD=1,MMVQ=1,VLOAD=1", "ffn_down", "FOLD=1: fold=1 does not combine with vload=1"),
-    ("TYPE=Q6_K,FOLD=1,MMVQ=1,HOIST=1,STAGE=0", "ffn_down", None),
+    ("TYPE=Q4_K,FOLD=1,MMVQ=1", "ffn_down", "fold=1 takes Q6_K .* Q4_K has none, use fold=0"),
+    ("TYPE=Q6_K,FOLD=1", "ffn_down", "fold=1 folds the offset .* needs Q8_1 x"),
+    ("TYPE=Q6_K,FOLD=1,MMVQ=1,STAGE=0", "ffn_down", None),
 ])
 def test_experiment_refuses_stage_where_the_kernel_cannot_take_it(arm, workload, needle):
     from minfer_cli.experiment import get
@@ -631,14 +519,14 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, unroll=1, glu=False, prefetch=0, stage=0, hoist=0,
-         min_blocks=0, vload=0, fold=0, pdl=0):
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blocks=0, fold=0, pdl=0):
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
+    key = (name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl)
     if key not in _PTX:
-        kernel = kernel_for(name, rpb, wpr, residual, mmvq, unroll, glu, prefetch, stage, hoist, min_blocks, vload,
-                            fold, pdl)
-        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(name, mmvq, glu), cc=(9, 0),
+        config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, residual=residual, mmvq=mmvq, glu=glu,
+                            stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl)
+        kernel = kernel_for(config)
+        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
     return _PTX[key]
 
@@ -687,6 +575,62 @@ def test_eight_rows_per_block_stay_in_registers():
     assert ".local" not in _ptx("Q4_K", 8, 4)
 
 
+_FIELD_CHANGES = {
+    "qtype": ({"qtype": "Q4_K"}, {"qtype": "Q6_K"}),
+    "rows_per_block": ({}, {"rows_per_block": 2}),
+    "warps_per_row": ({}, {"warps_per_row": 2}),
+    "stage": ({"qtype": "Q6_K"}, {"qtype": "Q6_K", "stage": 2}),
+    "min_blocks": ({}, {"min_blocks": 4}),
+    "fold": ({"qtype": "Q6_K", "mmvq": True}, {"qtype": "Q6_K", "mmvq": True, "fold": 1}),
+    "pdl": ({}, {"pdl": 1}),
+    "glu": ({}, {"glu": True}),
+    "mmvq": ({}, {"mmvq": True}),
+    "residual": ({}, {"residual": True}),
+}
+"""Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
+
+
+def test_config_is_the_cache_key_and_generates_the_experiment_knobs():
+    """`GemvConfig` normalises what it is given (a format's enum or value, numpy integers, 0/1 flags) so that equal
+    kernels are equal keys: `kernel_for` returns the same dispatcher; its knob table is the gemv experiment's knobs,
+    and `from_knobs` / `knob_values` are inverse."""
+    from gguf import GGMLQuantizationType
+
+    from minfer_cli.experiment import get
+
+    a = GemvConfig("Q6_K", rows_per_block=np.int64(2), mmvq=1, stage=2, fold=True)
+    b = GemvConfig(GGMLQuantizationType.Q6_K, rows_per_block=2, mmvq=True, stage=np.int32(2), fold=1)
+    assert a == b and hash(a) == hash(b) and kernel_for(a) is kernel_for(b)
+    assert a.qtype == "Q6_K" and a.fold == 1 and a.mmvq is True
+    exp = get("gemv")
+    assert [(k.name, k.values, k.default) for k in exp.knobs] == [spec[:3] for spec in GemvConfig.knob_specs()]
+    assert GemvConfig.from_knobs(a.knob_values()) == a
+    assert GemvConfig.from_knobs(exp.default_config()) == GemvConfig("Q4_K")
+    assert set(_FIELD_CHANGES) == {f.name for f in dataclasses.fields(GemvConfig)}, \
+        "a GemvConfig field without an entry in _FIELD_CHANGES: say how it changes the kernel"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("field", sorted(_FIELD_CHANGES))
+def test_every_config_field_changes_the_kernel(field):
+    """A declared knob the kernel ignores is a bug: for every `GemvConfig` field, two configurations that differ in
+    it alone compile to different sm_90 PTX (the kernel's name, which spells every field, left out) or launch
+    differently (threads, grid)."""
+    from kernels.gemv import codegen
+
+    def ptx(config):
+        kernel = kernel_for(config)
+        text = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
+                                launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
+        return text.replace(codegen._source(config)[0], "KERNEL")
+
+    base, changed = (GemvConfig(**{"qtype": "Q4_K", "rows_per_block": 4, "warps_per_row": 4, **kw})
+                     for kw in _FIELD_CHANGES[field])
+    assert [f.name for f in dataclasses.fields(GemvConfig) if getattr(base, f.name) != getattr(changed, f.name)] == [field]
+    launch = (base.threads, base.grid(1000)) != (changed.threads, changed.grid(1000))
+    assert launch or ptx(base) != ptx(changed), f"{field} changes neither the code nor the launch"
+
+
 @pytest.mark.compile
 def test_every_knob_changes_the_code():
     base = _ptx("Q4_K", 1, 1)
@@ -694,18 +638,13 @@ def test_every_knob_changes_the_code():
     assert _ptx("Q4_K", 1, 2) != base  # WPR: shared-memory join (and the launch's 32*WPR threads)
     assert "bar.sync" in _ptx("Q4_K", 1, 2) and "bar.sync" not in base
     assert _ptx("Q4_K", 1, 1, residual=True) != base
-    assert _ptx("Q4_K", 1, 1, unroll=2) != base  # UNROLL: two chunks' loads per iteration
     glu = _ptx("Q4_K", 4, 2, mmvq=True, glu=True)  # the SwiGLU kernel: two weights, ex2 of the silu, no spills
     assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
         "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
-    assert ".local" not in _ptx("Q4_K", 4, 2, mmvq=True, unroll=2)
-    prefetch = "cp.async.bulk.prefetch.L2.global"
-    assert prefetch not in base and _ptx("Q4_K", 1, 1, prefetch=1).count(prefetch) == 1  # PREFETCH: one per block
-    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=1).count(prefetch) == 2  # GLU: both weights
     line = "prefetch.global.L2 "
-    assert line not in base and _ptx("Q4_K", 1, 1, prefetch=2).count(line) == 1  # lookahead: one a lane a step
-    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, prefetch=3).count(line) == 2  # 24 lines a weight: one each
-    assert _ptx("Q6_K", 8, 1, mmvq=True, prefetch=2).count(line) == 2  # 8 rows of 8 lines: two a lane
+    assert line not in base and _ptx("Q4_K", 1, 1, pdl=1).count(line) == 1  # PDL's first chunk: one a lane
+    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, pdl=1).count(line) == 2  # 24 lines a weight: one each
+    assert _ptx("Q6_K", 8, 1, mmvq=True, pdl=1).count(line) == 2  # 8 rows of 8 lines: two a lane
     for stage in (0, 2):  # PDL: the launch trigger first, then W only (a prefetch, the ring's copies), then the wait
         pdl = _ptx("Q6_K", 4, 2, mmvq=True, stage=stage, pdl=1)
         assert "griddepcontrol" not in _ptx("Q6_K", 4, 2, mmvq=True, stage=stage)
@@ -714,38 +653,10 @@ def test_every_knob_changes_the_code():
         assert trigger < w_first < wait < pdl.index("ld.global"), "W's first bytes asked for before the wait, x after"
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("name, mmvq", [("Q4_K", True), ("Q4_K", False), ("Q6_K", True), ("Q8_0", True)])
-def test_hoist_puts_every_global_load_before_the_first_decode(name, mmvq):
-    """HOIST=1 with RPB=2: in the PTX, every ``ld.global`` of the loop body (x, both rows' pieces) comes before the
-    first dot-product instruction (dp4a, or fma for f32 x); HOIST=0 (Q4_K) still loads row 1's block after row 0's
-    decode has begun. (The SASS order is ptxas's: see ``HOIST_VALUES``.)"""
-    def order(ptx):
-        lines = [line.strip() for line in ptx.splitlines()]
-        first_math = min(i for i, line in enumerate(lines) if line.startswith(("dp4a", "fma.rn.f32")))
-        return max(i for i, line in enumerate(lines) if line.startswith("ld.global")), first_math
-
-    last_load, first_math = order(_ptx(name, 2, 2, mmvq=mmvq, hoist=1))
-    assert last_load < first_math
-    if name == "Q4_K":
-        last_load, first_math = order(_ptx(name, 2, 2, mmvq=mmvq))
-        assert last_load > first_math
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("mmvq", [False, True])
-def test_vload_reads_q6_k_in_8_byte_vectors(mmvq):
-    """VLOAD=1 (RPB=4): per row and block 8 ``ld.global.v2.b32`` and one ``ld.global.u16`` (d) replace 17 halfword
-    loads; no local memory."""
-    ptx, halfwords = _ptx("Q6_K", 4, 2, mmvq=mmvq, vload=1), _ptx("Q6_K", 4, 2, mmvq=mmvq)
-    assert ptx.count("ld.global.v2.b32") == 4 * 8 and ptx.count("ld.global.u16") == 4
-    assert "ld.global.v2.b32" not in halfwords and halfwords.count("ld.global.u16") == 4 * 17
-    assert ".local" not in ptx
-
-
 @pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage", [
     ("Q6_K", 4, 1536, 8, 1, True, 2), ("Q6_K", 3, 2048, 2, 2, False, 3), ("Q6_K", 5, 4096, 1, 2, True, 4),
-    ("Q8_0", 3, 1280, 4, 2, True, 4), ("Q4_0", 4, 704, 8, 1, False, 2), ("Q3_K", 4, 1536, 4, 2, False, 3)])
+    ("Q8_0", 3, 1280, 4, 2, True, 4), ("Q4_0", 4, 704, 8, 1, False, 2), ("Q3_K", 4, 1536, 4, 2, False, 3),
+    ("Q5_0", 3, 1280, 2, 4, False, 2)])
 def test_ring_against_float64_and_bit_for_bit_the_direct_decode(name, od, id, rpb, wpr, mmvq, stage):
     """STAGE=2..4 (a per-warp cp.async ring of shared windows, STAGE - 1 chunks ahead) with a partial last chunk,
     a partial last CUDA block or idle warps, rows with more chunks than slots (the ring wraps) and fewer (a warp's
@@ -767,29 +678,27 @@ def test_ring_glu_bit_for_bit():
     np.testing.assert_array_equal(on, off)
 
 
-@pytest.mark.parametrize("od, id, rpb, wpr, hoist, stage", [
-    (5, 1536, 2, 2, 0, 0), (3, 2048, 4, 1, 1, 0), (4, 1536, 8, 1, 0, 3), (9, 512, 4, 2, 0, 0)])
-def test_fold_against_float64_and_bit_for_bit_the_per_word_offset(od, id, rpb, wpr, hoist, stage):
+@pytest.mark.parametrize("od, id, rpb, wpr, stage", [
+    (5, 1536, 2, 2, 0), (3, 2048, 4, 1, 0), (4, 1536, 8, 1, 3), (9, 512, 4, 2, 0)])
+def test_fold_against_float64_and_bit_for_bit_the_per_word_offset(od, id, rpb, wpr, stage):
     """FOLD=1 (Q6_K MMVQ: -32*Σx once per chunk starts each plane's dp4a chain) on fresh random blocks, with a
-    partial last CUDA block, HOIST=1 and the cp.async ring: against float64 and bit for bit FOLD=0 (the same integer
-    sums). A wrong plane's correction or a sign slip would move every row."""
+    partial last CUDA block and the cp.async ring: against float64 and bit for bit FOLD=0 (the same integer sums).
+    A wrong plane's correction or a sign slip would move every row."""
     seed = int(np.random.default_rng().integers(2**63))
-    runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=True, hoist=hoist, stage=stage, fold=f,
+    runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=True, stage=stage, fold=f,
                  rng=np.random.default_rng(seed)) for f in (0, 1)]
     _assert_close(*runs[1])
     np.testing.assert_array_equal(runs[1][0], runs[0][0])
 
 
 def test_fold_refusals():
-    """FOLD=1 for another format, with f32 x, with VLOAD=1, or an unknown value."""
+    """FOLD=1 for another format, with f32 x, or an unknown value."""
     with pytest.raises(KernelConstraintError, match="fold=1 takes Q6_K .* Q4_K has none"):
-        kernel_for("Q4_K", 4, 2, mmvq=True, fold=1)
+        GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, mmvq=True, fold=1)
     with pytest.raises(KernelConstraintError, match="needs Q8_1 x"):
-        kernel_for("Q6_K", 4, 2, fold=1)
-    with pytest.raises(KernelConstraintError, match="fold=1 does not combine with vload=1"):
-        kernel_for("Q6_K", 4, 2, mmvq=True, vload=1, fold=1)
+        GemvConfig("Q6_K", rows_per_block=4, warps_per_row=2, fold=1)
     with pytest.raises(KernelConstraintError, match="fold=2 is not supported; allowed: 0, 1"):
-        kernel_for("Q6_K", 4, 2, mmvq=True, fold=2)
+        GemvConfig("Q6_K", rows_per_block=4, warps_per_row=2, mmvq=True, fold=2)
 
 
 @pytest.mark.compile
@@ -825,23 +734,6 @@ def test_ring_copies_weights_with_cp_async_and_waits_for_one_chunk(name, mmvq):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name, mmvq", [(n, False) for n in STAGE_TYPES] + [("Q6_K", True), ("Q8_0", True)])
-def test_stage_reads_weights_in_16_byte_vectors_and_decodes_from_shared_memory(name, mmvq):
-    """STAGE=1: W's only global loads are ``ld.global.v4.b32`` (none of the 2-byte loads of STAGE=0), the
-    decode's halfwords come from shared memory (``ld.shared.u16``), one ``bar.warp.sync`` before and after each
-    copy, no local memory."""
-    from kernels.gemv import stage_window_bytes
-
-    ptx = _ptx(name, 4, 2, mmvq=mmvq, stage=1)
-    assert "ld.global.u16" in _ptx(name, 4, 2, mmvq=mmvq) and "ld.global.u16" not in ptx
-    fmt = FORMATS[name]
-    chunk = (4 if fmt.block_size == 256 else 16) * fmt.type_size  # a warp's 32 lanes: 8 or 2 lanes a block
-    per_row = -(-stage_window_bytes(chunk) // 16 // 32)  # 16-byte vectors per lane per row: 1 or 2
-    assert ptx.count("ld.global.v4.b32") == ptx.count("st.shared.v4.b32") == 4 * per_row
-    assert "ld.shared.u16" in ptx and ptx.count("bar.warp.sync") == 2 and ".local" not in ptx
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("name", MMVQ_TYPES)
 def test_mmvq_kernels_use_dp4a_and_keep_weight_loads_aligned(name):
     from kernels.gemv import DEFAULT_RPB, DEFAULT_WPR
@@ -874,18 +766,6 @@ def test_mmvq_real_shapes(name, od, id):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, rpb, wpr", [("Q4_K", 8, 1), ("Q6_K", 4, 2), ("Q8_0", 4, 2)])
-@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
-def test_prefetch_real_shapes(name, rpb, wpr, od, id):
-    """PREFETCH=1 on the device (the instruction runs: a wrong address or size would fault) at the real shapes and
-    with W starting one block into its allocation (the rounded-down prefetch start stays inside the buffer)."""
-    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1))
-    ts = FORMATS[name].type_size
-    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=1,
-                        raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("name, rpb, wpr, stage, minb", [("Q4_K", 4, 4, 0, 7), ("Q6_K", 4, 4, 2, 7), ("Q8_0", 4, 2, 0, 0)])
 def test_pdl_launches_back_to_back_accumulate_in_place(name, rpb, wpr, stage, minb):
     """Eight PDL=1 launches in a row on one stream at ffn_down, each adding W·x to y in place (y is the residual):
@@ -903,38 +783,12 @@ def test_pdl_launches_back_to_back_accumulate_in_place(name, rpb, wpr, stage, mi
     dev, y = cuda.to_device(raw, stream=stream), cuda.to_device(y0, stream=stream)
     xq = quantize_q8_1(cuda.to_device(x, stream=stream), q8_blocks(id), stream=stream)
     for _ in range(8):
-        gemv_q(dev, name, od, id, xq, y, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=minb, pdl=1,
+        gemv_q(dev, name, od, id, xq, y, config=GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage,
+                                                          min_blocks=minb, pdl=1, mmvq=True, residual=True),
                residual=y, stream=stream)
     stream.synchronize()
     ref = y0.astype(np.float64) + 8 * reference_mmvq(raw, name, od, id, x)
     _assert_close(y.copy_to_host(), ref, 8 * _scale(raw, name, od, id, x) + np.abs(y0), tol=1e-5)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name, rpb, wpr, stage, prefetch", [("Q4_K", 4, 4, 0, 2), ("Q4_K", 4, 4, 0, 3),
-                                                             ("Q6_K", 4, 4, 2, 3), ("Q6_K", 8, 1, 0, 2)])
-@pytest.mark.parametrize("od, id", [(18944, 3584), (3584, 18944), (301, 3584)], ids=["ffn_up", "ffn_down", "tail"])
-def test_lookahead_real_shapes(name, rpb, wpr, stage, prefetch, od, id):
-    """PREFETCH=2, 3 on the device at the real shapes: against float64, also with W one block into its allocation
-    (except the ring, which needs W 16-byte aligned); a prefetch address outside W would not fault (a hint), so
-    the bounds are the simulator's to check (`test_lookahead_prefetches_every_later_chunk_inside_w`). The ring
-    takes 300 rows at the tail (it needs W a whole number of 16-byte vectors: Q6_K rows of 3584 in fours)."""
-    od = od - od % 4 if stage else od
-    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, stage=stage, prefetch=prefetch))
-    if not stage:
-        ts = FORMATS[name].type_size
-        _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=True, prefetch=prefetch,
-                            raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q6_K", False), ("Q8_0", True), ("Q3_K", False)])
-@pytest.mark.parametrize("od, id", [(3584, 18944), (152064, 3584), (300, 3584)], ids=["ffn_down", "output", "tail"])
-def test_stage_real_shapes(name, mmvq, od, id):
-    """STAGE=1 on the device at the Q6_K shapes of the decode step (ffn_down, the vocabulary head) and 300 rows (a
-    partial last CUDA block of 8): a misaligned vector load would fault, a wrong window would miss the reference."""
-    _assert_close(*_run(name, od, id, rpb=4, wpr=2, mmvq=mmvq, stage=1))
-    _assert_close(*_run(name, od, id, rpb=8, wpr=1, mmvq=mmvq, stage=1))
 
 
 @pytest.mark.gpu
@@ -950,16 +804,13 @@ def test_ring_real_shapes(name, mmvq, od, id):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, mmvq", [("Q6_K", True), ("Q4_K", True), ("Q4_K", False), ("Q8_0", True)])
 @pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
-def test_hoist_real_shapes(name, mmvq, od, id):
-    """HOIST=1 on the device at ffn_down and 300 rows (a partial last CUDA block): against float64, and bit for
-    bit against HOIST=0 (ptxas schedules the two differently; the arithmetic is the same), also with MINB=7 (a
-    register cap: ptxas may schedule or spill differently, the arithmetic is the same)."""
+def test_min_blocks_real_shapes(name, mmvq, od, id):
+    """MINB=7 on the device at ffn_down and 300 rows (a partial last CUDA block): a register cap, so ptxas may
+    schedule or spill differently; against float64, and bit for bit against MINB=0 (the arithmetic is the same)."""
     seed = int(np.random.default_rng().integers(2**63))
-    for rpb, wpr, minb in ((4, 2, 0), (2, 2, 0), (4, 4, 7)):
-        runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=h, min_blocks=m, rng=np.random.default_rng(seed))
-                for h, m in ((1, minb), (0, 0))]
-        _assert_close(*runs[0])
-        np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    runs = [_run(name, od, id, rpb=4, wpr=4, mmvq=mmvq, min_blocks=m, rng=np.random.default_rng(seed)) for m in (7, 0)]
+    _assert_close(*runs[0])
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
 
 @pytest.mark.gpu
@@ -968,20 +819,6 @@ def test_fold_real_shapes(od, id):
     """FOLD=1 on the device at Q6_K's ffn_down shape and 300 rows, with and without the cp.async ring."""
     _assert_close(*_run("Q6_K", od, id, rpb=4, wpr=2, mmvq=True, fold=1))
     _assert_close(*_run("Q6_K", od, id, rpb=2, wpr=2, mmvq=True, stage=2, fold=1))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mmvq", [True, False])
-@pytest.mark.parametrize("od, id", [(3584, 18944), (300, 3584)], ids=["ffn_down", "tail"])
-def test_vload_real_shapes(mmvq, od, id):
-    """VLOAD=1 on the device at Q6_K ffn_down and 300 rows (a partial last CUDA block; W ends on a second vector's
-    end): a misaligned vector load would fault; against float64 and bit for bit against VLOAD=0."""
-    seed = int(np.random.default_rng().integers(2**63))
-    for rpb, wpr, hoist in ((4, 2, 0), (4, 2, 1), (8, 1, 0)):
-        runs = [_run("Q6_K", od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, hoist=hoist, vload=v,
-                     rng=np.random.default_rng(seed)) for v in (1, 0)]
-        _assert_close(*runs[0])
-        np.testing.assert_array_equal(runs[0][0], runs[1][0])
 
 
 @pytest.mark.gpu
@@ -997,7 +834,7 @@ def test_glu_real_shape(rpb, wpr):
     x = (x * 8.0 / np.abs(_reference(wg, "Q4_K", od, id, x)).max()).astype(np.float32)  # |gate| <= 8
     out = cuda.to_device(np.full(od, np.nan, np.float32))
     gemv_glu(cuda.to_device(wg), cuda.to_device(wu), "Q4_K", od, id, quantize_q8_1(cuda.to_device(x), q8_blocks(id)),
-             out, rows_per_block=rpb, warps_per_row=wpr)
+             out, config=GemvConfig("Q4_K", rows_per_block=rpb, warps_per_row=wpr, mmvq=True, glu=True))
     _assert_glu_close(out.copy_to_host(), wg, wu, "Q4_K", od, id, x, mmvq=True)
 
 

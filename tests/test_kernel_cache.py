@@ -137,7 +137,7 @@ GPU_SCRIPT = textwrap.dedent("""
     import numpy as np
     from numba import cuda
     from kernels.copy import copy, _copy_v4
-    from kernels.gemv import gemv_q, kernel_for
+    from kernels.gemv import GemvConfig, gemv_q, kernel_for
     from kernels.quant.formats import block_format
     rng = np.random.default_rng(int(sys.argv[1]))
     src = rng.integers(0, 2**32, 1 << 16, dtype=np.uint32)
@@ -155,7 +155,7 @@ GPU_SCRIPT = textwrap.dedent("""
     w = gguf.quants.dequantize(raw.reshape(od, -1), gguf.GGMLQuantizationType.Q8_0).reshape(od, id)
     ref = w.astype(np.float64) @ x
     err = float(np.linalg.norm(y.copy_to_host() - ref) / np.linalg.norm(ref))
-    gemv = kernel_for("Q8_0")
+    gemv = kernel_for(GemvConfig("Q8_0"))  # the config gemv_q picks for this call
     hits = sum(_copy_v4.stats.cache_hits.values()) + sum(gemv.stats.cache_hits.values())
     misses = sum(_copy_v4.stats.cache_misses.values()) + sum(gemv.stats.cache_misses.values())
     print(json.dumps({"ok": ok, "err": err, "hits": hits, "misses": misses}))

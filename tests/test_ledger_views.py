@@ -208,6 +208,7 @@ def test_verify_drops_shared_removed_knobs_and_gives_predated_knobs_their_legacy
         name, workloads = "fake", ()
         knobs = (Knob("VEC", (1, 4), 4, "v"), Knob("LOOP", ("v1", "pipe"), "pipe", "l", legacy="v1"),
                  Knob("NEW", (0, 1), 1, "n"))
+        removed_knobs = {"GONE": 2, "LOST": 0}
 
         def default_config(self):
             return {k.name: k.default for k in self.knobs}
@@ -227,6 +228,15 @@ def test_verify_drops_shared_removed_knobs_and_gives_predated_knobs_their_legacy
     plan = core_verify.plan(original, [original], registry=lambda name: Exp())
     assert plan.dropped == {"GONE": 2} and plan.predated == {"LOOP": "v1", "NEW": 1}
     assert [c["LOOP"] for c in plan.configs] == ["v1", "v1"] and [c["VEC"] for c in plan.configs] == [1, 4]
+    for arm in original["arms"]:  # a removed knob at another value than the one the code still runs: a deleted variant
+        arm["knobs"]["LOST"] = 1
+    gone = core_verify.plan(original, [original], registry=lambda name: Exp())
+    assert gone.outcome == "CANNOT-RUN" and gone.reason == "knob value LOST=1 was deleted (the code runs only what was LOST=0)"
+    for arm in original["arms"]:  # a removed knob the experiment does not declare: nothing says what it did
+        arm["knobs"].pop("LOST")
+        arm["knobs"]["UNKNOWN"] = 0
+    unknown = core_verify.plan(original, [original], registry=lambda name: Exp())
+    assert unknown.outcome == "CANNOT-RUN" and "UNKNOWN=0 no longer exists and fake does not say" in unknown.reason
 
 
 def test_verify_cli_records_each_outcome_and_exits_1_on_regression(tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ warps split each row's blocks between them, a shared-memory sum joins the warps)
   format.
 * Q8_1 x (MMVQ, llama.cpp's mmvq.cu + vecdotq.cuh route; Q4_K, Q6_K, Q8_0): x quantized once per step by
   `kernels.quantize_q8` (int8 per element, f32 d and sum per 32); the weights' bytes are unpacked into int8 lanes
-  and multiplied four at a time with ``dp4a`` (`kernels.ptx.dp4a_s32`), one float multiply per 32-weight block.
-  On the H200 at the ffn shapes: -37% time for Q4_K and -31% for Q6_K against f32 x (ledger #26, #27).
+  and multiplied four at a time with ``dp4a`` (`kernels.ptx.dp4a_s32`), one float multiply per 32-weight block:
+  faster than f32 x at the decode shapes (x read as int8, four weights a dp4a).
 
 Work split (the same for every format):
 
@@ -34,8 +34,9 @@ MXFP4 bytes. x (16-byte aligned, f32) is always read with 16-byte loads; Q8_1 x 
 or 4-byte words (Q6_K).
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp
-decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``UNROLL`` chunks per loop iteration,
-``PREFETCH`` (an L2 bulk prefetch of the block's rows first, or a per-chunk lookahead), ``PDL`` (a programmatic
+decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``STAGE`` (a per-warp cp.async ring of
+shared-memory windows W passes through), ``MINB`` (the launch bound), ``FOLD`` (Q6_K's offset taken from x),
+``PDL`` (a programmatic
 dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the x form
 (f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
 ``y = silu(gate·x) * (up·x)`` in the epilogue).
@@ -43,48 +44,32 @@ dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the
 Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane fetches both x forms share),
 `kernels.gemv.dots` (f32-x loaders and block dots), `kernels.gemv.dots_q8` (Q8_1-x loaders and dp4a dots),
 `kernels.gemv.formats` (per-format tables: which loader and dot, lanes per block, which formats each knob takes),
-`kernels.gemv.config` (knob values, defaults, limits and the refusal functions), `kernels.gemv.codegen` (the
-generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`, `kernel_for`). This module re-exports
-their public names.
+`kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations),
+`kernels.gemv.codegen` (the generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`,
+`kernel_for`). This module re-exports their public names.
 """
 
 from __future__ import annotations
 
 from kernels.gemv.codegen import lookahead_lines
 from kernels.gemv.config import (
-    DEFAULT_FOLD,
-    DEFAULT_HOIST,
-    DEFAULT_MINB,
-    DEFAULT_PDL,
-    DEFAULT_PREFETCH,
     DEFAULT_RPB,
-    DEFAULT_STAGE,
-    DEFAULT_UNROLL,
-    DEFAULT_VLOAD,
     DEFAULT_WPR,
     FOLD_VALUES,
-    HOIST_VALUES,
     MAX_THREADS_PER_SM,
     MINB_REGISTER_FLOOR,
     MINB_VALUES,
     PDL_VALUES,
-    PREFETCH_VALUES,
     RPB_VALUES,
     STAGE_SMEM_LIMIT,
     STAGE_VALUES,
-    UNROLL_VALUES,
-    VLOAD_VALUES,
     WPR_VALUES,
-    fold_refusal,
-    hoist_refusal,
+    GemvConfig,
     min_blocks_registers,
     one_wave_min_blocks,
-    prefetch_refusal,
-    stage_refusal,
     stage_smem_bytes,
     stage_window_bytes,
     threads_per_block,
-    vload_refusal,
 )
 from kernels.gemv.device import M0, M4, M8, M16, M32, M128, MB, N1, N2, N4, U, ZERO
 from kernels.gemv.dots_q8 import Q6_OFFSET
@@ -92,23 +77,18 @@ from kernels.gemv.formats import (
     FLOAT_GROUP,
     FOLD_TYPES,
     GEMV_TYPES,
-    HOIST_TYPES,
     MMVQ_TYPES,
     STAGE_TYPES,
-    VLOAD_TYPES,
     _IMPLS,
     _MMVQ_IMPLS,
 )
 from kernels.gemv.launch import gemv_glu, gemv_q, kernel_for, kernel_signature
 
 __all__ = [
-    "DEFAULT_FOLD", "DEFAULT_HOIST", "DEFAULT_MINB", "DEFAULT_PDL", "DEFAULT_PREFETCH", "DEFAULT_RPB", "DEFAULT_STAGE",
-    "DEFAULT_UNROLL", "DEFAULT_VLOAD", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES",
-    "HOIST_TYPES", "HOIST_VALUES", "M0", "M4", "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB",
-    "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1", "N2", "N4", "PDL_VALUES", "PREFETCH_VALUES",
-    "Q6_OFFSET", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U", "UNROLL_VALUES",
-    "VLOAD_TYPES", "VLOAD_VALUES", "WPR_VALUES", "ZERO", "fold_refusal", "gemv_glu", "gemv_q", "hoist_refusal",
-    "kernel_for", "kernel_signature", "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks",
-    "prefetch_refusal", "stage_refusal", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
-    "vload_refusal",
+    "DEFAULT_RPB", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "GemvConfig", "M0", "M4",
+    "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB", "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1",
+    "N2", "N4", "PDL_VALUES", "Q6_OFFSET", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U",
+    "WPR_VALUES", "ZERO", "_IMPLS", "_MMVQ_IMPLS", "gemv_glu", "gemv_q", "kernel_for", "kernel_signature",
+    "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes",
+    "threads_per_block",
 ]

@@ -1,9 +1,10 @@
 """The generated source of the gemv kernels (`kernels.gemv`): one kernel per (format, knob combination), its
-per-row code written out RPB times, then jitted; `kernels.gemv.launch.kernel_for` caches what `_build` returns.
+per-row code written out RPB times (`_source`), then jitted (`_build`); `kernels.gemv.launch.kernel_for` caches
+what `_build` returns under its `GemvConfig`.
 
-The pieces: the loop over a row's chunks (`_chunk_body`; STAGE=1's register copy `_staged_body`; STAGE=2..4's
-cp.async ring `_ring_loop`), PREFETCH's L2 prefetches (`_prefetch`, `_lookahead`), and the epilogue that joins the
-warps and stores y (`_epilogue`). Which x loader, block dot, fetch and math go in: `kernels.gemv.formats`.
+The pieces: the loop over a row's chunks (`_chunk_body`; STAGE=2..4's cp.async ring `_ring_loop`), PDL's L2
+prefetch of each warp's first chunk before it waits for the previous kernel (`_lookahead`), and the epilogue that
+joins the warps and stores y (`_epilogue`). Which x loader, block dot, fetch and math go in: `kernels.gemv.formats`.
 """
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ import numpy as np
 from numba import cuda
 
 from kernels.activation import silu_mul
-from kernels.gemv.config import stage_window_bytes, threads_per_block
+from kernels.gemv.config import GemvConfig, stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
+from kernels.gemv.formats import _FOLD, _IMPLS, _MMVQ_IMPLS, _RING_FETCH
 from kernels.jit import kernel_from_source
-from kernels.gemv.formats import _FOLD, _IMPLS, _MMVQ_IMPLS, _MMVQ_SPLITS, _RING_FETCH, _SPLITS, _VLOAD
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
     griddepcontrol_launch_dependents,
     griddepcontrol_wait,
-    ld_global_v4_b32,
     prefetch_l2,
-    prefetch_l2_bulk,
-    st_shared_v4_b32,
     syncwarp,
 )
 from kernels.quant.bits import SIMULATOR
@@ -43,83 +41,27 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     last = od - 1
     nb = id // {bs}
     nchunks = (nb + {bpc} - 1) // {bpc}
-{prefetch}{per_row_init}
+{launch_dependents}{per_row_init}
 {loop}
 {per_row_reduce}
 {epilogue}
 """
 
 
-def _chunk_body(rows, mats, unroll: int, wpr: int, bpc: int, bs: int, xargs: str, hoist: bool = False) -> str:
-    """The loop body over ``unroll`` chunks; ``mats`` pairs each accumulator prefix with its weight array. One
-    chunk: a guarded block (a lane past the row's end skips it). Several: every chunk's block index is clamped to
-    the row (valid memory), all x loads and block dots are issued unconditionally in one basic block, so their
-    loads can all be in flight together, and a lane past the end adds zero (a select, not a branch). ``hoist``:
-    each block dot is written as its two halves, every ``fetch`` (all chunks, rows and weights) before any
-    ``math``, so the loads lead in program order."""
-    if unroll == 1:
-        if hoist:
-            body = [f"            f{p}{r} = fetch({w}, rb{r} + b, j)" for r in rows for p, w in mats]
-            body += [f"            {p}{r} += math(f{p}{r}, j, xs)" for r in rows for p, _ in mats]
-        else:
-            body = [f"            {p}{r} += dot({w}, rb{r} + b, j, xs)" for r in rows for p, w in mats]
-        dots = "\n".join(body)
-        return f"        b = c * {bpc} + bl\n        if b < nb:\n            xs = xload({xargs}, b * {bs}, j)\n{dots}"
-    lines = []
-    for u in range(unroll):
-        lines += [f"        b{u} = (c + {u * wpr}) * {bpc} + bl",
-                  f"        v{u} = b{u} < nb",
-                  f"        b{u} = min(b{u}, nb - 1)",
-                  f"        xs{u} = xload({xargs}, b{u} * {bs}, j)"]
-    if hoist:
-        lines += [f"        f{p}{r}_{u} = fetch({w}, rb{r} + b{u}, j)" for u in range(unroll) for r in rows
-                  for p, w in mats]
-    for u in range(unroll):
-        for r in rows:
-            for p, w in mats:
-                d = f"math(f{p}{r}_{u}, j, xs{u})" if hoist else f"dot({w}, rb{r} + b{u}, j, xs{u})"
-                lines += [f"        d = {d}", f"        {p}{r} += d if v{u} else ZERO"]
-    return "\n".join(lines)
+def _chunk_body(rows, mats, bpc: int, bs: int, xargs: str) -> str:
+    """The loop body over one chunk; ``mats`` pairs each accumulator prefix with its weight array. A guarded block:
+    a lane whose block lies past the row's end skips it."""
+    dots = "\n".join(f"            {p}{r} += dot({w}, rb{r} + b, j, xs)" for r in rows for p, w in mats)
+    return f"        b = c * {bpc} + bl\n        if b < nb:\n            xs = xload({xargs}, b * {bs}, j)\n{dots}"
 
 
-def _stage_init(mats, rpb: int, wpr: int, chunk_bytes: int, slots: int = 1) -> str:
+def _stage_init(mats, rpb: int, wpr: int, chunk_bytes: int, slots: int) -> str:
     """The staging buffer: one window per (warp, slot, weight, row), 16-byte aligned; ``wb0`` is this warp's
     first."""
     win = stage_window_bytes(chunk_bytes) // 2
     align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
     return (f"    stg = cuda.shared.array({wpr * slots * len(mats) * rpb * win}, np.uint16, alignment={align})\n"
             f"    wb0 = warp * {slots * len(mats) * rpb * win}\n")
-
-
-def _staged_body(rows, mats, rpb: int, bpc: int, bs: int, type_size: int, xargs: str) -> str:
-    """The loop body with STAGE=1 (UNROLL=1): the warp copies its chunk (blocks ``cb .. ce-1``) of every row and
-    weight into its shared windows, then decodes from there with the same block dots.
-
-    A chunk's bytes ``[s, e)`` start at any even offset; the copy takes the 16-byte vectors of ``[s & ~15, e)``
-    (W itself 16-byte aligned and a whole number of vectors long, so none lies past its end) with
-    ``ld.global.v4`` (`kernels.ptx.ld_global_v4_b32`), lane ``l`` vectors ``l`` and ``l + 32``, ... clamped to
-    the last one (a duplicate load of one line, not a branch), all of them before any store; then
-    ``st.shared.v4``. The decode sees the window from ``s`` on as a ``uint16`` array whose block 0 is the chunk's
-    first. `kernels.ptx.syncwarp` before the stores (the last chunk's decode is done) and after them (this one's copy is)."""
-    win = stage_window_bytes(bpc * type_size) // 2
-    nvec = win // 8
-    loads, stores, views = [], [], []
-    for r in rows:
-        for m, (_, w) in enumerate(mats):
-            k = f"{m}_{r}"
-            base = f"wb0 + {(m * rpb + r) * win}"
-            loads += [f"        s{k} = (rb{r} + cb) * {type_size}",
-                      f"        a{k} = s{k} & -16",
-                      f"        n{k} = ((rb{r} + ce) * {type_size} - a{k} + 15) >> 4"]
-            for t in range((nvec + 31) // 32):
-                loads += [f"        v{k}_{t} = min(lane + {32 * t}, n{k} - 1)",
-                          f"        q{k}_{t} = ld_global_v4_b32({w}, (a{k} >> 1) + 8 * v{k}_{t})"]
-                stores.append(f"        st_shared_v4_b32(stg, {base} + 8 * v{k}_{t}, q{k}_{t}[0], q{k}_{t}[1], "
-                              f"q{k}_{t}[2], q{k}_{t}[3])")
-            views.append(f"            {mats[m][0]}{r} += dot(stg[{base} + ((s{k} - a{k}) >> 1):], bl, j, xs)")
-    return "\n".join([f"        cb = c * {bpc}", f"        ce = min(cb + {bpc}, nb)", *loads, "        syncwarp()",
-                      *stores, "        syncwarp()", "        b = cb + bl", "        if b < nb:",
-                      f"            xs = xload({xargs}, b * {bs}, j)", *views])
 
 
 def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, type_size: int) -> list[str]:
@@ -145,17 +87,17 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
 
 
 def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
-               at: bool = False, ahead=(), pdl: bool = False) -> str:
-    """The chunk loop with STAGE = ``slots`` >= 2 (UNROLL=1): a ring of ``slots`` shared windows per warp, weight
+               at: bool = False, pdl: bool = False) -> str:
+    """The chunk loop with STAGE = ``slots`` >= 2: a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
     group (``cp.async.wait_group slots - 1``: every lane commits one group a step, empty past the row's end),
     `kernels.ptx.syncwarp` (the other lanes' copies are visible), decodes the chunk from its slot with the same
     block dots as STAGE=0, and syncwarps again (the slot is read before it is refilled). Window layout and
-    alignment rules: as `_staged_body` (W 16-byte aligned, a whole number of 16-byte vectors). ``at``: the
+    alignment rules: W 16-byte aligned and a whole number of 16-byte vectors (`GemvConfig.weight_refusal`). ``at``: the
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
     instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
-    ``ahead``: PREFETCH's lookahead lines (`_lookahead`), first in each step. ``pdl``: the first copies (W only)
+    ``pdl``: the first copies (W only)
     are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
@@ -165,7 +107,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
     lines += ["    griddepcontrol_wait()"] if pdl else []
-    lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):", *ahead,
+    lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):",
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
               *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
               "        cp_async_commit_group()", f"        cp_async_wait_group({slots - 1})", "        syncwarp()",
@@ -214,15 +156,12 @@ def lookahead_lines(chunk_bytes: int) -> int:
 
 
 def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk: str) -> list[str]:
-    """The lines (indented ``ind``) that prefetch into L2 chunk ``chunk`` (an expression: PREFETCH's ``c + (PREFETCH
-    - 1) * WPR``, the chunk this warp decodes PREFETCH - 1 steps later; PDL's ``warp``, its first), every row and
-    weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
+    """The lines (indented ``ind``) that prefetch into L2 chunk ``chunk`` (an expression: PDL's ``warp``, the warp's
+    first chunk), every row and weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
     ``q // lines`` of the CUDA block (clamped to ``od - 1``) and, of that row's chunk, the line ``q % lines`` after
     the chunk's start rounded down to 128 bytes (``lines``: `lookahead_lines`), clamped to the chunk's last byte;
     slots past ``RPB * lines`` repeat the last one (a line asked for twice: no branch). Every offset lies in its
-    row's bytes or the row before (the rounding), inside W. Computed in the step, not kept from the kernel's start:
-    at MINB=7's 72 registers, a lane's row and line held across the loop spill (offline ptxas: 16 bytes of stack
-    for Q4_K)."""
+    row's bytes or the row before (the rounding), inside W."""
     lines = lookahead_lines(chunk_bytes)
     slots = rpb * lines
     out = [f"{ind}pc = {chunk}", f"{ind}if pc < nchunks:", f"{ind}    pb = pc * {chunk_bytes}",
@@ -235,50 +174,34 @@ def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk
     return out
 
 
-def _prefetch(mats, rpb: int, row_bytes_per_block: int) -> str:
-    """Thread 0's L2 prefetch of the CUDA block's rows ``row0 .. min(row0 + RPB, od) - 1`` of every weight (one
-    contiguous byte range each; ranges under 32 bytes are skipped, as `prefetch_l2_bulk` requires)."""
-    return ("    if tid == 0:\n"
-            f"        pb = row0 * nb * {row_bytes_per_block}\n"
-            f"        pe = min(row0 + {rpb}, od) * nb * {row_bytes_per_block}\n"
-            "        if pe - pb >= 32:\n"
-            + "".join(f"            prefetch_l2_bulk({w}, pb, pe)\n" for _, w in mats))
-
-
-def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, unroll: int = 1, glu: bool = False,
-           prefetch: int = 0, stage: int = 0, hoist: bool = False, min_blocks: int = 0,
-           vload: bool = False, fold: bool = False, pdl: bool = False):
-    """Generate and jit the kernel for one (format, RPB, WPR, residual, MMVQ, UNROLL, GLU, PREFETCH, STAGE, HOIST,
-    MINB, VLOAD, FOLD, PDL): the per-row
-    code is written out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when
-    the block decode is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the
-    same format and shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
+def _source(config: GemvConfig) -> tuple[str, str, dict]:
+    """(kernel name, generated source, the names it runs with) of one `GemvConfig`: the per-row code is written
+    out RPB times with scalar accumulators (a loop over a local array is left rolled by LLVM when the block decode
+    is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the same format and
+    shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
+    name, rpb, wpr, residual = config.qtype, config.rows_per_block, config.warps_per_row, config.residual
+    mmvq, glu, stage, min_blocks, fold, pdl = (config.mmvq, config.glu, config.stage, config.min_blocks, config.fold,
+                                               config.pdl)
     xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
-    # a block dot's two halves, for HOIST=1 and for the ring's window fetch (`_RING_FETCH`); unused otherwise
-    fetch, math = (_MMVQ_SPLITS if mmvq else _SPLITS).get(name, (None, None))
-    if vload:
-        dot = _VLOAD[name][1 if mmvq else 0]
-        fetch = _VLOAD[name][2]
+    # the ring's window fetch and the decode of what it returns (`_RING_FETCH`); unused otherwise
+    fetch, math_f32, math_q8 = _RING_FETCH.get(name, (None, None, None))
+    math = math_q8 if mmvq else math_f32
     if fold:
         xload, dot, math = _FOLD[name]
     fmt = block_format(name)
-    fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}_u{unroll}{'_res' if residual else ''}"
-             f"{'_mmvq' if mmvq else ''}{'_glu' if glu else ''}{'_pf' if prefetch == 1 else f'_la{prefetch - 1}' if prefetch else ''}{'_stage' if stage == 1 else f'_ring{stage}' if stage else ''}{'_hoist' if hoist else ''}{f'_minb{min_blocks}' if min_blocks else ''}{'_v8' if vload else ''}{'_fold' if fold else ''}{'_pdl' if pdl else ''}")
+    fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
+             f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
+             f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}")
     xargs = "xq, xd, xsum" if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
-    ahead = (_lookahead("        ", mats, rpb, chunk_bytes, fmt.type_size, f"c + {(prefetch - 1) * wpr}")
-             if prefetch > 1 else [])
-    if stage > 1:
-        at = name in _RING_FETCH
-        fetch = _RING_FETCH.get(name, fetch)
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, at, ahead, pdl)
+    if stage:
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl)
     else:
-        body = (_staged_body(rows, mats, rpb, 32 // lpb, bs, fmt.type_size, xargs) if stage
-                else _chunk_body(rows, mats, unroll, wpr, 32 // lpb, bs, xargs, hoist))
         first = _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, "warp") + ["    griddepcontrol_wait()"]
-        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr * unroll}):", *ahead, body])
+        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr}):",
+                          _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
@@ -287,23 +210,28 @@ def _build(name: str, rpb: int, wpr: int, residual: bool, mmvq: bool = False, un
         bs=bs,
         bpc=32 // lpb,
         rpb=rpb,
-        # nb counts pseudo-blocks of bs weights: bs // block_size GGUF blocks each (1, or 8 for the float types)
-        prefetch=("    griddepcontrol_launch_dependents()\n" if pdl else "")
-        + (_prefetch(mats, rpb, bs // fmt.block_size * fmt.type_size) if prefetch == 1 else ""),
+        launch_dependents="    griddepcontrol_launch_dependents()\n" if pdl else "",
         # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
-        per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, max(stage, 1)) if stage else "") + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
-                                for r in rows),
+        per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, stage) if stage else "")
+        + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
+                    for r in rows),
         loop=loop,
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
         epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
-             "dot": dot, "fetch": fetch, "math": math, "prefetch_l2_bulk": prefetch_l2_bulk, "prefetch_l2": prefetch_l2,
+             "dot": dot, "fetch": fetch, "math": math, "prefetch_l2": prefetch_l2,
              "griddepcontrol_wait": griddepcontrol_wait,
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
-             "ld_global_v4_b32": ld_global_v4_b32,
-             "st_shared_v4_b32": st_shared_v4_b32, "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
+             "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
+    return fname, src, scope
+
+
+def _build(config: GemvConfig):
+    """Generate (`_source`) and jit the kernel of one `GemvConfig`, with MINB's launch bounds."""
+    fname, src, scope = _source(config)
+    min_blocks, wpr = config.min_blocks, config.warps_per_row
     # a compiler bound only with MINB (the simulator's jit takes none and has no registers)
     return kernel_from_source(src, fname, scope, threads=threads_per_block(wpr) if min_blocks else None,
                               min_blocks=min_blocks, label="kernels.gemv")

@@ -1,120 +1,202 @@
-"""The gemv kernels' knobs (`kernels.gemv`): each knob's allowed values, default and the reason for it, the limits
-they are checked against, and the refusal functions, each the one owner of a knob's rules (the launchers raise
-them; the gemv experiment and the decode engine ask first).
+"""The gemv kernels' configuration (`kernels.gemv`): `GemvConfig`, one frozen value per specialised kernel.
 
-Every knob is a compile-time constant: one specialised kernel per combination (`kernels.gemv.launch.kernel_for`).
+A `GemvConfig` lists the format, the kernel's facts (x form, GLU, residual) and its knobs, each field with its
+allowed values, default and the reason for it; it refuses an impossible combination when it is made (one sentence
+naming the conflict and what would be right), generates the gemv experiment's knob table (`GemvConfig.knob_specs`)
+and is the key of the compile cache (`kernels.gemv.launch.kernel_for`): every field is a compile-time constant.
+What W's bytes must satisfy for a configuration (the ring's 16-byte vectors) is `GemvConfig.weight_refusal`.
 """
 
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import numpy as np
+
 from kernels.errors import KernelConstraintError
-from kernels.gemv.formats import FOLD_TYPES, HOIST_TYPES, STAGE_TYPES, VLOAD_TYPES, _IMPLS, _known_format
+from kernels.gemv.formats import FOLD_TYPES, GEMV_TYPES, STAGE_TYPES, _IMPLS, _format_name
 from kernels.quant.dequant import _address
 from kernels.quant.formats import block_format
 
 
 RPB_VALUES = (1, 2, 4, 8)
-"""Rows per CUDA block (= rows each warp decodes at once, sharing its x registers)."""
 WPR_VALUES = (1, 2, 4, 8)
-"""Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
-UNROLL_VALUES = (1, 2)
-"""Chunks of a row each warp takes per loop iteration (2: both chunks' loads issued before either is decoded)."""
-PREFETCH_VALUES = (0, 1, 2, 3)
-"""How W's bytes are asked into L2 ahead of the loads that use them; 0: the warps' own loads only.
-
-* 1: thread 0 of every CUDA block first asks the TMA engine to stream the block's RPB rows into L2
-  (`kernels.ptx.prefetch_l2_bulk`), so the whole block's weight bytes are in flight at once, not the few rows the
-  warps' registers hold. On the H200 slower at the best launch shapes (Q4_K ffn_up 17.0 -> 22.2 µs, Q6_K
-  ffn_down 29.1 -> 52.8 µs; ledger #36, #37).
-* 2, 3 (lookahead): at the top of every step each warp prefetches the 128-byte lines of the chunk it will decode
-  ``PREFETCH - 1`` steps later, for all RPB rows (`_lookahead`: one ``prefetch.global.L2`` per lane and weight
-  for up to 32 lines, `kernels.ptx.prefetch_l2`), so the next chunks' DRAM reads overlap this chunk's decode
-  without holding registers or shared memory. UNROLL=1 and STAGE 0 or a ring (`prefetch_refusal`). On the H200
-  slower at every shape measured: Q4_K MMVQ ffn_down (RPB=4, WPR=4, MINB=7) 16.00 -> 18.94 / 20.26 µs, the Q6_K
-  ring two steps ahead 24.27 -> 26.04, the Q4_K gate/up pass (RPB=8, WPR=1) 39.39 -> 40.85 / 43.85 (ledger #76,
-  #77, #78)."""
-STAGE_VALUES = (0, 1, 2, 3, 4)
-"""Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
-formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword (Q6_K: 17 a lane a
-block); 0: decode straight from global memory.
-
-* 1: each warp copies a chunk through registers with aligned 16-byte loads, then decodes it (`_staged_body`). On
-  the H200 this was slower: Q6_K MMVQ RPB=4, WPR=2 at ffn_down 34.78 vs 29.73 µs (+17%, ledger #47), at the
-  output head +7% (#49): the copy, its two warp barriers and the shared-memory halfword loads cost more than the
-  2-byte global loads they replace, and no more bytes are in flight.
-* 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the next STAGE - 1
-  chunks are in flight while the warp decodes the current one, without holding registers, so the bytes in flight
-  per warp no longer depend on how ptxas schedules the decode's loads (see HOIST_VALUES). Alone it was slower on
-  the H200 (Q6_K MMVQ at ffn_down, RPB=4, WPR=2: STAGE=3 34.88 vs 30.02 µs for STAGE=0, +16%, REVERTED, #59).
-  Its copy and window addressing were later made lean (`_ring_copy`, `_RING_FETCH`: ~15% fewer instructions).
-  With FOLD=1, 4 warps a row and MINB=7 (72 registers, 23 warps an SM) it is the fastest Q6_K shape at
-  ffn_down: 24.08 µs vs 28.30 for RPB=4, WPR=2 without it (#69, #73), the engine's DEEP=1 launch (tg128 +2.2%,
-  #71). Hardware counters (ncu) of that kernel: issue slots 58.5% busy, DRAM 49.8%."""
-HOIST_VALUES = (0, 1)
-"""1: the PTX issues every load of a chunk (x, and all RPB rows' pieces of every weight) before it decodes any of
-them; 0: row by row as the block dots are written. In the SASS, HOIST=1 keeps Q4_K's loads ahead (one round trip a
-chunk, not 2-3) but ptxas still interleaves Q6_K's 68 halfword loads with the decode in groups of ~12, as with 0.
-On the H200 at ffn_down (MMVQ): Q6_K -0.5%, NEUTRAL (#51); Q4_K +15% at RPB=2, WPR=2 (#50: 79 registers leave 12
-blocks of 64 threads a SM, too few for 1792 in one wave) but 16.33 µs with RPB=4, WPR=4 and MINB=7 (#52) against
-19.81 for the best HOIST=0 shape (#44); with RPB=4, WPR=4, MINB=7 HOIST=0 is now 16.03 µs vs 16.37 (#68), so
-decode's DEEP=1 does not hoist. #50's and #52's HOIST=0 arms ran a Q4_K dot order reverted
-since (both loads first; now the header is decoded between them, as in #44)."""
-VLOAD_VALUES = (0, 1)
-"""1: Q6_K's four 8-byte pieces per lane and block come from aligned 8-byte vector loads (two per piece, then a
-funnel shift), 9 loads of which 8 move 256 bytes a warp, not 17 halfword loads of 64 bytes (`_q6_k_lane8`):
-more bytes in flight per outstanding load, which is what ptxas's load grouping limits (see HOIST_VALUES). W must
-start 8-byte aligned and be a multiple of 8 bytes (`vload_refusal`). On the H200 slower: Q6_K MMVQ RPB=4, WPR=2 at
-ffn_down 38.14 vs 29.54 µs (+29%, REVERTED, ledger #56)."""
+STAGE_VALUES = (0, 2, 3, 4)
 FOLD_VALUES = (0, 1)
-"""1: Q6_K's MMVQ dot takes its -32 offset from the x loader: per plane ``-32 * Σx`` of the lane's 8 x values, once
-per chunk for all RPB rows (`_xq_k_planes_fold`), starts the plane's dp4a chain over the stored 6-bit q (0..63,
-the same bytes as int8), instead of an add and an xor on every word of every row (`_mathq_q6_k_fold`); x indexes
-unsigned (no negative-index wraparound code). Bit-identical (the same integer sums). Offline sm_90 SASS at RPB=4,
-WPR=2: 480 instructions a chunk instead of 640. On the H200, measured as a commit before it was a knob (ffn_down,
-one device call): RPB=4, WPR=2 29.57 -> 37.41 µs, RPB=2, WPR=2 34.13 -> 30.78, RPB=8, WPR=1 131.1 -> 88.7 (sweeps
-#60, #62); tg128 331.36 -> 312.98 tok/s at the engine's shapes (#61, #63). Faster per warp, slower at the best shape
-without the ring; with the ring (STAGE=2), RPB=4, WPR=4, MINB=7: 24.11 µs vs 26.57 without the fold (#69), the
-engine's DEEP=1 launch for Q6_K ffn_down."""
 PDL_VALUES = (0, 1)
-"""1: programmatic dependent launch (`kernels.launch`): the kernel lets the next one start early
-(`kernels.ptx.griddepcontrol_launch_dependents` first thing), and is itself launched with programmatic stream
-serialization, so its CUDA blocks take the SM slots the previous kernel's last blocks leave; before it waits for
-that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
-L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
-other than 0. 0: an ordinary launch. On the H200 at ffn_down, timed as graphs of 6 back-to-back launches: Q4_K
-(RPB=4, WPR=4, MINB=7) 16.03 -> 15.27 µs (61.3% of copy), the Q6_K ring (FOLD=1) 24.11 -> 20.85 (65.5%); the
-Q4_K gate/up pass 37.35 -> 36.40 (ledger #79-#81). At ffn_down the kernel's fixed cost (launch, ramp, tail) is
-~4 µs of Q4_K's 16 and ~8.6 of Q6_K's 24 (times at 1, 2 and 4 x 3584 rows): that is what PDL overlaps."""
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
-"""CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
-registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`, 65536 /
-(MINB * 32 * WPR) rounded down to 8); 0: no bound, ptxas's own register count; MINB * 32 * WPR must fit the SM's
-``MAX_THREADS_PER_SM``. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only if
-they all fit at once: with RPB=4, WPR=4 that is 896 blocks, 7 per SM of 132, at most 72 registers; Q4_K uses
-86-107 unbounded (Q4_K MMVQ at ffn_down, RPB=4, WPR=4, HOIST=1, MINB=7: 16.33 µs vs 20.35 at RPB=2, WPR=2, ledger
-#52; a launch-bounds probe before the knob existed gave 22.5 -> 17.6 µs for HOIST=0, unrecorded)."""
 STAGE_SMEM_LIMIT = 48 * 1024
 """Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
-``WPR * STAGE * RPB * (2 with GLU) * window`` bytes (Q6_K: 864-byte windows, so STAGE * RPB * WPR * weights
-<= 56)."""
-DEFAULT_RPB = 4
-DEFAULT_WPR = 4
-DEFAULT_UNROLL = 1
-DEFAULT_PREFETCH = 0
-DEFAULT_STAGE = 0
-DEFAULT_HOIST = 0
-DEFAULT_MINB = 0
+``WPR * STAGE * RPB * (2 with GLU) * window`` bytes (`stage_smem_bytes`)."""
 MAX_THREADS_PER_SM = 2048
 """Resident threads an sm_90 SM holds: MINB * 32 * WPR above it is refused (ptxas ignores such a bound)."""
-DEFAULT_VLOAD = 0
-DEFAULT_FOLD = 0
-DEFAULT_PDL = 0
-
-
 MINB_REGISTER_FLOOR = 72
-"""`one_wave_min_blocks` bounds no kernel below this many registers per thread: the measured case (Q4_K MMVQ,
-RPB=4, WPR=4, HOIST=1, MINB=7: 72 registers, 28 bytes of spills, 16.33 µs, ledger #52). Tighter bounds spill
-hundreds of bytes (MINB=8: 64 registers; MINB=14: 32) and were never measured faster."""
+"""`one_wave_min_blocks` bounds no kernel below this many registers per thread: the tightest bound measured
+faster; tighter ones spill hundreds of bytes."""
+
+
+def _knob(name: str | None, values: tuple, doc: str, default: Any) -> Any:
+    """A `GemvConfig` field: its experiment knob ``name`` (None: a fact of the call, not a knob), allowed values and
+    one-line doc in the field's metadata."""
+    return field(default=default, metadata={"knob": name, "values": values, "doc": doc})
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One gemv kernel: W's format, the facts of the call it serves and its knobs; hashable, the compile-cache key.
+
+    Raises KernelConstraintError (one sentence) for a value outside a field's allowed set or an impossible
+    combination: MMVQ for a format without an int8 kernel, GLU with a residual, STAGE for a format or shape it
+    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, MINB beyond the SM's threads.
+    """
+
+    qtype: str = field(metadata={"knob": "TYPE", "values": GEMV_TYPES, "default": "Q4_K",
+                                 "doc": "GGUF format of W (selects the block decoder)"})
+    """W's GGUF format: a name ("Q4_K"), a ``gguf.GGMLQuantizationType`` member or its value; stored as the name."""
+    rows_per_block: int = _knob("RPB", RPB_VALUES, "rows per CUDA block, decoded together by every warp (x reuse)", 4)
+    """Rows per CUDA block (= rows each warp decodes at once, sharing its x registers); 4 by default, the best
+    general shape of the Q8_1-x kernels."""
+    warps_per_row: int = _knob("WPR", WPR_VALUES, "warps per row (split of each row's blocks); threads = 32*WPR", 4)
+    """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
+    stage: int = _knob("STAGE", STAGE_VALUES, "shared slots per warp that chunks pass through: 2-4 a cp.async ring "
+                       "(STAGE-1 chunks ahead); 2-byte-aligned TYPEs", 0)
+    """Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
+    formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword; 0: decode straight
+    from global memory. 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the
+    next STAGE - 1 chunks are in flight while the warp decodes the current one, without holding registers. 0 by
+    default: alone the ring is slower; it pays with FOLD=1, four warps a row and one-wave launch bounds (the decode
+    engine's DEEP launch for Q6_K)."""
+    min_blocks: int = _knob("MINB", MINB_VALUES, "CUDA blocks per SM to compile for (launch bounds: registers <= "
+                            "65536 / (MINB*32*WPR)); 0: no bound", 0)
+    """CUDA blocks per SM the kernel is compiled to fit (the second number of ``__launch_bounds__``, which caps the
+    registers per thread at what that many blocks of ``32 * WPR`` threads leave: `min_blocks_registers`); 0: no
+    bound, ptxas's own register count. A grid of few CUDA blocks (ffn_down: 3584 rows / RPB) runs in one wave only
+    if they all fit at once (`one_wave_min_blocks`); 0 by default because a bound pays only there."""
+    fold: int = _knob("FOLD", FOLD_VALUES, "1: Q6_K MMVQ's -32 offset as -32*Σx once per chunk, starting each plane's "
+                      "dp4a chain (no add+xor a word)", 0)
+    """1: Q6_K's MMVQ dot takes its -32 offset from the x loader: per plane ``-32 * Σx`` of the lane's 8 x values,
+    once per chunk for all RPB rows (`_xq_k_planes_fold`), starts the plane's dp4a chain over the stored 6-bit q,
+    instead of an add and an xor on every word of every row (`_mathq_q6_k_fold`). Bit-identical (the same integer
+    sums). 0 by default: fewer instructions per warp, but slower at the best shape without the ring."""
+    pdl: int = _knob("PDL", PDL_VALUES, "1: programmatic dependent launch: each launch may start before the previous "
+                     "one ends, touching only W until that one has completed (griddepcontrol; overlaps only within a "
+                     "batch of launches)", 0)
+    """1: programmatic dependent launch (`kernels.launch`): the kernel lets the next one start early
+    (`kernels.ptx.griddepcontrol_launch_dependents` first thing) and is itself launched with programmatic stream
+    serialization, so its CUDA blocks take the SM slots the previous kernel's last blocks leave; before it waits for
+    that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
+    L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
+    other than 0, hence 0 by default here (the decode engine launches with 1)."""
+    glu: bool = _knob("GLU", (0, 1), "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's "
+                      "FUSE_GLU)", False)
+    """The two-weight SwiGLU kernel of `gemv_glu` (gate and up of one format and shape; no residual)."""
+    mmvq: bool = _knob("MMVQ", (0, 1), "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 "
+                       "FMAs", False)
+    """x given as Q8_1 blocks (`kernels.quantize_q8.Q8Blocks`): the int8 dp4a kernel, formats ``MMVQ_TYPES``."""
+    residual: bool = _knob(None, (False, True), "fused y += residual in the epilogue", False)
+    """The epilogue adds a residual vector (`gemv_q`'s ``residual``)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self)[1:]:  # every field but qtype: a flag or an integer from its allowed values
+            value, allowed = getattr(self, f.name), tuple(int(a) for a in f.metadata["values"])
+            if not isinstance(value, (numbers.Integral, np.bool_)) or int(value) not in allowed:
+                raise KernelConstraintError(f"{f.name}={value!r} is not supported; allowed: "
+                                            f"{', '.join(map(str, allowed))}")
+            object.__setattr__(self, f.name, bool(value) if f.type == "bool" else int(value))
+        object.__setattr__(self, "qtype", _format_name(self.qtype, self.mmvq))
+        reason = self._combination_refusal()
+        if reason:
+            raise KernelConstraintError(reason)
+
+    def _combination_refusal(self) -> str | None:
+        wpr, minb = self.warps_per_row, self.min_blocks
+        if minb * 32 * wpr > MAX_THREADS_PER_SM:
+            fits = [m for m in MINB_VALUES if m * 32 * wpr <= MAX_THREADS_PER_SM]
+            return (f"min_blocks={minb} with warps_per_row={wpr} asks for {minb * 32 * wpr} threads a SM, more than "
+                    f"the {MAX_THREADS_PER_SM} an SM holds (ptxas would ignore the bound); allowed here: "
+                    f"{', '.join(map(str, fits))}")
+        if self.glu and self.residual:
+            return "the SwiGLU kernel (glu) has no residual epilogue"
+        if self.stage:
+            if self.qtype not in STAGE_TYPES:
+                return (f"stage={self.stage} takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {self.qtype} "
+                        "already loads its blocks with aligned words, use stage=0")
+            need = self.smem_bytes
+            if need > STAGE_SMEM_LIMIT:
+                return (f"stage={self.stage} with rows_per_block={self.rows_per_block}, warps_per_row={wpr}"
+                        f"{' and glu' if self.glu else ''} needs {need} bytes of shared memory for {self.qtype}, over "
+                        f"the {STAGE_SMEM_LIMIT}-byte static limit; use fewer rows, warps or stages")
+        if self.fold:
+            if self.qtype not in FOLD_TYPES:
+                return (f"fold=1 takes {', '.join(FOLD_TYPES)} (the formats with an offset subtracted from every "
+                        f"stored q); {self.qtype} has none, use fold=0")
+            if not self.mmvq:
+                return ("fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), "
+                        "not f32 x")
+        return None
+
+    @property
+    def threads(self) -> int:
+        """Threads per CUDA block: 32 * WPR."""
+        return threads_per_block(self.warps_per_row)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Static shared memory of the ring's windows (0 without STAGE; `stage_smem_bytes`)."""
+        return stage_smem_bytes(self.qtype, self.rows_per_block, self.warps_per_row, self.glu, self.stage) \
+            if self.stage else 0
+
+    def grid(self, od: int) -> int:
+        """CUDA blocks for ``od`` rows."""
+        return -(-od // self.rows_per_block)
+
+    def weight_refusal(self, raw=None, *, nbytes: int | None = None, what: str = "raw") -> str | None:
+        """Why W cannot feed this kernel, in one sentence, or None: with STAGE, W (``raw``, a device array named
+        ``what``, or only its size ``nbytes``) must be a whole number of 16-byte vectors and, for ``raw``, start at
+        a 16-byte aligned address (the ring's vector copies would fault or pass its end)."""
+        if not self.stage:
+            return None
+        size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
+        address = _address(raw) % 16 if raw is not None else 0
+        if size is not None and (size % 16 or address):
+            return (f"stage={self.stage} reads {what} in 16-byte vectors: it must start at a 16-byte aligned address "
+                    f"and be a multiple of 16 bytes long, got {size} bytes"
+                    + (f" at address % 16 = {address}" if address else ""))
+        return None
+
+    @classmethod
+    def knob_specs(cls) -> tuple[tuple[str, tuple, Any, str], ...]:
+        """(name, allowed values, default, doc) of every field that is an experiment knob, in field order, with
+        integer values (the gemv experiment's knobs: `experiments.gemv`)."""
+        out = []
+        for f in fields(cls):
+            name = f.metadata["knob"]
+            if name is None:
+                continue
+            values = tuple(f.metadata["values"])
+            default = f.metadata.get("default", f.default)
+            out.append((name, values, int(default) if isinstance(default, bool) else default, f.metadata["doc"]))
+        return tuple(out)
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any], **facts: Any) -> "GemvConfig":
+        """The configuration of an experiment knob dict (TYPE, RPB, ...; missing knobs take their defaults) and
+        the facts not among the knobs (``residual``)."""
+        by_knob = {f.metadata["knob"]: f.name for f in fields(cls) if f.metadata["knob"]}
+        values = {by_knob[k]: v for k, v in knobs.items() if k in by_knob}
+        values.setdefault("qtype", fields(cls)[0].metadata["default"])
+        return cls(**values, **facts)
+
+    def knob_values(self) -> dict[str, Any]:
+        """This configuration as experiment knobs (the inverse of `from_knobs`, integers for flags)."""
+        return {f.metadata["knob"]: (int(v) if isinstance(v := getattr(self, f.name), bool) else v)
+                for f in fields(self) if f.metadata["knob"]}
+
+
+DEFAULT_RPB = GemvConfig.__dataclass_fields__["rows_per_block"].default
+DEFAULT_WPR = GemvConfig.__dataclass_fields__["warps_per_row"].default
 
 
 def min_blocks_registers(min_blocks: int, warps_per_row: int) -> int:
@@ -141,153 +223,15 @@ def threads_per_block(warps_per_row: int) -> int:
     return 32 * warps_per_row
 
 
-def _check_knobs(rows_per_block, warps_per_row, unroll=1, prefetch=0, stage=0, hoist=0, min_blocks=0,
-                 vload=0, fold=0, pdl=0) -> None:
-    if min_blocks in MINB_VALUES and warps_per_row in WPR_VALUES and min_blocks * 32 * warps_per_row > MAX_THREADS_PER_SM:
-        fits = [m for m in MINB_VALUES if m * 32 * warps_per_row <= MAX_THREADS_PER_SM]
-        raise KernelConstraintError(
-            f"min_blocks={min_blocks} with warps_per_row={warps_per_row} asks for {min_blocks * 32 * warps_per_row} "
-            f"threads a SM, more than the {MAX_THREADS_PER_SM} an SM holds (ptxas would ignore the bound); allowed "
-            f"here: {', '.join(map(str, fits))}"
-        )
-    if pdl not in PDL_VALUES:
-        raise KernelConstraintError(f"pdl={pdl!r} is not supported; allowed: {', '.join(map(str, PDL_VALUES))}")
-    if vload not in VLOAD_VALUES:
-        raise KernelConstraintError(f"vload={vload!r} is not supported; allowed: {', '.join(map(str, VLOAD_VALUES))}")
-    if fold not in FOLD_VALUES:
-        raise KernelConstraintError(f"fold={fold!r} is not supported; allowed: {', '.join(map(str, FOLD_VALUES))}")
-    if min_blocks not in MINB_VALUES:
-        raise KernelConstraintError(
-            f"min_blocks={min_blocks!r} is not supported; allowed: {', '.join(map(str, MINB_VALUES))}"
-        )
-    if hoist not in HOIST_VALUES:
-        raise KernelConstraintError(f"hoist={hoist!r} is not supported; allowed: {', '.join(map(str, HOIST_VALUES))}")
-    if stage not in STAGE_VALUES:
-        raise KernelConstraintError(f"stage={stage!r} is not supported; allowed: {', '.join(map(str, STAGE_VALUES))}")
-    if prefetch not in PREFETCH_VALUES:
-        raise KernelConstraintError(
-            f"prefetch={prefetch!r} is not supported; allowed: {', '.join(map(str, PREFETCH_VALUES))}"
-        )
-    if unroll not in UNROLL_VALUES:
-        raise KernelConstraintError(
-            f"unroll={unroll!r} is not supported; allowed: {', '.join(map(str, UNROLL_VALUES))}"
-        )
-    if rows_per_block not in RPB_VALUES:
-        raise KernelConstraintError(
-            f"rows_per_block={rows_per_block!r} is not supported; allowed: {', '.join(map(str, RPB_VALUES))}"
-        )
-    if warps_per_row not in WPR_VALUES:
-        raise KernelConstraintError(
-            f"warps_per_row={warps_per_row!r} is not supported; allowed: {', '.join(map(str, WPR_VALUES))}"
-        )
-
-
-def prefetch_refusal(prefetch: int, *, unroll: int = 1, stage: int = 0) -> str | None:
-    """Why ``prefetch`` (one of ``PREFETCH_VALUES``) cannot run with these knobs, in one sentence, or None: the one
-    owner of PREFETCH's rules (`kernel_for` raises it; the gemv experiment asks first). The lookahead (2, 3)
-    prefetches ahead of a loop of one chunk a step: UNROLL=1, and STAGE 0 or a ring (2..4), not the register copy
-    of STAGE=1."""
-    if prefetch < 2:
-        return None
-    if unroll != 1:
-        return f"prefetch={prefetch} (lookahead) needs unroll=1 (one chunk a step), got unroll={unroll}"
-    if stage == 1:
-        return f"prefetch={prefetch} (lookahead) does not combine with stage=1; use stage 0 or a ring (2..4)"
-    return None
-
-
-def hoist_refusal(qtype, *, stage: int = 0) -> str | None:
-    """Why ``hoist=1`` cannot run for format ``qtype`` (with ``stage``), in one sentence, or None: the one owner of
-    HOIST's rules (`kernel_for` raises it; the gemv experiment and the decode engine ask first)."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in HOIST_TYPES:
-        return (f"hoist=1 takes the formats whose block dot is split into loads and decode, {', '.join(HOIST_TYPES)}; "
-                f"{name} has no split, use hoist=0")
-    if stage:
-        return (f"hoist=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
-                "pick one")
-    return None
-
-
-def vload_refusal(qtype, *, stage: int = 0, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
-    """Why ``vload=1`` cannot run, in one sentence, or None: the one owner of VLOAD's rules (`kernel_for` and the
-    launchers raise it; the gemv experiment asks first). A format outside ``VLOAD_TYPES``, stage > 0, or, given W
-    (``raw``, a device array named ``what``) or its size ``nbytes``: W not a multiple of 8 bytes or not starting
-    8-byte aligned (the last block's second vector would pass W's end, or the vector loads would fault)."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in VLOAD_TYPES:
-        return (f"vload=1 takes {', '.join(VLOAD_TYPES)} (2-byte-aligned blocks read as 8-byte vectors); {name} "
-                "already loads aligned words, use vload=0")
-    if stage:
-        return (f"vload=1 does not combine with stage={stage} (the staged loop loads through shared memory); "
-                "pick one")
-    size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
-    address = _address(raw) % 8 if raw is not None else 0
-    if size is not None and (size % 8 or address):
-        return (f"vload=1 reads {what} in 8-byte vectors: it must start at an 8-byte aligned address and be a "
-                f"multiple of 8 bytes long, got {size} bytes" + (f" at address % 8 = {address}" if address else ""))
-    return None
-
-
-def fold_refusal(qtype, *, mmvq: bool, vload: int = 0) -> str | None:
-    """Why ``fold=1`` cannot run, in one sentence, or None: the one owner of FOLD's rules (`kernel_for` raises it;
-    the gemv experiment asks first). A format outside ``FOLD_TYPES``, f32 x (the offset is folded into the int8
-    dot products of the MMVQ kernel), or vload=1."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in FOLD_TYPES:
-        return (f"fold=1 takes {', '.join(FOLD_TYPES)} (the formats with an offset subtracted from every stored q); "
-                f"{name} has none, use fold=0")
-    if not mmvq:
-        return "fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), not f32 x"
-    if vload:
-        return "fold=1 does not combine with vload=1 (its dot reads halfwords); pick one"
-    return None
-
-
 def stage_window_bytes(chunk_bytes: int) -> int:
     """Shared-memory bytes of one staged chunk: the 16-byte vectors covering ``chunk_bytes`` bytes that start at
     any even address (up to 14 bytes before the chunk's start fall in its first vector)."""
     return (chunk_bytes + 14 + 15) // 16 * 16
 
 
-def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 1) -> int:
+def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool = False, stage: int = 2) -> int:
     """Static shared memory of a staged kernel: one `stage_window_bytes` window per warp, slot (``stage`` of
     them), weight and row."""
     fmt = block_format(qtype)
     chunk = 32 // _IMPLS[fmt.name][2] * fmt.type_size
-    return warps_per_row * max(stage, 1) * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)
-
-
-def stage_refusal(qtype, rows_per_block: int, warps_per_row: int, *, stage: int = 1, unroll: int = 1,
-                  glu: bool = False, raw=None, nbytes: int | None = None, what: str = "raw") -> str | None:
-    """Why ``stage`` (one of ``STAGE_VALUES`` above 0) cannot run with these knobs, in one sentence, or None: the
-    one owner of STAGE's rules (`kernel_for`, `gemv_q` and `gemv_glu` raise it; the gemv experiment and the decode
-    engine ask first). A format outside ``STAGE_TYPES``, ``unroll`` other than 1, windows over
-    ``STAGE_SMEM_LIMIT``; with ``raw`` (a device array, named ``what``) or only its size ``nbytes``: W not a whole
-    number of 16-byte vectors or, for ``raw``, not starting at a 16-byte aligned address (the copy's vector loads
-    would fault or pass its end)."""
-    name, unknown = _known_format(qtype)
-    if unknown:
-        return unknown
-    if name not in STAGE_TYPES:
-        return (f"stage={stage} takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {name} already loads its "
-                "blocks with aligned words, use stage=0")
-    if unroll != 1:
-        return f"stage={stage} needs unroll=1 (the staged loop copies one chunk a step), got {unroll}"
-    need = stage_smem_bytes(name, rows_per_block, warps_per_row, glu, stage)
-    if need > STAGE_SMEM_LIMIT:
-        return (f"stage={stage} with rows_per_block={rows_per_block}, warps_per_row={warps_per_row}"
-                f"{' and glu' if glu else ''} needs {need} bytes of shared memory for {name}, over the "
-                f"{STAGE_SMEM_LIMIT}-byte static limit; use fewer rows, warps or stages")
-    size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
-    address = _address(raw) % 16 if raw is not None else 0
-    if size is not None and (size % 16 or address):
-        return (f"stage={stage} reads {what} in 16-byte vectors: it must start at a 16-byte aligned address and be a "
-                f"multiple of 16 bytes long, got {size} bytes" + (f" at address % 16 = {address}" if address else ""))
-    return None
+    return warps_per_row * stage * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)

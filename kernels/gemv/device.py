@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from kernels.ptx import ld_global_v2_b32
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 
 
@@ -153,44 +152,6 @@ def _q6_k_lane_at(raw, base, j):
 
 
 @cuda.jit(device=True, inline="always")
-def _piece8(raw, p):
-    """The 8 bytes at even byte offset ``p`` of a uint16 view as two 32-bit words, from the two aligned 8-byte
-    vectors covering them (`kernels.ptx.ld_global_v2_b32`): the pair of words starting at byte ``p & 4`` of the
-    first, shifted right by 16 bits when ``p`` is 2 mod 4. raw must start 8-byte aligned and extend to the second
-    vector's end (`vload_refusal`)."""
-    q = (p & -8) >> 1
-    x0, x1 = ld_global_v2_b32(raw, q)
-    x2, x3 = ld_global_v2_b32(raw, q + 4)
-    hi4 = (p & 4) != 0
-    y0 = int(x1) if hi4 else int(x0)
-    y1 = int(x2) if hi4 else int(x1)
-    y2 = int(x3) if hi4 else int(x2)
-    s = (p & 2) * 8
-    return ((y0 >> s) | (y1 << (32 - s))) & 0xFFFFFFFF, ((y1 >> s) | (y2 << (32 - s))) & 0xFFFFFFFF
-
-
-@cuda.jit(device=True, inline="always")
-def _q6_k_lane8(raw, bi, j):
-    """`_q6_k_lane` (same tuple) from 8-byte vector loads: lane j's four 8-byte pieces (ql 64h + 8k, ql 64h + 32
-    + 8k, qh 32h + 8k and scales 8h, k = j%4, all at even offsets of the 210-byte block) by `_piece8`, 8 loads
-    of 8 bytes instead of 16 of 2, and d by one halfword load; scale s is byte 2s + e of the scales piece."""
-    base = bi * 210
-    h = j >> 2
-    k = j & 3
-    e = k >> 1
-    d = f32_from_f16_bits(int(raw[U(bi * 105 + 104)]))
-    a0, a1 = _piece8(raw, base + 64 * h + 8 * k)
-    b0, b1 = _piece8(raw, base + 64 * h + 32 + 8 * k)
-    m0, m1 = _piece8(raw, base + 128 + 32 * h + 8 * k)
-    s0, s1 = _piece8(raw, base + 192 + 8 * h)
-    c0 = (s0 >> (8 * e)) & 0xFF
-    c1 = (s0 >> (16 + 8 * e)) & 0xFF
-    c2 = (s1 >> (8 * e)) & 0xFF
-    c3 = (s1 >> (16 + 8 * e)) & 0xFF
-    return d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3
-
-
-@cuda.jit(device=True, inline="always")
 def _i8(c):
     """The int8 value of byte c (0..255), as float32 (converted from 32 bits: ``I2FP.F32.S32``, not the slower
     64-bit ``I2F.S64``)."""
@@ -206,8 +167,7 @@ def _q6_bytes(lo, m, s):
 @cuda.jit(device=True, inline="always")
 def _scale_min_k4(s, a, c, e):
     """ggml's get_scale_min_k4 for sub-block s, given scales[s%4], scales[s%4 + 4], scales[s%4 + 8]. Converted
-    from int64 (``I2F.S64``): from 32 bits, Q4_K MMVQ at RPB=4, WPR=4, MINB=7 needs 16 bytes of stack at its 72
-    registers and ran 16.03 -> 18.35 µs at ffn_down (ledger #68, #70)."""
+    from int64 (``I2F.S64``): the 32-bit conversion needs more registers, which spill under MINB=7's bound."""
     if s < 4:
         return np.float32(a & 63), np.float32(c & 63)
     return np.float32((e & 0xF) | ((a >> 6) << 4)), np.float32((e >> 4) | ((c >> 6) << 4))
@@ -231,14 +191,3 @@ def _k4_scales(hd, ha, hc, he, j):
     sc0, mn0 = _scale_min_k4(s0, (int(ha) >> t0) & 0xFF, (int(hc) >> t0) & 0xFF, (int(he) >> t0) & 0xFF)
     sc1, mn1 = _scale_min_k4(s1, (int(ha) >> t1) & 0xFF, (int(hc) >> t1) & 0xFF, (int(he) >> t1) & 0xFF)
     return f32_from_f16_bits(w & 0xFFFF), f32_from_f16_bits(w >> 16), sc0, mn0, sc1, mn1
-
-
-@cuda.jit(device=True, inline="always")
-def _q4_k_words(raw4, bi, j):
-    """Q4_K, uint32 view (36 per block): d|dmin | scales[12] | qs[128]. Lane j's loads: the 16-byte header and qs
-    bytes 16j..16j+15 (one 16-byte load each; they hold the low nibbles of sub-block 2i and the high nibbles of
-    sub-block 2i+1), as 8 words."""
-    base = bi * 36
-    hd, ha, hc, he = ld_global_v4_u32(raw4, base)
-    q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
-    return hd, ha, hc, he, q0, q1, q2, q3

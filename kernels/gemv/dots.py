@@ -3,7 +3,8 @@ converted to float32 and FMA'd against f32 x (`kernels.gemv`'s docstring has the
 
 x loader: (x as uint32, weight index of the block's first weight in the row, lane-in-block j) -> tuple of x values.
 block dot: (raw view, block index in the tensor, j, that tuple) -> float32 contribution of this lane's piece.
-A ``_math_*`` function is the decode half of a dot split into loads (`kernels.gemv.device`) and decode (HOIST=1).
+A ``_math_*`` function is the decode half of a dot split into loads (`kernels.gemv.device`) and decode (the
+cp.async ring decodes a block its fetch read from shared memory).
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from kernels.gemv.device import (
     _h2,
     _i8,
     _k4_header,
-    _k4_scales,
     _q6_bytes,
     _q6_k_lane,
-    _q6_k_lane8,
     _q8_0_words,
     _spread4,
     _sum8,
@@ -211,12 +210,6 @@ def _dot_q6_k(raw, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
-def _dot_q6_k8(raw, bi, j, xs):
-    """`_dot_q6_k` with VLOAD=1's loads (`_q6_k_lane8`)."""
-    return _math_q6_k(_q6_k_lane8(raw, bi, j), j, xs)
-
-
-@cuda.jit(device=True, inline="always")
 def _math_q6_k(t, j, xs):
     """The decode half of `_dot_q6_k`, from lane j's `_q6_k_lane` tuple ``t``."""
     d, a0, a1, b0, b1, m0, m1, c0, c1, c2, c3 = t
@@ -241,21 +234,14 @@ def _x_k_nibbles(xv, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _dot_q4_k(raw4, bi, j, xs):
-    """Q4_K x f32 (layout: `_q4_k_words`), the header decoded before the qs load is issued. This order, not
-    `_math_q4_k` of `_q4_k_words` (both loads first), is HOIST=0's: ptxas schedules the two differently, and the
-    engine's default Q4_K mat-vecs were measured in this one (tg128 331 tok/s, ledger #46; with both loads first
-    in every Q4_K dot, 265-275 tok/s on the same H200)."""
+    """Q4_K x f32. Q4_K, uint32 view (36 per block): d|dmin | scales[12] | qs[128]; lane j reads the 16-byte header
+    and qs bytes 16j..16j+15 (one 16-byte load each; they hold the low nibbles of sub-block 2i and the high nibbles
+    of sub-block 2i+1). The header is decoded before the qs load is issued: ptxas schedules this order better than
+    both loads first."""
     base = bi * 36
     d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
     q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
     return _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _math_q4_k(t, j, xs):
-    """The decode half of `_dot_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
-    d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
-    return _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, t[4], t[5], t[6], t[7], xs)
 
 
 @cuda.jit(device=True, inline="always")

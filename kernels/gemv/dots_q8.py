@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from kernels.gemv.device import N4, U, _i8, _k4_header, _k4_scales, _q6_bytes, _q6_k_lane, _q6_k_lane8, _q8_0_words
+from kernels.gemv.device import N4, U, _i8, _k4_header, _q6_bytes, _q6_k_lane, _q8_0_words
 from kernels.ptx import dp4a_s32
 from kernels.quant.bits import ld_global_v4_u32
 
@@ -30,19 +30,12 @@ def _xq_k_nibbles(xq, xd, xsum, wb, j):
 
 @cuda.jit(device=True, inline="always")
 def _dotq_q4_k(raw4, bi, j, xs):
-    """Q4_K x Q8_1: d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx (added once per sub-block: by even lanes).
-    Header decoded before the qs load, as `_dot_q4_k` (HOIST=0's order)."""
+    """Q4_K x Q8_1 (layout: `kernels.gemv.dots._dot_q4_k`): d*sc*dx*Σ(q·xq) per sub-block, minus dmin*m*Σx
+    (added once per sub-block: by even lanes). Header decoded before the qs load, as `_dot_q4_k`."""
     base = bi * 36
     d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
     q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
     return _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _mathq_q4_k(t, j, xs):
-    """The decode half of `_dotq_q4_k`, from lane j's words ``t`` (`_q4_k_words`)."""
-    d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(t[0], t[1], t[2], t[3], j)
-    return _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, t[4], t[5], t[6], t[7], j, xs)
 
 
 @cuda.jit(device=True, inline="always")
@@ -95,12 +88,6 @@ def _q6_signed(v):
 def _dotq_q6_k(raw, bi, j, xs):
     """Q6_K x Q8_1 (layout: `_q6_k_lane`): d * Σ_s sc_s * dx_s * Σ((q - 32)·xq)."""
     return _mathq_q6_k(_q6_k_lane(raw, bi, j), j, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _dotq_q6_k8(raw, bi, j, xs):
-    """`_dotq_q6_k` with VLOAD=1's loads (`_q6_k_lane8`)."""
-    return _mathq_q6_k(_q6_k_lane8(raw, bi, j), j, xs)
 
 
 @cuda.jit(device=True, inline="always")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv.device import _q4_k_words, _q6_k_lane, _q6_k_lane8, _q6_k_lane_at, _q8_0_words
+from kernels.gemv.device import _q6_k_lane_at
 from kernels.gemv.dots import (
     _dot_bf16,
     _dot_f16,
@@ -23,11 +23,8 @@ from kernels.gemv.dots import (
     _dot_q5_1,
     _dot_q5_k,
     _dot_q6_k,
-    _dot_q6_k8,
     _dot_q8_0,
-    _math_q4_k,
     _math_q6_k,
-    _math_q8_0,
     _x_float,
     _x_k_nibbles,
     _x_k_planes,
@@ -37,13 +34,10 @@ from kernels.gemv.dots import (
 from kernels.gemv.dots_q8 import (
     _dotq_q4_k,
     _dotq_q6_k,
-    _dotq_q6_k8,
     _dotq_q6_k_fold,
     _dotq_q8_0,
-    _mathq_q4_k,
     _mathq_q6_k,
     _mathq_q6_k_fold,
-    _mathq_q8_0,
     _xq_k_nibbles,
     _xq_k_planes,
     _xq_k_planes_fold,
@@ -96,24 +90,14 @@ GEMV_TYPES = tuple(SUPPORTED)
 MMVQ_TYPES = tuple(_MMVQ_IMPLS)
 """Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
 and Q8_0."""
-# name -> (fetch: every load of a lane's piece of a block, math: the decode of what fetch returned); the block dot
-# computes math(fetch(...)) (Q4_K's with the header decoded between its two loads), so HOIST=1 and HOIST=0
-# compute the same float32 operations in the same order.
-_SPLITS = {"Q4_K": (_q4_k_words, _math_q4_k), "Q6_K": (_q6_k_lane, _math_q6_k), "Q8_0": (_q8_0_words, _math_q8_0)}
-_MMVQ_SPLITS = {"Q4_K": (_q4_k_words, _mathq_q4_k), "Q6_K": (_q6_k_lane, _mathq_q6_k),
-                "Q8_0": (_q8_0_words, _mathq_q8_0)}
-HOIST_TYPES = tuple(_SPLITS)
-"""Formats HOIST=1 takes (f32 and MMVQ x): the ones whose block dot is split into a load half and a decode half."""
 STAGE_TYPES = tuple(name for name in SUPPORTED if FORMATS[name].align == 2)
 """Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views):
 Q4_0, Q5_0, Q8_0, Q3_K, Q6_K."""
-# STAGE=2..4: name -> a lane's fetch from the block at element ``base`` of a uint16 ring window (`_ring_loop`)
-_RING_FETCH = {"Q6_K": _q6_k_lane_at}
-# VLOAD=1: name -> (f32-x dot, Q8_1-x dot, fetch) reading the blocks with 8-byte vector loads
-_VLOAD = {"Q6_K": (_dot_q6_k8, _dotq_q6_k8, _q6_k_lane8)}
-VLOAD_TYPES = tuple(_VLOAD)
-"""Formats VLOAD=1 takes: Q6_K, whose 210-byte blocks are only 2-byte aligned."""
-# FOLD=1: name -> (x loader, Q8_1-x dot, math for HOIST=1)
+# STAGE=2..4: name -> (a lane's fetch from the block at element ``base`` of a uint16 ring window, the decode of what
+# it returned with f32 x, with Q8_1 x); the block dot computes decode(fetch(...)), so the ring computes what STAGE=0
+# does (`kernels.gemv.codegen._ring_loop`). The other STAGE_TYPES decode a slice of the window with their block dot.
+_RING_FETCH = {"Q6_K": (_q6_k_lane_at, _math_q6_k, _mathq_q6_k)}
+# FOLD=1: name -> (x loader, Q8_1-x dot, the dot's decode half for the ring)
 _FOLD = {"Q6_K": (_xq_k_planes_fold, _dotq_q6_k_fold, _mathq_q6_k_fold)}
 FOLD_TYPES = tuple(_FOLD)
 """Formats FOLD=1 takes: Q6_K, whose MMVQ dot subtracts 32 from every stored q."""

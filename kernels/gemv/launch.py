@@ -10,25 +10,7 @@ from numba import cuda
 
 from kernels.errors import KernelConstraintError
 from kernels.gemv.codegen import _build
-from kernels.gemv.config import (
-    DEFAULT_FOLD,
-    DEFAULT_HOIST,
-    DEFAULT_MINB,
-    DEFAULT_PDL,
-    DEFAULT_PREFETCH,
-    DEFAULT_RPB,
-    DEFAULT_STAGE,
-    DEFAULT_UNROLL,
-    DEFAULT_VLOAD,
-    DEFAULT_WPR,
-    _check_knobs,
-    fold_refusal,
-    hoist_refusal,
-    prefetch_refusal,
-    stage_refusal,
-    threads_per_block,
-    vload_refusal,
-)
+from kernels.gemv.config import GemvConfig
 from kernels.gemv.formats import FLOAT_GROUP, _IMPLS, _MMVQ_IMPLS, _format_name
 from kernels.launch import launch_kernel
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
@@ -36,75 +18,33 @@ from kernels.quant.formats import block_format
 from kernels.quantize_q8 import Q8Blocks, check_q8
 
 
-_CACHE: dict[tuple, object] = {}
+_CACHE: dict[GemvConfig, object] = {}
 
 
-def kernel_for(qtype, rows_per_block: int = DEFAULT_RPB, warps_per_row: int = DEFAULT_WPR, residual: bool = False,
-               mmvq: bool = False, unroll: int = DEFAULT_UNROLL, glu: bool = False, prefetch: int = DEFAULT_PREFETCH,
-               stage: int = DEFAULT_STAGE, hoist: int = DEFAULT_HOIST, min_blocks: int = DEFAULT_MINB,
-               vload: int = DEFAULT_VLOAD, fold: int = DEFAULT_FOLD, pdl: int = DEFAULT_PDL):
-    """The (cached) numba dispatcher of format ``qtype`` specialised for these knobs (``mmvq``: the kernel taking
-    Q8_1 activations, for the formats in ``MMVQ_TYPES``; ``unroll``: chunks per loop iteration; ``glu``: the
-    two-weight SwiGLU kernel of `gemv_glu`, which has no residual; ``prefetch``: one of ``PREFETCH_VALUES``;
-    ``stage``: one of ``STAGE_VALUES``, above 0 for the formats ``STAGE_TYPES`` within ``STAGE_SMEM_LIMIT``; ``hoist``:
-    one of ``HOIST_VALUES``, 1 for the formats ``HOIST_TYPES`` without stage; ``min_blocks``: one of
-    ``MINB_VALUES``, the launch bound; ``vload``: one of ``VLOAD_VALUES``, 1 for ``VLOAD_TYPES`` without stage;
-    ``fold``: one of ``FOLD_VALUES``, 1 for ``FOLD_TYPES`` with mmvq, without vload; ``pdl``: one of
-    ``PDL_VALUES``)."""
-    name = _format_name(qtype, mmvq)
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
-    if glu and residual:
-        raise KernelConstraintError("the SwiGLU kernel (glu) has no residual epilogue")
-    reason = stage_refusal(name, rows_per_block, warps_per_row, stage=stage, unroll=unroll, glu=glu) if stage else None
-    reason = reason or (hoist_refusal(name, stage=stage) if hoist else None)
-    reason = reason or (vload_refusal(name, stage=stage) if vload else None)
-    reason = reason or (fold_refusal(name, mmvq=mmvq, vload=vload) if fold else None)
-    reason = reason or prefetch_refusal(prefetch, unroll=unroll, stage=stage)
-    if reason:
-        raise KernelConstraintError(reason)
-    key = (name, int(rows_per_block), int(warps_per_row), bool(residual), bool(mmvq), int(unroll), bool(glu),
-           int(prefetch), int(stage), bool(hoist), int(min_blocks), bool(vload), bool(fold), bool(pdl))
-    k = _CACHE.get(key)
+def kernel_for(config: GemvConfig):
+    """The (cached) numba dispatcher of ``config``: one specialised kernel per `GemvConfig` value (its key)."""
+    if not isinstance(config, GemvConfig):
+        raise KernelConstraintError(f"kernel_for takes a GemvConfig, got {type(config).__name__}")
+    k = _CACHE.get(config)
     if k is None:
-        k = _CACHE[key] = _build(*key)
+        k = _CACHE[config] = _build(config)
     return k
 
 
-def kernel_signature(qtype, mmvq: bool = False, glu: bool = False) -> tuple:
-    """The numba argument types ``gemv_q`` launches format ``qtype``'s kernels with (for `compile_ptx`)."""
+def kernel_signature(config: GemvConfig) -> tuple:
+    """The numba argument types ``config``'s kernel is launched with (for `compile_ptx`)."""
     from numba import types
     from numba.np.numpy_support import from_dtype
 
-    name = _format_name(qtype, mmvq)
-    view = (_MMVQ_IMPLS if mmvq else _IMPLS)[name][4]
+    view = (_MMVQ_IMPLS if config.mmvq else _IMPLS)[config.qtype][4]
     f32 = types.Array(types.float32, 1, "C")
     u32 = types.Array(types.uint32, 1, "C")
-    x = (u32, f32, f32) if mmvq else (u32,)
+    x = (u32, f32, f32) if config.mmvq else (u32,)
     w = types.Array(from_dtype(np.dtype(view)), 1, "C")
-    return (*(w, w)[: 1 + bool(glu)], *x, f32, f32, types.int64, types.int64)
+    return (*(w, w)[: 1 + bool(config.glu)], *x, f32, f32, types.int64, types.int64)
 
 
-def gemv_q(
-    raw,
-    qtype,
-    od: int,
-    id: int,
-    x,
-    out=None,
-    *,
-    rows_per_block: int = DEFAULT_RPB,
-    warps_per_row: int = DEFAULT_WPR,
-    unroll: int = DEFAULT_UNROLL,
-    prefetch: int = DEFAULT_PREFETCH,
-    stage: int = DEFAULT_STAGE,
-    hoist: int = DEFAULT_HOIST,
-    min_blocks: int = DEFAULT_MINB,
-    vload: int = DEFAULT_VLOAD,
-    fold: int = DEFAULT_FOLD,
-    pdl: int = DEFAULT_PDL,
-    residual=None,
-    stream=0,
-):
+def gemv_q(raw, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | None = None, residual=None, stream=0):
     """Enqueue ``y[od] = W[od, id] · x[id] (+ residual[od])`` on ``stream`` and return ``y`` (f32, ``[od]``).
 
     raw: 1-D C-contiguous uint8 device array, W's bytes exactly as stored in a GGUF file: ``od`` rows of
@@ -118,27 +58,10 @@ def gemv_q(
     (int8 x, ``dp4a`` integer dot products; formats ``MMVQ_TYPES``). Its result is the exact product with the
     quantized x (relative difference to the f32-x product ~1e-3, the int8 rounding of x).
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
-    rows_per_block: rows per CUDA block, one of ``RPB_VALUES`` (each warp decodes them together, sharing x).
-    warps_per_row: warps splitting each row, one of ``WPR_VALUES`` (threads per block = 32 * warps_per_row).
-    unroll: chunks each warp takes per loop iteration, one of ``UNROLL_VALUES`` (more loads in flight per warp).
-    prefetch: one of ``PREFETCH_VALUES``: 1 to have each CUDA block first stream its rows into L2 with one TMA bulk
-    prefetch; 2, 3 to have each warp prefetch the lines of its chunk 1 or 2 steps ahead (not with unroll=2 or
-    stage=1: `prefetch_refusal`).
-    stage: shared-memory slots per warp that each chunk passes through before it is decoded (``STAGE_VALUES``):
-    1 copies it with 16-byte loads through registers, 2..4 a ring filled by cp.async that keeps stage - 1 chunks in
-    flight; the formats ``STAGE_TYPES``, with raw starting at a 16-byte aligned address and a multiple of 16 bytes
-    long, and the windows within ``STAGE_SMEM_LIMIT``.
-    hoist: 1 to issue all of a chunk's loads (every row) before decoding any (``HOIST_VALUES``; the formats
-    ``HOIST_TYPES``, not with stage > 0); the result is bit-identical to hoist=0.
-    min_blocks: CUDA blocks per SM to compile for (``MINB_VALUES``; 0 none): ``__launch_bounds__``'s register cap,
-    so that a grid of few blocks runs in one wave; the result is bit-identical to min_blocks=0.
-    vload: 1 to read Q6_K blocks with 8-byte vector loads (``VLOAD_VALUES``; raw 8-byte aligned and a multiple of
-    8 bytes long, not with stage > 0); the result is bit-identical to vload=0.
-    fold: 1 to take Q6_K's -32 offset into the MMVQ dot once per chunk from x (``FOLD_VALUES``; ``FOLD_TYPES``, Q8_1
-    x, not with vload=1); the result is bit-identical to fold=0.
-    pdl: 1 for a programmatic dependent launch (``PDL_VALUES``; a numba stream, not 0): the kernel may start while
-    the previous kernel of the stream finishes, touching only W until that kernel has completed; the result is
-    bit-identical to pdl=0.
+    config: the kernel (`kernels.gemv.GemvConfig`: launch shape, STAGE, MINB, FOLD, PDL); its qtype, mmvq and
+    residual must be this call's (W's format, x given as Q8_1 blocks, a residual given); None: the defaults for
+    this call. Every knob gives a result bit-identical to the same launch shape without it; STAGE needs raw
+    starting at a 16-byte aligned address and a multiple of 16 bytes long; PDL=1 a numba stream, not 0.
     residual: optional float32 device array of ``od`` elements added to y in the epilogue (fused ``y += r``;
     may be ``out`` itself: each element is read before it is written, by the same thread).
 
@@ -150,59 +73,40 @@ def gemv_q(
     Raises KernelConstraintError (a ValueError) with one sentence saying what is wrong, for: an unsupported type,
     raw not a 1-D C-contiguous uint8 device array, misaligned, or of a length other than ``od`` rows of
     ``id / block_size`` blocks; ``id`` not a multiple of the block size; x, out or residual of the wrong dtype,
-    length or layout (x also misaligned); a knob value outside its allowed set; Q8_1 x for a format without an
-    MMVQ kernel; stage > 0, hoist=1, vload=1, fold=1 or prefetch > 1 where `stage_refusal`, `hoist_refusal`,
-    `vload_refusal`, `fold_refusal` or `prefetch_refusal` refuses it; pdl=1 on stream 0.
+    length or layout (x also misaligned); Q8_1 x for a format without an MMVQ kernel; a config for another call
+    (`GemvConfig` itself refuses impossible knob values and combinations); raw the ring cannot read
+    (`GemvConfig.weight_refusal`); pdl=1 on stream 0.
     """
-    return _launch(raw, None, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, pdl, stream)
+    return _launch(raw, None, qtype, od, id, x, out, residual, config, stream)
 
 
-def gemv_glu(
-    raw_gate,
-    raw_up,
-    qtype,
-    od: int,
-    id: int,
-    x,
-    out=None,
-    *,
-    rows_per_block: int = DEFAULT_RPB,
-    warps_per_row: int = DEFAULT_WPR,
-    unroll: int = DEFAULT_UNROLL,
-    prefetch: int = DEFAULT_PREFETCH,
-    stage: int = DEFAULT_STAGE,
-    hoist: int = DEFAULT_HOIST,
-    min_blocks: int = DEFAULT_MINB,
-    vload: int = DEFAULT_VLOAD,
-    fold: int = DEFAULT_FOLD,
-    pdl: int = DEFAULT_PDL,
-    stream=0,
-):
+def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | None = None, stream=0):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
     ``silu(g) = g / (1 + exp(-g))`` (the expression of `kernels.activation`: bit-identical to `gemv_q` twice and
     `swiglu`), and return ``y`` (f32, ``[od]``). Each CUDA block decodes the same RPB rows of both weights, so the
     gate and up outputs never go to memory and one launch replaces three.
 
     raw_gate, raw_up: the two weights' GGUF bytes, both of format ``qtype`` and shape ``[od, id]`` (as for
-    `gemv_q`); x: f32 or `Q8Blocks` as for `gemv_q`; out, knobs, stream: as for `gemv_q` (no residual).
+    `gemv_q`); x: f32 or `Q8Blocks` as for `gemv_q`; out, stream: as for `gemv_q` (no residual); config: as for
+    `gemv_q`, with glu set.
     Source: the fused gate/up pass of llama.cpp's ``ggml_cuda_mul_mat_vec_q`` with ``GGML_GLU_OP_SWIGLU``.
 
     Raises KernelConstraintError for everything `gemv_q` refuses, for either weight (the message names which).
     """
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
-    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, rows_per_block, warps_per_row, unroll, prefetch,
-                   stage, hoist, min_blocks, vload, fold, pdl, stream)
+    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, config, stream)
 
 
-def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_per_row, unroll, prefetch, stage,
-            hoist, min_blocks, vload, fold, pdl, stream):
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
-    mmvq = isinstance(x, Q8Blocks)
+    mmvq, glu = isinstance(x, Q8Blocks), raw_up is not None
     fmt = block_format(_format_name(qtype, mmvq))
-    _check_knobs(rows_per_block, warps_per_row, unroll, prefetch, stage, hoist, min_blocks, vload, fold, pdl)
-    if pdl and not stream:
+    if config is None:
+        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None)
+    else:
+        _check_config(config, fmt.name, mmvq, glu, residual is not None)
+    if config.pdl and not stream:
         raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
                                     "stream, not the default stream 0")
     od, id = _check_shape(fmt, od, id)
@@ -214,13 +118,8 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
         weights = (_check_raw(fmt, raw, od, id),)
     else:
         weights = tuple(_named(name, _check_raw, fmt, w, od, id) for name, w in (("raw_gate", raw), ("raw_up", raw_up)))
-    for name, w in zip(("raw", "raw_up"), weights) if stage else ():
-        reason = stage_refusal(fmt.name, rows_per_block, warps_per_row, stage=stage, unroll=unroll,
-                               glu=raw_up is not None, raw=w, what=name)
-        if reason:
-            raise KernelConstraintError(reason)
-    for name, w in zip(("raw", "raw_up"), weights) if vload else ():
-        reason = vload_refusal(fmt.name, stage=stage, raw=w, what=name)
+    for name, w in zip(("raw", "raw_up"), weights):
+        reason = config.weight_refusal(w, what=name)
         if reason:
             raise KernelConstraintError(reason)
     if mmvq:
@@ -244,13 +143,23 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, rows_per_block, warps_
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    kern = kernel_for(fmt.name, rows_per_block, warps_per_row, residual is not None, mmvq, unroll, raw_up is not None,
-                      prefetch, stage, hoist, min_blocks, vload, fold, pdl)
-    grid = (od + rows_per_block - 1) // rows_per_block
     args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
             out if residual is None else residual, od, id)
-    launch_kernel(kern, grid, threads_per_block(warps_per_row), stream, args, pdl=bool(pdl))
+    launch_kernel(kernel_for(config), config.grid(od), config.threads, stream, args, pdl=config.pdl)
     return out
+
+
+def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool) -> None:
+    """Refuse a `GemvConfig` made for another call than this one (one sentence naming the field that differs)."""
+    if not isinstance(config, GemvConfig):
+        raise KernelConstraintError(f"config must be a kernels.gemv.GemvConfig, got {type(config).__name__}")
+    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual}
+    how = {"qtype": "W's format", "mmvq": "x given as Q8_1 blocks", "glu": "gemv_glu (two weights)",
+           "residual": "a residual given"}
+    for key, value in call.items():
+        if getattr(config, key) != value:
+            raise KernelConstraintError(f"config.{key}={getattr(config, key)!r} does not match this call "
+                                        f"({how[key]}: {value!r}); make the GemvConfig with {key}={value!r}")
 
 
 def _named(name: str, check, *args):

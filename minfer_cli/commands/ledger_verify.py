@@ -90,7 +90,8 @@ def _plan_line(record: dict, p: core_verify.Plan, superseded: bool, min_rounds: 
             f"{label} {figures.fmt_num(v)}" for label, v in zip(p.labels, p.recorded_values))
             + f": HOLDS within ±{p.bar * 100:.2g}%")
     extra = "; ".join(x for x in (
-        f"knobs since removed, left out: {figures.knobs_text(p.dropped)}" if p.dropped else "",
+        f"knobs since removed, at the value the code still runs, left out: {figures.knobs_text(p.dropped)}"
+        if p.dropped else "",
         f"knobs added since, set as before they existed: {figures.knobs_text(p.predated)}" if p.predated else "")
         if x)
     return f"{head} — {how}" + (f" ({extra})" if extra else "")

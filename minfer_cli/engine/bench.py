@@ -36,8 +36,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "PREFETCH", "STAGE", "HOIST", "DEEP", "VLOAD",
-                "PDL")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "DEEP", "PDL")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -61,21 +60,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                               "in a separate kernel (1 measured -0.4%, NEUTRAL, on the H200: ledger #40)")]
     knobs += [Knob("FUSE_QKV", (0, 1), 0, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
                                           "over their stacked rows (copied at load); 0 one mat-vec each")]
-    knobs += [Knob("PREFETCH", (0, 1), 0, "decode (tg): 1 has every mat-vec's CUDA blocks stream their weight rows into "
-                                          "L2 first (one TMA bulk prefetch each); 0 the warps' loads only (1 was slower at "
-                                          "the best gemv launch shapes, ledger #36, #37)")]
-    knobs += [Knob("STAGE", (0, 1), 0, "decode (tg): 1 has the mat-vecs of 2-byte-aligned weights (Q6_K, Q8_0, ...) copy "
-                                       "each chunk to shared memory with 16-byte loads before decoding it (gemv "
-                                       "STAGE=1, +17% slower at Q6_K ffn_down, ledger #47); 0 decodes from global "
-                                       "memory with 2-byte loads")]
-    knobs += [Knob("HOIST", (0, 1), 0, "decode (tg): 1 has the Q4_K/Q6_K/Q8_0 mat-vecs issue every load of a chunk "
-                                       "(all rows) before decoding any (gemv HOIST=1); 0 row by row")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (tg128 +2.2%, ledger #71); 0 the general shape. No "
                                       "effect with MMVQ=0 (f32 inputs keep the f32 shape)", legacy=0)]
-    knobs += [Knob("VLOAD", (0, 1), 0, "decode (tg): 1 has the Q6_K mat-vecs read their blocks with 8-byte vector loads "
-                                       "(gemv VLOAD=1; W 8-byte aligned, a multiple of 8 bytes); 0 halfword loads")]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
@@ -109,9 +97,7 @@ def engine_options(config: Config) -> EngineOptions:
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                          fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
-                         prefetch=bool(config.get("PREFETCH", 0)), stage=bool(config.get("STAGE", 0)),
-                         hoist=bool(config.get("HOIST", 0)), deep=bool(config.get("DEEP", 1)),
-                         vload=bool(config.get("VLOAD", 0)), pdl=bool(config.get("PDL", 1)),
+                         deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
                          fuse_qkv=bool(config.get("FUSE_QKV", 0)), pgraph=bool(config.get("PGRAPH", 1)))
 
 

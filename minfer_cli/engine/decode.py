@@ -26,13 +26,9 @@ to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run th
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
-``FUSE_GLU=1`` (``options.fuse_glu``, the default: +7.5% tg128, ledger #39) computes
+``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
-format, instead of two mat-vecs and `swiglu`. ``PREFETCH=1`` (``options.prefetch``) has every mat-vec stream its
-CUDA blocks' weight rows into L2 first (`kernels.gemv`'s PREFETCH knob). ``STAGE=1`` (``options.stage``) has every
-mat-vec that `kernels.gemv.stage_refusal` allows (the 2-byte-aligned formats, W 16-byte aligned and a whole
-number of 16-byte vectors) stage its chunks through shared memory (gemv's STAGE knob); the others run as before.
-``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
+format, instead of two mat-vecs and `swiglu`. ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
 (`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
 the output norm). ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
 format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too): the engine copies
@@ -60,25 +56,19 @@ from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine
 from minfer_cli.engine.weights import ModelWeights
 
-# Mat-vec launch knobs (`kernels.gemv`), the fastest measured on the H200. f32 x: ledger #15, RPB=2, WPR=2 of
-# RPB 1/2/4 x WPR 2/4 for Q4_K and Q6_K at ffn_up. Q8_1 x (MMVQ): RPB=4, WPR=2 (ledger #25: Q6_K at ffn_down
-# 29.3 µs, the fastest; RPB=8, WPR=1 131 µs), except Q4_K with many rows, where one warp per 8 rows wins (ledger
-# #24, ffn_up od=18944: 17.0 µs vs 20.1) — but not on od=3584..4608 (1 warp per 8 rows leaves ~450 warps for 132
-# SMs: tg128 fell from 215 to 186 tok/s, ledger #28, when it was used for every Q4_K matrix). UNROLL=2 was slower.
-# More warps per row did not pay at ffn_down (id 18944; WPR=4/8, ledger #43, #44), nor other shapes at attn_output
-# (#45); Q4_K at ffn_down was 11% faster with RPB=2, WPR=2 (19.8 vs 22.3 µs, #44): not yet a rule (~1% of a step).
-# Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: RPB=4, WPR=4, compiled for the grid's one wave (MINB,
-# `kernels.gemv.one_wave_min_blocks`, 72 registers). Q4_K: 16.03 µs vs 17.95 for the general RPB=4, WPR=2 (ledger
-# #68, #70; HOIST=1 was 16.37). Q6_K: also the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1): 24.11
-# µs vs 28.30 (#69). An earlier DEEP (Q4_K only, HOIST=1) was +3.8% at tg128 on a dot order since reverted (#53)
-# and -0.27%, NEUTRAL, after it (#57).
-GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2, "unroll": 1}
-GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1, "unroll": 1}
+# Mat-vec launch shapes (`kernels.gemv.GemvConfig` fields), the fastest measured for each input form: f32 x two
+# rows and two warps a row; Q8_1 x (MMVQ) four rows and two warps a row, except Q4_K with many rows (WIDE_ROWS),
+# where one warp per 8 rows wins; on fewer rows that shape leaves too few warps for the SMs. More warps a row did
+# not pay in general. Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: four warps a row, compiled for the grid's
+# one wave (MINB, `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the
+# offset fold (FOLD=1): the combination that pays there.
+GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2}
+GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2}
+GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1}
 """`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
 WIDE_ROWS = 8192
-GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1},
-                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "unroll": 1, "stage": 2, "fold": 1}}
+GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4},
+                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "stage": 2, "fold": 1}}
 """`GEMV_MMVQ_DEEP` (DEEP=1): format -> the launch of its matrices of at least ``DEEP_COLS`` columns (ffn_down),
 plus MINB for one wave."""
 DEEP_COLS = 8192
@@ -169,21 +159,17 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
-        self.stage = bool(options.stage)
-        self.hoist = bool(options.hoist)
-        self.vload = bool(options.vload)
         self.pdl = bool(options.pdl)
-        self._load_knobs: dict[tuple, dict] = {}  # STAGE/HOIST/VLOAD: (weight, launch shape, glu) -> knobs
         self.splits = int(splits or DEFAULT_SPLITS)
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
-        override["prefetch"] = int(options.prefetch)
         override["pdl"] = int(options.pdl)
         self._launch_f32 = {**GEMV_F32, **override}
         self._launch_mmvq = {**GEMV_MMVQ, **override}
         self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
         self.deep = bool(options.deep)
         self._launch_mmvq_deep: dict[tuple, dict | None] = {}  # DEEP=1: (format, od, weight) -> launch knobs or None
+        self._configs: dict[tuple, object] = {}  # (format, launch shape, x form, glu, residual) -> GemvConfig
         self._override = override
         if prefill is not None:
             self.context = prefill.context
@@ -331,38 +317,36 @@ class DecodeEngine:
     def _deep_launch(self, m: _Gemv) -> dict | None:
         """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
         (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
-        has no deep launch, when its ring (STAGE=2) is refused for m's bytes (`kernels.gemv.stage_refusal`), or
-        when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid in one wave (llama
-        7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 was slower than the
-        general shape: Q4_K 20.56 vs 17.95 µs, ledger #68, #70)."""
+        has no deep launch, when its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
+        `weight_refusal`), or when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid
+        in one wave (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 is
+        slower than the general shape)."""
         key = (m.qtype, m.od, id(m.raw))
         if key not in self._launch_mmvq_deep:
-            from kernels.gemv import one_wave_min_blocks, stage_refusal
+            from kernels.errors import KernelConstraintError
+            from kernels.gemv import GemvConfig, one_wave_min_blocks
 
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self._override}
-                if launch.get("stage") and stage_refusal(m.qtype, launch["rows_per_block"], launch["warps_per_row"],
-                                                         stage=launch["stage"], raw=m.raw) is not None:
-                    launch = None
-            if launch is not None:
                 grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
-                if not launch["min_blocks"]:  # unbounded, the shape was slower (Q4_K 20.56 vs 17.95 µs, #68, #70)
+                try:
+                    refused = GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
+                except KernelConstraintError as e:
+                    refused = str(e)
+                if refused is not None or not launch["min_blocks"]:
                     launch = None
             self._launch_mmvq_deep[key] = launch
         return self._launch_mmvq_deep[key]
 
-    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False):
-        """The mat-vec input for weight ``m`` and its launch knobs: x's Q8_1 blocks ``xq`` and an MMVQ shape when
-        MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for Q4_K with at
-        least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at least
-        DEEP_COLS columns), else f32 ``x`` and the f32 shape; with STAGE=1, ``stage=1`` added to a launch that does
-        not stage yet where `kernels.gemv.stage_refusal` allows it for m (``glu``: with a second weight of m's
-        shape); with HOIST=1, ``hoist=1`` where `kernels.gemv.hoist_refusal` allows it (m's format, not staged);
-        with VLOAD=1, ``vload=1`` where `kernels.gemv.vload_refusal` allows it for m's bytes (Q6_K, not staged,
-        not GLU)."""
-        from kernels.gemv import MMVQ_TYPES, hoist_refusal, stage_refusal, vload_refusal
+    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False, residual: bool = False):
+        """The mat-vec input for weight ``m`` and its kernel (`kernels.gemv.GemvConfig`): x's Q8_1 blocks ``xq`` and
+        an MMVQ shape when MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for
+        Q4_K with at least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
+        least DEEP_COLS columns, not GLU), else f32 ``x`` and the f32 shape; ``glu``: the SwiGLU kernel;
+        ``residual``: the fused-add epilogue. Each configuration is made once and reused on every step."""
+        from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         if xq is None or m.qtype not in MMVQ_TYPES:
             x_in, launch = x, self._launch_f32
@@ -372,21 +356,11 @@ class DecodeEngine:
             x_in, launch = xq, deep
         else:
             x_in, launch = xq, self._launch_mmvq
-        if self.stage or self.hoist or self.vload:
-            key = (id(m), id(launch), glu)  # decided once per weight and launch shape, not on every step
-            if key not in self._load_knobs:
-                extra, staged = {}, launch.get("stage", 0)
-                if self.stage and not staged and stage_refusal(m.qtype, launch["rows_per_block"],
-                                                               launch["warps_per_row"], unroll=launch["unroll"],
-                                                               glu=glu, raw=m.raw) is None:
-                    extra["stage"] = staged = 1
-                if self.hoist and hoist_refusal(m.qtype, stage=staged) is None:
-                    extra["hoist"] = 1
-                if self.vload and not glu and vload_refusal(m.qtype, stage=staged, raw=m.raw) is None:
-                    extra["vload"] = 1
-                self._load_knobs[key] = {**launch, **extra}
-            launch = self._load_knobs[key]
-        return x_in, launch
+        key = (m.qtype, id(launch), x_in is xq, glu, residual)
+        config = self._configs.get(key)
+        if config is None:
+            config = self._configs[key] = GemvConfig(m.qtype, mmvq=x_in is xq, glu=glu, residual=residual, **launch)
+        return x_in, config
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
@@ -403,17 +377,17 @@ class DecodeEngine:
                 self._matvec(m, x, out, xq=xq)
                 bias_add(out.reshape(1, m.od), residual, stream=self.stream)
             return
-        x_in, launch = self._input(m, x, xq, wide=True)
-        gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, residual=residual, stream=self.stream, **launch)
+        x_in, config = self._input(m, x, xq, wide=True, residual=residual is not None)
+        gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
     def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
-        with two weights: 36.7 vs 27.5 µs a call at ffn_up on the H200, a profiler trace, not in the ledger)."""
+        with two weights, too many registers for that shape)."""
         from kernels.gemv import gemv_glu
 
-        x_in, launch = self._input(gate, x, xq, wide=False, glu=True)
-        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, stream=self.stream, **launch)
+        x_in, config = self._input(gate, x, xq, wide=False, glu=True)
+        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, config=config, stream=self.stream)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""

@@ -45,20 +45,15 @@ class EngineOptions:
     mat-vec epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run
     as one kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
     writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
-    (False); prefetch: every decode mat-vec first streams its CUDA block's weight rows into L2 with one TMA bulk
-    prefetch (`kernels.gemv` PREFETCH=1, True) or relies on its warps' loads (False); stage: decode mat-vecs of
-    the 2-byte-aligned formats (Q6_K, Q8_0, ...) copy their chunks into shared memory with 16-byte loads first
-    (`kernels.gemv` STAGE=1, True, where `stage_refusal` allows) or decode from global memory (False); hoist:
-    decode mat-vecs of Q4_K/Q6_K/Q8_0 issue all of a chunk's loads before decoding any (`kernels.gemv` HOIST=1,
-    True, where `hoist_refusal` allows) or load row by row (False); deep: decode's Q4_K and Q6_K mat-vecs of long
-    rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the
-    default: tg128 +2.2%, ledger #71; MMVQ only) or the general MMVQ shape (False); vload: decode's Q6_K mat-vecs
-    read their blocks with 8-byte vector loads (`kernels.gemv` VLOAD=1, True, where `vload_refusal` allows) or
-    halfword loads (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
+    (False); deep: decode's Q4_K and Q6_K mat-vecs of long rows (ffn_down) run with
+    `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the default: faster at
+    ffn_down; MMVQ only) or the general MMVQ shape (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
     (`kernels.launch`; True, the default: each may start before the previous kernel ends and waits for it before
-    reading its output; tg128 +10.5%, ledger #83) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
+    reading its output; the default because it shortens the step) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
     one format run as one mat-vec over their stacked rows (True) or one each (False) — the decode options are read
-    by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill."""
+    by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill; pgraph: the prefill of each (prompt length,
+    start) is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA simulator) or
+    every kernel is launched from Python (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -68,11 +63,7 @@ class EngineOptions:
     fuse_add: bool = True
     fuse_glu: bool = True
     fuse_norm_q8: bool = False
-    prefetch: bool = False
-    stage: bool = False
-    hoist: bool = False
     deep: bool = True
-    vload: bool = False
     pdl: bool = True
     fuse_qkv: bool = False
     pgraph: bool = True

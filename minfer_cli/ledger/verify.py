@@ -15,7 +15,9 @@ record's protocol, and judges the new measurement against the recorded one (`jud
 Knobs a record predates (the experiment has them now, the record does not) take the value of their time — the
 knob's ``legacy`` value (what the code did before the knob existed) where it declares one, else its default — and
 are listed;
-knobs the code no longer has are dropped and listed when both arms agreed on them (else CANNOT-RUN). Nothing here
+a knob the code no longer has is dropped and listed when every arm holds the value the code still runs (the
+experiment's ``removed_knobs``: the knob's old default); a removed knob at any other value (a deleted variant), one
+the arms disagree on (the knob under test) or one the experiment does not declare is CANNOT-RUN. Nothing here
 touches the GPU: the runner does (`minfer_cli.measure.verify_runner`), so every outcome is testable with a fake.
 """
 
@@ -158,6 +160,7 @@ def supersessions(records: list[Mapping[str, Any]]) -> dict[int, int]:
 def _resolve_knobs(experiment: Any, arms: list[Mapping[str, Any]]) -> tuple[list[dict], dict, dict, str | None]:
     """Each arm's knobs as a configuration the experiment accepts today: (configs, dropped, predated, problem)."""
     known = {k.name: k for k in experiment.knobs}
+    removed = dict(getattr(experiment, "removed_knobs", {}) or {})
     configs: list[dict] = []
     dropped: dict[str, Any] = {}
     stored = [dict(a.get("knobs") or {}) for a in arms]
@@ -167,6 +170,12 @@ def _resolve_knobs(experiment: Any, arms: list[Mapping[str, Any]]) -> tuple[list
             if name not in known:
                 if any(other.get(name) != value for other in stored):
                     return [], {}, {}, f"knob {name} (the one under test: {' vs '.join(str(o.get(name)) for o in stored)}) no longer exists"
+                if name not in removed:
+                    return [], {}, {}, (f"knob {name}={value} no longer exists and {experiment.name} does not say "
+                                        "which value its code still runs")
+                if value != removed[name]:
+                    return [], {}, {}, (f"knob value {name}={value} was deleted (the code runs only what was "
+                                        f"{name}={removed[name]})")
                 dropped[name] = value
                 continue
             if value not in known[name].values:
