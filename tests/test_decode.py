@@ -580,7 +580,9 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     got = {}
     for name, launch in (("deep", deep), ("general", GEMV_MMVQ)):
         out = cuda.to_device(res)
-        gemv_q(raw, qtype, od, id, xq, out, config=GemvConfig(qtype, mmvq=True, residual=True, **launch), residual=out)
+        # pdl=0: a lone launch on the default stream (the engine's PDL chain is tested with its own stream)
+        config = GemvConfig(qtype, mmvq=True, residual=True, **{**launch, "pdl": 0})
+        gemv_q(raw, qtype, od, id, xq, out, config=config, residual=out)
         got[name] = out.copy_to_host().astype(np.float64)
         assert np.abs(got[name] - ref).max() <= 1e-5 * np.abs(ref).max(), name
     assert np.abs(got["deep"] - got["general"]).max() <= 1e-5 * np.abs(ref).max()
