@@ -55,19 +55,19 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ADD", (0, 1), 1, "decode (tg): 1 adds q/k/v biases and the residual in the mat-vec "
                                           "epilogue; 0 runs them as separate kernels", legacy=0)]
     knobs += [Knob("FUSE_GLU", (0, 1), 1, "decode (tg): 1 runs gate, up and SwiGLU as one mat-vec kernel; 0 as three "
-                                          "(1: +7.5% tg128 on the H200, ledger #39)", legacy=0)]
+                                          "(the default: fewer launches and one read of x)", legacy=0)]
     knobs += [Knob("FUSE_NORM_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 quantizes h to Q8_1 inside the RMSNorm kernel; 0 "
-                                              "in a separate kernel (1 measured -0.4%, NEUTRAL, on the H200: ledger #40)")]
+                                              "in a separate kernel (0 the default: the fusion measured no faster)")]
     knobs += [Knob("FUSE_QKV", (0, 1), 0, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
                                           "over their stacked rows (copied at load); 0 one mat-vec each")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
-                                      "gemv STAGE=2 and FOLD=1 (tg128 +2.2%, ledger #71); 0 the general shape. No "
+                                      "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
                                       "effect with MMVQ=0 (f32 inputs keep the f32 shape)", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
-                                     "its output (tg128 +10.5%, ledger #83); 0 ordinary launches", legacy=0)]
+                                     "its output (the default: it shortens the step); 0 ordinary launches", legacy=0)]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
