@@ -58,14 +58,14 @@ class BenchExperiment(Experiment):
     workloads = (
         Workload("pp2048", {"nt": 2048}, f"{DEFAULT_PRESET}, 2048-token prompt"),
         Workload("pp512", {"nt": 512}, f"{DEFAULT_PRESET}, 512-token prompt"),
+        Workload("tiny_pp16", {"nt": 16}, "tiny preset, 16-token prompt (CUDA simulator)"),
+        Workload("tg128", {"n": 128}, f"{DEFAULT_PRESET}, 128 tokens generated from an empty cache"),
+        Workload("tiny_tg8", {"n": 8}, "tiny preset, 8 tokens generated (GPU tests; ~130 s a step in the simulator)"),
         Workload("pp128", {"nt": 128}, f"{DEFAULT_PRESET}, 128-token prompt"),
         Workload("qwen2-1.5b_pp512", {"nt": 512}, "qwen2-1.5b-q4_k_m, 512-token prompt"),
         Workload("qwen2-1.5b_pp2048", {"nt": 2048}, "qwen2-1.5b-q4_k_m, 2048-token prompt"),
         Workload("llama3.2-3b_pp512", {"nt": 512}, "llama3.2-3b-q4_k_m, 512-token prompt"),
         Workload("qwen2-1.5b_tg128", {"n": 128}, "qwen2-1.5b-q4_k_m, 128 tokens generated from an empty cache"),
-        Workload("tiny_pp16", {"nt": 16}, "tiny preset, 16-token prompt (CUDA simulator)"),
-        Workload("tg128", {"n": 128}, f"{DEFAULT_PRESET}, 128 tokens generated from an empty cache"),
-        Workload("tiny_tg8", {"n": 8}, "tiny preset, 8 tokens generated (GPU tests; ~130 s a step in the simulator)"),
     )
     metric = Metric("throughput", "tok/s", higher_is_better=True)
     self_timed = True

@@ -93,7 +93,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["sweep", "copy", "VEC=1", "VEC=2"], "given twice"),
         (["ab", "bench", "-w", "tiny_pp16", "--arm", "GRAPHS=0", "--arm", "GRAPHS=1"],
          "arm A cannot run: GRAPHS acts on tg workloads only and tiny_pp16 is a pp workload; pick a tg one with -w "
-         "(tg128, tiny_tg8)"),
+         "(tg128, tiny_tg8, qwen2-1.5b_tg128)"),
         (["ab", "bench", "-w", "tg128", "--arm", "W16=0", "--arm", "W16=1"], "W16 acts on pp workloads only"),
         (["bench", "--arm", "GLU=1"], "unknown knob GLU for the engine (did you mean FUSE_GLU?)"),
         (["bench", "--arm", "fuse_glu=1"], "(did you mean FUSE_GLU?)"),
