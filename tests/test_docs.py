@@ -207,7 +207,7 @@ CLI_MODULES = ("minfer_cli/commands/", "minfer_cli/console.py", "minfer_cli/main
 PRINTERS = ("minfer_cli/commands/", "minfer_cli/console.py")
 TEXT_ONLY = {"minfer_cli.console", "minfer_cli.console.clean"}
 """`console.clean` escapes terminal control in text and prints nothing: the ledger's exports may use it."""
-ENGINE_USAGE_ERRORS = {"minfer_cli/engine/bench.py", "minfer_cli/engine/presets.py"}
+ENGINE_USAGE_ERRORS: set = set()
 """Engine modules that still raise the CLI's UsageError (docs/architecture.md, "Known exceptions"): fix one, and
 remove it here."""
 

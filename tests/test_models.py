@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from minfer_cli.engine.config import ModelConfig, TensorSpec, tensor_specs, use_more_bits
 from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.presets import DEFAULT_PRESET, PRESETS, preset
-from minfer_cli.errors import UsageError
 
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh each session; printed in failure messages
 
@@ -47,8 +46,8 @@ def test_presets_match_their_models():
         assert all(s.id % 256 == 0 for s in tensor_specs(cfg) if s.qtype != "F32")
 
 
-def test_unknown_preset_is_a_usage_error_listing_names():
-    with pytest.raises(UsageError) as e:
+def test_unknown_preset_is_a_model_error_listing_names():
+    with pytest.raises(ModelError) as e:
         preset("gpt5")
     assert _one_line(e.value) and "tiny" in str(e.value) and DEFAULT_PRESET in str(e.value)
 

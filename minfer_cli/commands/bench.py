@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import List, Optional
 
 import typer
@@ -13,6 +14,20 @@ from minfer_cli.console import guard, out, progress
 from minfer_cli.errors import UsageError
 
 FORMATS = ("md", "csv", "json", "jsonl")
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """Comma-separated token counts (`-p 512,2048`): each a non-negative integer; 0 entries are skipped."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not re.fullmatch(r"[+-]?[0-9]+", part):  # ASCII digits: int() also takes "٣"
+            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}")
+        value = int(part)
+        if value < 0:
+            raise UsageError(f"{flag} token counts must be >= 0, got {value}")
+        values.append(value)
+    return [v for v in values if v > 0]
 
 
 def _rows_dicts(rows) -> list[dict]:
@@ -67,7 +82,7 @@ def bench(
 
     Example: minfer bench -p 2048 -n 128
     """
-    from minfer_cli.engine.bench import engine_options, parse_counts, run_pp, run_tg
+    from minfer_cli.engine.bench import engine_options, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
     from minfer_cli.measure.device import require_timing_device
 

@@ -18,7 +18,6 @@ runs first.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import numpy as np
 
 from minfer_cli.engine.forward import EngineOptions, PrefillEngine, device_bytes
 from minfer_cli.engine.weights import ModelWeights
-from minfer_cli.errors import UsageError
+from minfer_cli.engine.errors import ModelError
 from minfer_cli.knobs import Config, Knob
 
 Progress = Optional[Callable[[str, float], None]]
@@ -125,20 +124,6 @@ class BenchRow:
         return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
 
 
-def parse_counts(text: str, flag: str) -> list[int]:
-    """Comma-separated token counts (`-p 512,2048`): each a non-negative integer; 0 entries are skipped."""
-    values = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not re.fullmatch(r"[+-]?[0-9]+", part):  # ASCII digits: int() also takes "٣"
-            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}")
-        value = int(part)
-        if value < 0:
-            raise UsageError(f"{flag} token counts must be >= 0, got {value}")
-        values.append(value)
-    return [v for v in values if v > 0]
-
-
 def _used_bytes() -> int:
     from numba import cuda
 
@@ -147,17 +132,17 @@ def _used_bytes() -> int:
 
 
 def check_fits(weights: ModelWeights, max_tokens: int, options: EngineOptions) -> None:
-    """UsageError when a prompt is beyond the model's context or the engine would not fit in device memory."""
+    """ModelError when a prompt is beyond the model's context or the engine would not fit in device memory."""
     from numba import cuda
 
     c = weights.config
     if max_tokens > c.context_length:
-        raise UsageError(f"-p {max_tokens} is beyond the model's context length {c.context_length}")
+        raise ModelError(f"-p {max_tokens} is beyond the model's context length {c.context_length}")
     need = device_bytes(c, max_tokens, options.w16)
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
         hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""
-        raise UsageError(f"-p {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
+        raise ModelError(f"-p {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
                          f"{free / 2**30:.1f} GiB are free{hint}")
 
 
@@ -195,18 +180,18 @@ def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: EngineO
 
 
 def check_fits_tg(weights: ModelWeights, max_tokens: int) -> None:
-    """UsageError when a generation is beyond the model's context or its KV cache would not fit in device memory."""
+    """ModelError when a generation is beyond the model's context or its KV cache would not fit in device memory."""
     from numba import cuda
 
     from minfer_cli.engine.decode import decode_device_bytes
 
     c = weights.config
     if max_tokens > c.context_length:
-        raise UsageError(f"-n {max_tokens} is beyond the model's context length {c.context_length}")
+        raise ModelError(f"-n {max_tokens} is beyond the model's context length {c.context_length}")
     need = decode_device_bytes(c, max_tokens)
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
-        raise UsageError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
+        raise ModelError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
                          f"{free / 2**30:.1f} GiB are free")
 
 

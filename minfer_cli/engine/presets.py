@@ -14,7 +14,7 @@ other RoPE style and a tied output.
 from __future__ import annotations
 
 from minfer_cli.engine.config import ModelConfig
-from minfer_cli.errors import UsageError
+from minfer_cli.engine.errors import ModelError
 
 DEFAULT_PRESET = "qwen2-7b-q4_k_m"
 
@@ -62,8 +62,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def preset(name: str) -> ModelConfig:
-    """The config called ``name``. Raises UsageError listing the valid names."""
+    """The config called ``name``. Raises ModelError listing the valid names."""
     try:
         return PRESETS[name]
     except KeyError:
-        raise UsageError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}") from None
+        raise ModelError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}") from None
