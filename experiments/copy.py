@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import copy as copy_kernels
-from kernels.copy import copy
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
@@ -42,6 +40,8 @@ class CopyExperiment(Experiment):
         return cuda.device_array(self._elements(workload), dtype=np.uint32)
 
     def prepare(self, config, workload):
+        from kernels.copy import copy  # numba: imported when GPU work starts, not by `experiments list`
+
         vec = int(config["VEC"])
 
         def launch(inputs, output, stream):
@@ -66,6 +66,8 @@ class CopyExperiment(Experiment):
 
     def kernels(self, config, workload):
         from numba import types
+
+        from kernels import copy as copy_kernels
 
         vec = int(config["VEC"])
         element = types.uint64 if vec == 2 else types.uint32

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from kernels.quant import SUPPORTED, TPB_VALUES, block_format, dequantize, kernel_for, kernel_signature
+from kernels.quant import SUPPORTED, TPB_VALUES, block_format
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 from minfer_cli.quant_blocks import random_blocks, reference_f16
@@ -89,6 +89,8 @@ class DequantExperiment(Experiment):
         for inputs in list(self._sets.get(workload.name, ())):
             inputs.materialise(qtype, od, id)
 
+        from kernels.quant import dequantize  # numba: imported when GPU work starts, not by `experiments list`
+
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype, od, id)  # a dict lookup once prepare has run
             dequantize(raw, qtype, od, id, out=output, stream=stream, tpb=tpb)
@@ -115,6 +117,8 @@ class DequantExperiment(Experiment):
         return 0.0
 
     def kernels(self, config, workload):
+        from kernels.quant import kernel_for, kernel_signature
+
         qtype, tpb = str(config["TYPE"]), int(config["TPB"])
         dispatcher, signature = kernel_for(qtype), kernel_signature(qtype)
         dispatcher.compile(signature)

@@ -29,8 +29,9 @@ import weakref
 import numpy as np
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, GemvConfig, gemv_glu, gemv_q, kernel_for, kernel_signature
-from kernels.quant import block_format
+from kernels.gemv.config import GemvConfig
+from kernels.gemv.tables import GEMV_TYPES, MMVQ_TYPES
+from kernels.quant.formats import block_format
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 from minfer_cli.quant_blocks import random_blocks
@@ -216,6 +217,8 @@ class GemvExperiment(Experiment):
         return gemv.weight_refusal(nbytes=self._quant_bytes(qtype, workload), what=f"{workload.name}'s W")
 
     def prepare(self, config, workload):
+        from kernels.gemv import gemv_glu, gemv_q, kernel_for  # numba: imported when GPU work starts
+
         gemv = GemvConfig.from_knobs(config)  # refuses a bad combination
         qtype, od, id = gemv.qtype, *self._shape(workload)
         kernel_for(gemv)
@@ -261,6 +264,8 @@ class GemvExperiment(Experiment):
         return TOLERANCE
 
     def kernels(self, config, workload):
+        from kernels.gemv import kernel_for, kernel_signature
+
         gemv = GemvConfig.from_knobs(config)
         dispatcher, signature = kernel_for(gemv), kernel_signature(gemv)
         dispatcher.compile(signature)

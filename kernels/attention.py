@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from kernels.errors import KernelConstraintError
+from kernels.attention_config import DEFAULT, HEAD_DIM, KNOBS
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -50,16 +51,6 @@ from kernels.ptx import (
     st_global_v4_u32,
     syncwarp,
 )
-
-HEAD_DIM = 128
-
-KNOBS: dict[str, tuple] = {
-    "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
-    "BK": (32, 64),  # keys per K/V tile
-    "STAGES": (1, 2),  # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
-}
-DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2}
-
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,31 @@ def test_every_experiment_file_loads():
     assert registry_mod.broken() == {}
 
 
+_NUMBA_FREE = """
+import sys
+from minfer_cli.main import app  # what `minfer --help` imports
+assert 'numba' not in sys.modules, 'the CLI imports numba at start-up'
+from minfer_cli.engine.bench import engine_knobs
+from minfer_cli.experiment import broken, load_all
+registry = load_all()  # what `minfer experiments list` and `show` load
+assert not broken(), broken()
+knobs = [k for e in registry.values() for k in e.knobs] + list(engine_knobs())
+leaked = sorted(m for m in sys.modules if m == 'numba' or m.startswith('numba.'))
+assert not leaked, 'listing the experiments imports numba: ' + ', '.join(leaked[:5])
+"""
+
+
+def test_listing_experiments_imports_no_numba():
+    """`minfer --help`, `minfer experiments list` and `show` stay fast: no experiment module, knob table or the
+    engine's knob list imports numba at module level (a kernel is imported inside the methods that do GPU work)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", _NUMBA_FREE], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_experiments_list_shows_copy_knobs_and_workloads():
     r = invoke("experiments", "list", "--json")
     assert r.exit_code == 0

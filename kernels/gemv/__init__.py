@@ -43,46 +43,46 @@ dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the
 
 Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane fetches both x forms share),
 `kernels.gemv.dots` (f32-x loaders and block dots), `kernels.gemv.dots_q8` (Q8_1-x loaders and dp4a dots),
-`kernels.gemv.formats` (per-format tables: which loader and dot, lanes per block, which formats each knob takes),
+`kernels.gemv.formats` (per-format tables: which loader and dot), `kernels.gemv.tables` (no numba: lanes per block,
+which formats each knob takes),
 `kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations),
 `kernels.gemv.codegen` (the generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`,
-`kernel_for`). This module re-exports their public names.
+`kernel_for`). This module re-exports their public names, each imported on first use.
 """
 
 from __future__ import annotations
 
-from kernels.gemv.codegen import lookahead_lines
-from kernels.gemv.config import (
-    DEFAULT_RPB,
-    DEFAULT_WPR,
-    FOLD_VALUES,
-    MAX_THREADS_PER_SM,
-    MINB_REGISTER_FLOOR,
-    MINB_VALUES,
-    PDL_VALUES,
-    RPB_VALUES,
-    STAGE_SMEM_LIMIT,
-    STAGE_VALUES,
-    WPR_VALUES,
-    GemvConfig,
-    min_blocks_registers,
-    one_wave_min_blocks,
-    stage_smem_bytes,
-    stage_window_bytes,
-    threads_per_block,
-)
-from kernels.gemv.device import M0, M4, M8, M16, M32, M128, MB, N1, N2, N4, U, ZERO
-from kernels.gemv.dots_q8 import Q6_OFFSET
-from kernels.gemv.formats import (
-    FLOAT_GROUP,
-    FOLD_TYPES,
-    GEMV_TYPES,
-    MMVQ_TYPES,
-    STAGE_TYPES,
-    _IMPLS,
-    _MMVQ_IMPLS,
-)
-from kernels.gemv.launch import gemv_glu, gemv_q, kernel_for, kernel_signature
+import importlib
+
+# Public name -> the submodule that defines it. The names load on first use (PEP 562), so that importing
+# `kernels.gemv.config` or `kernels.gemv.tables` (the knob table, `minfer experiments list`) imports no numba.
+_SOURCES = {
+    "lookahead_lines": "codegen",
+    **dict.fromkeys((
+        "DEFAULT_RPB", "DEFAULT_WPR", "FOLD_VALUES", "MAX_THREADS_PER_SM", "MINB_REGISTER_FLOOR", "MINB_VALUES",
+        "PDL_VALUES", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_VALUES", "WPR_VALUES", "GemvConfig",
+        "min_blocks_registers", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
+    ), "config"),
+    **dict.fromkeys(("M0", "M4", "M8", "M16", "M32", "M128", "MB", "N1", "N2", "N4", "U", "ZERO"), "device"),
+    "Q6_OFFSET": "dots_q8",
+    **dict.fromkeys(("FLOAT_GROUP", "FOLD_TYPES", "GEMV_TYPES", "MMVQ_TYPES", "STAGE_TYPES"), "tables"),
+    **dict.fromkeys(("_IMPLS", "_MMVQ_IMPLS"), "formats"),
+    **dict.fromkeys(("gemv_glu", "gemv_q", "kernel_for", "kernel_signature"), "launch"),
+}
+
+
+def __getattr__(name: str):
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = [
     "DEFAULT_RPB", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "GemvConfig", "M0", "M4",

@@ -5,6 +5,8 @@ allowed values, default and the reason for it; it refuses an impossible combinat
 naming the conflict and what would be right), generates the gemv experiment's knob table (`GemvConfig.knob_specs`)
 and is the key of the compile cache (`kernels.gemv.launch.kernel_for`): every field is a compile-time constant.
 What W's bytes must satisfy for a configuration (the ring's 16-byte vectors) is `GemvConfig.weight_refusal`.
+This module imports no numba (its format facts come from `kernels.gemv.tables`), so the knob table can be listed
+without compiling anything.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv.formats import FOLD_TYPES, GEMV_TYPES, STAGE_TYPES, _IMPLS, _format_name
-from kernels.quant.dequant import _address
+from kernels.gemv.tables import FOLD_TYPES, GEMV_TYPES, LANES_PER_BLOCK, STAGE_TYPES, _format_name
 from kernels.quant.formats import block_format
 
 
@@ -158,6 +159,8 @@ class GemvConfig:
         a 16-byte aligned address (the ring's vector copies would fault or pass its end)."""
         if not self.stage:
             return None
+        from kernels.quant.dequant import _address  # numba: only when a device array is checked
+
         size = raw.size * raw.dtype.itemsize if raw is not None else nbytes
         address = _address(raw) % 16 if raw is not None else 0
         if size is not None and (size % 16 or address):
@@ -233,5 +236,5 @@ def stage_smem_bytes(qtype, rows_per_block: int, warps_per_row: int, glu: bool =
     """Static shared memory of a staged kernel: one `stage_window_bytes` window per warp, slot (``stage`` of
     them), weight and row."""
     fmt = block_format(qtype)
-    chunk = 32 // _IMPLS[fmt.name][2] * fmt.type_size
+    chunk = 32 // LANES_PER_BLOCK[fmt.name] * fmt.type_size
     return warps_per_row * stage * rows_per_block * (1 + bool(glu)) * stage_window_bytes(chunk)

@@ -1,13 +1,13 @@
 """Per-format tables of the gemv kernels (`kernels.gemv`): which x loader and block dot each GGUF format uses with
-f32 x and with Q8_1 x (MMVQ), how many lanes share a block, and which formats each knob takes. Block sizes, byte
-sizes and alignments come from `kernels.quant.formats` (the one table of GGUF layouts), not from here.
+f32 x and with Q8_1 x (MMVQ). How many lanes share a block and which formats each knob takes are in
+`kernels.gemv.tables` (no numba; checked against the dots below). Block sizes, byte sizes and
+alignments come from `kernels.quant.formats` (the one table of GGUF layouts), not from here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.errors import KernelConstraintError
 from kernels.gemv.device import _q6_k_lane_at
 from kernels.gemv.dots import (
     _dot_bf16,
@@ -43,10 +43,9 @@ from kernels.gemv.dots_q8 import (
     _xq_k_planes_fold,
     _xq_q8_0,
 )
-from kernels.quant.formats import FORMATS, SUPPORTED, block_format
+from kernels.gemv.tables import FLOAT_GROUP, FOLD_TYPES, LANES_PER_BLOCK, MMVQ_TYPES
+from kernels.quant.formats import FORMATS, SUPPORTED
 
-FLOAT_GROUP = 8
-"""Float types: ``id`` must be a multiple of 8 (each lane reads a row's elements in whole 16-byte groups)."""
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint32}
 """The dtype a kernel views W's bytes as, by the format's ``align``: the widest word every block starts on, except
 that 16-byte-aligned blocks are uint32 words read four at a time (`kernels.quant.bits.ld_global_v4_u32`)."""
@@ -85,39 +84,13 @@ assert set(_F32_DOTS) == set(SUPPORTED), "every supported format needs a gemv im
 # name -> (x loader, block dot, lanes per block, weights per (pseudo-)block, raw view dtype)
 _IMPLS = {name: (*dots, *_geometry(name)) for name, dots in _F32_DOTS.items()}
 _MMVQ_IMPLS = {name: (*dots, *_geometry(name)) for name, dots in _MMVQ_DOTS.items()}
-GEMV_TYPES = tuple(SUPPORTED)
-"""Names of every format ``gemv_q`` takes (all of `kernels.quant.SUPPORTED`)."""
-MMVQ_TYPES = tuple(_MMVQ_IMPLS)
-"""Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
-and Q8_0."""
-STAGE_TYPES = tuple(name for name in SUPPORTED if FORMATS[name].align == 2)
-"""Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views):
-Q4_0, Q5_0, Q8_0, Q3_K, Q6_K."""
+assert all(dots[2] == LANES_PER_BLOCK[name] for name, dots in _F32_DOTS.items()), "kernels.gemv.tables' lanes differ"
+assert MMVQ_TYPES == tuple(_MMVQ_IMPLS), "kernels.gemv.tables.MMVQ_TYPES differs from the MMVQ dots"
 # STAGE=2..4: name -> (a lane's fetch from the block at element ``base`` of a uint16 ring window, the decode of what
 # it returned with f32 x, with Q8_1 x); the block dot computes decode(fetch(...)), so the ring computes what STAGE=0
 # does (`kernels.gemv.codegen._ring_loop`). The other STAGE_TYPES decode a slice of the window with their block dot.
 _RING_FETCH = {"Q6_K": (_q6_k_lane_at, _math_q6_k, _mathq_q6_k)}
 # FOLD=1: name -> (x loader, Q8_1-x dot, the dot's decode half for the ring)
 _FOLD = {"Q6_K": (_xq_k_planes_fold, _dotq_q6_k_fold, _mathq_q6_k_fold)}
-FOLD_TYPES = tuple(_FOLD)
-"""Formats FOLD=1 takes: Q6_K, whose MMVQ dot subtracts 32 from every stored q."""
+assert FOLD_TYPES == tuple(_FOLD), "kernels.gemv.tables.FOLD_TYPES differs from the FOLD dots"
 
-
-def _format_name(qtype, mmvq: bool) -> str:
-    try:
-        name = block_format(qtype).name
-    except KeyError as e:
-        raise KernelConstraintError(e.args[0]) from None
-    if mmvq and name not in _MMVQ_IMPLS:
-        raise KernelConstraintError(
-            f"{name} has no MMVQ (int8-activation) kernel; MMVQ covers {', '.join(MMVQ_TYPES)} (use f32 x for {name})"
-        )
-    return name
-
-
-def _known_format(qtype) -> tuple:
-    """(the format's name, None), or (None, the sentence naming the supported formats) for an unknown ``qtype``."""
-    try:
-        return block_format(qtype).name, None
-    except KeyError as e:
-        return None, e.args[0]

@@ -11,7 +11,8 @@ from numba import cuda
 from kernels.errors import KernelConstraintError
 from kernels.gemv.codegen import _build
 from kernels.gemv.config import GemvConfig
-from kernels.gemv.formats import FLOAT_GROUP, _IMPLS, _MMVQ_IMPLS, _format_name
+from kernels.gemv.formats import _IMPLS, _MMVQ_IMPLS
+from kernels.gemv.tables import FLOAT_GROUP, _format_name
 from kernels.launch import launch_kernel
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import block_format

@@ -8,10 +8,9 @@ from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.quant import floats, kquants, legacy
+from kernels.quant.config import DEFAULT_TPB, TPB_VALUES
 from kernels.quant.formats import SUPPORTED, BlockFormat, block_format
 
-TPB_VALUES = (64, 128, 256, 512, 1024)
-DEFAULT_TPB = 256
 GROUP = 8
 """Output elements per thread: one 16-byte store."""
 

@@ -42,7 +42,7 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_
 def engine_knobs() -> tuple[Knob, ...]:
     """The knobs of the whole engine: W16, the decode ones (``DECODE_KNOBS``), the GEMM's tile knobs, and the
     flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the decode ones on tg."""
-    from kernels import attention, gemm_f16
+    from kernels import attention_config as attention, gemm_f16_config as gemm_f16  # numba-free knob tables
 
     knobs = [Knob("W16", (0, 1), 1, "1: persistent f16 copy of every weight made at load; 0: dequantize before every product")]
     knobs += [Knob("PGRAPH", (0, 1), 1, "prefill (pp): 1 captures the prefill of each prompt length into a CUDA graph "
@@ -89,9 +89,9 @@ def engine_conflict(config: Config) -> str | None:
 
 def engine_options(config: Config) -> EngineOptions:
     """EngineOptions from a full engine knob configuration."""
-    from kernels import gemm_f16
+    from kernels import gemm_f16_config
 
-    gemm = {k: config[k] for k in gemm_f16.KNOBS}
+    gemm = {k: config[k] for k in gemm_f16_config.KNOBS}
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
                          mmvq=bool(config.get("MMVQ", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
