@@ -1,8 +1,8 @@
 """Experiment `attention`: causal prefill attention (FlashAttention-2 on tensor cores, head_dim 128, GQA).
 
-Knobs: the kernel's compile-time shape (kernels/attention.py KNOBS: BQ, BK, STAGES) and IMPL (minfer's kernel or
-torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 tokens into an empty
-cache (28 query heads, 4 KV heads) and a tiny shape with tails for the CUDA simulator.
+Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BQ, BK, STAGES) and IMPL (minfer's
+kernel or torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 tokens into
+an empty cache (28 query heads, 4 KV heads) and a tiny shape with tails for the CUDA simulator.
 Cost: causal FLOPs counted as half the dense ones, 4·nt²·n_heads·128 / 2 (two GEMMs of 2·nt·nt·128 each, half
 the key/query pairs masked; the diagonal tiles' extra work is not counted). Fewest bytes: q, k, v read once and
 o written once, all f16. Ceiling: the f16 matrix rate.

@@ -1,9 +1,10 @@
 """Experiment `gemm_f16`: the prefill tensor-core GEMM ``C[nt, od] = A[nt, id] · B[od, id]^T`` (f16 in, f32 out).
 
-Knobs: the kernel's compile-time shape (kernels/gemm_f16.py KNOBS); the defaults are the best measured on the H200
-(MMA=wgmma, 256x128x64, 4 stages, cp.async, GROUP 8, LOOP=pipe; the best mma_sync arm, 256x128x32 with 3 stages, is
-`--arm MMA=mma_sync,KS=32,STAGES=3`). The baseline arm every comparison can go back to is
-`--arm MMA=mma_sync,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages, cp.async, mma_sync).
+Knobs: the kernel's compile-time shape (KNOBS of kernels/gemm_f16_config.py, which kernels/gemm_f16.py uses); the
+defaults are the best measured on the H200 (MMA=wgmma, 256x128x64, 4 stages, cp.async, GROUP 8, LOOP=pipe; the best
+mma_sync arm, 256x128x32 with 3 stages, is `--arm MMA=mma_sync,KS=32,STAGES=3`). The baseline arm every comparison
+can go back to is `--arm MMA=mma_sync,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages, cp.async,
+mma_sync).
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048 (plus Llama-2-7B's ffn_up, and a tiny shape with tails for the
 CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
