@@ -13,14 +13,14 @@ One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions
                 x += swiglu(gu) · Wdown^T
     logits = rms_norm(x[nt-1], output_norm) · Woutput^T               f32 [vocab] (last token only, as llama-bench)
 
-Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16:
-keep a persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing
-before every product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start
-position) runs eagerly and is then captured into a CUDA graph, which every later prefill of that length replays:
-one host call instead of ~11 kernel launches a layer, each costing tens of µs of Python and driver time. Nothing
-a prefill reads comes from the host (the token ids are copied device to device into the engine's own buffer; the
-positions are a view of one ``0..context-1`` array made at construction), so a replay is the same work. Source of the architecture: llama.cpp's llm_build_llama /
-llm_build_qwen2 (pre-norm, SwiGLU, RoPE NEOX for qwen2 and NORMAL for llama, GQA).
+Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
+persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
+product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
+and is then captured into a CUDA graph, which every later prefill of that length replays: one host call instead of
+~11 kernel launches a layer, each costing tens of µs of Python and driver time. Nothing a prefill reads comes from
+the host (the token ids are copied device to device into the engine's own buffer; the positions are a view of one
+``0..context-1`` array made at construction), so a replay is the same work. Source of the architecture: llama.cpp's
+llm_build_llama / llm_build_qwen2 (pre-norm, SwiGLU, RoPE NEOX for qwen2 and NORMAL for llama, GQA).
 """
 
 from __future__ import annotations
@@ -38,22 +38,22 @@ Progress = Optional[Callable[[str, float], None]]
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob
-    settings passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph
-    (True) or launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized
-    to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of f32; fuse_add: decode's bias and residual adds run in the
-    mat-vec epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run
-    as one kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also
-    writes the Q8_1 blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization
-    (False); deep: decode's Q4_K and Q6_K mat-vecs of long rows (ffn_down) run with
-    `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and launch bounds for one wave (True, the default: faster at
-    ffn_down; MMVQ only) or the general MMVQ shape (False); pdl: the decode step's per-layer kernels are programmatic dependent launches
-    (`kernels.launch`; True, the default: each may start before the previous kernel ends and waits for it before
-    reading its output; the default because it shortens the step) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of
-    one format run as one mat-vec over their stacked rows (True) or one each (False) — the decode options are read
-    by `minfer_cli.engine.decode.DecodeEngine`, not by the prefill; pgraph: the prefill of each (prompt length,
-    start) is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA simulator) or
-    every kernel is launched from Python (False)."""
+    """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob settings
+    passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph (True) or
+    launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized to Q8_1
+    (int8, dp4a; llama.cpp's MMVQ) instead of f32; fuse_add: decode's bias and residual adds run in the mat-vec
+    epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run as one
+    kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also writes the Q8_1
+    blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization (False); deep:
+    decode's Q4_K and Q6_K mat-vecs of long rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and
+    launch bounds for one wave (True, the default: faster at ffn_down; MMVQ only) or the general MMVQ shape (False);
+    pdl: the decode step's per-layer kernels are programmatic dependent launches (`kernels.launch`; True, the
+    default: each may start before the previous kernel ends and waits for it before reading its output; the default
+    because it shortens the step) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of one format run as
+    one mat-vec over their stacked rows (True) or one each (False) — the decode options are read by
+    `minfer_cli.engine.decode.DecodeEngine`, not by the prefill; pgraph: the prefill of each (prompt length, start)
+    is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA simulator) or every
+    kernel is launched from Python (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
