@@ -52,7 +52,7 @@ which formats each knob takes),
 
 from __future__ import annotations
 
-import importlib
+from kernels.lazy import lazy_exports
 
 # Public name -> the submodule that defines it. The names load on first use (PEP 562), so that importing
 # `kernels.gemv.config` or `kernels.gemv.tables` (the knob table, `minfer experiments list`) imports no numba.
@@ -71,24 +71,6 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str):
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
-
-
-__all__ = [
-    "DEFAULT_RPB", "DEFAULT_WPR", "FLOAT_GROUP", "FOLD_TYPES", "FOLD_VALUES", "GEMV_TYPES", "GemvConfig", "M0", "M4",
-    "M8", "M16", "M32", "M128", "MAX_THREADS_PER_SM", "MB", "MINB_REGISTER_FLOOR", "MINB_VALUES", "MMVQ_TYPES", "N1",
-    "N2", "N4", "PDL_VALUES", "Q6_OFFSET", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_TYPES", "STAGE_VALUES", "U",
-    "WPR_VALUES", "ZERO", "_IMPLS", "_MMVQ_IMPLS", "gemv_glu", "gemv_q", "kernel_for", "kernel_signature",
-    "lookahead_lines", "min_blocks_registers", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes",
-    "threads_per_block",
-]
+__all__ = sorted(_SOURCES)

@@ -5,8 +5,7 @@
 threads-per-block choices, no numba).
 """
 
-import importlib
-
+from kernels.lazy import lazy_exports
 from kernels.quant.config import TPB_VALUES
 from kernels.quant.formats import FORMATS, SUPPORTED, BlockFormat, block_format
 
@@ -15,16 +14,7 @@ from kernels.quant.formats import FORMATS, SUPPORTED, BlockFormat, block_format
 _LAUNCHER = ("dequantize", "kernel_for", "kernel_signature")
 
 
-def __getattr__(name: str):
-    if name not in _LAUNCHER:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("kernels.quant.dequant"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAUNCHER))
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_LAUNCHER, "dequant"), globals())
 
 
 __all__ = [
