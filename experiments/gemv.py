@@ -11,7 +11,8 @@ launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's 
 `kernels.gemv.gemv_glu`: a second W of the same TYPE and shape, y = silu(W·x) * (W_up·x), both weights' bytes
 counted), MMVQ (1: x is quantized to Q8_1 blocks once, untimed, when the input set is made, and the int8/dp4a
 kernel runs; TYPE must be one of `kernels.gemv.MMVQ_TYPES`. The quantization's own cost is in the model-level
-tg A/B, where one quantized x serves several mat-vecs).
+tg A/B, where one quantized x serves several mat-vecs), XRES (1, with MMVQ=1: x in compensated Q8_1, a second
+int8 residual per element at d/254 and a second dp4a chain: `kernels.quantize_q8`).
 Workloads: the nt = 1 projections of one Qwen2-7B layer (hidden 3584, FFN 18944, 28 q heads + 2x4 kv heads of
 128 -> fused qkv 4608) and its vocabulary head (152064 x 3584), plus a tiny shape for the CUDA simulator.
 Cost model: 2*od*id FLOPs; fewest bytes = W's quantized bytes + x read once (4*id) + y written once (4*od);
@@ -19,7 +20,7 @@ ceiling "copy" (a mat-vec is bandwidth-bound: % of the measured device-to-device
 Reference: numpy float64 ``gguf.quants.dequantize(W) @ x`` on the host from the same input bytes; the check is
 the relative error ‖y − ref‖ / ‖ref‖, tolerance 1e-5 (float32 accumulation gives ~1e-7 here; float weights
 F16/BF16/F32 are exact inputs, so the same bound holds for them). MMVQ=1: the same product with x replaced by
-its Q8_1 values (`reference_mmvq`), same tolerance.
+its Q8_1 values (`reference_mmvq`; XRES=1: its compensated values d * (q + r/254)), same tolerance.
 """
 
 from __future__ import annotations
@@ -51,16 +52,16 @@ class _InputSet:
         self.x_host = rng.standard_normal(id).astype(np.float32)
         self.x = cuda.to_device(self.x_host)
         self.raw: dict[str, object] = {}
-        self._q8 = None
+        self._q8: dict[bool, object] = {}
 
-    @property
-    def q8(self):
-        """x quantized to Q8_1 blocks on the device (made at first use, outside any timing)."""
-        if self._q8 is None:
+    def q8(self, compensated: bool = False):
+        """x quantized to Q8_1 blocks on the device, ``compensated`` with their residual values (XRES=1); made at
+        first use, outside any timing."""
+        if compensated not in self._q8:
             from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
-            self._q8 = quantize_q8_1(self.x, q8_blocks(self.id))
-        return self._q8
+            self._q8[compensated] = quantize_q8_1(self.x, q8_blocks(self.id, compensated=compensated))
+        return self._q8[compensated]
 
     def materialise(self, qtype: str, up: bool = False):
         """W's device bytes for ``qtype`` (``up``: the second, independent weight of a GLU arm)."""
@@ -91,25 +92,35 @@ def reference(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray)
     return _dequantized(_rows(raw_host, qtype, od, id), qtype, od, id) @ x.astype(np.float64)
 
 
-def quantized_x(x: np.ndarray) -> np.ndarray:
+def quantized_x(x: np.ndarray, compensated: bool = False) -> np.ndarray:
     """float64 values of x after Q8_1 quantization (`kernels.quantize_q8`): int8 values from gguf-py's own Q8_0
-    quantizer (``quants.quantize``, the same rounding), times d = max|x| / 127 in float32 per 32-block."""
+    quantizer (``quants.quantize``, the same rounding), times d = max|x| / 127 in float32 per 32-block.
+    ``compensated``: plus d * r / 254 with the residual values r = roundf((x * (1/d) - q) * 254), computed in
+    float32 as the kernel does (gguf-py's ``np_roundf``)."""
     from gguf import GGMLQuantizationType, quants
 
     blocks = x.astype(np.float32).reshape(-1, 32)
     packed = quants.quantize(blocks, GGMLQuantizationType.Q8_0).reshape(-1, 34)
-    q = packed[:, 2:].copy().view(np.int8).astype(np.float64)
-    d = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float64)
-    return (q * d[:, None]).reshape(-1)
+    q = packed[:, 2:].copy().view(np.int8).astype(np.float32)
+    d32 = np.abs(blocks).max(axis=1) / np.float32(127)
+    values = q.astype(np.float64)
+    if compensated:
+        with np.errstate(divide="ignore"):
+            inv = np.where(d32 != 0, np.float32(1) / d32, np.float32(0)).astype(np.float32)
+        r = quants.np_roundf((blocks * inv[:, None] - q) * np.float32(254)).astype(np.float64)
+        assert np.abs(r).max(initial=0) <= 127, "a residual value outside int8"
+        values = values + r / 254
+    return (values * d32.astype(np.float64)[:, None]).reshape(-1)
 
 
-def reference_mmvq(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray) -> np.ndarray:
-    """float64 result of the MMVQ kernel's arithmetic: ``dequantize(W) @ quantized_x(x)``, except that a format
-    with a min term (Q4_K: ``w = d*sc*q - dmin*m``) takes that term against the unquantized x (the kernel uses
-    each block's exact sum of x): W is split with gguf-py itself, dequantizing once more with dmin set to 0."""
+def reference_mmvq(raw_host: np.ndarray, qtype: str, od: int, id: int, x: np.ndarray,
+                   compensated: bool = False) -> np.ndarray:
+    """float64 result of the MMVQ kernel's arithmetic: ``dequantize(W) @ quantized_x(x, compensated)``, except that
+    a format with a min term (Q4_K: ``w = d*sc*q - dmin*m``) takes that term against the unquantized x (the kernel
+    uses each block's exact sum of x): W is split with gguf-py itself, dequantizing once more with dmin set to 0."""
     rows = _rows(raw_host, qtype, od, id)
     w = _dequantized(rows, qtype, od, id)
-    xq = quantized_x(x)
+    xq = quantized_x(x, compensated)
     if qtype != "Q4_K":
         return w @ xq
     no_min = rows.reshape(od, -1, block_format(qtype).type_size).copy()
@@ -227,11 +238,11 @@ class GemvExperiment(Experiment):
             if gemv.glu:
                 inputs.materialise(qtype, up=True)
             if gemv.mmvq:
-                inputs.q8  # noqa: B018 (quantize x now, outside the timed launches)
+                inputs.q8(gemv.xres)  # quantize x now, outside the timed launches
 
         def launch(inputs, output, stream):
             raw = inputs.materialise(qtype)  # a dict lookup once prepare has run
-            x = inputs.q8 if gemv.mmvq else inputs.x
+            x = inputs.q8(gemv.xres) if gemv.mmvq else inputs.x
             if gemv.glu:
                 gemv_glu(raw, inputs.materialise(qtype, up=True), qtype, od, id, x, output, config=gemv, stream=stream)
             else:
@@ -246,11 +257,15 @@ class GemvExperiment(Experiment):
         cuda.synchronize()
 
     def check(self, config, workload, inputs, output) -> float:
-        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (MMVQ: `reference_mmvq`); GLU: `glu_error` of
-        the two weights' float64 products. inf if any element is still NaN."""
+        """‖y − ref‖ / ‖ref‖ against float64 ``dequantize(W) @ x`` (MMVQ: `reference_mmvq`, compensated with
+        XRES=1); GLU: `glu_error` of the two weights' float64 products. inf if any element is still NaN."""
         qtype = str(config["TYPE"])
         od, id = self._shape(workload)
-        ref_fn = reference_mmvq if int(config.get("MMVQ", 0)) else reference
+        if int(config.get("MMVQ", 0)):
+            def ref_fn(*args):
+                return reference_mmvq(*args, compensated=bool(int(config.get("XRES", 0))))
+        else:
+            ref_fn = reference
         w = inputs.materialise(qtype).copy_to_host()
         ref = ref_fn(w, qtype, od, id, inputs.x_host)
         if not int(config.get("GLU", 0)):
@@ -272,16 +287,17 @@ class GemvExperiment(Experiment):
         k = gemv.knob_values()
         name = (f"gemv[{gemv.qtype},RPB={gemv.rows_per_block},WPR={gemv.warps_per_row}"
                 + "".join(f",{n}={k[n]}" for n in ("STAGE", "MINB") if k[n])
-                + "".join(f",{n}" for n in ("FOLD", "PDL", "GLU", "MMVQ") if k[n]) + "]")
+                + "".join(f",{n}" for n in ("FOLD", "PDL", "GLU", "MMVQ", "XRES") if k[n]) + "]")
         return [KernelInstance(name, dispatcher, signature, gemv.threads)]
 
     def cost(self, workload: Workload, config=None) -> Cost:
         """2*od*id FLOPs per weight; W's quantized bytes (``config``'s TYPE, default Q4_K; GLU: two weights) + x
-        read once (4*id bytes in f32; MMVQ: id int8 + 8 bytes of d and sum per 32) + 4*od (y)."""
+        read once (4*id bytes in f32; MMVQ: id int8 + 8 bytes of d and sum per 32, XRES: id more int8) + 4*od (y)."""
         qtype = str((config or {}).get("TYPE", "Q4_K"))
         od, id = self._shape(workload)
         weights = 2 if int((config or {}).get("GLU", 0)) else 1
-        x_bytes = id + 8 * (id // 32) if int((config or {}).get("MMVQ", 0)) else 4 * id
+        x_bytes = id * (1 + int((config or {}).get("XRES", 0))) + 8 * (id // 32) \
+            if int((config or {}).get("MMVQ", 0)) else 4 * id
         return Cost(flops=2.0 * od * id * weights,
                     bytes=float(weights * self._quant_bytes(qtype, workload) + x_bytes + 4 * od))
 

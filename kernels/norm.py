@@ -27,7 +27,7 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, pdl_enter
-from kernels.quantize_q8 import QK, check_q8, quantize_warp_block
+from kernels.quantize_q8 import QK, check_q8, quantize_warp_block, store_residual
 from kernels.jit import kernel
 
 DEFAULT_TPB = 256
@@ -158,6 +158,24 @@ def _rms_norm_q8(x, w, out, q, qd, qs, eps):
         c += step
 
 
+@kernel
+def _rms_norm_q8_res(x, w, out, q, qd, qs, r, eps):
+    """`_rms_norm_q8` that also writes the compensated Q8_1 form's residual values r (`kernels.quantize_q8`)."""
+    pdl_enter()
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    d = x.shape[1]
+    inv = _inv_rms(x, row, eps)
+    c = tid
+    while c < d:
+        v = (x[row, c] * inv) * w[c]
+        out[row, c] = v
+        scaled, qv = quantize_warp_block(v, row * d + c, q, qd, qs)
+        store_residual(scaled, qv, row * d + c, r)
+        c += step
+
+
 def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl: bool = False):
     """Enqueue `rms_norm` with f32 ``out`` and, in the same kernel, the Q8_1 quantization of ``out`` into ``q8``
     (`kernels.quantize_q8`: int8 values, d and sum per 32 columns, flattened row-major); return ``out``. Both
@@ -165,7 +183,7 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl
     the same order), in one launch instead of two (decode: the norm's output feeds MMVQ mat-vecs).
 
     x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
-    `Q8Blocks` of ``nt * d`` activations. pdl: as for `rms_norm`.
+    `Q8Blocks` of ``nt * d`` activations (compensated ones get their residual values too). pdl: as for `rms_norm`.
     Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
     q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
     nothing is written).
@@ -179,7 +197,11 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl
     if nt == 0:
         return out
     check_q8(q8, nt * d)
-    launch_kernel(_rms_norm_q8, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, np.float32(eps)), pdl=pdl)
+    if q8.compensated:
+        launch_kernel(_rms_norm_q8_res, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, q8.r, np.float32(eps)),
+                      pdl=pdl)
+    else:
+        launch_kernel(_rms_norm_q8, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, np.float32(eps)), pdl=pdl)
     return out
 
 

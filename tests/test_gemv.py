@@ -57,9 +57,10 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, stage=0, min_blocks=0,
-         fold=0, pdl=0, stream=0):
+         fold=0, pdl=0, stream=0, xres=False):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
-    mmvq: x is quantized to Q8_1 on the device first and the reference is `experiments.gemv.reference_mmvq`."""
+    mmvq: x is quantized to Q8_1 on the device first (``xres``: compensated) and the reference is
+    `experiments.gemv.reference_mmvq`."""
     from experiments.gemv import reference_mmvq
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
@@ -69,12 +70,12 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     out = cuda.to_device(np.full(od, np.nan, dtype=np.float32))
     dev = cuda.to_device(raw) if raw_device is None else raw_device(raw)
     res = None if residual is None else cuda.to_device(residual)
-    xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id)) if mmvq else cuda.to_device(x)
+    xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id, compensated=xres)) if mmvq else cuda.to_device(x)
     config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks, fold=fold,
-                        pdl=pdl, mmvq=mmvq, residual=residual is not None)
+                        pdl=pdl, mmvq=mmvq, residual=residual is not None, xres=xres)
     got = gemv_q(dev, name, od, id, xd, out, config=config, residual=res, stream=stream)
     assert got is out
-    ref = (reference_mmvq if mmvq else _reference)(raw, name, od, id, x)
+    ref = reference_mmvq(raw, name, od, id, x, compensated=xres) if mmvq else _reference(raw, name, od, id, x)
     if residual is not None:
         ref = ref + residual.astype(np.float64)
     return out.copy_to_host(), ref, _scale(raw, name, od, id, x, residual)
@@ -316,6 +317,50 @@ def test_mmvq_residual_and_an_odd_block_start():
                         raw_device=lambda r: cuda.to_device(np.concatenate([r[:ts], r]))[ts:]))
 
 
+@pytest.mark.parametrize("name, od, id, rpb, wpr, stage, fold", [
+    ("Q4_K", 5, 768, 2, 2, 0, 0), ("Q4_K", 9, 768, 8, 1, 0, 0), ("Q6_K", 5, 768, 4, 1, 0, 0),
+    ("Q6_K", 3, 768, 2, 2, 0, 1), ("Q6_K", 4, 1536, 2, 2, 2, 1), ("Q6_K", 8, 1536, 1, 2, 3, 0),
+    ("Q8_0", 5, 800, 2, 2, 0, 0), ("Q8_0", 3, 1280, 4, 1, 2, 0)])
+def test_xres_every_type_and_path_against_float64(name, od, id, rpb, wpr, stage, fold):
+    """Compensated Q8_1 x (XRES=1) through every MMVQ format, the direct loop and the ring (STAGE; W a whole number
+    of 16-byte vectors), FOLD's offset, a residual epilogue (odd od): against float64 ``dequantize(W) @ (d * (q +
+    r/254))`` at tail shapes (rows not a multiple of RPB, a chunk past the row's end)."""
+    rng = np.random.default_rng()
+    residual = rng.standard_normal(od).astype(np.float32) if od % 2 else None
+    _assert_close(*_run(name, od, id, rpb=rpb, wpr=wpr, stage=stage, fold=fold, mmvq=True, xres=True,
+                        residual=residual, rng=rng))
+
+
+@pytest.mark.parametrize("name", MMVQ_TYPES)
+def test_xres_closes_the_int8_gap_to_the_f32_product(name):
+    """The compensated reference is ~254 times closer to the f32-x product than plain Q8_1 (numpy only, 64 rows):
+    the residual values carry what the first rounding lost, so a kernel that ignored them would fail
+    `test_xres_every_type_and_path_against_float64` by ~1e-2."""
+    from experiments.gemv import reference_mmvq
+
+    rng = np.random.default_rng()
+    od, id = 64, _tiny_id(name)
+    raw = random_blocks(name, od, id, rng)
+    x = rng.standard_normal(id).astype(np.float32)
+    exact = _reference(raw, name, od, id, x)
+    plain, comp = (np.linalg.norm(reference_mmvq(raw, name, od, id, x, compensated=c) - exact) / np.linalg.norm(exact)
+                   for c in (False, True))
+    assert comp < plain / 50 and comp < 5e-4, f"{name}: compensated {comp:.2e} vs plain {plain:.2e}"
+
+
+def test_xres_needs_compensated_blocks_and_mmvq():
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    raw = cuda.to_device(random_blocks("Q4_K", 2, 256, np.random.default_rng()))
+    x = cuda.to_device(np.ones(256, np.float32))
+    plain = quantize_q8_1(x, q8_blocks(256))
+    with pytest.raises(KernelConstraintError, match=r"config.xres=True does not match this call \(x given as "
+                                                    r"compensated Q8_1 blocks: False\)"):
+        gemv_q(raw, "Q4_K", 2, 256, plain, config=GemvConfig("Q4_K", mmvq=True, xres=True))
+    with pytest.raises(KernelConstraintError, match="xres=1 .* needs mmvq=1"):
+        GemvConfig("Q4_K", xres=True)
+
+
 def test_mmvq_rejects_a_type_without_a_kernel_and_a_wrong_length():
     from kernels.quantize_q8 import q8_blocks
 
@@ -519,12 +564,12 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blocks=0, fold=0, pdl=0):
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blocks=0, fold=0, pdl=0, xres=False):
     """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl)
+    key = (name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl, xres)
     if key not in _PTX:
         config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, residual=residual, mmvq=mmvq, glu=glu,
-                            stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl)
+                            stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl, xres=xres)
         kernel = kernel_for(config)
         _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
                                      launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
@@ -575,6 +620,15 @@ def test_eight_rows_per_block_stay_in_registers():
     assert ".local" not in _ptx("Q4_K", 8, 4)
 
 
+@pytest.mark.compile
+def test_xres_runs_a_second_dp4a_chain_in_registers():
+    """XRES=1 on the decode engine's Q6_K ffn_down launch (ring, FOLD, one-wave MINB): every dp4a of the plain
+    kernel twice (the residual chain; FOLD's offsets are computed for both values) and nothing spilled."""
+    plain, comp = (_ptx("Q6_K", 4, 4, mmvq=True, stage=2, fold=1, min_blocks=4, pdl=1, xres=x) for x in (False, True))
+    assert comp.count("dp4a.s32.s32") == 2 * plain.count("dp4a.s32.s32") > 0
+    assert ".local" not in comp
+
+
 _FIELD_CHANGES = {
     "qtype": ({"qtype": "Q4_K"}, {"qtype": "Q6_K"}),
     "rows_per_block": ({}, {"rows_per_block": 2}),
@@ -585,6 +639,7 @@ _FIELD_CHANGES = {
     "pdl": ({}, {"pdl": 1}),
     "glu": ({}, {"glu": True}),
     "mmvq": ({}, {"mmvq": True}),
+    "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),
     "residual": ({}, {"residual": True}),
 }
 """Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""

@@ -55,6 +55,30 @@ def test_matches_gguf_q8_0_values():
     _check(*_run(320, rng))  # 10 blocks: one full 256-thread CUDA block and a partial one
 
 
+def test_compensated_residual_values():
+    """The compensated form's r (`kernels.quantize_q8`): q, d and s as before, r = roundf((x·(1/d) - q)·254) from an
+    independent float64 computation (equal, or one step off where f32 and f64 round a tie differently), |r| <= 127,
+    and d·(q + r/254) within d/508 (+ f32 rounding) of x, 254 times closer than d·q."""
+    rng = np.random.default_rng()
+    n = 320
+    x = _x(n, rng)
+    out = q8_blocks(n, compensated=True)
+    assert out.compensated and not q8_blocks(n).compensated
+    out.r.copy_to_device(np.full(n, 99, dtype=np.int8))
+    quantize_q8_1(cuda.to_device(x), out)
+    q, d, r = out.q.copy_to_host(), out.d.copy_to_host(), out.r.copy_to_host()
+    _check(x, q, d, out.s.copy_to_host())
+    d64 = np.repeat(d.astype(np.float64), 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = np.where(d64 > 0, (x / d64 - q) * 254, 0.0)
+    assert np.abs(r.astype(np.float64) - exact).max() <= 0.5 + 1e-3, "r is not the rounded residual in steps of d/254"
+    assert np.abs(r).max() <= 127
+    err = np.abs(d64 * (q + r / 254.0) - x)
+    assert (err <= d64 / 508 * (1 + 1e-3) + 1e-6 * np.abs(x)).all()
+    big = d64 > 0
+    assert np.linalg.norm(err[big] / d64[big]) * 50 < np.linalg.norm((d64 * q - x)[big] / d64[big])
+
+
 def test_rejects_bad_input():
     x = cuda.to_device(np.ones(64, dtype=np.float32))
     with pytest.raises(KernelConstraintError, match="multiple of 32"):
@@ -86,6 +110,8 @@ def test_check_q8_looks_inside():
         check_q8(Q8Blocks(np.zeros(64, np.int8), good.d, good.s), 64)
     with pytest.raises(KernelConstraintError, match="its s is float16"):
         check_q8(Q8Blocks(good.q, good.d, cuda.to_device(np.zeros(2, np.float16))), 64)
+    with pytest.raises(KernelConstraintError, match="its r is int8 of shape \\(32,\\)"):
+        check_q8(Q8Blocks(good.q, good.d, good.s, cuda.to_device(np.zeros(32, np.int8))), 64)
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from numba import cuda
 from kernels.activation import silu_mul
 from kernels.gemv.config import GemvConfig, stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
-from kernels.gemv.formats import _FOLD, _IMPLS, _MMVQ_IMPLS, _RING_FETCH
+from kernels.gemv.formats import _FOLD, _FOLD_RES, _IMPLS, _MMVQ_IMPLS, _MMVQ_RES_IMPLS, _RING_FETCH
 from kernels.jit import kernel_from_source
 from kernels.ptx import (
     cp_async_16_off,
@@ -180,19 +180,19 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     is long, which puts the accumulators in local memory). GLU: a second weight ``up`` of the same format and
     shape, its rows accumulated beside the first's, and y = silu(W·x) * (up·x)."""
     name, rpb, wpr, residual = config.qtype, config.rows_per_block, config.warps_per_row, config.residual
-    mmvq, glu, stage, min_blocks, fold, pdl = (config.mmvq, config.glu, config.stage, config.min_blocks, config.fold,
-                                               config.pdl)
-    xload, dot, lpb, bs, _ = (_MMVQ_IMPLS if mmvq else _IMPLS)[name]
+    mmvq, glu, stage, min_blocks, fold, pdl, xres = (config.mmvq, config.glu, config.stage, config.min_blocks,
+                                                     config.fold, config.pdl, config.xres)
+    xload, dot, lpb, bs, _ = (_MMVQ_RES_IMPLS if xres else _MMVQ_IMPLS if mmvq else _IMPLS)[name]
     # the ring's window fetch and the decode of what it returns (`_RING_FETCH`); unused otherwise
-    fetch, math_f32, math_q8 = _RING_FETCH.get(name, (None, None, None))
-    math = math_q8 if mmvq else math_f32
+    fetch, math_f32, math_q8, math_q8r = _RING_FETCH.get(name, (None, None, None, None))
+    math = math_q8r if xres else math_q8 if mmvq else math_f32
     if fold:
-        xload, dot, math = _FOLD[name]
+        xload, dot, math = (_FOLD_RES if xres else _FOLD)[name]
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
-             f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}")
-    xargs = "xq, xd, xsum" if mmvq else "xv"
+             f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}")
+    xargs = ("xq, xd, xsum, xr" if xres else "xq, xd, xsum") if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size

@@ -50,7 +50,8 @@ class GemvConfig:
 
     Raises KernelConstraintError (one sentence) for a value outside a field's allowed set or an impossible
     combination: MMVQ for a format without an int8 kernel, GLU with a residual, STAGE for a format or shape it
-    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, MINB beyond the SM's threads.
+    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, XRES without Q8_1 x, MINB beyond the
+    SM's threads.
     """
 
     qtype: str = field(metadata={"knob": "TYPE", "values": GEMV_TYPES, "default": "Q4_K",
@@ -96,6 +97,12 @@ class GemvConfig:
     mmvq: bool = _knob("MMVQ", (0, 1), "1: x as Q8_1 int8 blocks and dp4a dots (Q4_K, Q6_K, Q8_0); 0: f32 x, f32 "
                        "FMAs", False)
     """x given as Q8_1 blocks (`kernels.quantize_q8.Q8Blocks`): the int8 dp4a kernel, formats ``MMVQ_TYPES``."""
+    xres: bool = _knob("XRES", (0, 1), "1 (with MMVQ=1): x in compensated Q8_1, a second int8 value per element "
+                       "holding the first rounding's residual at d/254 (x ~ d*(q + r/254)); one more dp4a a word", False)
+    """x given as compensated Q8_1 blocks (`kernels.quantize_q8`, ``Q8Blocks.r``): each dot runs a second dp4a
+    chain over the residual values with the same decoded weights (`kernels.gemv.dots_q8`), so the int8 rounding
+    error of x drops by a factor of 254 (to ~ the f32-x kernel's) for one more dp4a per weight word and x's bytes
+    read twice (x is shared by every row of a CUDA block)."""
     residual: bool = _knob(None, (False, True), "fused y += residual in the epilogue", False)
     """The epilogue adds a residual vector (`gemv_q`'s ``residual``)."""
 
@@ -136,6 +143,8 @@ class GemvConfig:
             if not self.mmvq:
                 return ("fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), "
                         "not f32 x")
+        if self.xres and not self.mmvq:
+            return "xres=1 is a form of the Q8_1 x of the MMVQ kernel: it needs mmvq=1 (f32 x has no int8 rounding)"
         return None
 
     @property

@@ -40,7 +40,7 @@ def kernel_signature(config: GemvConfig) -> tuple:
     view = (_MMVQ_IMPLS if config.mmvq else _IMPLS)[config.qtype][4]
     f32 = types.Array(types.float32, 1, "C")
     u32 = types.Array(types.uint32, 1, "C")
-    x = (u32, f32, f32) if config.mmvq else (u32,)
+    x = ((u32, f32, f32, u32) if config.xres else (u32, f32, f32)) if config.mmvq else (u32,)
     w = types.Array(from_dtype(np.dtype(view)), 1, "C")
     return (*(w, w)[: 1 + bool(config.glu)], *x, f32, f32, types.int64, types.int64)
 
@@ -57,7 +57,8 @@ def gemv_q(raw, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | No
     x: 1-D C-contiguous float32 device array of ``id`` elements, 16-byte aligned; or ``id`` activations already
     quantized to Q8_1 blocks (`kernels.quantize_q8.Q8Blocks`, from `quantize_q8_1`), which selects the MMVQ kernel
     (int8 x, ``dp4a`` integer dot products; formats ``MMVQ_TYPES``). Its result is the exact product with the
-    quantized x (relative difference to the f32-x product ~1e-3, the int8 rounding of x).
+    quantized x (relative difference to the f32-x product ~1e-2..1e-3, the int8 rounding of x); compensated blocks
+    (``x.r``, `kernels.quantize_q8`) select the XRES kernel, exact with ``d * (q + r / 254)``.
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
     config: the kernel (`kernels.gemv.GemvConfig`: launch shape, STAGE, MINB, FOLD, PDL); its qtype, mmvq and
     residual must be this call's (W's format, x given as Q8_1 blocks, a residual given); None: the defaults for
@@ -102,11 +103,12 @@ def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq, glu = isinstance(x, Q8Blocks), raw_up is not None
+    xres = mmvq and x.compensated
     fmt = block_format(_format_name(qtype, mmvq))
     if config is None:
-        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None)
+        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None, xres=xres)
     else:
-        _check_config(config, fmt.name, mmvq, glu, residual is not None)
+        _check_config(config, fmt.name, mmvq, glu, residual is not None, xres)
     if config.pdl and not stream:
         raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
                                     "stream, not the default stream 0")
@@ -127,7 +129,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
         if x.size != id:
             raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
         check_q8(x, id, "x")
-        xargs = (x.q.view(np.uint32), x.d, x.s)
+        xargs = (x.q.view(np.uint32), x.d, x.s) + ((x.r.view(np.uint32),) if xres else ())
     else:
         x = _check_vector(x, "x", id)
         if id and _address(x) % 16:
@@ -150,13 +152,13 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     return out
 
 
-def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool) -> None:
+def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool) -> None:
     """Refuse a `GemvConfig` made for another call than this one (one sentence naming the field that differs)."""
     if not isinstance(config, GemvConfig):
         raise KernelConstraintError(f"config must be a kernels.gemv.GemvConfig, got {type(config).__name__}")
-    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual}
+    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual, "xres": xres}
     how = {"qtype": "W's format", "mmvq": "x given as Q8_1 blocks", "glu": "gemv_glu (two weights)",
-           "residual": "a residual given"}
+           "residual": "a residual given", "xres": "x given as compensated Q8_1 blocks"}
     for key, value in call.items():
         if getattr(config, key) != value:
             raise KernelConstraintError(f"config.{key}={getattr(config, key)!r} does not match this call "

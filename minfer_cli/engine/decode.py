@@ -23,7 +23,9 @@ in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debuggi
 so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
 ``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
 to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
-quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_ADD=0``
+quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``XRES=1``
+(``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead (each element also carries its rounding
+residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
@@ -155,6 +157,7 @@ class DecodeEngine:
         self.config, self.weights, self.options = c, weights, options
         self.graphs = bool(options.graphs)
         self.mmvq = bool(options.mmvq)
+        self.xres = bool(options.xres)
         self.fuse_add = bool(options.fuse_add)
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
@@ -293,7 +296,7 @@ class DecodeEngine:
         where no MMVQ format's rows fit either)."""
         from kernels.quantize_q8 import QK, q8_blocks
 
-        return q8_blocks(n, stream=self.stream) if self.mmvq and n % QK == 0 else None
+        return q8_blocks(n, stream=self.stream, compensated=self.xres) if self.mmvq and n % QK == 0 else None
 
     # -- one step, enqueued ---------------------------------------------------------------------------------------
     def _quantize(self, x, q8):
@@ -359,7 +362,8 @@ class DecodeEngine:
         key = (m.qtype, id(launch), x_in is xq, glu, residual)
         config = self._configs.get(key)
         if config is None:
-            config = self._configs[key] = GemvConfig(m.qtype, mmvq=x_in is xq, glu=glu, residual=residual, **launch)
+            config = self._configs[key] = GemvConfig(m.qtype, mmvq=x_in is xq, glu=glu, residual=residual,
+                                                     xres=x_in is xq and self.xres, **launch)
         return x_in, config
 
     def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
