@@ -18,8 +18,9 @@ the engine at its default knobs on the same tokens (the default engine itself is
 by the test suite). Tolerance 2e-2 (f16 weights and activations through every layer).
 Check, tg: the logits of the last step, against a forward over the same token sequence (the first token and the
 n-1 tokens the arm generated): `tiny` the float64 reference, the 7B preset eager decode steps with f32 mat-vec
-inputs (MMVQ=0), forced along that sequence. Tolerance 5e-2: with MMVQ=1 every mat-vec input is rounded to
-int8 (~0.5% per product) through 28 layers; greedy tokens themselves are not compared (near-ties may flip).
+inputs (MMVQ=0), forced along that sequence. Tolerance 1e-2 (the numerical-truth bar, which f32 and compensated
+Q8_1 mat-vec inputs meet), 5e-2 for an arm with plain Q8_1 inputs (MMVQ=1, XRES=0: every mat-vec input rounded to
+int8, ~0.5% per product, through every layer); greedy tokens themselves are not compared (near-ties may flip).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ _PRESET = {"pp128": DEFAULT_PRESET, "pp512": DEFAULT_PRESET, "pp2048": DEFAULT_P
            "qwen2-1.5b_pp512": "qwen2-1.5b-q4_k_m", "qwen2-1.5b_pp2048": "qwen2-1.5b-q4_k_m",
            "qwen2-1.5b_tg128": "qwen2-1.5b-q4_k_m", "llama3.2-3b_pp512": "llama3.2-3b-q4_k_m"}
 PP_TOLERANCE = 2e-2
-TG_TOLERANCE = 5e-2
+TG_TOLERANCE = 1e-2
+TG_TOLERANCE_PLAIN_Q8 = 5e-2
 
 
 class _TgOutput:
@@ -213,8 +215,10 @@ class BenchExperiment(Experiment):
         return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
     def tolerance(self, config, workload) -> float:
-        """2e-2 for pp, 5e-2 for tg (see the module docstring)."""
-        return TG_TOLERANCE if self._is_tg(workload) else PP_TOLERANCE
+        """2e-2 for pp; for tg 1e-2, or 5e-2 with plain Q8_1 mat-vec inputs (MMVQ=1, XRES=0; module docstring)."""
+        if not self._is_tg(workload):
+            return PP_TOLERANCE
+        return TG_TOLERANCE_PLAIN_Q8 if config.get("MMVQ", 1) and not config.get("XRES", 1) else TG_TOLERANCE
 
     def cost(self, workload: Workload, config=None) -> Cost:
         """pp: FLOPs of the matrix products and causal attention of one prefill; bytes: the quantized weights read

@@ -194,7 +194,7 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
 
 
 def test_mmvq_decode_logits_match_the_reference(micro_weights):
-    """MMVQ=1 (Q8_1 mat-vec inputs, dp4a): 2 eager steps, logits against the float64 forward within 5e-2, the
+    """MMVQ=1, XRES=0 (plain Q8_1 mat-vec inputs, dp4a): 2 eager steps, logits against the float64 forward within 5e-2, the
     bench's tg tolerance (the int8 rounding of each mat-vec input, ~0.5% a product), and not exact (the knob
     reaches the kernels). The only random input is the first token: over all 256 of them and both steps the error
     is 0.98% .. 4.41% (float64 with the f16 K/V cache and Q8_1 inputs emulated, which gives the simulator's 4.412%
@@ -205,7 +205,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
     rng = np.random.default_rng()
     ref = Reference(micro_weights)
     first = int(rng.integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 4, EngineOptions(graphs=False, mmvq=True), splits=1, rows_per_block=8,
+    engine = DecodeEngine(micro_weights, 4, EngineOptions(graphs=False, mmvq=True, xres=False), splits=1, rows_per_block=8,
                           warps_per_row=1)
     engine.start(first, 0)
     seq = [first]
@@ -317,6 +317,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).pdl is False
     default = engine_options(resolve_config(engine_knobs(), {}, "e"))
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
+    assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
+    assert engine_options(resolve_config(engine_knobs(), {"XRES": "0"}, "e")).xres is False
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
@@ -329,7 +331,9 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
         bench.prepare(bench.config("GRAPHS=0"), bench.workload("tiny_pp16"))
     with pytest.raises(ValueError, match="W16 acts on pp workloads only and tiny_tg8 is a tg workload"):
         bench.prepare(bench.config("W16=0"), bench.workload("tiny_tg8"))
-    assert bench.tolerance(bench.default_config(), bench.workload("tg128")) == 5e-2
+    assert bench.tolerance(bench.default_config(), bench.workload("tg128")) == 1e-2
+    assert bench.tolerance(bench.config("XRES=0"), bench.workload("tg128")) == 5e-2
+    assert bench.tolerance(bench.config("XRES=0,MMVQ=0"), bench.workload("tg128")) == 1e-2
     assert bench.tolerance(bench.default_config(), bench.workload("pp2048")) == 2e-2
 
 
@@ -384,8 +388,9 @@ def test_graph_replay_and_eager_launches_are_bit_identical_over_32_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mmvq", [False, True], ids=["f32_inputs", "mmvq"])
-def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq):
+@pytest.mark.parametrize("mmvq, xres, tol", [(False, False, 1e-2), (True, True, 1e-2), (True, False, 5e-2)],
+                         ids=["f32_inputs", "mmvq_xres", "mmvq_plain"])
+def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq, xres, tol):
     """qwen2-shaped, 2 layers: (a) prefill of P-1 tokens then one decode step on the shared cache, (b) P decode
     steps from an empty cache with the prompt's tokens forced, each against the prefill of all P tokens."""
     from minfer_cli.engine.decode import DecodeEngine
@@ -398,19 +403,19 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq):
     pre = PrefillEngine(weights, 100, EngineOptions())
     want = pre.prefill(cuda.to_device(prompt)).copy_to_host()[0].astype(np.float64)
     pre.prefill(cuda.to_device(prompt[:-1]))
-    dec = DecodeEngine(weights, options=EngineOptions(mmvq=mmvq), prefill=pre)
+    dec = DecodeEngine(weights, options=EngineOptions(mmvq=mmvq, xres=xres), prefill=pre)
     dec.start(int(prompt[-1]), len(prompt) - 1)
     got = dec.step().copy_to_host(stream=dec.stream)
     dec.stream.synchronize()
-    assert _rel(got, want) < (5e-2 if mmvq else 1e-2) and int(np.argmax(got)) == int(np.argmax(want))
+    assert _rel(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
 
-    alone = DecodeEngine(weights, 100, EngineOptions(graphs=False, mmvq=mmvq))
+    alone = DecodeEngine(weights, 100, EngineOptions(graphs=False, mmvq=mmvq, xres=xres))
     for p, token in enumerate(prompt):
         alone.start(int(token), p)
         alone.step()
     got = alone.logits.copy_to_host(stream=alone.stream)
     alone.stream.synchronize()
-    assert _rel(got, want) < (5e-2 if mmvq else 1e-2) and int(np.argmax(got)) == int(np.argmax(want))
+    assert _rel(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
 
 
 @pytest.mark.gpu

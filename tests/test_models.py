@@ -346,6 +346,43 @@ def test_cli_synth_writes_a_loadable_file(tmp_path):
     assert bad.exit_code == 2 and "unknown model preset" in bad.output
 
 
+def test_random_f16_gguf_is_what_llama_quantize_takes(tmp_path):
+    """`write_random_f16_gguf` (`model synth --type F16`): matrices F16 with std 1/sqrt(id), vectors F32, Llama
+    3.1's rope_freqs the llama3 divisors; the file loads back as the same config; `--layers` truncates, bad values
+    are refused in one line."""
+    import dataclasses
+
+    from gguf import GGUFReader
+
+    from minfer_cli.commands import model
+    from minfer_cli.engine.gguf_io import llama3_rope_factors, write_random_f16_gguf
+    from minfer_cli.engine.weights import load_gguf
+
+    factors = llama3_rope_factors(128, 5e5)
+    assert factors.shape == (64,) and factors.dtype == np.float32
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and np.all(np.diff(factors) >= 0)
+    assert ((factors > 1) & (factors < 8)).any()  # the smooth band between the two wavelengths
+    config = dataclasses.replace(preset("tiny-llama"), rope_freqs=True, rope_base=5e5)
+    path = write_random_f16_gguf(config, tmp_path / "f16.gguf", SEED)
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    assert np.array_equal(np.asarray(tensors["rope_freqs.weight"].data), llama3_rope_factors(128, 5e5))
+    w = np.asarray(tensors["blk.1.ffn_down.weight"].data, dtype=np.float64)
+    assert tensors["blk.1.ffn_down.weight"].tensor_type.name == "F16" and w.shape == (256, 512)
+    assert abs(w.std() * math.sqrt(512) - 1) < 0.05, SEED
+    assert tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+    assert load_gguf(path).config == dataclasses.replace(config, name=load_gguf(path).config.name)
+
+    app = typer.Typer()
+    app.add_typer(model.app)
+    out = tmp_path / "t.gguf"
+    res = CliRunner().invoke(app, ["model", "synth", "tiny-llama", "--type", "F16", "--layers", "1", "-o", str(out)])
+    assert res.exit_code == 0 and "llama F16 (first 1 of 2 layers)" in res.output, res.output
+    assert load_gguf(out).config.n_layers == 1
+    for bad, says in ((["--type", "Q5_K"], "unknown --type 'Q5_K'"), (["--layers", "3"], "exceeds tiny-llama's 2")):
+        res = CliRunner().invoke(app, ["model", "synth", "tiny-llama", "-o", str(tmp_path / "x.gguf"), *bad])
+        assert res.exit_code == 2 and says in res.output, res.output
+
+
 # ----------------------------------------------------------------------------------------- reference forward
 
 

@@ -1,4 +1,5 @@
-"""`minfer model synth PRESET -o FILE`: a preset's random-but-valid weights, generated on the GPU, as a GGUF file."""
+"""`minfer model list | synth | check`: the presets, a preset's random-but-valid weights as a GGUF file (Q4_K_M on
+the GPU, or F16 for llama.cpp's quantizer), and the numerical check of the engine against a float64 reference."""
 
 from __future__ import annotations
 
@@ -60,26 +61,55 @@ def list_presets() -> None:
 @app.command("synth")
 @guard
 def synth(
-    preset: str = typer.Argument("qwen2-7b-q4_k_m", help="Preset name (qwen2-7b-q4_k_m, llama2-7b-q4_k_m, llama3-8b-q4_k_m, tiny, tiny-llama)."),
+    preset: str = typer.Argument("qwen2-7b-q4_k_m", help="Preset name (`minfer model list`)."),
     output: Path = typer.Option(..., "--output", "-o", help="GGUF file to write (never inside the ledger; an existing "
                                 "file only with --force)."),
     seed: int = typer.Option(0, "--seed", "-s", min=0, max=2**63 - 1, help="Seed: the same seed writes the same "
                              "bytes (0 to 2^63-1)."),
+    file_type: str = typer.Option("Q4_K_M", "--type", "-t", help="Q4_K_M: the preset's Q4_K_M mix, generated on the "
+                                  "GPU; F16: every matrix F16, written from the host (no GPU), the input of "
+                                  "llama.cpp's llama-quantize for any other type."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Keep only the first N blocks (a truncated "
+                                         "model of the preset's shapes; said in the output)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
 ) -> None:
-    """Generate PRESET's weights on the GPU from SEED (Q4_K_M type mix) and write them as a GGUF file that
-    llama.cpp and `minfer` load. The weights are random, the shapes and types are the real model's.
+    """Write PRESET's weights, random but valid, as a GGUF file that llama.cpp and `minfer` load: the shapes
+    (and a Llama 3.1 preset's llama3 `rope_freqs` divisors) are the real model's, the values are random.
 
-    Example: minfer model synth qwen2-7b-q4_k_m -o /tmp/qwen2-7b-synth.gguf --seed 1
+    Examples:
+
+      minfer model synth qwen2-7b-q4_k_m -o /tmp/qwen2-7b-synth.gguf --seed 1
+
+      minfer model synth llama3.1-8b-q4_k_m --type F16 --layers 4 -o /tmp/l31-f16.gguf
+      llama-quantize /tmp/l31-f16.gguf /tmp/l31-q4_0.gguf Q4_0 && minfer model check /tmp/l31-q4_0.gguf
     """
+    import dataclasses
+
     from minfer_cli import ledger
-    from minfer_cli.engine.gguf_io import write_gguf
+    from minfer_cli.engine.gguf_io import write_gguf, write_random_f16_gguf
     from minfer_cli.engine.presets import preset as get_preset
-    from minfer_cli.engine.weights import synth_weights
     from minfer_cli.outputs import check_output_path, write_output
 
+    if file_type not in ("Q4_K_M", "F16"):
+        raise UsageError(f"unknown --type {file_type!r}; valid: Q4_K_M (generated on the GPU), F16 (the input of "
+                         "llama-quantize for every other type)")
     config = get_preset(preset)
+    if layers is not None:
+        if layers > config.n_layers:
+            raise UsageError(f"--layers {layers} exceeds {preset}'s {config.n_layers} layers")
+        config = dataclasses.replace(config, n_layers=layers)
+    truncated = f" (first {layers} of {get_preset(preset).n_layers} layers)" if layers is not None else ""
     check_output_path(output, force=force, ledger_dir=ledger.ledger_dir(None), suffixes=(".gguf",))
+    if file_type == "F16":
+        with progress(f"synth {preset} F16") as report:
+            write_output(output, lambda tmp: write_random_f16_gguf(config, tmp, seed, progress=report), force=force,
+                         ledger_dir=ledger.ledger_dir(None), suffixes=(".gguf",))
+        size = output.stat().st_size
+        size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
+        out.print(f"{output}: {config.arch} F16{truncated}, {size_text}, seed {seed}", soft_wrap=True)
+        return
+    from minfer_cli.engine.weights import synth_weights
+
     with progress(f"synth {preset}") as report:
         weights = synth_weights(config, seed, progress=lambda text, f: report(text, 0.2 * f))
         write_output(output, lambda tmp: write_gguf(weights, tmp, progress=lambda text, f: report(
@@ -88,8 +118,8 @@ def synth(
     size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
     params_text = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     out.print(
-        f"{output}: {weights.describe()}, {size_text}, {params_text} params, {len(weights.tensors)} tensors, "
-        f"seed {seed}",
+        f"{output}: {weights.describe()}{truncated}, {size_text}, {params_text} params, {len(weights.tensors)} "
+        f"tensors, seed {seed}",
         soft_wrap=True,
     )
 

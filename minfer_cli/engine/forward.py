@@ -43,7 +43,7 @@ class EngineOptions:
     launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized to Q8_1
     (int8, dp4a; llama.cpp's MMVQ) instead of f32; xres: with mmvq, that input is compensated Q8_1 (a second int8
     value per element holds the first rounding's residual at d/254: `kernels.quantize_q8`) so the mat-vecs are as
-    accurate as with f32 input (True) or plain Q8_1 (False); fuse_add: decode's bias and residual adds run in the mat-vec
+    accurate as with f32 input (True, the default) or plain Q8_1 (False); fuse_add: decode's bias and residual adds run in the mat-vec
     epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run as one
     kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also writes the Q8_1
     blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization (False); deep:
@@ -62,7 +62,7 @@ class EngineOptions:
     attention: Optional[dict] = None
     graphs: bool = True
     mmvq: bool = True
-    xres: bool = False
+    xres: bool = True
     fuse_add: bool = True
     fuse_glu: bool = True
     fuse_norm_q8: bool = False
