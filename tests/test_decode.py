@@ -267,12 +267,14 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch
     assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
         x_in, config = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
-        assert x_in == "xq" and config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb)
+        assert x_in == "xq" and config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb,
+                                                     xres=True)
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
               _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
               _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
-        assert engine._input(m, "x", "xq", wide=True)[1] == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1), m
+        general = GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
+        assert engine._input(m, "x", "xq", wide=True)[1] == general, m
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
