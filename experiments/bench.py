@@ -100,8 +100,8 @@ class BenchExperiment(Experiment):
         key = (workload.name, tuple(sorted(config.items())))
         if key not in self._engines:
             model, options = self._model(workload), engine_options(config)
-            self._engines[key] = (DecodeEngine(model, workload.shape["n"], options) if self._is_tg(workload)
-                                  else PrefillEngine(model, workload.shape["nt"], options))
+            self._engines[key] = (DecodeEngine(model, workload.shape["n"], options.decode) if self._is_tg(workload)
+                                  else PrefillEngine(model, workload.shape["nt"], options.prefill))
         return self._engines[key]
 
     def unread_knobs(self, workload: Workload) -> tuple[str, ...]:

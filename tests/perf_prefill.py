@@ -27,14 +27,14 @@ def main(name: str, lengths: list[int]) -> None:
     import numpy as np
     from numba import cuda
 
-    from minfer_cli.engine.forward import EngineOptions, PrefillEngine
+    from minfer_cli.engine.forward import PrefillEngine
+    from minfer_cli.engine.options import PrefillOptions
     from minfer_cli.engine.presets import preset
     from minfer_cli.engine.weights import synth_weights
-    from minfer_cli.measure.timing import _check, _driver
 
     weights = synth_weights(preset(name), 0)
-    engine = PrefillEngine(weights, max(lengths), EngineOptions(pgraph=True))
-    s, drv, rng = engine.stream, _driver(), np.random.default_rng(0)
+    engine = PrefillEngine(weights, max(lengths), PrefillOptions(pgraph=True))
+    s, rng = engine.stream, np.random.default_rng(0)
     print(f"{name}: {weights.describe()}; medians of {REPS} runs, ms", flush=True)
     print(f"{'tokens':>7} {'eager host':>11} {'eager wall':>11} {'eager GPU span':>15} {'graph wall':>11} "
           f"{'fixed cost':>11} {'graph tok/s':>12} {'nodes':>6} {'capture':>8}", flush=True)
@@ -57,8 +57,7 @@ def main(name: str, lengths: list[int]) -> None:
             span.append(cuda.event_elapsed_time(e0, e1) / 1e3)
         engine.prefill(ids)  # captures this length's graph
         s.synchronize()
-        graph = engine._graphs[(n, 0)][0]
-        nodes = _check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
+        nodes = engine._graphs[(n, 0)].nodes()
         replay = []
         for _ in range(REPS):
             t0 = time.perf_counter()

@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 from minfer_cli import ledger
 from minfer_cli.engine.check import check, compare
-from minfer_cli.engine.forward import EngineOptions
+from minfer_cli.engine.options import DecodeOptions, EngineOptions
 from minfer_cli.engine.presets import preset
 from minfer_cli.main import app
 from tests.engine_standins import use_standins
 
-EXACT = EngineOptions(graphs=False, mmvq=False)
+EXACT = EngineOptions(decode=DecodeOptions(graphs=False, mmvq=False))
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ from numba import cuda
 
 from kernels.errors import KernelConstraintError
 from minfer_cli.engine.errors import ModelError
-from minfer_cli.engine.forward import EngineOptions
+from minfer_cli.engine.options import DecodeOptions, PrefillOptions
 from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 
-EAGER = EngineOptions(graphs=False, mmvq=False)  # f32 mat-vec inputs: greedy tokens must equal the reference's
+EAGER = DecodeOptions(graphs=False, mmvq=False)  # f32 mat-vec inputs: greedy tokens must equal the reference's
 
 
 def _rel(a, b):
@@ -205,7 +205,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
     rng = np.random.default_rng()
     ref = Reference(micro_weights)
     first = int(rng.integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 4, EngineOptions(graphs=False, mmvq=True, xres=False), splits=1, rows_per_block=8,
+    engine = DecodeEngine(micro_weights, 4, DecodeOptions(graphs=False, mmvq=True, xres=False), splits=1, rows_per_block=8,
                           warps_per_row=1)
     engine.start(first, 0)
     seq = [first]
@@ -224,7 +224,7 @@ def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
     from minfer_cli.engine.reference import Reference
 
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, mmvq=True, xres=True), splits=1,
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=True, xres=True), splits=1,
                           rows_per_block=8, warps_per_row=1)
     assert engine._q8_hidden.compensated and engine._q8_ffn.compensated
     engine.start(first, 0)
@@ -240,7 +240,7 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
     logits = []
     for fuse in (False, True):
-        options = EngineOptions(graphs=False, xres=True, fuse_glu=fuse, fuse_norm_q8=fuse, fuse_qkv=fuse)
+        options = DecodeOptions(graphs=False, xres=True, fuse_glu=fuse, fuse_norm_q8=fuse, fuse_qkv=fuse)
         engine = DecodeEngine(micro_weights, 2, options,
                               splits=1, rows_per_block=8, warps_per_row=1)
         engine.start(first, 0)
@@ -251,30 +251,30 @@ def test_fused_step_equals_the_unfused_step(micro_weights):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
-def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(micro_weights, monkeypatch):
+def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
     """DEEP=1 (on 132 SMs): a Q4_K or Q6_K mat-vec of at least DEEP_COLS columns gets its format's
     `GEMV_MMVQ_DEEP` (Q6_K: the cp.async ring and the offset fold) and MINB for its grid's one wave
     (`kernels.gemv.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
     whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
-    the general MMVQ shape."""
+    the general MMVQ shape; without Q8_1 input blocks every format takes the f32-input kernel."""
     from kernels.gemv import GemvConfig, one_wave_min_blocks
-    from minfer_cli.engine import decode
-    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, DecodeEngine, _Gemv
+    from minfer_cli.engine import gemv_policy
+    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GemvOperand, GemvPolicy
 
-    monkeypatch.setattr(decode, "_sm_count", lambda: 132)
-    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
+    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
+    policy = GemvPolicy(DecodeOptions(graphs=False, deep=True))
     minb = one_wave_min_blocks(896, 132, 4)
     assert minb == 7
     for qtype in ("Q4_K", "Q6_K"):
-        x_in, config = engine._input(_Gemv(None, qtype, 3584, DEEP_COLS), "x", "xq", wide=True)
-        assert x_in == "xq" and config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb,
-                                                     xres=True)
+        config = policy.config(GemvOperand(None, qtype, 3584, DEEP_COLS), True, wide=True)
+        assert config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb, xres=True)
+        f32 = policy.config(GemvOperand(None, qtype, 3584, DEEP_COLS), False, wide=True)
+        assert f32 == GemvConfig(qtype, mmvq=False, **GEMV_F32, pdl=1)
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
-    for m in (_Gemv(None, "Q4_K", 3584, DEEP_COLS - 256), _Gemv(None, "Q8_0", 3584, DEEP_COLS),
-              _Gemv(odd, "Q6_K", 3584, DEEP_COLS), _Gemv(None, "Q4_K", 4096, DEEP_COLS),
-              _Gemv(None, "Q6_K", 4096, DEEP_COLS)):
-        general = GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
-        assert engine._input(m, "x", "xq", wide=True)[1] == general, m
+    for m in (GemvOperand(None, "Q4_K", 3584, DEEP_COLS - 256), GemvOperand(None, "Q8_0", 3584, DEEP_COLS),
+              GemvOperand(odd, "Q6_K", 3584, DEEP_COLS), GemvOperand(None, "Q4_K", 4096, DEEP_COLS),
+              GemvOperand(None, "Q6_K", 4096, DEEP_COLS)):
+        assert policy.config(m, True, wide=True) == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1, xres=True), m
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
@@ -311,19 +311,19 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     knobs = {k.name: k for k in engine_knobs()}
     assert knobs["GRAPHS"].values == (0, 1) and knobs["GRAPHS"].default == 1
     assert knobs["MMVQ"].values == (0, 1) and knobs["MMVQ"].default == 1
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).fuse_add is False
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "0"}, "e")).fuse_glu is False
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).fuse_norm_q8 is True
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).fuse_qkv is True
-    assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).deep is False
-    assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).pdl is False
-    default = engine_options(resolve_config(engine_knobs(), {}, "e"))
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).decode.fuse_add is False
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "0"}, "e")).decode.fuse_glu is False
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).decode.fuse_norm_q8 is True
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).decode.fuse_qkv is True
+    assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).decode.deep is False
+    assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).decode.pdl is False
+    default = engine_options(resolve_config(engine_knobs(), {}, "e")).decode
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
-    assert engine_options(resolve_config(engine_knobs(), {"XRES": "0"}, "e")).xres is False
+    assert engine_options(resolve_config(engine_knobs(), {"XRES": "0"}, "e")).decode.xres is False
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
-    assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).graphs is False
-    assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).mmvq is False
+    assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False
+    assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).decode.mmvq is False
 
     from minfer_cli import experiment as registry
 
@@ -371,8 +371,8 @@ def test_graph_replay_and_eager_launches_are_bit_identical_over_32_steps():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
-    graph = DecodeEngine(weights, 64, EngineOptions(graphs=True))
-    eager = DecodeEngine(weights, 64, EngineOptions(graphs=False))
+    graph = DecodeEngine(weights, 64, DecodeOptions(graphs=True))
+    eager = DecodeEngine(weights, 64, DecodeOptions(graphs=False))
     graph.start(first, 0)
     eager.start(first, 0)
     g_tokens, e_tokens = [], []
@@ -402,16 +402,16 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq, xres, tol
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     prompt = rng.integers(0, weights.config.vocab, size=100, dtype=np.int32)
-    pre = PrefillEngine(weights, 100, EngineOptions())
+    pre = PrefillEngine(weights, 100, PrefillOptions())
     want = pre.prefill(cuda.to_device(prompt)).copy_to_host()[0].astype(np.float64)
     pre.prefill(cuda.to_device(prompt[:-1]))
-    dec = DecodeEngine(weights, options=EngineOptions(mmvq=mmvq, xres=xres), prefill=pre)
+    dec = DecodeEngine(weights, options=DecodeOptions(mmvq=mmvq, xres=xres), prefill=pre)
     dec.start(int(prompt[-1]), len(prompt) - 1)
     got = dec.step().copy_to_host(stream=dec.stream)
     dec.stream.synchronize()
     assert _rel(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
 
-    alone = DecodeEngine(weights, 100, EngineOptions(graphs=False, mmvq=mmvq, xres=xres))
+    alone = DecodeEngine(weights, 100, DecodeOptions(graphs=False, mmvq=mmvq, xres=xres))
     for p, token in enumerate(prompt):
         alone.start(int(token), p)
         alone.step()
@@ -482,14 +482,14 @@ def test_greedy_tokens_match_the_reference_for_32_steps(name):
         weights.tensors["rope_freqs.weight"] = (weights.spec("rope_freqs.weight"), cuda.to_device(factors.view(np.uint8)))
     ref = Reference(weights)
     first = int(rng.integers(0, weights.config.vocab))
-    exact = EngineOptions(mmvq=False)  # f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie)
+    exact = DecodeOptions(mmvq=False)  # f32 mat-vec inputs (MMVQ's int8 inputs may flip a near-tie)
     engine = DecodeEngine(weights, 64, exact)
     engine.start(first, 0)
     tokens, got = _generate_with_logits(engine, 32)
     _assert_greedy(tokens, got, ref.forward([first] + tokens[:-1]))
     # after a prefill on the shared cache
     prompt = [int(t) for t in rng.integers(0, weights.config.vocab, size=6)]
-    pre = PrefillEngine(weights, 6, exact, context=64)
+    pre = PrefillEngine(weights, 6, PrefillOptions(), context=64)
     first_logits = pre.prefill(cuda.to_device(np.array(prompt, dtype=np.int32))).copy_to_host()[0].astype(np.float64)
     nxt = int(np.argmax(first_logits))
     dec = DecodeEngine(weights, options=exact, prefill=pre)
@@ -567,7 +567,7 @@ def test_greedy_tokens_of_a_qwen2_shaped_model_match_torch_for_32_steps():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
-    engine = DecodeEngine(weights, 64, EngineOptions(mmvq=False))
+    engine = DecodeEngine(weights, 64, DecodeOptions(mmvq=False))
     engine.start(first, 0)
     tokens, got = _generate_with_logits(engine, 32)
     engine.close()
@@ -583,7 +583,9 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     from experiments.gemv import reference_mmvq
     from kernels.gemv import GemvConfig, gemv_q
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
-    from minfer_cli.engine.decode import DEEP_COLS, GEMV_MMVQ, DecodeEngine, _Gemv
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_MMVQ
+    from minfer_cli.engine.gemv_policy import GemvOperand
     from minfer_cli.quant_blocks import random_blocks
 
     od, id = 3584, 18944
@@ -593,8 +595,8 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
     x = rng.standard_normal(id).astype(np.float32)
     res = rng.standard_normal(od).astype(np.float32)
     xq = quantize_q8_1(cuda.to_device(x), q8_blocks(id))
-    engine = DecodeEngine(micro_weights, 2, EngineOptions(graphs=False, deep=True), splits=1)
-    deep = engine._deep_launch(_Gemv(raw, qtype, od, id))
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, deep=True), splits=1)
+    deep = engine.gemv.deep_launch(GemvOperand(raw, qtype, od, id))
     if deep is None:
         pytest.skip("this GPU fits no 896-block grid of RPB=4, WPR=4 in one wave at >= 72 registers (H200: MINB=7)")
     assert id >= DEEP_COLS and deep["warps_per_row"] == 4 and deep.get("stage", 0) == (2 if qtype == "Q6_K" else 0)
@@ -625,17 +627,17 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
-    general = DecodeEngine(weights, 16, EngineOptions(deep=False))
+    general = DecodeEngine(weights, 16, DecodeOptions(deep=False))
     general.start(first, 0)
     tokens, want = _generate_with_logits(general, 8)
     general.close()
-    deep = DecodeEngine(weights, 16, EngineOptions(deep=True))
+    deep = DecodeEngine(weights, 16, DecodeOptions(deep=True))
     for pos, token in enumerate([first] + tokens[:-1]):
         deep.start(token, pos)
         deep.generate(1)
         got = deep.logits.copy_to_host().astype(np.float64)
         assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-2 * np.abs(want[pos]).max(), pos
-    launches = {key[0]: launch for key, launch in deep._launch_mmvq_deep.items()}
+    launches = {key[0]: launch for key, launch in deep.gemv.deep_launches.items()}
     deep.close()
     if launches["Q4_K"] is None:
         pytest.skip("this GPU fits no deep launch in one wave (H200: MINB=7); the logits above were the general shape's")
@@ -648,7 +650,7 @@ def test_run_tg_reports_tokens_per_second():
     from minfer_cli.engine.weights import synth_weights
 
     weights = synth_weights(preset("tiny"), 3)
-    rows = run_tg(weights, [16, 32], 2, EngineOptions(), seed=0)
+    rows = run_tg(weights, [16, 32], 2, DecodeOptions(), seed=0)
     assert [r.test for r in rows] == ["tg16", "tg32"]
     assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
 
@@ -694,7 +696,7 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
     first = int(rng.integers(0, weights.config.vocab))
     logits = []
     for pdl in (False, True):
-        engine = DecodeEngine(weights, 16, EngineOptions(graphs=False, pdl=pdl), rows_per_block=4, warps_per_row=2)
+        engine = DecodeEngine(weights, 16, DecodeOptions(graphs=False, pdl=pdl), rows_per_block=4, warps_per_row=2)
         engine.start(first, 0)
         engine.step()
         engine.start(first, 0)
@@ -742,7 +744,7 @@ def test_fusion_knobs_give_bit_identical_logits(knob):
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
     runs = []
-    for options in (EngineOptions(), EngineOptions(**knob)):
+    for options in (DecodeOptions(), DecodeOptions(**knob)):
         engine = DecodeEngine(weights, 16, options, rows_per_block=4, warps_per_row=2)
         engine.start(first, 0)
         runs.append((engine.generate(8), engine.logits.copy_to_host(stream=engine.stream)))

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from minfer_cli.engine.forward import EngineOptions, PrefillEngine
+from minfer_cli.engine.forward import PrefillEngine
+from minfer_cli.engine.options import PrefillOptions
 from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 from minfer_cli.engine.reference import Reference
 from minfer_cli.engine.weights import synth_weights
 from tests.engine_standins import numpy_attention, numpy_gemm
 
-SMALL_TILES = EngineOptions(
+SMALL_TILES = PrefillOptions(
     w16=True,
     gemm={"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1, "LOOP": "v1"},
     attention={"BQ": 64, "BK": 32, "STAGES": 1},
@@ -89,7 +90,7 @@ def test_qwen2_shaped_prefill_matches_the_float64_reference():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     tokens = rng.integers(0, weights.config.vocab, size=512, dtype=np.int32)
-    engine = PrefillEngine(weights, 512, EngineOptions())
+    engine = PrefillEngine(weights, 512, PrefillOptions())
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     ref = Reference(weights).forward(tokens, last_only=True)
     assert _rel(got, ref) < 2e-2
@@ -102,8 +103,8 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit():
     equals the eager forward's logits exactly, at several lengths and start positions, and the KV cache rows."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    graph = PrefillEngine(weights, 300, EngineOptions(pgraph=True), context=400)
-    eager = PrefillEngine(weights, 300, EngineOptions(pgraph=False), context=400)
+    graph = PrefillEngine(weights, 300, PrefillOptions(pgraph=True), context=400)
+    eager = PrefillEngine(weights, 300, PrefillOptions(pgraph=False), context=400)
     for nt, start in ((300, 0), (7, 0), (300, 0), (65, 100), (7, 0), (65, 100)):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
         poisoned = np.full((1, weights.config.vocab), np.nan, np.float32)
@@ -126,7 +127,7 @@ def test_pgraph_is_refused_by_name_under_the_simulator():
     from minfer_cli.engine.errors import ModelError
 
     with pytest.raises(ModelError, match="PGRAPH=1 .* CUDA simulator cannot; use PGRAPH=0"):
-        PrefillEngine(None, 4, EngineOptions(pgraph=True))  # refused before the weights are looked at
+        PrefillEngine(None, 4, PrefillOptions(pgraph=True))  # refused before the weights are looked at
 
 
 @pytest.mark.gpu
@@ -134,8 +135,8 @@ def test_w16_off_and_on_give_the_same_logits():
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=300, dtype=np.int32))
-    on = PrefillEngine(weights, 300, EngineOptions(w16=True)).prefill(ids).copy_to_host()
-    off = PrefillEngine(weights, 300, EngineOptions(w16=False)).prefill(ids).copy_to_host()
+    on = PrefillEngine(weights, 300, PrefillOptions(w16=True)).prefill(ids).copy_to_host()
+    off = PrefillEngine(weights, 300, PrefillOptions(w16=False)).prefill(ids).copy_to_host()
     np.testing.assert_array_equal(on, off)
 
 
@@ -145,7 +146,7 @@ def test_tiny_greedy_tokens_match_the_reference_for_8_steps():
     rng = np.random.default_rng()
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     prompt = [int(t) for t in rng.integers(0, weights.config.vocab, size=6)]
-    engine = PrefillEngine(weights, 16, EngineOptions())
+    engine = PrefillEngine(weights, 16, PrefillOptions())
     seq = list(prompt)
     for _ in range(8):
         logits = engine.prefill(cuda.to_device(np.array(seq, dtype=np.int32))).copy_to_host()[0]

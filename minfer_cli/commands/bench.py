@@ -116,9 +116,9 @@ def bench(
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)
-        rows = run_pp(weights, pp, reps, engine_options(config), seed, progress=report) if pp else []
+        rows = run_pp(weights, pp, reps, engine_options(config).prefill, seed, progress=report) if pp else []
         if tg:
-            rows += run_tg(weights, tg, reps, engine_options(config), seed, progress=report)
+            rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report)
     data = _rows_dicts(rows)
     if fmt == "json":
         print(json.dumps(data, indent=1))

@@ -25,7 +25,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from minfer_cli.engine.forward import EngineOptions, PrefillEngine, device_bytes
+from minfer_cli.engine.forward import PrefillEngine, device_bytes
+from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 from minfer_cli.engine.errors import ModelError
 from minfer_cli.knobs import Config, Knob
@@ -92,16 +93,19 @@ def engine_conflict(config: Config) -> str | None:
 
 
 def engine_options(config: Config) -> EngineOptions:
-    """EngineOptions from a full engine knob configuration."""
+    """The engine's typed options (`minfer_cli.engine.options`) from a full engine knob configuration."""
     from kernels import gemm_f16_config
 
     gemm = {k: config[k] for k in gemm_f16_config.KNOBS}
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
-    return EngineOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention, graphs=bool(config.get("GRAPHS", 1)),
-                         mmvq=bool(config.get("MMVQ", 1)), xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
-                         fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
-                         deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
-                         fuse_qkv=bool(config.get("FUSE_QKV", 0)), pgraph=bool(config.get("PGRAPH", 1)))
+    prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
+                             pgraph=bool(config.get("PGRAPH", 1)))
+    decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
+                           xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
+                           fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
+                           deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
+                           fuse_qkv=bool(config.get("FUSE_QKV", 0)))
+    return EngineOptions(prefill, decode)
 
 
 @dataclass
@@ -135,7 +139,7 @@ def _used_bytes() -> int:
     return int(total - free)
 
 
-def check_fits(weights: ModelWeights, max_tokens: int, options: EngineOptions) -> None:
+def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions) -> None:
     """ModelError when a prompt is beyond the model's context or the engine would not fit in device memory."""
     from numba import cuda
 
@@ -150,7 +154,7 @@ def check_fits(weights: ModelWeights, max_tokens: int, options: EngineOptions) -
                          f"{free / 2**30:.1f} GiB are free{hint}")
 
 
-def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: EngineOptions, seed: int,
+def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: PrefillOptions, seed: int,
            progress: Progress = None) -> list[BenchRow]:
     """Time pp<n> for every n in ``counts``: ``reps`` prefills each after one warm-up prefill."""
     from numba import cuda
@@ -199,7 +203,7 @@ def check_fits_tg(weights: ModelWeights, max_tokens: int) -> None:
                          f"{free / 2**30:.1f} GiB are free")
 
 
-def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: EngineOptions, seed: int,
+def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: DecodeOptions, seed: int,
            progress: Progress = None) -> list[BenchRow]:
     """Time tg<n> for every n in ``counts``: ``reps`` generations of n tokens from an empty cache (a random first
     token at position 0), each after one untimed warm-up generation of the same length (JIT, graph capture)."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 if TYPE_CHECKING:  # this module is imported by the CLI for its defaults: numpy and the engine load when used
     import numpy as np
 
-    from minfer_cli.engine.forward import EngineOptions
+    from minfer_cli.engine.options import EngineOptions
     from minfer_cli.engine.weights import ModelWeights
 
 DEFAULT_TOLERANCE = 1e-2
@@ -167,14 +167,14 @@ def check(weights: "ModelWeights", options: "EngineOptions", prompt: int = 32, s
     report("engine prefill", 0.0)
     # the prefill taps every layer, which runs eagerly whatever PGRAPH says (a replayed graph is the same kernels on
     # the same buffers: tests/test_engine.py holds them bit-identical on the GPU)
-    pre = PrefillEngine(weights, prompt, replace(options, pgraph=False), context=prompt + steps)
+    pre = PrefillEngine(weights, prompt, replace(options.prefill, pgraph=False), context=prompt + steps)
     taps: list = []
     got = [pre.prefill(cuda.to_device(tokens[:prompt]), taps=taps).copy_to_host(stream=pre.stream)[0]]
     pre.stream.synchronize()
     skipped = ""
     if steps:
         try:
-            dec = DecodeEngine(weights, options=options, prefill=pre)
+            dec = DecodeEngine(weights, options=options.decode, prefill=pre)
         except ModelError as exc:
             skipped = str(exc)
         else:

@@ -55,57 +55,24 @@ import numpy as np
 
 from minfer_cli.engine.config import ModelConfig
 from minfer_cli.engine.errors import ModelError
-from minfer_cli.engine.forward import EngineOptions, PrefillEngine
+from minfer_cli.engine.forward import PrefillEngine
+from minfer_cli.engine.gemv_policy import GemvOperand, GemvPolicy
+from minfer_cli.engine.options import DecodeOptions
 from minfer_cli.engine.weights import ModelWeights
-
-# Mat-vec launch shapes (`kernels.gemv.GemvConfig` fields), the fastest measured for each input form: f32 x two
-# rows and two warps a row; Q8_1 x (MMVQ) four rows and two warps a row, except Q4_K with many rows (WIDE_ROWS),
-# where one warp per 8 rows wins; on fewer rows that shape leaves too few warps for the SMs. More warps a row did
-# not pay in general. Long rows (id >= DEEP_COLS: ffn_down) with DEEP=1: four warps a row, compiled for the grid's
-# one wave (MINB, `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the
-# offset fold (FOLD=1): the combination that pays there.
-GEMV_F32 = {"rows_per_block": 2, "warps_per_row": 2}
-GEMV_MMVQ = {"rows_per_block": 4, "warps_per_row": 2}
-GEMV_MMVQ_WIDE = {"rows_per_block": 8, "warps_per_row": 1}
-"""`GEMV_MMVQ_WIDE`: Q4_K matrices of at least ``WIDE_ROWS`` rows (ffn_gate/ffn_up, the vocabulary head)."""
-WIDE_ROWS = 8192
-GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4},
-                  "Q6_K": {"rows_per_block": 4, "warps_per_row": 4, "stage": 2, "fold": 1}}
-"""`GEMV_MMVQ_DEEP` (DEEP=1): format -> the launch of its matrices of at least ``DEEP_COLS`` columns (ffn_down),
-plus MINB for one wave."""
-DEEP_COLS = 8192
-
-
-@dataclass(frozen=True)
-class _Gemv:
-    """One GEMV operand: a GGUF tensor's raw bytes on the device, its type and [od, id]."""
-
-    raw: object
-    qtype: str
-    od: int
-    id: int
-
 
 @dataclass
 class _DecodeLayer:
     attn_norm: object
     ffn_norm: object
-    qkv: tuple  # ((_Gemv, out view, bias or None), ...) for q, k, v
-    attn_output: _Gemv
-    gate: _Gemv
-    up: _Gemv
-    down: _Gemv
+    qkv: tuple  # ((GemvOperand, out view, bias or None), ...) for q, k, v
+    attn_output: GemvOperand
+    gate: GemvOperand
+    up: GemvOperand
+    down: GemvOperand
     k_cache: object  # [context, kv_dim] f16 (written by kv_append)
     v_cache: object
     k_heads: object  # the same memory as [context, n_kv_heads, head_dim] (read by decode_attention)
     v_heads: object
-
-
-def _sm_count() -> int:
-    """SMs of the current device (1 in the CUDA simulator, whose device has no such attribute)."""
-    from numba import cuda
-
-    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
 def decode_device_bytes(c: ModelConfig, context: int) -> int:
@@ -123,19 +90,19 @@ class DecodeEngine:
     """One-token decode steps over a KV cache of ``context`` rows, with every buffer allocated at construction.
 
     weights: the model (its GGUF tensors on the device). context: KV-cache rows (positions 0..context-1) when the
-    engine owns its caches; ignored with ``prefill``. options: ``options.graphs`` picks graph replay (True) or
-    eager launches. prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
+    engine owns its caches; ignored with ``prefill``. options: `DecodeOptions` (``options.graphs`` picks graph
+    replay or eager launches; the mat-vec choices are `minfer_cli.engine.gemv_policy.GemvPolicy`'s). prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
     shares (a prompt prefilled there is continued here). stream: default the prefill engine's or a new one.
     splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`). rows_per_block,
-    warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: ``GEMV_F32`` / ``GEMV_MMVQ``, the
-    fastest measured for each input form).
+    warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: the policy's shapes, the fastest measured
+    for each input form).
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
     eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV does not
     cover) and for steps past the cache.
     """
 
-    def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: EngineOptions = EngineOptions(),
+    def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: DecodeOptions = DecodeOptions(),
                  *, prefill: Optional[PrefillEngine] = None, stream=None, splits: Optional[int] = None,
                  rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None):
         from numba import cuda
@@ -164,16 +131,7 @@ class DecodeEngine:
         self.fuse_qkv = bool(options.fuse_qkv)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or DEFAULT_SPLITS)
-        override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
-                    if v is not None}
-        override["pdl"] = int(options.pdl)
-        self._launch_f32 = {**GEMV_F32, **override}
-        self._launch_mmvq = {**GEMV_MMVQ, **override}
-        self._launch_mmvq_wide = {**GEMV_MMVQ_WIDE, **override}
-        self.deep = bool(options.deep)
-        self._launch_mmvq_deep: dict[tuple, dict | None] = {}  # DEEP=1: (format, od, weight) -> launch knobs or None
-        self._configs: dict[tuple, object] = {}  # (format, launch shape, x form, glu, residual) -> GemvConfig
-        self._override = override
+        self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
         if prefill is not None:
             self.context = prefill.context
             self.stream = stream if stream is not None else prefill.stream
@@ -243,8 +201,7 @@ class DecodeEngine:
         s.synchronize()
         self.position: Optional[int] = None  # host copy of state.pos (None until `start`)
         self._prepared = False
-        self._graph = None
-        self._graph_exec = None
+        self._graph = None  # GRAPHS=1: one step as a StreamGraph, captured by `prepare`
 
     # -- construction helpers -------------------------------------------------------------------------------------
     def _f32(self, name: str):
@@ -253,12 +210,12 @@ class DecodeEngine:
             raise ModelError(f"tensor {name} is {spec.qtype}; minfer expects F32 norms and biases")
         return self.weights.device(name).view(np.float32)
 
-    def _gemv(self, name: str) -> _Gemv:
+    def _gemv(self, name: str) -> GemvOperand:
         spec = self.weights.spec(name)
-        return _Gemv(self.weights.device(name), spec.qtype, spec.od, spec.id)
+        return GemvOperand(self.weights.device(name), spec.qtype, spec.od, spec.id)
 
     def _qkv(self, prefix: str) -> tuple:
-        """Layer ``prefix``'s q, k, v mat-vecs as ((_Gemv, out view of ``qkv``, bias or None), ...); with FUSE_QKV
+        """Layer ``prefix``'s q, k, v mat-vecs as ((GemvOperand, out view of ``qkv``, bias or None), ...); with FUSE_QKV
         each run of consecutive ones of one format is one entry over their stacked rows (bytes and biases copied
         into new device buffers, on this engine's stream)."""
         from numba import cuda
@@ -286,7 +243,7 @@ class DecodeEngine:
                     if bias is not None:
                         bias[r: r + part.od].copy_to_device(part_bias, stream=self.stream)
                     at, r = at + part.raw.size, r + part.od
-                m = _Gemv(raw, run[0][0].qtype, od, run[0][0].id)
+                m = GemvOperand(raw, run[0][0].qtype, od, run[0][0].id)
             entries.append((m, self.qkv[row: row + od], bias))
             row += od
         return tuple(entries)
@@ -317,56 +274,13 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, self._q8_hidden)
 
-    def _deep_launch(self, m: _Gemv) -> dict | None:
-        """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
-        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
-        has no deep launch, when its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
-        `weight_refusal`), or when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid
-        in one wave (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 is
-        slower than the general shape)."""
-        key = (m.qtype, m.od, id(m.raw))
-        if key not in self._launch_mmvq_deep:
-            from kernels.errors import KernelConstraintError
-            from kernels.gemv import GemvConfig, one_wave_min_blocks
+    def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False):
+        """The mat-vec input for weight ``m`` (x, or its Q8_1 blocks ``xq``) and its kernel, as `GemvPolicy.config`
+        chooses."""
+        config = self.gemv.config(m, xq is not None, wide, glu, residual)
+        return (xq if config.mmvq else x), config
 
-            launch = GEMV_MMVQ_DEEP.get(m.qtype)
-            if launch is not None:
-                launch = {**launch, **self._override}
-                grid = -(-m.od // launch["rows_per_block"])
-                launch["min_blocks"] = one_wave_min_blocks(grid, _sm_count(), launch["warps_per_row"])
-                try:
-                    refused = GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
-                except KernelConstraintError as e:
-                    refused = str(e)
-                if refused is not None or not launch["min_blocks"]:
-                    launch = None
-            self._launch_mmvq_deep[key] = launch
-        return self._launch_mmvq_deep[key]
-
-    def _input(self, m: _Gemv, x, xq, wide: bool, glu: bool = False, residual: bool = False):
-        """The mat-vec input for weight ``m`` and its kernel (`kernels.gemv.GemvConfig`): x's Q8_1 blocks ``xq`` and
-        an MMVQ shape when MMVQ is on and m's format has an int8 kernel (``wide``: the one-warp-per-8-rows shape for
-        Q4_K with at least WIDE_ROWS rows; with DEEP=1, `_deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
-        least DEEP_COLS columns, not GLU), else f32 ``x`` and the f32 shape; ``glu``: the SwiGLU kernel;
-        ``residual``: the fused-add epilogue. Each configuration is made once and reused on every step."""
-        from kernels.gemv import MMVQ_TYPES, GemvConfig
-
-        if xq is None or m.qtype not in MMVQ_TYPES:
-            x_in, launch = x, self._launch_f32
-        elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
-            x_in, launch = xq, self._launch_mmvq_wide
-        elif self.deep and m.id >= DEEP_COLS and not glu and (deep := self._deep_launch(m)) is not None:
-            x_in, launch = xq, deep
-        else:
-            x_in, launch = xq, self._launch_mmvq
-        key = (m.qtype, id(launch), x_in is xq, glu, residual)
-        config = self._configs.get(key)
-        if config is None:
-            config = self._configs[key] = GemvConfig(m.qtype, mmvq=x_in is xq, glu=glu, residual=residual,
-                                                     xres=x_in is xq and self.xres, **launch)
-        return x_in, config
-
-    def _matvec(self, m: _Gemv, x, out, residual=None, xq=None) -> None:
+    def _matvec(self, m: GemvOperand, x, out, residual=None, xq=None) -> None:
         """out = W·x (+ residual); with ``xq`` (x's Q8_1 blocks) the MMVQ kernel for the formats that have one.
         Without FUSE_ADD the add is a separate kernel: a bias (``residual`` is not ``out``) is added to ``out`` in
         place; the residual stream (``residual`` is ``out``) gets W·x through a scratch vector."""
@@ -384,7 +298,7 @@ class DecodeEngine:
         x_in, config = self._input(m, x, xq, wide=True, residual=residual is not None)
         gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
-    def _matvec_glu(self, gate: _Gemv, up: _Gemv, x, out, xq=None) -> None:
+    def _matvec_glu(self, gate: GemvOperand, up: GemvOperand, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
         with two weights, too many registers for that shape)."""
@@ -479,21 +393,9 @@ class DecodeEngine:
         self._prepared = True
 
     def _capture(self) -> None:
-        from numba import cuda
+        from minfer_cli.measure.graph import StreamGraph
 
-        from minfer_cli.measure.timing import _check, _driver
-
-        drv = _driver()
-        handle = drv.CUstream(int(self.stream.handle))
-        with cuda.defer_cleanup():  # no deferred cuMemFree may run inside the capture
-            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                   "cuStreamBeginCapture")
-            try:
-                self._enqueue()
-            finally:
-                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
-        self._graph = graph
-        self._graph_exec = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        self._graph = StreamGraph(self.stream, self._enqueue)
 
     def generate(self, n: int) -> list[int]:
         """Run n decode steps from the state `start` set (graph replays, or eager steps without graphs),
@@ -503,12 +405,7 @@ class DecodeEngine:
             return []
         self.prepare()
         if self.graphs:
-            from minfer_cli.measure.timing import _check, _driver
-
-            drv = _driver()
-            handle = drv.CUstream(int(self.stream.handle))
-            for _ in range(n):
-                _check(drv.cuGraphLaunch(self._graph_exec, handle), "cuGraphLaunch")
+            self._graph.launch(times=n)
             self.position += n
         else:
             for _ in range(n):
@@ -519,13 +416,9 @@ class DecodeEngine:
 
     def close(self) -> None:
         """Destroy the captured graph (the buffers go with the engine)."""
-        if self._graph_exec is not None:
-            from minfer_cli.measure.timing import _driver
-
-            drv = _driver()
-            drv.cuGraphExecDestroy(self._graph_exec)
-            drv.cuGraphDestroy(self._graph)
-            self._graph = self._graph_exec = None
+        if self._graph is not None:
+            self._graph.close()
+            self._graph = None
             self._prepared = False
 
     def __del__(self):

@@ -31,45 +31,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from minfer_cli.engine.config import ModelConfig
+from minfer_cli.engine.options import PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 
 Progress = Optional[Callable[[str, float], None]]
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """w16: persistent f16 weights (True) or dequantize before every product (False); gemm / attention: knob settings
-    passed to those kernels (None = their defaults); graphs: decode steps replay one captured CUDA graph (True) or
-    launch eagerly (False); mmvq: decode mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized to Q8_1
-    (int8, dp4a; llama.cpp's MMVQ) instead of f32; xres: with mmvq, that input is compensated Q8_1 (a second int8
-    value per element holds the first rounding's residual at d/254: `kernels.quantize_q8`) so the mat-vecs are as
-    accurate as with f32 input (True, the default) or plain Q8_1 (False); fuse_add: decode's bias and residual adds run in the mat-vec
-    epilogue (True) or as separate kernels (False); fuse_glu: decode's gate and up mat-vecs and SwiGLU run as one
-    kernel (`kernels.gemv.gemv_glu`, True) or as three (False); fuse_norm_q8: decode's RMSNorm also writes the Q8_1
-    blocks of its output (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization (False); deep:
-    decode's Q4_K and Q6_K mat-vecs of long rows (ffn_down) run with `minfer_cli.engine.decode.GEMV_MMVQ_DEEP` and
-    launch bounds for one wave (True, the default: faster at ffn_down; MMVQ only) or the general MMVQ shape (False);
-    pdl: the decode step's per-layer kernels are programmatic dependent launches (`kernels.launch`; True, the
-    default: each may start before the previous kernel ends and waits for it before reading its output; the default
-    because it shortens the step) or ordinary ones (False); fuse_qkv: decode's q/k/v weights of one format run as
-    one mat-vec over their stacked rows (True) or one each (False) — the decode options are read by
-    `minfer_cli.engine.decode.DecodeEngine`, not by the prefill; pgraph: the prefill of each (prompt length, start)
-    is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA simulator) or every
-    kernel is launched from Python (False)."""
-
-    w16: bool = True
-    gemm: Optional[dict] = None
-    attention: Optional[dict] = None
-    graphs: bool = True
-    mmvq: bool = True
-    xres: bool = True
-    fuse_add: bool = True
-    fuse_glu: bool = True
-    fuse_norm_q8: bool = False
-    deep: bool = True
-    pdl: bool = True
-    fuse_qkv: bool = False
-    pgraph: bool = True
 
 
 @dataclass
@@ -113,7 +78,7 @@ class PrefillEngine:
     the memory plan first (`device_bytes`, `minfer_cli.engine.bench.check_fits`).
     """
 
-    def __init__(self, weights: ModelWeights, max_tokens: int, options: EngineOptions = EngineOptions(),
+    def __init__(self, weights: ModelWeights, max_tokens: int, options: PrefillOptions = PrefillOptions(),
                  context: Optional[int] = None, stream=None, progress: Progress = None):
         from numba import cuda
 
@@ -123,7 +88,7 @@ class PrefillEngine:
 
         if options.pgraph and SIMULATOR:
             raise ModelError("PGRAPH=1 captures the prefill into CUDA graphs, which the CUDA simulator cannot; "
-                             "use PGRAPH=0 (EngineOptions(pgraph=False)) there")
+                             "use PGRAPH=0 (PrefillOptions(pgraph=False)) there")
         c: ModelConfig = weights.config
         self.config, self.weights, self.options = c, weights, options
         self.max_tokens = int(max_tokens)
@@ -183,7 +148,7 @@ class PrefillEngine:
         self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
         self.ids = cuda.device_array(nt, dtype=np.int32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
-        self._graphs: dict = {}  # (nt, start) -> (CUgraph, CUgraphExec)
+        self._graphs: dict = {}  # (nt, start) -> StreamGraph
         self.capture_seconds: dict = {}  # (nt, start) -> wall seconds of its capture + instantiation
         s.synchronize()
         if progress:
@@ -248,42 +213,23 @@ class PrefillEngine:
             self._forward(own, start)  # compiles every kernel and sets launch attributes outside the capture
             self._capture(key, own, start)
             return self.logits
-        from minfer_cli.measure.timing import _check, _driver
-
-        drv = _driver()
-        _check(drv.cuGraphLaunch(graph[1], drv.CUstream(int(self.stream.handle))), "cuGraphLaunch")
+        graph.launch()
         return self.logits
 
     def _capture(self, key, ids, start: int) -> None:
         import time
 
-        from numba import cuda
+        from minfer_cli.measure.graph import StreamGraph
 
-        from minfer_cli.measure.timing import _check, _driver
-
-        drv = _driver()
-        handle = drv.CUstream(int(self.stream.handle))
         t0 = time.perf_counter()
-        with cuda.defer_cleanup():  # no deferred cuMemFree may run inside the capture
-            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                   "cuStreamBeginCapture")
-            try:
-                self._forward(ids, start)
-            finally:
-                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
-        self._graphs[key] = (graph, _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"))
+        self._graphs[key] = StreamGraph(self.stream, lambda: self._forward(ids, start))
         self.capture_seconds[key] = time.perf_counter() - t0
 
     def close(self) -> None:
         """Destroy the captured prefill graphs (the buffers go with the engine)."""
-        if self._graphs:
-            from minfer_cli.measure.timing import _driver
-
-            drv = _driver()
-            for graph, graph_exec in self._graphs.values():
-                drv.cuGraphExecDestroy(graph_exec)
-                drv.cuGraphDestroy(graph)
-            self._graphs.clear()
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
 
     def __del__(self):
         try:

@@ -87,21 +87,6 @@ class TimingMethod:
         return text + (f"; {self.note}" if self.note else "")
 
 
-def _driver():
-    from cuda.bindings import driver
-
-    return driver
-
-
-def _check(result, what: str):
-    """cuda.bindings calls return (CUresult, *values); raise RuntimeError on a non-success code."""
-    err = result[0]
-    drv = _driver()
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
-    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
-
-
 class ArmTimer:
     """Times one prepared arm: `sample()` returns the time of one launch in µs.
 
@@ -162,34 +147,30 @@ class ArmTimer:
         """Capture ``windows`` graphs (default: as many as the ring holds) of ``batch`` launches each."""
         from numba import cuda
 
-        drv = _driver()
+        from minfer_cli.measure.graph import StreamGraph, cuda_check, driver
+
+        drv = driver()
         handle = drv.CUstream(int(self.stream.handle))
-        windows = windows or max(1, len(self.ring) // batch)
+        external = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
+
+        def window(start, end) -> None:
+            cuda_check(drv.cuEventRecordWithFlags(drv.CUevent(int(start.handle)), handle, external), "event record")
+            for _ in range(batch):
+                self._launch_next()
+            cuda_check(drv.cuEventRecordWithFlags(drv.CUevent(int(end.handle)), handle, external), "event record")
+
         graphs = []
-        for _ in range(windows):
+        for _ in range(windows or max(1, len(self.ring) // batch)):
             start, end = cuda.event(), cuda.event()
-            _check(drv.cuStreamBeginCapture(handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                   "cuStreamBeginCapture")
-            try:
-                _check(drv.cuEventRecordWithFlags(drv.CUevent(int(start.handle)), handle,
-                                                  drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL), "event record")
-                for _ in range(batch):
-                    self._launch_next()
-                _check(drv.cuEventRecordWithFlags(drv.CUevent(int(end.handle)), handle,
-                                                  drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL), "event record")
-            finally:
-                graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
-            exe = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-            graphs.append((graph, exe, start, end))
+            graphs.append((StreamGraph(self.stream, lambda: window(start, end)), start, end))
         self._graphs = graphs
         self._graph_index = 0
 
     def _graph_sample(self) -> float:
-        drv = _driver()
-        graph, exe, start, end = self._graphs[self._graph_index]
+        graph, start, end = self._graphs[self._graph_index]
         self._graph_index = (self._graph_index + 1) % len(self._graphs)
         self._flush()
-        _check(drv.cuGraphLaunch(exe, drv.CUstream(int(self.stream.handle))), "cuGraphLaunch")
+        graph.launch()
         end.synchronize()
         return start.elapsed_time(end) * 1000.0 / self.batch
 
@@ -229,10 +210,8 @@ class ArmTimer:
         return TimingMethod(self.method, self.batch, self.plan, self.note)
 
     def release(self) -> None:
-        drv = _driver()
-        for graph, exe, _, _ in self._graphs:
-            drv.cuGraphExecDestroy(exe)
-            drv.cuGraphDestroy(graph)
+        for graph, _, _ in self._graphs:
+            graph.close()
         self._graphs = []
 
 

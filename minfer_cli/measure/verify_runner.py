@@ -88,8 +88,10 @@ class HarnessRunner:
         rows = []
         for test in plan.labels:
             count = int(test[2:])
-            run = run_pp if test.startswith("pp") else run_tg
-            rows += run(weights, [count], plan.reps, options, 0, progress=self.progress)
+            if test.startswith("pp"):
+                rows += run_pp(weights, [count], plan.reps, options.prefill, 0, progress=self.progress)
+            else:
+                rows += run_tg(weights, [count], plan.reps, options.decode, 0, progress=self.progress)
         rec = bench_record(rows, weights, config, preset=(plan.preset or DEFAULT_PRESET) if source.startswith("synth:") else None)
         return Measured(rec["arms"], None, rec)
 

@@ -1,0 +1,61 @@
+"""The engine's typed options: `PrefillOptions` (read by `minfer_cli.engine.forward.PrefillEngine`),
+`DecodeOptions` (read by `minfer_cli.engine.decode.DecodeEngine`) and `EngineOptions`, the pair a whole run takes.
+
+Each field is one engine knob of `minfer_cli.engine.bench.engine_knobs` (its name in capitals there), with the
+knob's default; `minfer_cli.engine.bench.engine_options` maps a knob configuration onto them. The engine reads
+only these values: it never sees knob names or CLI strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    """w16 (W16): persistent f16 weights made once at construction (True) or each matrix dequantized into one
+    scratch buffer before its product (False). gemm / attention: `kernels.gemm_f16` and `kernels.attention` knob
+    settings, by their names without prefix (None: the kernels' defaults). pgraph (PGRAPH): the prefill of each
+    (prompt length, start) is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA
+    simulator) or every kernel is launched from Python (False)."""
+
+    w16: bool = True
+    gemm: Optional[dict] = None
+    attention: Optional[dict] = None
+    pgraph: bool = True
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """graphs (GRAPHS): a step replays one captured CUDA graph (True) or launches eagerly (False). mmvq (MMVQ): the
+    mat-vecs of Q4_K/Q6_K/Q8_0 weights take their input quantized to Q8_1 (int8, dp4a; llama.cpp's MMVQ) instead of
+    f32. xres (XRES, with mmvq): that input is compensated Q8_1 (a second int8 value per element holds the first
+    rounding's residual at d/254: `kernels.quantize_q8`), as accurate as f32 input (True) or plain Q8_1 (False).
+    fuse_add (FUSE_ADD): bias and residual adds in the mat-vec epilogue (True) or separate kernels (False).
+    fuse_glu (FUSE_GLU): gate, up and SwiGLU as one kernel (`kernels.gemv.gemv_glu`, True) or three (False).
+    fuse_norm_q8 (FUSE_NORM_Q8, with mmvq): the RMSNorm also writes its output's Q8_1 blocks
+    (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization (False). deep (DEEP, with mmvq): the Q4_K
+    and Q6_K mat-vecs of long rows (ffn_down) take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds
+    for one wave (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent
+    launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
+    output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
+    their stacked rows (True) or one each (False)."""
+
+    graphs: bool = True
+    mmvq: bool = True
+    xres: bool = True
+    fuse_add: bool = True
+    fuse_glu: bool = True
+    fuse_norm_q8: bool = False
+    deep: bool = True
+    pdl: bool = True
+    fuse_qkv: bool = False
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The options of a run that prefills and decodes (`minfer_cli.engine.check.check`, a bench of pp and tg)."""
+
+    prefill: PrefillOptions = field(default_factory=PrefillOptions)
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
