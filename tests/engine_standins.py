@@ -1,6 +1,7 @@
-"""numpy stand-ins for the tensor-core GEMM and flash attention, for engine tests in the CUDA simulator (which
-needs tens of minutes for the real kernels at model shapes; each kernel is tested alone in the simulator, and the
-whole engine with every real kernel runs in the `gpu` tests)."""
+"""numpy stand-ins for the tensor-core GEMM, flash attention and the weight dequantization, for engine tests in the
+CUDA simulator (which needs tens of minutes for the real kernels at model shapes; each kernel is tested alone in the
+simulator — dequantization of every type against gguf's in tests/test_dequant.py — and the whole engine with every
+real kernel runs in the `gpu` tests)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ def numpy_gemm(a, b, out=None, *, config=None, stream=0):
     """Stand-in for gemm_f16 in the simulator session: f32 numpy product of the same f16 operands."""
     result = a.copy_to_host().astype(np.float32) @ b.copy_to_host().astype(np.float32).T
     out.copy_to_device(result.astype(np.float32))
+    return out
+
+
+def gguf_dequantize(raw, qtype, od, id, out=None, stream=0, tpb=None):
+    """Stand-in for `kernels.quant.dequantize` in the simulator session: gguf's own dequantization, rounded to f16
+    (what the kernel is tested to equal element for element), written into ``out``'s rows."""
+    from gguf import quants
+
+    from kernels.quant.formats import block_format
+
+    values = quants.dequantize(raw.copy_to_host().reshape(od, -1), block_format(qtype).qtype)
+    out.copy_to_device(np.asarray(values, dtype=np.float32).reshape(od, id).astype(np.float16))
     return out
 
 
@@ -31,9 +44,11 @@ def numpy_attention(q, k, v, out=None, *, causal=True, config=None, stream=0):
 
 
 def use_standins(monkeypatch) -> None:
-    """Route the engine's GEMM and flash attention to the stand-ins for one test."""
+    """Route the engine's GEMM, flash attention and prefill dequantization to the stand-ins for one test."""
     import kernels.attention
     import kernels.gemm_f16
+    import kernels.quant
 
+    monkeypatch.setattr(kernels.quant, "dequantize", gguf_dequantize)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)

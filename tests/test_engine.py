@@ -18,7 +18,7 @@ from minfer_cli.engine.options import PrefillOptions
 from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 from minfer_cli.engine.reference import Reference
 from minfer_cli.engine.weights import synth_weights
-from tests.engine_standins import numpy_attention, numpy_gemm
+from tests.engine_standins import use_standins
 
 SMALL_TILES = PrefillOptions(
     w16=True,
@@ -34,14 +34,11 @@ def _rel(a, b):
 
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
-    fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM and flash attention
-    are replaced by numpy stand-ins here only because the simulator needs tens of minutes for them at these shapes;
-    each is tested alone in the simulator, and the whole engine with every real kernel runs in the `gpu` tests."""
-    import kernels.attention
-    import kernels.gemm_f16
-
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
+    fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
+    the weight dequantization are replaced by stand-ins (`tests/engine_standins.py`) here only because the simulator
+    needs minutes for them at these shapes; each is tested alone in the simulator, and the whole engine with every
+    real kernel runs in the `gpu` tests."""
+    use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference()
 
 
@@ -76,7 +73,7 @@ def test_prompt_longer_than_the_engine_is_refused():
     from minfer_cli.engine.errors import ModelError
 
     weights = synth_weights(preset("tiny"), 1)
-    engine = PrefillEngine(weights, 4, SMALL_TILES)
+    engine = PrefillEngine(weights, 4, PrefillOptions(w16=False, pgraph=False))  # W16=0: nothing dequantized here
     with pytest.raises(ModelError, match="does not fit"):
         engine.prefill(cuda.to_device(np.zeros(5, dtype=np.int32)))
 
@@ -163,12 +160,8 @@ def _llama3_factors(rng, pairs: int) -> np.ndarray:
 def test_rope_freqs_reach_the_prefill(monkeypatch):
     """A llama with a `rope_freqs` tensor (Llama 3.1+): the engine's logits follow the float64 reference that divides
     each pair's frequency by its factor, and are far from the reference that ignores them (the test fails if the
-    engine ignores the tensor). numpy stand-ins for the GEMM and attention, as in the wiring test above."""
-    import kernels.attention
-    import kernels.gemm_f16
-
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
+    engine ignores the tensor). the stand-ins of the wiring test above."""
+    use_standins(monkeypatch)
     rng = np.random.default_rng()
     config = dataclasses.replace(preset("tiny-llama"), name="micro-llama3.1", n_layers=1, ffn=256, vocab=256,
                                  rope_freqs=True)
@@ -189,14 +182,11 @@ def test_rope_freqs_reach_the_prefill(monkeypatch):
 def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     """A llama whose tied token_embd is Q4_0 (as llama.cpp's quantizer leaves a plain Q4_0 file): the embedding
     lookup (through the f32 table) and the tied output both read it; logits within 1e-2 of the float64 reference.
-    numpy stand-ins for the GEMM and attention, as in the wiring test."""
-    import kernels.attention
-    import kernels.gemm_f16
+    the stand-ins of the wiring test."""
     from minfer_cli.engine.config import TensorSpec
     from minfer_cli.quant_blocks import random_blocks
 
-    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
-    monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
+    use_standins(monkeypatch)
     rng = np.random.default_rng()
     config = dataclasses.replace(preset("tiny-llama"), name="micro-llama-q4_0", n_layers=1, ffn=256, vocab=256)
     weights = synth_weights(config, int(rng.integers(0, 2**31)))
