@@ -177,9 +177,9 @@ class ArmTimer:
     def calibrate(self) -> None:
         """Pick the method and the batch size: `batch_size` of the median of graph replays of one launch (the
         method's own per-launch time, including a graph start's ~2 µs), then capture the graphs of that batch.
-        Where capture fails: eager launches, batched by the median of single eager launches. An eager estimate had
-        been used for graphs too; on one H200 it read 100-200 µs for kernels of 17-40 µs (host latency not hidden
-        by the sleep), which gave the arms of one sweep batches of 1 to 6 (ledger #74-#76)."""
+        Where capture fails: eager launches, batched by the median of single eager launches. Graphs are never sized
+        from an eager estimate: host latency the sleep does not hide inflates it several times over, and batches
+        would differ between the arms of one sweep (baselines/gemm-notes.yaml, timing)."""
         try:
             self.batch = 1
             self._capture(1, min(len(self.ring), ESTIMATE_GRAPHS))
