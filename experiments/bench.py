@@ -11,6 +11,10 @@ harness's CUDA graphs do not apply to a forward that launches hundreds of kernel
 * pp<nt>: one prefill of nt random prompt tokens into an empty cache, around the synchronised forward.
 * tg<n>: llama-bench's tg: n tokens generated one at a time into an empty cache from a random first token at
   position 0 (`DecodeEngine.generate`: graph replays with GRAPHS=1), JIT and graph capture done before timing.
+* ``_d<depth>`` workloads (llama-bench's ``-d``): the same after ``depth`` tokens already sit in the KV cache (the
+  same seeded random tokens for every arm, written by an eager prefill before timing, `PrefillEngine.fill`); pp
+  prefills positions depth..depth+nt-1, tg generates from position depth on that cache
+  (`minfer_cli.engine.bench`).
 
 Check, pp: the last token's logits. For `tiny` they are compared with the independent float64 numpy forward
 (`minfer_cli.engine.reference`); for the real-sized presets a float64 forward is far too slow, so they are compared with
@@ -37,7 +41,9 @@ SEED = 0
 _PRESET = {"pp128": DEFAULT_PRESET, "pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny",
            "tg128": DEFAULT_PRESET, "tiny_tg8": "tiny",
            "qwen2-1.5b_pp512": "qwen2-1.5b-q4_k_m", "qwen2-1.5b_pp2048": "qwen2-1.5b-q4_k_m",
-           "qwen2-1.5b_tg128": "qwen2-1.5b-q4_k_m", "llama3.2-3b_pp512": "llama3.2-3b-q4_k_m"}
+           "qwen2-1.5b_tg128": "qwen2-1.5b-q4_k_m", "llama3.2-3b_pp512": "llama3.2-3b-q4_k_m",
+           "tg128_d4096": DEFAULT_PRESET, "tg128_d16384": DEFAULT_PRESET, "pp512_d4096": DEFAULT_PRESET,
+           "tiny_tg2_d8": "tiny"}
 PP_TOLERANCE = 2e-2
 TG_TOLERANCE = 1e-2
 TG_TOLERANCE_PLAIN_Q8 = 5e-2
@@ -68,6 +74,12 @@ class BenchExperiment(Experiment):
         Workload("qwen2-1.5b_pp2048", {"nt": 2048}, "qwen2-1.5b-q4_k_m, 2048-token prompt"),
         Workload("llama3.2-3b_pp512", {"nt": 512}, "llama3.2-3b-q4_k_m, 512-token prompt"),
         Workload("qwen2-1.5b_tg128", {"n": 128}, "qwen2-1.5b-q4_k_m, 128 tokens generated from an empty cache"),
+        Workload("tg128_d4096", {"n": 128, "depth": 4096}, f"{DEFAULT_PRESET}, 128 tokens generated after 4096 cached"),
+        Workload("tg128_d16384", {"n": 128, "depth": 16384}, f"{DEFAULT_PRESET}, 128 tokens generated after 16384 "
+                                                              "cached"),
+        Workload("pp512_d4096", {"nt": 512, "depth": 4096}, f"{DEFAULT_PRESET}, 512-token prompt after 4096 cached"),
+        Workload("tiny_tg2_d8", {"n": 2, "depth": 8}, "tiny preset, 2 tokens generated after 8 cached (CUDA "
+                                                      "simulator)"),
     )
     metric = Metric("throughput", "tok/s", higher_is_better=True)
     self_timed = True
@@ -79,6 +91,7 @@ class BenchExperiment(Experiment):
     def __init__(self) -> None:
         self._weights: dict[str, object] = {}
         self._engines: dict[tuple, object] = {}
+        self._fillers: dict[str, object] = {}  # tg workload with a depth -> the prefill engine holding its cache
 
     def _model(self, workload: Workload):
         from minfer_cli.engine.presets import preset
@@ -93,15 +106,45 @@ class BenchExperiment(Experiment):
     def _is_tg(workload: Workload) -> bool:
         return "n" in workload.shape
 
+    @staticmethod
+    def _depth(workload: Workload) -> int:
+        return int(workload.shape.get("depth", 0))
+
+    def _depth_tokens(self, workload: Workload) -> np.ndarray:
+        """The ``depth`` tokens in the cache before every sample of ``workload``: the same for every arm."""
+        depth = self._depth(workload)
+        return np.random.default_rng(SEED + depth).integers(0, self._model(workload).config.vocab, size=depth,
+                                                            dtype=np.int32)
+
+    def _filler(self, workload: Workload):
+        """A tg workload's cache at its depth: one eager prefill engine per workload, shared by every arm's decode
+        engine (a generation writes rows depth.. only, so the arms never disturb the depth rows)."""
+        from minfer_cli.engine.bench import FILL_CHUNK, fill_options
+        from minfer_cli.engine.forward import PrefillEngine
+
+        if workload.name not in self._fillers:
+            depth = self._depth(workload)
+            filler = PrefillEngine(self._model(workload), min(depth, FILL_CHUNK), fill_options(),
+                                   context=depth + workload.shape["n"])
+            filler.fill(self._depth_tokens(workload))
+            self._fillers[workload.name] = filler
+        return self._fillers[workload.name]
+
     def _engine(self, config, workload: Workload):
         from minfer_cli.engine.decode import DecodeEngine
         from minfer_cli.engine.forward import PrefillEngine
 
         key = (workload.name, tuple(sorted(config.items())))
         if key not in self._engines:
-            model, options = self._model(workload), engine_options(config)
-            self._engines[key] = (DecodeEngine(model, workload.shape["n"], options.decode) if self._is_tg(workload)
-                                  else PrefillEngine(model, workload.shape["nt"], options.prefill))
+            model, options, depth = self._model(workload), engine_options(config), self._depth(workload)
+            if self._is_tg(workload):
+                engine = (DecodeEngine(model, options=options.decode, prefill=self._filler(workload)) if depth
+                          else DecodeEngine(model, workload.shape["n"], options.decode))
+            else:
+                engine = PrefillEngine(model, workload.shape["nt"], options.prefill, context=depth + workload.shape["nt"])
+                if depth:
+                    engine.fill(self._depth_tokens(workload))
+            self._engines[key] = engine
         return self._engines[key]
 
     def unread_knobs(self, workload: Workload) -> tuple[str, ...]:
@@ -145,13 +188,14 @@ class BenchExperiment(Experiment):
         if problem:
             raise ValueError(problem)
         engine = self._engine(config, workload)
+        depth = self._depth(workload)
         if self._is_tg(workload):
-            return self._prepare_tg(engine, workload.shape["n"])
+            return self._prepare_tg(engine, workload.shape["n"], depth)
         nt = workload.shape["nt"]
 
         def launch(ids, output, stream):
             t0 = time.perf_counter()
-            logits = engine.prefill(ids)
+            logits = engine.prefill(ids, depth)
             output.copy_to_device(logits.reshape(logits.size), stream=engine.stream)
             engine.stream.synchronize()
             return nt / (time.perf_counter() - t0)
@@ -159,9 +203,9 @@ class BenchExperiment(Experiment):
         return launch
 
     @staticmethod
-    def _prepare_tg(engine, n: int):
+    def _prepare_tg(engine, n: int, depth: int):
         def launch(token, output, stream):
-            engine.start(token, 0)
+            engine.start(token, depth)
             engine.stream.synchronize()
             t0 = time.perf_counter()
             tokens = engine.generate(n)  # synchronises and copies the n tokens back
@@ -185,15 +229,16 @@ class BenchExperiment(Experiment):
         if output.tokens is None or not np.isfinite(got).all():
             return float("inf")
         seq = output.tokens[:-1]  # the step that produced the last token read the n tokens before it
-        model = self._model(workload)
+        model, depth = self._model(workload), self._depth(workload)
         if workload.name.startswith("tiny"):
             from minfer_cli.engine.reference import Reference
 
-            ref = np.asarray(Reference(model).forward(seq, last_only=True)).reshape(-1)
-        else:
+            full = [int(t) for t in self._depth_tokens(workload)] + list(seq)
+            ref = np.asarray(Reference(model).forward(full, last_only=True)).reshape(-1)
+        else:  # at a depth the exact engine shares the arm's cache rows 0..depth-1 (`_filler`)
             exact = self._engine({**self.default_config(), "GRAPHS": 0, "MMVQ": 0}, workload)
             for p, token in enumerate(seq):
-                exact.start(int(token), p)
+                exact.start(int(token), depth + p)
                 exact.step()
             ref = exact.logits.copy_to_host(stream=exact.stream).astype(np.float64)
             exact.stream.synchronize()
@@ -208,10 +253,11 @@ class BenchExperiment(Experiment):
         if workload.name.startswith("tiny"):
             from minfer_cli.engine.reference import Reference
 
-            ref = np.asarray(Reference(self._model(workload)).forward(inputs.copy_to_host(), last_only=True)).reshape(-1)
-        else:
+            full = np.concatenate([self._depth_tokens(workload), inputs.copy_to_host()])
+            ref = np.asarray(Reference(self._model(workload)).forward(full, last_only=True)).reshape(-1)
+        else:  # the default engine's cache holds the same depth tokens (`_depth_tokens`)
             base = self._engine(self.default_config(), workload)
-            ref = base.prefill(inputs).copy_to_host().reshape(-1).astype(np.float64)
+            ref = base.prefill(inputs, self._depth(workload)).copy_to_host().reshape(-1).astype(np.float64)
         return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
     def tolerance(self, config, workload) -> float:
@@ -222,18 +268,23 @@ class BenchExperiment(Experiment):
 
     def cost(self, workload: Workload, config=None) -> Cost:
         """pp: FLOPs of the matrix products and causal attention of one prefill; bytes: the quantized weights read
-        once (the fewest a forward must move). tg<n>: n steps, each 2 FLOPs per weight (matrix products) and every
-        weight byte read once."""
+        once (the fewest a forward must move) and, after a depth, the cached K/V rows once. tg<n>: n steps, each 2
+        FLOPs per weight (matrix products) and every weight byte read once, plus attention over the cached rows
+        (f16 K and V: 4 bytes per kv_dim element; 4 FLOPs per q_dim element and row)."""
         from minfer_cli.engine.forward import gemm_weight_shapes
 
         m = self._model(workload)
+        c, depth = m.config, self._depth(workload)
         if self._is_tg(workload):
             n = workload.shape["n"]
-            return Cost(flops=2.0 * m.n_params() * n, bytes=float(m.size_bytes()) * n)
-        c, nt = m.config, workload.shape["nt"]
+            rows = n * depth + n * (n + 1) / 2.0  # step i attends to depth + i + 1 rows
+            kv_bytes = 4.0 * c.n_layers * c.kv_dim * rows
+            attn = 4.0 * c.n_layers * c.q_dim * rows
+            return Cost(flops=2.0 * m.n_params() * n + attn, bytes=float(m.size_bytes()) * n + kv_bytes)
+        nt = workload.shape["nt"]
         gemm = sum(2.0 * od * id for od, id in gemm_weight_shapes(c)[:-1]) * nt + 2.0 * c.vocab * c.hidden
-        attn = 2.0 * 2.0 * c.n_layers * c.n_heads * c.head_dim * nt * (nt + 1) / 2.0
-        return Cost(flops=gemm + attn, bytes=float(m.size_bytes()))
+        attn = 2.0 * 2.0 * c.n_layers * c.n_heads * c.head_dim * (nt * depth + nt * (nt + 1) / 2.0)
+        return Cost(flops=gemm + attn, bytes=float(m.size_bytes()) + 4.0 * c.n_layers * c.kv_dim * depth)
 
 
 register(BenchExperiment())

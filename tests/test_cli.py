@@ -118,7 +118,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["sweep", "copy", "VEC=1", "VEC=2"], "given twice"),
         (["ab", "bench", "-w", "tiny_pp16", "--arm", "GRAPHS=0", "--arm", "GRAPHS=1"],
          "arm A cannot run: GRAPHS acts on tg workloads only and tiny_pp16 is a pp workload; pick a tg one with -w "
-         "(tg128, tiny_tg8, qwen2-1.5b_tg128)"),
+         "(tg128, tiny_tg8, qwen2-1.5b_tg128, tg128_d4096, tg128_d16384, tiny_tg2_d8)"),
         (["ab", "bench", "-w", "tg128", "--arm", "W16=0", "--arm", "W16=1"], "W16 acts on pp workloads only"),
         (["bench", "--arm", "GLU=1"], "unknown knob GLU for the engine (did you mean FUSE_GLU?)"),
         (["bench", "--arm", "fuse_glu=1"], "(did you mean FUSE_GLU?)"),
@@ -135,6 +135,10 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),
         (["ledger", "show", "-e", "nope"], "no record of experiment 'nope'"),
         (["bench", "-m", "/nonexistent/model.gguf"], "-m /nonexistent/model.gguf: no such file"),
+        (["bench", "--preset", "tiny", "-d", "4k"], "-d takes comma-separated token counts, e.g. -d 512,2048; got '4k'"),
+        (["bench", "--preset", "tiny", "-d", "0,-5"], "-d token counts must be >= 0, got -5"),
+        (["bench", "--preset", "tiny", "-p", "16", "-n", "0", "-d", "0,1000000"],
+         "-p 16 after a depth of -d 1000000 is beyond the model's context length"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):
@@ -143,6 +147,17 @@ def test_bad_input_is_one_line(args, needle):
     assert needle in r.output, r.output
     lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, r.output
+
+
+def test_bench_test_names_round_trip_and_strangers_are_refused():
+    from minfer_cli.engine.bench import bench_test_name, parse_bench_test
+
+    for kind, n, depth in [("pp", 512, 0), ("tg", 128, 4096), ("pp", 1, 16384)]:
+        assert parse_bench_test(bench_test_name(kind, n, depth)) == (kind, n, depth)
+    assert bench_test_name("tg", 128, 4096) == "tg128 @ d4096" and bench_test_name("pp", 512) == "pp512"
+    for bad in ["pp", "tg0", "pg128", "tg128 @ 4096", "tg128@d4096", "pp512 @ d"]:
+        with pytest.raises(ValueError, match="is not a bench test name"):
+            parse_bench_test(bad)
 
 
 class _Twin(Experiment):

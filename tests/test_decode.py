@@ -159,7 +159,8 @@ def test_advance_rejects_bad_arrays():
 
 
 def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
-    """4 eager steps from an empty cache (the first is the 1-token "prefill"): the logits of every step against
+    """2 eager steps from an empty cache (the first is the 1-token "prefill", the second reads its cache row): the
+    logits of every step against
     the float64 forward of the sequence so far; each token is the argmax of the engine's own logits, exactly; and
     the greedy tokens equal `Reference.greedy`'s unless the reference's two best logits were tied within the
     logits' error.
@@ -172,12 +173,12 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
 
     rng = np.random.default_rng()
     ref = Reference(micro_weights)
-    engine = DecodeEngine(micro_weights, 8, EAGER, splits=1, rows_per_block=8, warps_per_row=1)
+    engine = DecodeEngine(micro_weights, 4, EAGER, splits=1, rows_per_block=8, warps_per_row=1)
     first = int(rng.integers(0, micro_weights.config.vocab))
     engine.start(first, 0)
     seq = [first]
     near_tie = False
-    for i in range(4):
+    for i in range(2):
         engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
         got = engine.step().copy_to_host()
         want = ref.forward(seq, last_only=True)
@@ -188,38 +189,33 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
         second, best = np.sort(want)[-2:]
         near_tie |= bool(best - second <= 2 * np.abs(got - want).max())
         seq.append(token)
-    assert engine.position == 4
-    assert near_tie or seq[1:] == ref.greedy([first], 4), f"first token {first}"
-    np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 4, 5])
+    assert engine.position == 2
+    assert near_tie or seq[1:] == ref.greedy([first], 2), f"first token {first}"
+    np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 2, 3])
 
 
 def test_mmvq_decode_logits_match_the_reference(micro_weights):
-    """MMVQ=1, XRES=0 (plain Q8_1 mat-vec inputs, dp4a): 2 eager steps, logits against the float64 forward within 5e-2, the
+    """MMVQ=1, XRES=0 (plain Q8_1 mat-vec inputs, dp4a): 1 eager step, logits against the float64 forward within 5e-2, the
     bench's tg tolerance (the int8 rounding of each mat-vec input, ~0.5% a product), and not exact (the knob
     reaches the kernels). The only random input is the first token: over all 256 of them and both steps the error
     is 0.98% .. 4.41% (float64 with the f16 K/V cache and Q8_1 inputs emulated, which gives the simulator's 4.412%
-    for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked."""
+    for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked.
+    Steps after the first read the cache, which the knob does not touch (`test_decode_from_an_empty_cache_...`)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 
-    rng = np.random.default_rng()
-    ref = Reference(micro_weights)
-    first = int(rng.integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 4, DecodeOptions(graphs=False, mmvq=True, xres=False), splits=1, rows_per_block=8,
-                          warps_per_row=1)
+    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=True, xres=False), splits=1,
+                          rows_per_block=8, warps_per_row=1)
     engine.start(first, 0)
-    seq = [first]
-    for i in range(2):
-        got = engine.step().copy_to_host()
-        want = ref.forward(seq, last_only=True)
-        assert 1e-4 < _rel(got, want) < 5e-2, f"step {i}"
-        seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
+    got = engine.step().copy_to_host()
+    assert 1e-4 < _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 5e-2, f"first token {first}"
 
 
 def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
     """XRES=1 (compensated Q8_1 mat-vec inputs): one eager step within 1e-2 of the float64 forward, the accuracy
     bar plain MMVQ misses (up to 4.4% here: `test_mmvq_decode_logits_match_the_reference`). The fused RMSNorm's
-    residual values: `test_fused_step_equals_the_unfused_step`."""
+    residual values: `test_rms_norm_q8_equals_norm_then_quantize` (compensated)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 
@@ -231,24 +227,21 @@ def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
     assert _rel(engine.step().copy_to_host(), Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
-def test_fused_step_equals_the_unfused_step(micro_weights):
-    """FUSE_GLU=1, FUSE_NORM_Q8=1 and FUSE_QKV=1 wiring: one eager MMVQ step (compensated Q8_1 inputs, XRES=1, so
-    the fused RMSNorm's residual values are checked too), logits bit-identical to the unfused path (gate, up and
-    SwiGLU as three kernels; RMSNorm and the Q8_1 quantization as two; q, k, v as three mat-vecs)."""
+def test_fuse_qkv_stacks_runs_of_one_format_and_glu_pairs_gate_and_up(micro_weights):
+    """FUSE_QKV=1 wiring: q and k (both Q4_K) become one mat-vec over their stacked rows, v (Q6_K) stays alone, each
+    writing its own slice of the q|k|v vector; FUSE_GLU's kernel reads gate and up of one format. That the fused
+    paths compute bit-identical logits to the unfused ones: `test_fusion_knobs_give_bit_identical_logits` (GPU,
+    8 graph-replayed steps per knob; each fused kernel alone against float64 in tests/test_gemv.py)."""
     from minfer_cli.engine.decode import DecodeEngine
 
-    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
-    logits = []
-    for fuse in (False, True):
-        options = DecodeOptions(graphs=False, xres=True, fuse_glu=fuse, fuse_norm_q8=fuse, fuse_qkv=fuse)
-        engine = DecodeEngine(micro_weights, 2, options,
-                              splits=1, rows_per_block=8, warps_per_row=1)
-        engine.start(first, 0)
-        logits.append(engine.step().copy_to_host())
-    assert engine.layers[0].gate.qtype == engine.layers[0].up.qtype  # so the fused kernel did run
-    assert [m.od for m, _, _ in engine.layers[0].qkv] == [256 + 128, 128]  # FUSE_QKV: q|k (Q4_K) and v (Q6_K)
-    assert np.isfinite(logits[0]).all()
-    np.testing.assert_array_equal(logits[0], logits[1])
+    c = micro_weights.config
+    fused = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fuse_qkv=True), splits=1, rows_per_block=8,
+                         warps_per_row=1)
+    assert [(m.qtype, m.od) for m, _, _ in fused.layers[0].qkv] == [("Q4_K", c.q_dim + c.kv_dim), ("Q6_K", c.kv_dim)]
+    assert [out.shape[0] for _, out, _ in fused.layers[0].qkv] == [c.q_dim + c.kv_dim, c.kv_dim]
+    plain = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False), splits=1, rows_per_block=8, warps_per_row=1)
+    assert [m.od for m, _, _ in plain.layers[0].qkv] == [c.q_dim, c.kv_dim, c.kv_dim]
+    assert plain.layers[0].gate.qtype == plain.layers[0].up.qtype
 
 
 def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
@@ -650,28 +643,30 @@ def test_run_tg_reports_tokens_per_second():
     from minfer_cli.engine.weights import synth_weights
 
     weights = synth_weights(preset("tiny"), 3)
-    rows = run_tg(weights, [16, 32], 2, DecodeOptions(), seed=0)
-    assert [r.test for r in rows] == ["tg16", "tg32"]
+    rows = run_tg(weights, [16, 32], 2, DecodeOptions(), seed=0, depths=(0, 100))
+    assert [r.test for r in rows] == ["tg16", "tg32", "tg16 @ d100", "tg32 @ d100"]
     assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arm", ["GRAPHS=1,MMVQ=1", "GRAPHS=0,MMVQ=0"])
-def test_bench_tg_workload_times_and_checks(arm):
+@pytest.mark.parametrize("workload, arm", [("tiny_tg8", "GRAPHS=1,MMVQ=1"), ("tiny_tg8", "GRAPHS=0,MMVQ=0"),
+                                           ("tiny_tg2_d8", "GRAPHS=1,MMVQ=1")])
+def test_bench_tg_workload_times_and_checks(workload, arm):
     """`minfer ab bench -w tiny_tg8`'s arm path: poisoned output fails, a launch returns tok/s and passes the
-    check against the float64 reference over the generated tokens, a corrupted logit fails it."""
+    check against the float64 reference over the generated tokens, a corrupted logit fails it. ``tiny_tg2_d8``:
+    the same after 8 cached tokens (the reference reads them too)."""
     from minfer_cli import experiment as registry
 
     registry.load_all()
     exp = registry.get("bench")
-    wl = exp.workload("tiny_tg8")
+    wl = exp.workload(workload)
     config = exp.config(arm)
     token, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
     launch = exp.prepare(config, wl)
     exp.poison(output)
     assert exp.check(config, wl, token, output) == float("inf")
     assert launch(token, output, 0) > 0
-    assert len(output.tokens) == 9 and output.tokens[0] == token
+    assert len(output.tokens) == wl.shape["n"] + 1 and output.tokens[0] == token
     assert exp.check(config, wl, token, output) < exp.tolerance(config, wl)
     host = output.logits.copy_to_host()
     host[int(np.argmax(host))] *= 4

@@ -112,28 +112,33 @@ def test_rms_norm_allocates_f16_by_default_and_f32_on_request():
     assert got.dtype == np.float32 and _rel(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
 
 
-def _check_rms_norm_q8(nt, d, tpb):
-    """The fused norm + Q8_1 kernel equals `rms_norm` then `quantize_q8_1`, bit for bit, and the reference."""
+def _check_rms_norm_q8(nt, d, tpb, compensated=False):
+    """The fused norm + Q8_1 kernel equals `rms_norm` then `quantize_q8_1`, bit for bit (with ``compensated`` the
+    residual values too, XRES=1's input), and the reference."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = _rng()
     x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
     w = rng.standard_normal(d).astype(np.float32)
     dx, dw = cuda.to_device(x), cuda.to_device(w)
-    out, q8 = _poisoned((nt, d), np.float32), q8_blocks(nt * d)
+    out, q8 = _poisoned((nt, d), np.float32), q8_blocks(nt * d, compensated=compensated)
     q8.d.copy_to_device(np.full(nt * d // 32, np.nan, np.float32))
+    if compensated:
+        q8.r.copy_to_device(np.full(nt * d, -128, np.int8))  # outside the residual's +-127
     assert rms_norm_q8(dx, dw, 1e-6, out, q8, tpb=tpb) is out
     ref_out = rms_norm(dx, dw, 1e-6, out_dtype=np.float32, tpb=tpb)
-    ref_q8 = quantize_q8_1(ref_out.reshape(nt * d), q8_blocks(nt * d))
+    ref_q8 = quantize_q8_1(ref_out.reshape(nt * d), q8_blocks(nt * d, compensated=compensated))
     np.testing.assert_array_equal(out.copy_to_host(), ref_out.copy_to_host())
-    for got, want in ((q8.q, ref_q8.q), (q8.d, ref_q8.d), (q8.s, ref_q8.s)):
+    planes = ((q8.q, ref_q8.q), (q8.d, ref_q8.d), (q8.s, ref_q8.s)) + (((q8.r, ref_q8.r),) if compensated else ())
+    for got, want in planes:
         np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
     assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < F32_TOL
 
 
-@pytest.mark.parametrize("nt, d, tpb", [(2, 320, 64), (1, 96, 256)])  # several blocks per warp; d < tpb
-def test_rms_norm_q8_equals_norm_then_quantize(nt, d, tpb):
-    _check_rms_norm_q8(nt, d, tpb)
+@pytest.mark.parametrize("nt, d, tpb, compensated", [(2, 320, 64, False), (1, 96, 256, False), (2, 192, 64, True)])
+def test_rms_norm_q8_equals_norm_then_quantize(nt, d, tpb, compensated):
+    """Several blocks per warp; d < tpb; compensated (XRES=1) blocks."""
+    _check_rms_norm_q8(nt, d, tpb, compensated)
 
 
 def test_rms_norm_q8_rejects_bad_input():

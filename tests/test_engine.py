@@ -78,6 +78,39 @@ def test_prompt_longer_than_the_engine_is_refused():
         engine.prefill(cuda.to_device(np.zeros(5, dtype=np.int32)))
 
 
+def test_a_prefill_after_a_filled_cache_matches_the_reference(monkeypatch):
+    """`bench -d`'s set-up: `PrefillEngine.fill` writes cache rows 0..4 (in chunks of max_tokens 3: 3 + 2) over
+    NaN-poisoned caches, then a 2-token prefill at positions 5..6 reads them: its logits follow the float64 forward
+    of all 7 tokens (a row fill left unwritten would leave NaN; one written at the wrong position would move the
+    logits). A depth with no room left after it is refused."""
+    from minfer_cli.engine.errors import ModelError
+
+    use_standins(monkeypatch)
+    rng = np.random.default_rng()
+    config = dataclasses.replace(preset("tiny"), name="micro-depth", n_layers=1, ffn=256, vocab=256)
+    weights = synth_weights(config, int(rng.integers(0, 2**31)))
+    tokens = rng.integers(0, config.vocab, size=7, dtype=np.int32)
+    engine = PrefillEngine(weights, 3, PrefillOptions(w16=False, pgraph=False), context=8)
+    for layer in engine.layers:
+        for cache in (layer.k_cache, layer.v_cache):
+            cache.copy_to_device(np.full(cache.shape, np.nan, dtype=np.float16))
+    engine.fill(tokens[:5])
+    got = engine.prefill(cuda.to_device(tokens[5:]), 5).copy_to_host()[0].astype(np.float64)
+    assert np.isfinite(got).all() and _rel(got, Reference(weights).forward(tokens, last_only=True)) < 1e-2
+    with pytest.raises(ModelError, match="depth of 8 tokens does not fit"):
+        engine.fill(np.zeros(8, dtype=np.int32))
+
+
+@pytest.mark.gpu
+def test_run_pp_at_a_depth_names_and_times_each_test():
+    from minfer_cli.engine.bench import run_pp
+
+    weights = synth_weights(preset("tiny"), 3)
+    rows = run_pp(weights, [16, 32], 2, PrefillOptions(), seed=0, depths=(0, 64))
+    assert [(r.test, r.depth) for r in rows] == [("pp16", 0), ("pp32", 0), ("pp16 @ d64", 64), ("pp32 @ d64", 64)]
+    assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
+
+
 def _qwen2_shaped(layers: int = 2, vocab: int = 4096):
     return dataclasses.replace(preset(DEFAULT_PRESET), name="qwen2-7b-shaped", n_layers=layers, vocab=vocab)
 

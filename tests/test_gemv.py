@@ -564,16 +564,19 @@ _LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.(?:L1|L2)::\S+)?(?:\.v(\d))?\.([u
 _PTX: dict = {}
 
 
-def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blocks=0, fold=0, pdl=0, xres=False):
-    """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB)."""
-    key = (name, rpb, wpr, residual, mmvq, glu, stage, min_blocks, fold, pdl, xres)
-    if key not in _PTX:
-        config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, residual=residual, mmvq=mmvq, glu=glu,
-                            stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl, xres=xres)
+def _config_ptx(config: GemvConfig) -> str:
+    """The sm_90 PTX of one gemv kernel, compiled with the launch bounds its dispatcher carries (MINB); each config
+    compiled once per test process (the compile tests share many)."""
+    if config not in _PTX:
         kernel = kernel_for(config)
-        _PTX[key] = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
-                                     launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
-    return _PTX[key]
+        _PTX[config] = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
+                                        launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
+    return _PTX[config]
+
+
+def _ptx(name, rpb, wpr, residual=False, mmvq=False, glu=False, stage=0, min_blocks=0, fold=0, pdl=0, xres=False):
+    return _config_ptx(GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, residual=residual, mmvq=mmvq, glu=glu,
+                                  stage=stage, min_blocks=min_blocks, fold=fold, pdl=pdl, xres=xres))
 
 
 def _load_widths(ptx):
@@ -674,10 +677,7 @@ def test_every_config_field_changes_the_kernel(field):
     from kernels.gemv import codegen
 
     def ptx(config):
-        kernel = kernel_for(config)
-        text = cuda.compile_ptx(kernel.py_func, kernel_signature(config), cc=(9, 0),
-                                launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
-        return text.replace(codegen._source(config)[0], "KERNEL")
+        return _config_ptx(config).replace(codegen._source(config)[0], "KERNEL")
 
     base, changed = (GemvConfig(**{"qtype": "Q4_K", "rows_per_block": 4, "warps_per_row": 4, **kw})
                      for kw in _FIELD_CHANGES[field])

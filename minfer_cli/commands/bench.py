@@ -16,8 +16,9 @@ from minfer_cli.errors import UsageError
 FORMATS = ("md", "csv", "json", "jsonl")
 
 
-def parse_counts(text: str, flag: str) -> list[int]:
-    """Comma-separated token counts (`-p 512,2048`): each a non-negative integer; 0 entries are skipped."""
+def parse_counts(text: str, flag: str, keep_zero: bool = False) -> list[int]:
+    """Comma-separated token counts (`-p 512,2048`): each a non-negative integer; 0 entries are skipped unless
+    ``keep_zero`` (depths: `-d 0,4096` is an empty cache and one of 4096 tokens); repeats are dropped."""
     values = []
     for part in str(text).split(","):
         part = part.strip()
@@ -26,8 +27,9 @@ def parse_counts(text: str, flag: str) -> list[int]:
         value = int(part)
         if value < 0:
             raise UsageError(f"{flag} token counts must be >= 0, got {value}")
-        values.append(value)
-    return [v for v in values if v > 0]
+        if value not in values:
+            values.append(value)
+    return [v for v in values if v > 0 or keep_zero]
 
 
 def _rows_dicts(rows) -> list[dict]:
@@ -39,7 +41,7 @@ def _rows_dicts(rows) -> list[dict]:
         return round(float(np.percentile(r.samples, q)), 2)
 
     return [{"model": r.model, "size_gib": round(r.size_bytes / 2**30, 4), "params_b": round(r.n_params / 1e9, 4),
-             "test": r.test, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "median": pct(r, 50),
+             "test": r.test, "n_depth": r.depth, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "median": pct(r, 50),
              "p10": pct(r, 10), "p90": pct(r, 90), "n": len(r.samples), "samples": [round(x, 2) for x in r.samples],
              "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1),
              "capture_ms": round(r.capture_seconds * 1e3, 2)}
@@ -63,6 +65,9 @@ def bench(
     preset: Optional[str] = typer.Option(None, "--preset", help="Built-in preset (default qwen2-7b-q4_k_m); weights synthesised on the GPU."),
     prompt: str = typer.Option("512", "--n-prompt", "-p", help="Prompt lengths for pp tests, comma-separated (0 skips)."),
     gen: str = typer.Option("128", "--n-gen", "-n", help="Generation lengths for tg tests, comma-separated (0 skips)."),
+    depth: str = typer.Option("0", "--n-depth", "-d", help="Tokens already in the KV cache before each pp and tg test, "
+                              "comma-separated (llama-bench -d; e.g. -d 0,4096,16384). Each depth's cache is filled "
+                              "by an untimed prefill of random tokens."),
     reps: int = typer.Option(5, "--repetitions", "-r", min=1, max=1000, help="Repetitions of each test (mean ± stddev)."),
     fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
     arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, GRAPHS, MMVQ, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8, FUSE_QKV, DEEP, PDL, gemm tile knobs, FA_* attention knobs), given once."),
@@ -80,7 +85,10 @@ def bench(
     the device; GRAPHS=1 replays one CUDA graph per step), tokens / wall seconds, mean ± stddev over -r
     repetitions, after a warm-up generation (JIT compilation and graph capture are never timed).
 
-    Example: minfer bench -p 2048 -n 128
+    At a depth d (-d), the test runs after d tokens already sit in the KV cache (llama-bench's `pp512 @ d4096`):
+    its attention reads d more rows; the d rows come from an untimed eager prefill of random tokens.
+
+    Example: minfer bench -p 2048 -n 128        minfer bench -p 0 -n 128 -d 0,4096,16384
     """
     from minfer_cli.engine.bench import engine_options, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
@@ -97,6 +105,7 @@ def bench(
         raise UsageError("give either -m FILE or --preset NAME, not both")
     pp = parse_counts(prompt, "-p")
     tg = parse_counts(gen, "-n")
+    depths = parse_counts(depth, "-d", keep_zero=True)
     if not pp and not tg:
         raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
     config = options.engine_config(arm)
@@ -107,18 +116,20 @@ def bench(
     model_config = options.gguf_config(model, f"-m {model}", "give a GGUF file, or leave -m out for the built-in "
                                        "preset") if model else config_preset  # the whole file checked, no GPU yet
     longest = max(pp + tg)
-    if longest > model_config.context_length:
-        raise UsageError(f"{'-p' if max(pp or [0]) >= max(tg or [0]) else '-n'} {longest} is beyond the model's "
-                         f"context length {model_config.context_length}")
+    if max(depths) + longest > model_config.context_length:
+        flag = '-p' if max(pp or [0]) >= max(tg or [0]) else '-n'
+        at = f" after a depth of -d {max(depths)}" if max(depths) else ""
+        raise UsageError(f"{flag} {longest}{at} is beyond the model's context length {model_config.context_length}")
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)
-        rows = run_pp(weights, pp, reps, engine_options(config).prefill, seed, progress=report) if pp else []
+        rows = run_pp(weights, pp, reps, engine_options(config).prefill, seed, progress=report,
+                      depths=tuple(depths)) if pp else []
         if tg:
-            rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report)
+            rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report, depths=tuple(depths))
     data = _rows_dicts(rows)
     if fmt == "json":
         print(json.dumps(data, indent=1))

@@ -18,6 +18,7 @@ runs first.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -122,6 +123,7 @@ class BenchRow:
     peak_mem_bytes: int = 0
     mem_growth_bytes: int = 0
     capture_seconds: float = 0.0  # pp with PGRAPH=1: wall time of the graph capture (in the warm-up, untimed)
+    depth: int = 0  # tokens already in the KV cache when the test ran (llama-bench's -d)
 
     @property
     def mean(self) -> float:
@@ -132,6 +134,19 @@ class BenchRow:
         return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
 
 
+def bench_test_name(kind: str, n: int, depth: int = 0) -> str:
+    """llama-bench's test name: ``pp512``, ``tg128``, and at a depth ``pp512 @ d4096``."""
+    return f"{kind}{n}" + (f" @ d{depth}" if depth else "")
+
+
+def parse_bench_test(name: str) -> tuple[str, int, int]:
+    """(kind "pp" or "tg", n, depth) of a `bench_test_name`; ValueError for anything else."""
+    m = re.fullmatch(r"(pp|tg)([0-9]+)(?: @ d([0-9]+))?", str(name).strip())
+    if not m or int(m.group(2)) < 1:
+        raise ValueError(f"{name!r} is not a bench test name (pp<n>, tg<n>, optionally ' @ d<depth>')")
+    return m.group(1), int(m.group(2)), int(m.group(3) or 0)
+
+
 def _used_bytes() -> int:
     from numba import cuda
 
@@ -139,14 +154,16 @@ def _used_bytes() -> int:
     return int(total - free)
 
 
-def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions) -> None:
-    """ModelError when a prompt is beyond the model's context or the engine would not fit in device memory."""
+def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions, depth: int = 0) -> None:
+    """ModelError when a prompt (after ``depth`` cached tokens) is beyond the model's context or the engine would
+    not fit in device memory."""
     from numba import cuda
 
     c = weights.config
-    if max_tokens > c.context_length:
-        raise ModelError(f"-p {max_tokens} is beyond the model's context length {c.context_length}")
-    need = device_bytes(c, max_tokens, options.w16)
+    if depth + max_tokens > c.context_length:
+        at = f" after a depth of {depth}" if depth else ""
+        raise ModelError(f"-p {max_tokens}{at} is beyond the model's context length {c.context_length}")
+    need = device_bytes(c, max_tokens, options.w16, context=depth + max_tokens)
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
         hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""
@@ -155,48 +172,72 @@ def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions) 
 
 
 def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: PrefillOptions, seed: int,
-           progress: Progress = None) -> list[BenchRow]:
-    """Time pp<n> for every n in ``counts``: ``reps`` prefills each after one warm-up prefill."""
+           progress: Progress = None, depths: tuple[int, ...] = (0,)) -> list[BenchRow]:
+    """Time pp<n> @ d for every n in ``counts`` and d in ``depths``: ``reps`` prefills of n random tokens at
+    positions d..d+n-1 each, after one warm-up prefill; the cache's first d rows are filled before (module
+    docstring)."""
     from numba import cuda
 
-    check_fits(weights, max(counts), options)
+    check_fits(weights, max(counts), options, max(depths))
     c = weights.config
-    engine = PrefillEngine(weights, max(counts), options, progress=progress)
+    engine = PrefillEngine(weights, max(counts), options, context=max(depths) + max(counts), progress=progress)
     rng = np.random.default_rng(seed)
     rows = []
-    for n in counts:
-        row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(), f"pp{n}", n)
-        ids = cuda.to_device(rng.integers(0, c.vocab, size=n, dtype=np.int32))
-        engine.prefill(ids)
-        engine.stream.synchronize()
-        first_used = _used_bytes()
-        peak = first_used
-        for r in range(reps):
+    for depth in depths:
+        if depth:
             if progress:
-                progress(f"pp{n} repetition {r + 1}/{reps}", r / reps)
-            t0 = time.perf_counter()
-            engine.prefill(ids)
+                progress(f"filling the KV cache to depth {depth}", 0.0)
+            engine.fill(rng.integers(0, c.vocab, size=depth, dtype=np.int32))
+        for n in counts:
+            row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(),
+                           bench_test_name("pp", n, depth), n, depth=depth)
+            ids = cuda.to_device(rng.integers(0, c.vocab, size=n, dtype=np.int32))
+            engine.prefill(ids, depth)
             engine.stream.synchronize()
-            row.samples.append(n / (time.perf_counter() - t0))
-            peak = max(peak, _used_bytes())
-        row.peak_mem_bytes = peak
-        row.mem_growth_bytes = _used_bytes() - first_used
-        row.capture_seconds = engine.capture_seconds.get((n, 0), 0.0)
-        rows.append(row)
+            first_used = _used_bytes()
+            peak = first_used
+            for r in range(reps):
+                if progress:
+                    progress(f"{row.test} repetition {r + 1}/{reps}", r / reps)
+                t0 = time.perf_counter()
+                engine.prefill(ids, depth)
+                engine.stream.synchronize()
+                row.samples.append(n / (time.perf_counter() - t0))
+                peak = max(peak, _used_bytes())
+            row.peak_mem_bytes = peak
+            row.mem_growth_bytes = _used_bytes() - first_used
+            row.capture_seconds = engine.capture_seconds.get((n, depth), 0.0)
+            rows.append(row)
     engine.close()
     return rows
 
 
-def check_fits_tg(weights: ModelWeights, max_tokens: int) -> None:
-    """ModelError when a generation is beyond the model's context or its KV cache would not fit in device memory."""
+FILL_CHUNK = 512
+"""Tokens per eager prefill when a tg test's KV cache is filled to its depth."""
+
+
+def fill_options() -> PrefillOptions:
+    """The prefill that fills a tg test's cache to its depth: W16=0 (no f16 weight copies), eager, default GEMM
+    and flash-attention knobs."""
+    return PrefillOptions(w16=False, pgraph=False)
+
+
+def check_fits_tg(weights: ModelWeights, max_tokens: int, depth: int = 0) -> None:
+    """ModelError when a generation (after ``depth`` cached tokens) is beyond the model's context or its KV cache
+    (and, at a depth, the prefill that fills it) would not fit in device memory."""
     from numba import cuda
 
     from minfer_cli.engine.decode import decode_device_bytes
 
     c = weights.config
-    if max_tokens > c.context_length:
-        raise ModelError(f"-n {max_tokens} is beyond the model's context length {c.context_length}")
-    need = decode_device_bytes(c, max_tokens)
+    context = depth + max_tokens
+    if context > c.context_length:
+        at = f" after a depth of {depth}" if depth else ""
+        raise ModelError(f"-n {max_tokens}{at} is beyond the model's context length {c.context_length}")
+    need = decode_device_bytes(c, context)
+    if depth:  # the filling engine owns the cache the decode engine shares: count its KV rows once
+        kv = 2 * 2 * c.n_layers * context * c.kv_dim
+        need += device_bytes(c, min(depth, FILL_CHUNK), False, context=context) - kv
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
         raise ModelError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
@@ -204,36 +245,49 @@ def check_fits_tg(weights: ModelWeights, max_tokens: int) -> None:
 
 
 def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: DecodeOptions, seed: int,
-           progress: Progress = None) -> list[BenchRow]:
-    """Time tg<n> for every n in ``counts``: ``reps`` generations of n tokens from an empty cache (a random first
-    token at position 0), each after one untimed warm-up generation of the same length (JIT, graph capture)."""
+           progress: Progress = None, depths: tuple[int, ...] = (0,)) -> list[BenchRow]:
+    """Time tg<n> @ d for every n in ``counts`` and d in ``depths``: ``reps`` generations of n tokens from position
+    d (a random first token; rows 0..d-1 of the cache filled before, module docstring), each after one untimed
+    warm-up generation of the same length (JIT, graph capture)."""
     from minfer_cli.engine.decode import DecodeEngine
 
-    check_fits_tg(weights, max(counts))
+    check_fits_tg(weights, max(counts), max(depths))
     c = weights.config
-    engine = DecodeEngine(weights, max(counts), options)
     rng = np.random.default_rng(seed)
     rows = []
-    try:
-        for n in counts:
-            row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(), f"tg{n}", n)
-            token = int(rng.integers(0, c.vocab))
-            engine.start(token, 0)
-            engine.generate(n)
-            first_used = _used_bytes()
-            peak = first_used
-            for r in range(reps):
-                if progress:
-                    progress(f"tg{n} repetition {r + 1}/{reps}", r / reps)
-                engine.start(token, 0)
-                engine.stream.synchronize()
-                t0 = time.perf_counter()
+    for depth in depths:
+        filler = None
+        if depth:
+            if progress:
+                progress(f"filling the KV cache to depth {depth}", 0.0)
+            filler = PrefillEngine(weights, min(depth, FILL_CHUNK), fill_options(), context=depth + max(counts))
+            filler.fill(rng.integers(0, c.vocab, size=depth, dtype=np.int32))
+            engine = DecodeEngine(weights, options=options, prefill=filler)
+        else:
+            engine = DecodeEngine(weights, max(counts), options)
+        try:
+            for n in counts:
+                row = BenchRow(weights.describe(), weights.size_bytes(), weights.n_params(),
+                               bench_test_name("tg", n, depth), n, depth=depth)
+                token = int(rng.integers(0, c.vocab))
+                engine.start(token, depth)
                 engine.generate(n)
-                row.samples.append(n / (time.perf_counter() - t0))
-                peak = max(peak, _used_bytes())
-            row.peak_mem_bytes = peak
-            row.mem_growth_bytes = _used_bytes() - first_used
-            rows.append(row)
-    finally:
-        engine.close()
+                first_used = _used_bytes()
+                peak = first_used
+                for r in range(reps):
+                    if progress:
+                        progress(f"{row.test} repetition {r + 1}/{reps}", r / reps)
+                    engine.start(token, depth)
+                    engine.stream.synchronize()
+                    t0 = time.perf_counter()
+                    engine.generate(n)
+                    row.samples.append(n / (time.perf_counter() - t0))
+                    peak = max(peak, _used_bytes())
+                row.peak_mem_bytes = peak
+                row.mem_growth_bytes = _used_bytes() - first_used
+                rows.append(row)
+        finally:
+            engine.close()
+            if filler is not None:
+                filler.close()
     return rows

@@ -216,6 +216,26 @@ class PrefillEngine:
         graph.launch()
         return self.logits
 
+    def fill(self, tokens) -> None:
+        """Write K/V cache rows 0..d-1 from an eager prefill of ``tokens`` (int32 host array [d], 0 < d <
+        context), in chunks of at most ``max_tokens``; waits for the stream. The set-up of a test at depth d
+        (llama-bench's ``-d``): never timed, no graph captured.
+
+        Raises ModelError when d leaves no cache row after it."""
+        from minfer_cli.engine.errors import ModelError
+
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        d = int(tokens.size)
+        if not 0 < d < self.context:
+            raise ModelError(f"a depth of {d} tokens does not fit this engine's KV cache (context {self.context}) "
+                             f"with a token after it")
+        for start in range(0, d, self.max_tokens):
+            chunk = tokens[start: start + self.max_tokens]
+            own = self.ids[: chunk.size]
+            own.copy_to_device(chunk, stream=self.stream)
+            self._forward(own, start)
+        self.stream.synchronize()
+
     def _capture(self, key, ids, start: int) -> None:
         import time
 

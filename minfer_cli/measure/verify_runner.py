@@ -67,7 +67,7 @@ class HarnessRunner:
         return Measured(arms, None, rec)
 
     def _bench(self, plan: Plan) -> Measured:
-        from minfer_cli.engine.bench import engine_options, run_pp, run_tg
+        from minfer_cli.engine.bench import engine_options, parse_bench_test, run_pp, run_tg
         from minfer_cli.engine.presets import DEFAULT_PRESET, preset
         from minfer_cli.engine.record import bench_record
         from minfer_cli.engine.weights import load_gguf, synth_weights
@@ -87,11 +87,12 @@ class HarnessRunner:
         options = engine_options(config)
         rows = []
         for test in plan.labels:
-            count = int(test[2:])
-            if test.startswith("pp"):
-                rows += run_pp(weights, [count], plan.reps, options.prefill, 0, progress=self.progress)
-            else:
-                rows += run_tg(weights, [count], plan.reps, options.decode, 0, progress=self.progress)
+            try:
+                kind, count, depth = parse_bench_test(test)
+            except ValueError as exc:
+                return Measured([], error=str(exc))
+            run, part = (run_pp, options.prefill) if kind == "pp" else (run_tg, options.decode)
+            rows += run(weights, [count], plan.reps, part, 0, progress=self.progress, depths=(depth,))
         rec = bench_record(rows, weights, config, preset=(plan.preset or DEFAULT_PRESET) if source.startswith("synth:") else None)
         return Measured(rec["arms"], None, rec)
 
