@@ -45,7 +45,7 @@ def _prefill(config, nt, nt_kv, h, hk, causal=True, seed=0):
 
 D = A.DEFAULT
 SIM_CASES = [
-    ("nt=1, GQA 4/2", D, (1, 1, 4, 2)),
+    ("nt=1, GQA 2/1", D, (1, 1, 2, 1)),  # GQA 4/2's head mapping: the nt=17 case
     ("nt=17, GQA 4/2, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (17, 17, 4, 2)),
     ("nt=70: 2 q tiles, 2 k tiles, tails", D, (70, 70, 2, 1)),
     ("prefix: nt=9 after 31 cached, BK=32", dict(D, BK=32), (9, 40, 2, 1)),

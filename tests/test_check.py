@@ -16,7 +16,7 @@ from minfer_cli.engine.check import check, compare
 from minfer_cli.engine.options import DecodeOptions, EngineOptions
 from minfer_cli.engine.presets import preset
 from minfer_cli.main import app
-from tests.engine_standins import use_standins
+from tests.engine_standins import use_simulator_decode_shapes, use_standins
 
 EXACT = EngineOptions(decode=DecodeOptions(graphs=False, mmvq=False))
 
@@ -135,6 +135,7 @@ def test_every_type_in_every_role_passes_the_check(mix, monkeypatch):
 
     assert (set(MIXES["untied"]) | set(MIXES["tied"])) - {None} >= set(SUPPORTED)
     use_standins(monkeypatch)
+    use_simulator_decode_shapes(monkeypatch)
     rng = np.random.default_rng()
     tied = mix == "tied"
     config = dataclasses.replace(preset("tiny-llama" if tied else "tiny"), name=f"micro-{mix}", n_layers=1, ffn=256,
