@@ -6,14 +6,15 @@ device scalar: one CUDA graph replays every decode step), out f32 ``[n_heads, 12
 
 Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
 
-1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into P = 4 * splits contiguous
-   partitions of ceil(L / P) keys, one per warp (the cut is computed on the device from L, so any L in 1..L_max
-   works with a fixed grid). A warp serves all G query heads of its KV head (each K/V row is read once for G
+1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into U contiguous partitions of
+   ceil(L / U) keys, one per warp, U = min(4 * splits, ceil(L / min_keys)) (computed on the device from L, so any L
+   in 1..L_max works with a fixed grid; warps past U return at once: with ``min_keys`` > 1 a large grid serves long
+   caches without cutting short ones into partitions of a key or two). A warp serves all G query heads of its KV head (each K/V row is read once for G
    heads); lane l owns dims 4l..4l+3: per key, G dot products reduced with 5 butterfly shuffles, then an online
    softmax in f32 (log2 domain). It writes its partition's (m, l) per head and the unnormalised accumulator
    acc[128] to a workspace (an empty partition writes m = -1e30, l = 0, acc = 0).
-2. ``combine``: grid (n_heads, 128 / 32), 8 warps per block, lane = one of the block's 32 dims: M = max_p m_p,
-   out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the denominator over all partitions itself
+2. ``combine``: grid (n_heads, 128 / 32), 8 warps per block, lane = one of the block's 32 dims, over the U
+   partitions (the same U from L): M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the denominator over all partitions itself
    (shuffles, no barrier) and sums every 8th partition's acc with four rows' loads in flight; one shared-memory
    sum joins the 8 warps. (A first version, one thread per dim looping over all P partitions one dependent load
    at a time on n_heads blocks, took 33 µs per call at P = 128 on the H200: 21% of a tg step.)
@@ -41,10 +42,20 @@ COMBINE_WARPS = 8
 """Warps of a combine block: each sums every 8th partition for one 32-dim slice of one head."""
 DEFAULT_SPLITS = 32
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_MIN_KEYS = 1
+MIN_KEYS_VALUES = (1, 16, 64)
+"""``min_keys``: the fewest keys a partition gets before fewer partitions are used (1: every warp of the grid takes
+a partition while L allows)."""
 
 
-def _make_partial(G: int):
+def used_partitions(L: int, parts: int, min_keys: int) -> int:
+    """U, the partitions a call over L keys uses (at least 1; host twin of the kernels' device computation)."""
+    return max(1, min(parts, (L + min_keys - 1) // min_keys))
+
+
+def _make_partial(G: int, min_keys: int):
     D = HEAD_DIM
+    MK = min_keys
     GQ = G * 4  # q values / accumulators per lane
     SC = float32(math.log2(math.e) / math.sqrt(D))
     M_INIT = float32(-1e30)
@@ -58,8 +69,10 @@ def _make_partial(G: int):
         warp = tid >> 5
         hk = cuda.blockIdx.y
         p = cuda.blockIdx.x * NP + warp
-        parts = cuda.gridDim.x * NP
         L = min(length[0], l_max)
+        parts = max(1, min(cuda.gridDim.x * NP, (L + MK - 1) // MK))
+        if p >= parts:
+            return
         chunk = (L + parts - 1) // parts
         kbeg = p * chunk
         kend = min(L, kbeg + chunk)
@@ -116,14 +129,17 @@ def _make_partial(G: int):
     return partial_kernel
 
 
-def _make_combine():
+def _make_combine(min_keys: int):
     D = HEAD_DIM
+    MK = min_keys
     CW = COMBINE_WARPS
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
 
-    def combine_kernel(ws_ml, ws_acc, out, parts, n_heads):
+    def combine_kernel(ws_ml, ws_acc, out, length, l_max, grid_parts, n_heads):
         pdl_enter()
+        L = min(length[0], l_max)
+        parts = max(1, min(grid_parts, (L + MK - 1) // MK))
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
@@ -184,28 +200,31 @@ def partial_signature(q_dtype) -> types.Signature:
     )
 
 
-COMBINE_SIGNATURE = types.void(types.float32[::1], types.float32[::1], types.float32[::1], types.int64, types.int64)
+COMBINE_SIGNATURE = types.void(types.float32[::1], types.float32[::1], types.float32[::1], types.int32[::1], types.int64,
+                               types.int64, types.int64)
 
 _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32):
-    """(partial, combine) dispatchers for GQA group size ``group`` and q dtype (compiled once; cached)."""
-    key = (int(group), np.dtype(q_dtype).name)
+def build(group: int, q_dtype=np.float32, min_keys: int = DEFAULT_MIN_KEYS):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype and ``min_keys`` (compiled once;
+    cached)."""
+    key = (int(group), np.dtype(q_dtype).name, int(min_keys))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_make_partial(group), partial_signature(q_dtype), threads=WARPS * 32),
-                kernel(_make_combine(), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
+                kernel(_make_partial(group, int(min_keys)), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_make_combine(int(min_keys)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0)) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group`` (NVVM; no GPU needed; not under the simulator)."""
-    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
-    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_keys: int = DEFAULT_MIN_KEYS) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group`` and ``min_keys`` (NVVM; no GPU needed; not under the simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group, min_keys), partial_signature(q_dtype), cc=cc,
+                            launch_bounds=(WARPS * 32,))
+    b, _ = cuda.compile_ptx(_make_combine(min_keys), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
@@ -227,7 +246,7 @@ def _is_contiguous(x) -> bool:
     return bool(getattr(x, "is_c_contiguous", lambda: True)())
 
 
-def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int, int]:
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_MIN_KEYS) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
     if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
         raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
@@ -248,13 +267,16 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
     if splits not in SPLITS_VALUES:
         raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
+    if min_keys not in MIN_KEYS_VALUES:
+        raise KernelConstraintError(f"decode_attention: min_keys must be one of {', '.join(map(str, MIN_KEYS_VALUES))}, "
+                                    f"got {min_keys}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
         raise KernelConstraintError(f"decode_attention: out must be a C-contiguous float32 [{n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}")
     return n_heads, n_kv_heads, l_max
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False):
+                     stream=0, pdl: bool = False, min_keys: int = DEFAULT_MIN_KEYS):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -262,7 +284,8 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     replays for every step; L is clamped to L_max; L must be >= 1, L = 0 gives zeros). GQA: head h reads KV head
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each), one of SPLITS_VALUES; default 32 (128 blocks for
-    4 KV heads on 132 SMs). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    4 KV heads on 132 SMs). min_keys: one of MIN_KEYS_VALUES; L is cut into min(4 * splits, ceil(L / min_keys))
+    partitions (default 1: as many as the grid has while L allows). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
     kernel before it first: `kernels.ptx.pdl_enter`).
 
@@ -271,9 +294,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
-    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits)
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys)
     group = n_heads // n_kv_heads
-    partial, combine = build(group, q.dtype)
+    partial, combine = build(group, q.dtype, min_keys)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)
@@ -285,5 +308,5 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
                   (q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,
                    ws_acc, l_max, n_heads, n_kv_heads), pdl=pdl)
     launch_kernel(combine, (n_heads, HEAD_DIM // 32), COMBINE_WARPS * 32, stream,
-                  (ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), parts, n_heads), pdl=pdl)
+                  (ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), length_dev, l_max, parts, n_heads), pdl=pdl)
     return out

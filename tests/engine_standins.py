@@ -55,12 +55,10 @@ def use_standins(monkeypatch) -> None:
 
 
 def use_simulator_decode_shapes(monkeypatch) -> None:
-    """Decode launches with the fewest simulated threads, the same arithmetic per row and per key: mat-vecs with f32
-    inputs as one warp a row, 8 rows a block (`kernels.gemv` supports it for every format; the default is two warps
-    a row), and decode attention in one split along L (the default 32 splits and their combine are tested alone in
-    tests/test_attention.py). The default shapes run on the GPU in the `gpu` tests."""
-    import kernels.attention_decode
+    """Decode mat-vecs with f32 inputs launched as one warp a row, 8 rows a block (`kernels.gemv` supports it for
+    every format; the default is two warps a row): fewer simulated threads, the same arithmetic per row. Give the
+    engine ``DecodeOptions(attn_splits=1)`` too (one decode-attention split; the default 32 and their combine are
+    tested alone in tests/test_attention.py). The default shapes run on the GPU in the `gpu` tests."""
     import minfer_cli.engine.gemv_policy as policy
 
     monkeypatch.setattr(policy, "GEMV_F32", {"rows_per_block": 8, "warps_per_row": 1})
-    monkeypatch.setattr(kernels.attention_decode, "DEFAULT_SPLITS", 1)

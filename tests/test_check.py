@@ -142,7 +142,8 @@ def test_every_type_in_every_role_passes_the_check(mix, monkeypatch):
                                  vocab=256)
     assert config.tied_output == tied
     weights = _typed(synth_weights(config, int(rng.integers(0, 2**31))), MIXES[mix], rng)
-    result = check(weights, EXACT, prompt=4, steps=1, seed=int(rng.integers(0, 2**31)))
+    options = dataclasses.replace(EXACT, decode=dataclasses.replace(EXACT.decode, attn_splits=1))
+    result = check(weights, options, prompt=4, steps=1, seed=int(rng.integers(0, 2**31)))
     assert result.passed, result.as_dict()
     assert [(p.phase, p.position) for p in result.positions] == [("prefill", 3), ("decode", 4)]
     assert len(result.layers) == 2 and all(e < 1e-2 for e in result.layers)

@@ -317,6 +317,13 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).decode.mmvq is False
+    from kernels.attention_decode import DEFAULT_MIN_KEYS, DEFAULT_SPLITS, MIN_KEYS_VALUES, SPLITS_VALUES
+
+    assert set(knobs["ATTN_SPLITS"].values) <= set(SPLITS_VALUES) and knobs["ATTN_SPLITS"].default == DEFAULT_SPLITS
+    assert set(knobs["ATTN_MINK"].values) <= set(MIN_KEYS_VALUES) and knobs["ATTN_MINK"].default == DEFAULT_MIN_KEYS
+    assert (default.attn_splits, default.attn_min_keys) == (DEFAULT_SPLITS, DEFAULT_MIN_KEYS)
+    attn = engine_options(resolve_config(engine_knobs(), {"ATTN_SPLITS": "128", "ATTN_MINK": "16"}, "e")).decode
+    assert (attn.attn_splits, attn.attn_min_keys) == (128, 16)
 
     from minfer_cli import experiment as registry
 
@@ -718,6 +725,32 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
     assert len(configs) >= 14 * weights.config.n_layers
     assert all(c.programmatic_stream_serialization for c in configs)
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits, min_keys", [(128, 1), (128, 16), (64, 64)])
+def test_attention_split_knobs_move_the_logits_by_rounding_only(splits, min_keys):
+    """ATTN_SPLITS / ATTN_MINK only regroup decode attention's partial sums: 48 teacher-forced eager steps (cache
+    lengths 1..48, so some partitions idle and some not) give logits within 1e-4 of the default's at every step."""
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
+    tokens = rng.integers(0, weights.config.vocab, size=48)
+    runs = []
+    for options in (DecodeOptions(graphs=False), DecodeOptions(graphs=False, attn_splits=splits,
+                                                                attn_min_keys=min_keys)):
+        engine = DecodeEngine(weights, 48, options)
+        steps = []
+        for i, token in enumerate(tokens):
+            engine.start(int(token), i)
+            steps.append(engine.step().copy_to_host(stream=engine.stream))
+        engine.stream.synchronize()
+        engine.close()
+        runs.append(np.array(steps, dtype=np.float64))
+    err = np.linalg.norm(runs[1] - runs[0], axis=1) / np.linalg.norm(runs[0], axis=1)
+    assert np.isfinite(runs[1]).all() and err.max() < 1e-4, err.max()
 
 
 @pytest.mark.gpu

@@ -37,7 +37,8 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "DEEP", "PDL")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "DEEP", "PDL",
+                "ATTN_SPLITS", "ATTN_MINK")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -73,6 +74,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
                                      "its output (the default: it shortens the step); 0 ordinary launches", legacy=0)]
+    knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 32, "decode (tg): decode-attention blocks per KV head along the "
+                                                    "cache (4 warp partitions each)")]
+    knobs += [Knob("ATTN_MINK", (1, 16, 64), 1, "decode (tg): the fewest cache rows a decode-attention partition "
+                                               "gets; 1 uses every partition of the grid while L allows, more keeps "
+                                               "short caches in fewer partitions (a larger ATTN_SPLITS for long ones)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -105,7 +111,8 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
-                           fuse_qkv=bool(config.get("FUSE_QKV", 0)))
+                           fuse_qkv=bool(config.get("FUSE_QKV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 32)),
+                           attn_min_keys=int(config.get("ATTN_MINK", 1)))
     return EngineOptions(prefill, decode)
 
 

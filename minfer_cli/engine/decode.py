@@ -78,11 +78,11 @@ class _DecodeLayer:
 def decode_device_bytes(c: ModelConfig, context: int) -> int:
     """Device bytes a standalone `DecodeEngine` allocates beyond the quantized weights (its KV cache and buffers)."""
     from kernels.argmax import default_blocks
-    from kernels.attention_decode import DEFAULT_SPLITS, WARPS
+    from kernels.attention_decode import SPLITS_VALUES, WARPS
 
     kv = 2 * 2 * c.n_layers * context * c.kv_dim
     vectors = 4 * (2 * c.hidden + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.ffn + c.vocab) + 2 * c.q_dim
-    workspace = 4 * WARPS * DEFAULT_SPLITS * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
+    workspace = 4 * WARPS * max(SPLITS_VALUES) * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
     return kv + vectors + workspace + 4 * context
 
 
@@ -93,7 +93,8 @@ class DecodeEngine:
     engine owns its caches; ignored with ``prefill``. options: `DecodeOptions` (``options.graphs`` picks graph
     replay or eager launches; the mat-vec choices are `minfer_cli.engine.gemv_policy.GemvPolicy`'s). prefill: a `PrefillEngine` over the same weights whose KV caches, context and stream decode
     shares (a prompt prefilled there is continued here). stream: default the prefill engine's or a new one.
-    splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`). rows_per_block,
+    splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`; None: the options'
+    ``attn_splits``). rows_per_block,
     warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: the policy's shapes, the fastest measured
     for each input form).
 
@@ -108,7 +109,7 @@ class DecodeEngine:
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
-        from kernels.attention_decode import DEFAULT_SPLITS, HEAD_DIM, decode_workspace
+        from kernels.attention_decode import HEAD_DIM, decode_workspace
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -130,7 +131,8 @@ class DecodeEngine:
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.pdl = bool(options.pdl)
-        self.splits = int(splits or DEFAULT_SPLITS)
+        self.splits = int(splits or options.attn_splits)
+        self.attn_min_keys = int(options.attn_min_keys)
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
         if prefill is not None:
             self.context = prefill.context
@@ -327,7 +329,8 @@ class DecodeEngine:
                  factors=self.rope_factors)
             kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s, pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
+                             min_keys=self.attn_min_keys)
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             hq = self._norm(layer.ffn_norm)

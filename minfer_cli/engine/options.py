@@ -40,7 +40,9 @@ class DecodeOptions:
     for one wave (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent
     launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
     output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
-    their stacked rows (True) or one each (False)."""
+    their stacked rows (True) or one each (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
+    (`kernels.attention_decode.SPLITS_VALUES`); attn_min_keys (ATTN_MINK): the fewest keys a partition of the cache
+    gets (`kernels.attention_decode.MIN_KEYS_VALUES`; 1: every warp of the grid takes one while L allows)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -51,6 +53,8 @@ class DecodeOptions:
     deep: bool = True
     pdl: bool = True
     fuse_qkv: bool = False
+    attn_splits: int = 32
+    attn_min_keys: int = 1
 
 
 @dataclass(frozen=True)
