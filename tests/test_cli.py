@@ -135,7 +135,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),
         (["ledger", "show", "-e", "nope"], "no record of experiment 'nope'"),
         (["bench", "-m", "/nonexistent/model.gguf"], "-m /nonexistent/model.gguf: no such file"),
-        (["bench", "--preset", "tiny", "-d", "4k"], "-d takes comma-separated token counts, e.g. -d 512,2048; got '4k'"),
+        (["bench", "--preset", "tiny", "-d", "4k"], "-d takes comma-separated token counts, e.g. -d 0,4096; got '4k'"),
         (["bench", "--preset", "tiny", "-d", "0,-5"], "-d token counts must be >= 0, got -5"),
         (["bench", "--preset", "tiny", "-p", "16", "-n", "0", "-d", "0,1000000"],
          "-p 16 after a depth of -d 1000000 is beyond the model's context length"),

@@ -23,7 +23,8 @@ def parse_counts(text: str, flag: str, keep_zero: bool = False) -> list[int]:
     for part in str(text).split(","):
         part = part.strip()
         if not re.fullmatch(r"[+-]?[0-9]+", part):  # ASCII digits: int() also takes "٣"
-            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} 512,2048; got {text!r}")
+            example = "0,4096" if keep_zero else "512,2048"
+            raise UsageError(f"{flag} takes comma-separated token counts, e.g. {flag} {example}; got {text!r}")
         value = int(part)
         if value < 0:
             raise UsageError(f"{flag} token counts must be >= 0, got {value}")
