@@ -687,25 +687,45 @@ def test_every_config_field_changes_the_kernel(field):
 
 
 @pytest.mark.compile
-def test_every_knob_changes_the_code():
+def test_launch_shape_and_residual_change_the_code():
+    """RPB, WPR (its shared-memory join) and the residual epilogue each change the sm_90 code."""
     base = _ptx("Q4_K", 1, 1)
     assert _ptx("Q4_K", 2, 1) != base  # RPB: rows decoded per warp
     assert _ptx("Q4_K", 1, 2) != base  # WPR: shared-memory join (and the launch's 32*WPR threads)
     assert "bar.sync" in _ptx("Q4_K", 1, 2) and "bar.sync" not in base
     assert _ptx("Q4_K", 1, 1, residual=True) != base
+
+
+@pytest.mark.compile
+def test_glu_kernel_runs_two_dp4a_chains_without_spills():
     glu = _ptx("Q4_K", 4, 2, mmvq=True, glu=True)  # the SwiGLU kernel: two weights, ex2 of the silu, no spills
     assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
         "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, rpb, wpr, mmvq, glu, lines", [
+    ("Q4_K", 1, 1, False, False, 1),  # one line a lane
+    ("Q4_K", 4, 2, True, True, 2),  # 24 lines a weight: one each
+    ("Q4_K", 8, 1, True, False, 2),  # the WIDE shape: 8 rows of 8 lines, two a lane
+    ("Q6_K", 4, 1, True, False, 1),  # 4 rows of 8 lines: one a lane
+])
+def test_pdl_prefetches_each_lanes_first_weight_lines(name, rpb, wpr, mmvq, glu, lines):
     line = "prefetch.global.L2 "
-    assert line not in base and _ptx("Q4_K", 1, 1, pdl=1).count(line) == 1  # PDL's first chunk: one a lane
-    assert _ptx("Q4_K", 4, 2, mmvq=True, glu=True, pdl=1).count(line) == 2  # 24 lines a weight: one each
-    assert _ptx("Q6_K", 8, 1, mmvq=True, pdl=1).count(line) == 2  # 8 rows of 8 lines: two a lane
-    for stage in (0, 2):  # PDL: the launch trigger first, then W only (a prefetch, the ring's copies), then the wait
-        pdl = _ptx("Q6_K", 4, 2, mmvq=True, stage=stage, pdl=1)
-        assert "griddepcontrol" not in _ptx("Q6_K", 4, 2, mmvq=True, stage=stage)
-        trigger, wait = pdl.index("griddepcontrol.launch_dependents"), pdl.index("griddepcontrol.wait")
-        w_first = pdl.index("cp.async" if stage else "prefetch.global.L2")
-        assert trigger < w_first < wait < pdl.index("ld.global"), "W's first bytes asked for before the wait, x after"
+    assert _ptx(name, rpb, wpr, mmvq=mmvq, glu=glu, pdl=1).count(line) == lines
+    if (name, rpb) == ("Q4_K", 1):
+        assert line not in _ptx(name, rpb, wpr)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("stage", [0, 2])
+def test_pdl_triggers_then_asks_for_weights_then_waits(stage):
+    """PDL: the launch trigger first, then W only (a prefetch, the ring's copies), then the wait, then x."""
+    pdl = _ptx("Q6_K", 4, 2, mmvq=True, stage=stage, pdl=1)
+    assert "griddepcontrol" not in _ptx("Q6_K", 4, 2, mmvq=True, stage=stage)
+    trigger, wait = pdl.index("griddepcontrol.launch_dependents"), pdl.index("griddepcontrol.wait")
+    w_first = pdl.index("cp.async" if stage else "prefetch.global.L2")
+    assert trigger < w_first < wait < pdl.index("ld.global"), "W's first bytes asked for before the wait, x after"
 
 
 @pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, stage", [
