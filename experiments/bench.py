@@ -119,15 +119,11 @@ class BenchExperiment(Experiment):
     def _filler(self, workload: Workload):
         """A tg workload's cache at its depth: one eager prefill engine per workload, shared by every arm's decode
         engine (a generation writes rows depth.. only, so the arms never disturb the depth rows)."""
-        from minfer_cli.engine.bench import FILL_CHUNK, fill_options
-        from minfer_cli.engine.forward import PrefillEngine
+        from minfer_cli.engine.bench import depth_filler
 
         if workload.name not in self._fillers:
-            depth = self._depth(workload)
-            filler = PrefillEngine(self._model(workload), min(depth, FILL_CHUNK), fill_options(),
-                                   context=depth + workload.shape["n"])
-            filler.fill(self._depth_tokens(workload))
-            self._fillers[workload.name] = filler
+            self._fillers[workload.name] = depth_filler(self._model(workload), self._depth_tokens(workload),
+                                                        workload.shape["n"])
         return self._fillers[workload.name]
 
     def _engine(self, config, workload: Workload):

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from minfer_cli.engine.forward import PrefillEngine, device_bytes
+from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 from minfer_cli.engine.errors import ModelError
@@ -223,10 +223,16 @@ FILL_CHUNK = 512
 """Tokens per eager prefill when a tg test's KV cache is filled to its depth."""
 
 
-def fill_options() -> PrefillOptions:
-    """The prefill that fills a tg test's cache to its depth: W16=0 (no f16 weight copies), eager, default GEMM
-    and flash-attention knobs."""
-    return PrefillOptions(w16=False, pgraph=False)
+def depth_filler(weights: ModelWeights, tokens, n: int) -> PrefillEngine:
+    """A tg test's KV cache at depth d = len(tokens), room for n more rows: a prefill engine (W16=0, no f16 weight
+    copies; eager; default GEMM and flash-attention knobs, so tg reads decode knobs only) that has written rows
+    0..d-1 from ``tokens`` in chunks of `FILL_CHUNK`. A `DecodeEngine` given it as ``prefill`` shares that cache;
+    close it after the decode engine."""
+    depth = len(tokens)
+    filler = PrefillEngine(weights, min(depth, FILL_CHUNK), PrefillOptions(w16=False, pgraph=False),
+                           context=depth + n)
+    filler.fill(tokens)
+    return filler
 
 
 def check_fits_tg(weights: ModelWeights, max_tokens: int, depth: int = 0) -> None:
@@ -243,8 +249,7 @@ def check_fits_tg(weights: ModelWeights, max_tokens: int, depth: int = 0) -> Non
         raise ModelError(f"-n {max_tokens}{at} is beyond the model's context length {c.context_length}")
     need = decode_device_bytes(c, context)
     if depth:  # the filling engine owns the cache the decode engine shares: count its KV rows once
-        kv = 2 * 2 * c.n_layers * context * c.kv_dim
-        need += device_bytes(c, min(depth, FILL_CHUNK), False, context=context) - kv
+        need += device_bytes(c, min(depth, FILL_CHUNK), False, context=context) - kv_cache_bytes(c, context)
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
         raise ModelError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
@@ -267,8 +272,7 @@ def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: DecodeO
         if depth:
             if progress:
                 progress(f"filling the KV cache to depth {depth}", 0.0)
-            filler = PrefillEngine(weights, min(depth, FILL_CHUNK), fill_options(), context=depth + max(counts))
-            filler.fill(rng.integers(0, c.vocab, size=depth, dtype=np.int32))
+            filler = depth_filler(weights, rng.integers(0, c.vocab, size=depth, dtype=np.int32), max(counts))
             engine = DecodeEngine(weights, options=options, prefill=filler)
         else:
             engine = DecodeEngine(weights, max(counts), options)

@@ -55,7 +55,7 @@ import numpy as np
 
 from minfer_cli.engine.config import ModelConfig
 from minfer_cli.engine.errors import ModelError
-from minfer_cli.engine.forward import PrefillEngine
+from minfer_cli.engine.forward import PrefillEngine, kv_cache_bytes
 from minfer_cli.engine.gemv_policy import GemvOperand, GemvPolicy
 from minfer_cli.engine.options import DecodeOptions
 from minfer_cli.engine.weights import ModelWeights
@@ -80,7 +80,7 @@ def decode_device_bytes(c: ModelConfig, context: int) -> int:
     from kernels.argmax import default_blocks
     from kernels.attention_decode import SPLITS_VALUES, WARPS
 
-    kv = 2 * 2 * c.n_layers * context * c.kv_dim
+    kv = kv_cache_bytes(c, context)
     vectors = 4 * (2 * c.hidden + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.ffn + c.vocab) + 2 * c.q_dim
     workspace = 4 * WARPS * max(SPLITS_VALUES) * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
     return kv + vectors + workspace + 4 * context

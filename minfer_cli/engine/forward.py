@@ -312,12 +312,17 @@ def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
     return per_layer * c.n_layers + [(c.vocab, c.hidden)]
 
 
+def kv_cache_bytes(c: ModelConfig, context: int) -> int:
+    """Bytes of the f16 K and V caches of every layer over ``context`` rows."""
+    return 2 * 2 * c.n_layers * context * c.kv_dim
+
+
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
     cache, activations), so that a prompt that cannot fit is refused before anything is allocated."""
     shapes = gemm_weight_shapes(c)
     weights = 2 * (sum(od * id for od, id in shapes) if w16 else max(od * id for od, id in shapes))
-    kv = 2 * 2 * c.n_layers * (context or max_tokens) * c.kv_dim
+    kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
     per_token = 4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + 4 * 2 * c.ffn + 2 * c.ffn
     return weights + kv + max_tokens * per_token + 4 * c.vocab
