@@ -34,7 +34,7 @@ from numba import cuda, float32, types
 from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
-from kernels.ptx import pdl_enter, shfl_xor_f32
+from kernels.ptx import ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
 
 HEAD_DIM = 128
 WARPS = 4
@@ -46,6 +46,11 @@ DEFAULT_MIN_KEYS = 1
 MIN_KEYS_VALUES = (1, 16, 64)
 """``min_keys``: the fewest keys a partition gets before fewer partitions are used (1: every warp of the grid takes
 a partition while L allows)."""
+DEFAULT_WARP_KEYS = 1
+WARP_KEYS_VALUES = (1, 4)
+"""``warp_keys``: keys a warp reads per iteration of its partition (1: lane l owns dims 4l..4l+3 of one key; 4: a
+half-warp per key, lane owns 8 dims, 16-byte loads, 2 keys a half-warp in flight; 8 would not keep G=7's
+accumulators in registers: NVVM leaves its loops rolled)."""
 
 
 def used_partitions(L: int, parts: int, min_keys: int) -> int:
@@ -129,6 +134,131 @@ def _make_partial(G: int, min_keys: int):
     return partial_kernel
 
 
+def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
+    """The partial kernel that reads ``warp_keys`` keys a warp iteration: a half-warp per key, lane l owns dims
+    8(l % 16)..8(l % 16)+7 (one 16-byte load of K and one of V per key), so each half-warp has warp_keys / 2 keys'
+    loads in flight and a score takes 4 shuffles inside the half-warp (the two halves share each shuffle)."""
+    D = HEAD_DIM
+    MK = min_keys
+    KH = warp_keys // 2  # keys per half-warp per iteration
+    KW = KH * 4  # (local.array sizes must be plain constants: numba does not fold products)
+    KF = KH * 8
+    GK = G * KH
+    GQ = G * 8
+    SC = float32(math.log2(math.e) / math.sqrt(D))
+    M_INIT = float32(-1e30)
+    ZERO = float32(0.0)
+    NP = WARPS
+
+    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
+        pdl_enter()
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        half = lane >> 4
+        sub = lane & 15
+        warp = tid >> 5
+        hk = cuda.blockIdx.y
+        p = cuda.blockIdx.x * NP + warp
+        L = min(length[0], l_max)
+        parts = max(1, min(cuda.gridDim.x * NP, (L + MK - 1) // MK))
+        if p >= parts:
+            return
+        chunk = (L + parts - 1) // parts
+        kbeg = p * chunk
+        kend = min(L, kbeg + chunk)
+        ks = n_kv_heads * D
+        col = hk * D + sub * 8
+
+        qv = cuda.local.array(GQ, float32)
+        acc = cuda.local.array(GQ, float32)
+        m = cuda.local.array(G, float32)
+        ls = cuda.local.array(G, float32)
+        kw = cuda.local.array(KW, types.uint32)
+        vw = cuda.local.array(KW, types.uint32)
+        kf = cuda.local.array(KF, float32)
+        sc = cuda.local.array(GK, float32)
+        alpha = cuda.local.array(G, float32)
+        ok = cuda.local.array(KH, types.boolean)
+        for gi in range(G):
+            m[gi] = M_INIT
+            ls[gi] = ZERO
+            for e in range(8):
+                qv[gi * 8 + e] = float32(q[(hk * G + gi) * D + sub * 8 + e]) * SC
+                acc[gi * 8 + e] = ZERO
+
+        for t in range(kbeg, kend, 2 * KH):
+            for u in range(KH):
+                j = t + 2 * u + half
+                ok[u] = j < kend
+                row = j if j < kend else kbeg
+                kw[u * 4], kw[u * 4 + 1], kw[u * 4 + 2], kw[u * 4 + 3] = ld_global_v4_b32(kc, row * ks + col)
+                vw[u * 4], vw[u * 4 + 1], vw[u * 4 + 2], vw[u * 4 + 3] = ld_global_v4_b32(vc, row * ks + col)
+            for w in range(KW):
+                lo, hi = unpack_f16x2(kw[w])
+                kf[2 * w] = float32(lo)
+                kf[2 * w + 1] = float32(hi)
+            # scores of the G heads x KH keys (lane partial dots, then 4 shuffles inside the half-warp)
+            for i in range(GK):
+                x = (i // KH) * 8
+                y = (i % KH) * 8
+                s = ZERO
+                for e in range(8):
+                    s += qv[x + e] * kf[y + e]
+                sc[i] = s
+            for i in range(GK):
+                sc[i] += shfl_xor_f32(sc[i], 8)
+            for i in range(GK):
+                sc[i] += shfl_xor_f32(sc[i], 4)
+            for i in range(GK):
+                sc[i] += shfl_xor_f32(sc[i], 2)
+            for i in range(GK):
+                sc[i] += shfl_xor_f32(sc[i], 1)
+            # online softmax: one rescale per head per iteration
+            for gi in range(G):
+                m_new = m[gi]
+                for u in range(KH):
+                    if ok[u]:
+                        m_new = max(m_new, sc[gi * KH + u])
+                alpha[gi] = math.exp2(m[gi] - m_new)
+                m[gi] = m_new
+                lsum = ls[gi] * alpha[gi]
+                for u in range(KH):
+                    pj = math.exp2(sc[gi * KH + u] - m_new) if ok[u] else ZERO
+                    sc[gi * KH + u] = pj
+                    lsum += pj
+                ls[gi] = lsum
+            for w in range(KW):
+                lo, hi = unpack_f16x2(vw[w])
+                kf[2 * w] = float32(lo)
+                kf[2 * w + 1] = float32(hi)
+            for gi in range(G):
+                for e in range(8):
+                    a = acc[gi * 8 + e] * alpha[gi]
+                    for u in range(KH):
+                        a += sc[gi * KH + u] * kf[u * 8 + e]
+                    acc[gi * 8 + e] = a
+
+        for gi in range(G):
+            # join the two half-warps' states (lanes l and l ^ 16 own the same dims)
+            x = gi * 8
+            mo = shfl_xor_f32(m[gi], 16)
+            lo_ = shfl_xor_f32(ls[gi], 16)
+            mm = max(m[gi], mo)
+            a = math.exp2(m[gi] - mm)
+            b = math.exp2(mo - mm)
+            h = hk * G + gi
+            row = p * n_heads + h
+            if lane == 0:
+                ws_ml[row * 2] = mm
+                ws_ml[row * 2 + 1] = ls[gi] * a + lo_ * b
+            for e in range(8):
+                v = acc[x + e] * a + shfl_xor_f32(acc[x + e], 16) * b
+                if half == 0:
+                    ws_acc[row * D + sub * 8 + e] = v
+
+    return partial_kernel
+
+
 def _make_combine(min_keys: int):
     D = HEAD_DIM
     MK = min_keys
@@ -207,22 +337,31 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32, min_keys: int = DEFAULT_MIN_KEYS):
-    """(partial, combine) dispatchers for GQA group size ``group``, q dtype and ``min_keys`` (compiled once;
-    cached)."""
-    key = (int(group), np.dtype(q_dtype).name, int(min_keys))
+def _partial_source(group: int, min_keys: int, warp_keys: int):
+    if warp_keys == 1:
+        return _make_partial(group, min_keys)
+    return _make_partial_wide(group, min_keys, warp_keys)
+
+
+def build(group: int, q_dtype=np.float32, min_keys: int = DEFAULT_MIN_KEYS, warp_keys: int = DEFAULT_WARP_KEYS):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, ``min_keys`` and ``warp_keys``
+    (compiled once; cached)."""
+    key = (int(group), np.dtype(q_dtype).name, int(min_keys), int(warp_keys))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_make_partial(group, int(min_keys)), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_partial_source(group, int(min_keys), int(warp_keys)), partial_signature(q_dtype),
+                       threads=WARPS * 32),
                 kernel(_make_combine(int(min_keys)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_keys: int = DEFAULT_MIN_KEYS) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group`` and ``min_keys`` (NVVM; no GPU needed; not under the simulator)."""
-    a, _ = cuda.compile_ptx(_make_partial(group, min_keys), partial_signature(q_dtype), cc=cc,
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_keys: int = DEFAULT_MIN_KEYS,
+               warp_keys: int = DEFAULT_WARP_KEYS) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group``, ``min_keys`` and ``warp_keys`` (NVVM; no GPU needed; not under the
+    simulator)."""
+    a, _ = cuda.compile_ptx(_partial_source(group, min_keys, warp_keys), partial_signature(q_dtype), cc=cc,
                             launch_bounds=(WARPS * 32,))
     b, _ = cuda.compile_ptx(_make_combine(min_keys), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
@@ -246,7 +385,8 @@ def _is_contiguous(x) -> bool:
     return bool(getattr(x, "is_c_contiguous", lambda: True)())
 
 
-def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_MIN_KEYS) -> tuple[int, int, int]:
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_MIN_KEYS,
+                 warp_keys=DEFAULT_WARP_KEYS) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
     if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
         raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
@@ -270,13 +410,17 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_
     if min_keys not in MIN_KEYS_VALUES:
         raise KernelConstraintError(f"decode_attention: min_keys must be one of {', '.join(map(str, MIN_KEYS_VALUES))}, "
                                     f"got {min_keys}")
+    if warp_keys not in WARP_KEYS_VALUES:
+        raise KernelConstraintError(f"decode_attention: warp_keys must be one of {', '.join(map(str, WARP_KEYS_VALUES))}, "
+                                    f"got {warp_keys}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
         raise KernelConstraintError(f"decode_attention: out must be a C-contiguous float32 [{n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}")
     return n_heads, n_kv_heads, l_max
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, min_keys: int = DEFAULT_MIN_KEYS):
+                     stream=0, pdl: bool = False, min_keys: int = DEFAULT_MIN_KEYS,
+                     warp_keys: int = DEFAULT_WARP_KEYS):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -285,7 +429,8 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each), one of SPLITS_VALUES; default 32 (128 blocks for
     4 KV heads on 132 SMs). min_keys: one of MIN_KEYS_VALUES; L is cut into min(4 * splits, ceil(L / min_keys))
-    partitions (default 1: as many as the grid has while L allows). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    partitions (default 1: as many as the grid has while L allows). warp_keys: one of WARP_KEYS_VALUES, keys a warp
+    reads per iteration (default 1; 4: a half-warp per key, 16-byte loads). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
     kernel before it first: `kernels.ptx.pdl_enter`).
 
@@ -294,9 +439,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
-    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys)
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys, warp_keys)
     group = n_heads // n_kv_heads
-    partial, combine = build(group, q.dtype, min_keys)
+    partial, combine = build(group, q.dtype, min_keys, warp_keys)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)

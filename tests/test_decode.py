@@ -317,13 +317,17 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).decode.mmvq is False
-    from kernels.attention_decode import DEFAULT_MIN_KEYS, DEFAULT_SPLITS, MIN_KEYS_VALUES, SPLITS_VALUES
+    from kernels.attention_decode import (DEFAULT_MIN_KEYS, DEFAULT_SPLITS, DEFAULT_WARP_KEYS, MIN_KEYS_VALUES,
+                                          SPLITS_VALUES, WARP_KEYS_VALUES)
 
     assert set(knobs["ATTN_SPLITS"].values) <= set(SPLITS_VALUES) and knobs["ATTN_SPLITS"].default == DEFAULT_SPLITS
     assert set(knobs["ATTN_MINK"].values) <= set(MIN_KEYS_VALUES) and knobs["ATTN_MINK"].default == DEFAULT_MIN_KEYS
-    assert (default.attn_splits, default.attn_min_keys) == (DEFAULT_SPLITS, DEFAULT_MIN_KEYS)
-    attn = engine_options(resolve_config(engine_knobs(), {"ATTN_SPLITS": "128", "ATTN_MINK": "16"}, "e")).decode
-    assert (attn.attn_splits, attn.attn_min_keys) == (128, 16)
+    assert set(knobs["ATTN_KEYS"].values) == set(WARP_KEYS_VALUES) and knobs["ATTN_KEYS"].default == DEFAULT_WARP_KEYS
+    assert (default.attn_splits, default.attn_min_keys, default.attn_warp_keys) == (DEFAULT_SPLITS, DEFAULT_MIN_KEYS,
+                                                                                  DEFAULT_WARP_KEYS)
+    attn = engine_options(resolve_config(engine_knobs(), {"ATTN_SPLITS": "128", "ATTN_MINK": "16", "ATTN_KEYS": "4"},
+                                         "e")).decode
+    assert (attn.attn_splits, attn.attn_min_keys, attn.attn_warp_keys) == (128, 16, 4)
 
     from minfer_cli import experiment as registry
 
@@ -728,10 +732,13 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits, min_keys", [(128, 1), (128, 16), (64, 64)])
-def test_attention_split_knobs_move_the_logits_by_rounding_only(splits, min_keys):
-    """ATTN_SPLITS / ATTN_MINK only regroup decode attention's partial sums: 48 teacher-forced eager steps (cache
-    lengths 1..48, so some partitions idle and some not) give logits within 1e-4 of the default's at every step."""
+@pytest.mark.parametrize("splits, min_keys, warp_keys", [(128, 1, 1), (128, 16, 1), (64, 64, 1), (128, 1, 4),
+                                                         (32, 16, 4)])
+def test_attention_split_knobs_move_the_logits_by_rounding_only(splits, min_keys, warp_keys):
+    """ATTN_SPLITS / ATTN_MINK / ATTN_KEYS only regroup decode attention's partial sums: 48 teacher-forced eager steps
+    (cache lengths 1..48, so some partitions idle and some not) give logits within 1e-4 of the default's at every
+    step. MMVQ=0 (f32 mat-vec inputs): a Q8_1 quantization of the attention output would turn a last-bit difference
+    into a whole rounding step of the int8 grid."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 
@@ -739,8 +746,9 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits, min_keys
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     tokens = rng.integers(0, weights.config.vocab, size=48)
     runs = []
-    for options in (DecodeOptions(graphs=False), DecodeOptions(graphs=False, attn_splits=splits,
-                                                                attn_min_keys=min_keys)):
+    for options in (DecodeOptions(graphs=False, mmvq=False),
+                    DecodeOptions(graphs=False, mmvq=False, attn_splits=splits, attn_min_keys=min_keys,
+                                  attn_warp_keys=warp_keys)):
         engine = DecodeEngine(weights, 48, options)
         steps = []
         for i, token in enumerate(tokens):

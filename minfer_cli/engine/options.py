@@ -42,7 +42,9 @@ class DecodeOptions:
     output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
     their stacked rows (True) or one each (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
     (`kernels.attention_decode.SPLITS_VALUES`); attn_min_keys (ATTN_MINK): the fewest keys a partition of the cache
-    gets (`kernels.attention_decode.MIN_KEYS_VALUES`; 1: every warp of the grid takes one while L allows)."""
+    gets (`kernels.attention_decode.MIN_KEYS_VALUES`; 1: every warp of the grid takes one while L allows);
+    attn_warp_keys (ATTN_KEYS): cache rows a decode-attention warp reads per iteration
+    (`kernels.attention_decode.WARP_KEYS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -55,6 +57,7 @@ class DecodeOptions:
     fuse_qkv: bool = False
     attn_splits: int = 32
     attn_min_keys: int = 1
+    attn_warp_keys: int = 1
 
 
 @dataclass(frozen=True)
