@@ -158,16 +158,19 @@ def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
         sub = lane & 15
         warp = tid >> 5
         hk = cuda.blockIdx.y
-        p = cuda.blockIdx.x * NP + warp
+        blk = cuda.blockIdx.x
+        p = blk * NP + warp
         L = min(length[0], l_max)
         parts = max(1, min(cuda.gridDim.x * NP, (L + MK - 1) // MK))
-        if p >= parts:
-            return
+        if blk * NP >= parts:
+            return  # the whole block idle (uniform: no barrier is skipped)
         chunk = (L + parts - 1) // parts
         kbeg = p * chunk
-        kend = min(L, kbeg + chunk)
+        kend = min(L, kbeg + chunk) if p < parts else kbeg
         ks = n_kv_heads * D
         col = hk * D + sub * 8
+        sm_acc = cuda.shared.array((NP, G, D), float32)
+        sm_ml = cuda.shared.array((NP, G, 2), float32)
 
         qv = cuda.local.array(GQ, float32)
         acc = cuda.local.array(GQ, float32)
@@ -239,29 +242,47 @@ def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
                     acc[gi * 8 + e] = a
 
         for gi in range(G):
-            # join the two half-warps' states (lanes l and l ^ 16 own the same dims)
+            # join the two half-warps' states (lanes l and l ^ 16 own the same dims) into shared memory
             x = gi * 8
             mo = shfl_xor_f32(m[gi], 16)
             lo_ = shfl_xor_f32(ls[gi], 16)
             mm = max(m[gi], mo)
             a = math.exp2(m[gi] - mm)
             b = math.exp2(mo - mm)
-            h = hk * G + gi
-            row = p * n_heads + h
             if lane == 0:
-                ws_ml[row * 2] = mm
-                ws_ml[row * 2 + 1] = ls[gi] * a + lo_ * b
+                sm_ml[warp, gi, 0] = mm
+                sm_ml[warp, gi, 1] = ls[gi] * a + lo_ * b
             for e in range(8):
                 v = acc[x + e] * a + shfl_xor_f32(acc[x + e], 16) * b
                 if half == 0:
-                    ws_acc[row * D + sub * 8 + e] = v
+                    sm_acc[warp, gi, sub * 8 + e] = v
+        cuda.syncthreads()
+        # join the block's NP warps: thread tid owns dim tid of every head; one workspace row per block
+        for gi in range(G):
+            mm = sm_ml[0, gi, 0]
+            for w in range(1, NP):
+                mm = max(mm, sm_ml[w, gi, 0])
+            num = ZERO
+            den = ZERO
+            for w in range(NP):
+                f = math.exp2(sm_ml[w, gi, 0] - mm)
+                num += f * sm_acc[w, gi, tid]
+                den += f * sm_ml[w, gi, 1]
+            row = blk * n_heads + hk * G + gi
+            ws_acc[row * D + tid] = num
+            if tid == 0:
+                ws_ml[row * 2] = mm
+                ws_ml[row * 2 + 1] = den
 
     return partial_kernel
 
 
-def _make_combine(min_keys: int):
+def _make_combine(min_keys: int, row_warps: int):
+    """``row_warps``: warp partitions joined in one workspace row (1: the warp kernel's rows; WARPS: the half-warp
+    kernel joins its block's warps before writing)."""
     D = HEAD_DIM
     MK = min_keys
+    RW = row_warps
     CW = COMBINE_WARPS
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
@@ -269,7 +290,7 @@ def _make_combine(min_keys: int):
     def combine_kernel(ws_ml, ws_acc, out, length, l_max, grid_parts, n_heads):
         pdl_enter()
         L = min(length[0], l_max)
-        parts = max(1, min(grid_parts, (L + MK - 1) // MK))
+        parts = (max(1, min(grid_parts, (L + MK - 1) // MK)) + RW - 1) // RW
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
@@ -337,6 +358,10 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
+def _row_warps(warp_keys: int) -> int:
+    return 1 if warp_keys == 1 else WARPS
+
+
 def _partial_source(group: int, min_keys: int, warp_keys: int):
     if warp_keys == 1:
         return _make_partial(group, min_keys)
@@ -352,7 +377,8 @@ def build(group: int, q_dtype=np.float32, min_keys: int = DEFAULT_MIN_KEYS, warp
             _BUILT[key] = (
                 kernel(_partial_source(group, int(min_keys), int(warp_keys)), partial_signature(q_dtype),
                        threads=WARPS * 32),
-                kernel(_make_combine(int(min_keys)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
+                kernel(_make_combine(int(min_keys), _row_warps(int(warp_keys))), COMBINE_SIGNATURE,
+                       threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
@@ -363,7 +389,7 @@ def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_keys: int = DEFAUL
     simulator)."""
     a, _ = cuda.compile_ptx(_partial_source(group, min_keys, warp_keys), partial_signature(q_dtype), cc=cc,
                             launch_bounds=(WARPS * 32,))
-    b, _ = cuda.compile_ptx(_make_combine(min_keys), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
+    b, _ = cuda.compile_ptx(_make_combine(min_keys, _row_warps(warp_keys)), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
