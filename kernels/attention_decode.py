@@ -6,18 +6,19 @@ device scalar: one CUDA graph replays every decode step), out f32 ``[n_heads, 12
 
 Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
 
-1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into U contiguous partitions of
-   ceil(L / U) keys, one per warp, U = min(4 * splits, ceil(L / min_keys)) (computed on the device from L, so any L
-   in 1..L_max works with a fixed grid; warps past U return at once: with ``min_keys`` > 1 a large grid serves long
-   caches without cutting short ones into partitions of a key or two). A warp serves all G query heads of its KV head (each K/V row is read once for G
-   heads); lane l owns dims 4l..4l+3: per key, G dot products reduced with 5 butterfly shuffles, then an online
-   softmax in f32 (log2 domain). It writes its partition's (m, l) per head and the unnormalised accumulator
-   acc[128] to a workspace (an empty partition writes m = -1e30, l = 0, acc = 0).
-2. ``combine``: grid (n_heads, 128 / 32), 8 warps per block, lane = one of the block's 32 dims, over the U
-   partitions (the same U from L): M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the denominator over all partitions itself
-   (shuffles, no barrier) and sums every 8th partition's acc with four rows' loads in flight; one shared-memory
-   sum joins the 8 warps. (A first version, one thread per dim looping over all P partitions one dependent load
-   at a time on n_heads blocks, took 33 µs per call at P = 128 on the H200: 21% of a tg step.)
+1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into U = min(4 * splits, L)
+   contiguous partitions of ceil(L / U) keys, one per warp (U computed on the device from L, so any L in 1..L_max
+   works with a fixed grid; a block whose warps all lie past U returns at once). A warp serves all G query heads of
+   its KV head (each K/V row is read once for G heads). A half-warp takes one cache row: lane l owns dims
+   8(l % 16)..8(l % 16)+7, one 16-byte load of K and one of V per row, two rows a half-warp in flight (four a warp);
+   a score is a lane's 8-term dot reduced by 4 shuffles inside the half-warp (both halves share each shuffle), then
+   an online softmax in f32 (log2 domain), one rescale per head per iteration. The two half-warps' states join by
+   shuffles, the block's four warps' through shared memory, and the block writes one workspace row per head: its
+   keys' (m, l) and the unnormalised accumulator acc[128] (an empty partition joins as m = -1e30, l = 0, acc = 0).
+2. ``combine``: grid (n_heads, 128 / 32), 8 warps per block, lane = one of the block's 32 dims, over the
+   ceil(U / 4) block rows: M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the
+   denominator over all rows itself (shuffles, no barrier) and sums every 8th row's acc with four rows' loads in
+   flight; one shared-memory sum joins the 8 warps.
 
 Plain FMA (memory-bound: each step reads 2 · L · n_kv_heads · 128 · 2 bytes of cache). Sources: Flash-Decoding
 (https://crfm.stanford.edu/2023/10/12/flashdecoding.html); online softmax (Milakov & Gimelshein 2018).
@@ -40,107 +41,22 @@ HEAD_DIM = 128
 WARPS = 4
 COMBINE_WARPS = 8
 """Warps of a combine block: each sums every 8th partition for one 32-dim slice of one head."""
-DEFAULT_SPLITS = 32
+DEFAULT_SPLITS = 128
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
-DEFAULT_MIN_KEYS = 1
-MIN_KEYS_VALUES = (1, 16, 64)
-"""``min_keys``: the fewest keys a partition gets before fewer partitions are used (1: every warp of the grid takes
-a partition while L allows)."""
-DEFAULT_WARP_KEYS = 1
-WARP_KEYS_VALUES = (1, 4)
-"""``warp_keys``: keys a warp reads per iteration of its partition (1: lane l owns dims 4l..4l+3 of one key; 4: a
-half-warp per key, lane owns 8 dims, 16-byte loads, 2 keys a half-warp in flight; 8 would not keep G=7's
-accumulators in registers: NVVM leaves its loops rolled)."""
+KEYS_IN_FLIGHT = 2
+"""Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
+the larger loops rolled)."""
 
 
-def used_partitions(L: int, parts: int, min_keys: int) -> int:
-    """U, the partitions a call over L keys uses (at least 1; host twin of the kernels' device computation)."""
-    return max(1, min(parts, (L + min_keys - 1) // min_keys))
+def used_partitions(L: int, parts: int) -> int:
+    """U, the warp partitions a call over L keys uses out of ``parts`` (at least 1; host twin of the kernels' device
+    computation)."""
+    return max(1, min(parts, L))
 
 
-def _make_partial(G: int, min_keys: int):
+def _make_partial(G: int):
     D = HEAD_DIM
-    MK = min_keys
-    GQ = G * 4  # q values / accumulators per lane
-    SC = float32(math.log2(math.e) / math.sqrt(D))
-    M_INIT = float32(-1e30)
-    ZERO = float32(0.0)
-    NP = WARPS  # partitions per block
-
-    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
-        pdl_enter()
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        hk = cuda.blockIdx.y
-        p = cuda.blockIdx.x * NP + warp
-        L = min(length[0], l_max)
-        parts = max(1, min(cuda.gridDim.x * NP, (L + MK - 1) // MK))
-        if p >= parts:
-            return
-        chunk = (L + parts - 1) // parts
-        kbeg = p * chunk
-        kend = min(L, kbeg + chunk)
-        ks = n_kv_heads * D
-
-        qv = cuda.local.array(GQ, float32)
-        acc = cuda.local.array(GQ, float32)
-        m = cuda.local.array(G, float32)
-        ls = cuda.local.array(G, float32)
-        for gi in range(G):
-            m[gi] = M_INIT
-            ls[gi] = ZERO
-            for e in range(4):
-                qv[gi * 4 + e] = float32(q[(hk * G + gi) * D + lane * 4 + e]) * SC
-                acc[gi * 4 + e] = ZERO
-
-        for j in range(kbeg, kend):
-            base = j * ks + hk * D + lane * 4
-            k0 = float32(kc[base])
-            k1 = float32(kc[base + 1])
-            k2 = float32(kc[base + 2])
-            k3 = float32(kc[base + 3])
-            v0 = float32(vc[base])
-            v1 = float32(vc[base + 1])
-            v2 = float32(vc[base + 2])
-            v3 = float32(vc[base + 3])
-            for gi in range(G):
-                x = gi * 4
-                sc = qv[x] * k0 + qv[x + 1] * k1 + qv[x + 2] * k2 + qv[x + 3] * k3
-                sc += shfl_xor_f32(sc, 16)
-                sc += shfl_xor_f32(sc, 8)
-                sc += shfl_xor_f32(sc, 4)
-                sc += shfl_xor_f32(sc, 2)
-                sc += shfl_xor_f32(sc, 1)
-                m_new = max(m[gi], sc)
-                alpha = math.exp2(m[gi] - m_new)
-                pj = math.exp2(sc - m_new)
-                m[gi] = m_new
-                ls[gi] = ls[gi] * alpha + pj
-                acc[x] = acc[x] * alpha + pj * v0
-                acc[x + 1] = acc[x + 1] * alpha + pj * v1
-                acc[x + 2] = acc[x + 2] * alpha + pj * v2
-                acc[x + 3] = acc[x + 3] * alpha + pj * v3
-
-        for gi in range(G):
-            h = hk * G + gi
-            row = p * n_heads + h
-            if lane == 0:
-                ws_ml[row * 2] = m[gi]
-                ws_ml[row * 2 + 1] = ls[gi]
-            for e in range(4):
-                ws_acc[row * D + lane * 4 + e] = acc[gi * 4 + e]
-
-    return partial_kernel
-
-
-def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
-    """The partial kernel that reads ``warp_keys`` keys a warp iteration: a half-warp per key, lane l owns dims
-    8(l % 16)..8(l % 16)+7 (one 16-byte load of K and one of V per key), so each half-warp has warp_keys / 2 keys'
-    loads in flight and a score takes 4 shuffles inside the half-warp (the two halves share each shuffle)."""
-    D = HEAD_DIM
-    MK = min_keys
-    KH = warp_keys // 2  # keys per half-warp per iteration
+    KH = KEYS_IN_FLIGHT  # rows a half-warp loads per iteration
     KW = KH * 4  # (local.array sizes must be plain constants: numba does not fold products)
     KF = KH * 8
     GK = G * KH
@@ -161,7 +77,7 @@ def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
         blk = cuda.blockIdx.x
         p = blk * NP + warp
         L = min(length[0], l_max)
-        parts = max(1, min(cuda.gridDim.x * NP, (L + MK - 1) // MK))
+        parts = max(1, min(cuda.gridDim.x * NP, L))
         if blk * NP >= parts:
             return  # the whole block idle (uniform: no barrier is skipped)
         chunk = (L + parts - 1) // parts
@@ -277,12 +193,9 @@ def _make_partial_wide(G: int, min_keys: int, warp_keys: int):
     return partial_kernel
 
 
-def _make_combine(min_keys: int, row_warps: int):
-    """``row_warps``: warp partitions joined in one workspace row (1: the warp kernel's rows; WARPS: the half-warp
-    kernel joins its block's warps before writing)."""
+def _make_combine():
     D = HEAD_DIM
-    MK = min_keys
-    RW = row_warps
+    RW = WARPS  # warp partitions joined in one workspace row
     CW = COMBINE_WARPS
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
@@ -290,7 +203,7 @@ def _make_combine(min_keys: int, row_warps: int):
     def combine_kernel(ws_ml, ws_acc, out, length, l_max, grid_parts, n_heads):
         pdl_enter()
         L = min(length[0], l_max)
-        parts = (max(1, min(grid_parts, (L + MK - 1) // MK)) + RW - 1) // RW
+        parts = (max(1, min(grid_parts, L)) + RW - 1) // RW
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
@@ -358,47 +271,30 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def _row_warps(warp_keys: int) -> int:
-    return 1 if warp_keys == 1 else WARPS
-
-
-def _partial_source(group: int, min_keys: int, warp_keys: int):
-    if warp_keys == 1:
-        return _make_partial(group, min_keys)
-    return _make_partial_wide(group, min_keys, warp_keys)
-
-
-def build(group: int, q_dtype=np.float32, min_keys: int = DEFAULT_MIN_KEYS, warp_keys: int = DEFAULT_WARP_KEYS):
-    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, ``min_keys`` and ``warp_keys``
-    (compiled once; cached)."""
-    key = (int(group), np.dtype(q_dtype).name, int(min_keys), int(warp_keys))
+def build(group: int, q_dtype=np.float32):
+    """(partial, combine) dispatchers for GQA group size ``group`` and q dtype (compiled once; cached)."""
+    key = (int(group), np.dtype(q_dtype).name)
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_partial_source(group, int(min_keys), int(warp_keys)), partial_signature(q_dtype),
-                       threads=WARPS * 32),
-                kernel(_make_combine(int(min_keys), _row_warps(int(warp_keys))), COMBINE_SIGNATURE,
-                       threads=COMBINE_WARPS * 32),
+                kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_make_combine(), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_keys: int = DEFAULT_MIN_KEYS,
-               warp_keys: int = DEFAULT_WARP_KEYS) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group``, ``min_keys`` and ``warp_keys`` (NVVM; no GPU needed; not under the
-    simulator)."""
-    a, _ = cuda.compile_ptx(_partial_source(group, min_keys, warp_keys), partial_signature(q_dtype), cc=cc,
-                            launch_bounds=(WARPS * 32,))
-    b, _ = cuda.compile_ptx(_make_combine(min_keys, _row_warps(warp_keys)), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0)) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group`` (NVVM; no GPU needed; not under the simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
+    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
 def decode_workspace(n_heads: int, splits: int = DEFAULT_SPLITS, stream=0):
-    """Device workspace (ml f32 [4*splits*n_heads*2], acc f32 [4*splits*n_heads*128]) for `decode_attention`'s ``workspace``;
-    allocate it once, outside any graph capture, and pass it on every call."""
-    parts = WARPS * splits
-    return (cuda.device_array(parts * n_heads * 2, dtype=np.float32, stream=stream),
-            cuda.device_array(parts * n_heads * HEAD_DIM, dtype=np.float32, stream=stream))
+    """Device workspace (ml f32 [splits*n_heads*2], acc f32 [splits*n_heads*128]: one row per block and head) for
+    `decode_attention`'s ``workspace``; allocate it once, outside any graph capture, and pass it on every call."""
+    return (cuda.device_array(splits * n_heads * 2, dtype=np.float32, stream=stream),
+            cuda.device_array(splits * n_heads * HEAD_DIM, dtype=np.float32, stream=stream))
 
 
 def _is_contiguous(x) -> bool:
@@ -411,8 +307,7 @@ def _is_contiguous(x) -> bool:
     return bool(getattr(x, "is_c_contiguous", lambda: True)())
 
 
-def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_MIN_KEYS,
-                 warp_keys=DEFAULT_WARP_KEYS) -> tuple[int, int, int]:
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
     if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
         raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
@@ -433,30 +328,22 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys=DEFAULT_
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
     if splits not in SPLITS_VALUES:
         raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
-    if min_keys not in MIN_KEYS_VALUES:
-        raise KernelConstraintError(f"decode_attention: min_keys must be one of {', '.join(map(str, MIN_KEYS_VALUES))}, "
-                                    f"got {min_keys}")
-    if warp_keys not in WARP_KEYS_VALUES:
-        raise KernelConstraintError(f"decode_attention: warp_keys must be one of {', '.join(map(str, WARP_KEYS_VALUES))}, "
-                                    f"got {warp_keys}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
         raise KernelConstraintError(f"decode_attention: out must be a C-contiguous float32 [{n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}")
     return n_heads, n_kv_heads, l_max
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, min_keys: int = DEFAULT_MIN_KEYS,
-                     warp_keys: int = DEFAULT_WARP_KEYS):
+                     stream=0, pdl: bool = False):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
     position j). length_dev: int32 device array, L in element 0 (read on the device, so a captured CUDA graph
     replays for every step; L is clamped to L_max; L must be >= 1, L = 0 gives zeros). GQA: head h reads KV head
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
-    splits: blocks along L per KV head (4 warp partitions each), one of SPLITS_VALUES; default 32 (128 blocks for
-    4 KV heads on 132 SMs). min_keys: one of MIN_KEYS_VALUES; L is cut into min(4 * splits, ceil(L / min_keys))
-    partitions (default 1: as many as the grid has while L allows). warp_keys: one of WARP_KEYS_VALUES, keys a warp
-    reads per iteration (default 1; 4: a half-warp per key, 16-byte loads). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    splits: blocks along L per KV head (4 warp partitions each; L is cut into min(4 * splits, L) partitions), one of
+    SPLITS_VALUES; default 128 (enough warps and bytes in flight for a long cache; a short one leaves whole blocks
+    idle at once). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
     kernel before it first: `kernels.ptx.pdl_enter`).
 
@@ -465,14 +352,14 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
-    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_keys, warp_keys)
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits)
     group = n_heads // n_kv_heads
-    partial, combine = build(group, q.dtype, min_keys, warp_keys)
+    partial, combine = build(group, q.dtype)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)
     parts = WARPS * splits
-    if ws_ml.shape[0] < parts * n_heads * 2 or ws_acc.shape[0] < parts * n_heads * HEAD_DIM:
+    if ws_ml.shape[0] < splits * n_heads * 2 or ws_acc.shape[0] < splits * n_heads * HEAD_DIM:
         raise KernelConstraintError(f"decode_attention: workspace too small for splits={splits}, n_heads={n_heads}")
     flat = l_max * n_kv_heads * HEAD_DIM
     launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,

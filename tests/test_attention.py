@@ -67,7 +67,7 @@ def test_prefill_non_causal():
 # ---- simulator: decode numbers ------------------------------------------------------------------------------
 
 
-def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1, min_keys=1, warp_keys=1):
+def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((h, 128)).astype(q_dtype)
     k = rng.standard_normal((l_max, hk, 128)).astype(np.float16)
@@ -77,8 +77,7 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1, min_keys=1, war
     for ws in (ws_ml, ws_acc):
         ws.copy_to_device(np.full(ws.shape, np.nan, np.float32))
     DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-                         cuda.to_device(np.array([L], np.int32)), out, splits=splits, min_keys=min_keys,
-                         warp_keys=warp_keys, workspace=(ws_ml, ws_acc))
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits, workspace=(ws_ml, ws_acc))
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all()
     ref = reference_numpy(q[None].astype(np.float64), k[:L], v[:L], causal=False)[0]
@@ -86,25 +85,20 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1, min_keys=1, war
 
 
 @sim
-@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype,min_keys,warp_keys", [
-    (1, 16, 4, 2, 2, np.float32, 1, 1),
-    (7, 16, 4, 2, 2, np.float16, 1, 1),
-    (300, 320, 2, 1, 4, np.float32, 1, 1),
-    (300, 320, 2, 1, 16, np.float32, 1, 1),
-    (7, 16, 4, 2, 1, np.float32, 1, 1),
-    (300, 320, 2, 1, 16, np.float32, 16, 1),
-    (7, 16, 4, 2, 2, np.float32, 64, 1),
-    (37, 48, 6, 2, 1, np.float16, 1, 4),
-    (29, 32, 7, 1, 1, np.float32, 16, 4),
-], ids=["L=1", "L=7 f16 q", "L=300", "L=300 64 partitions", "L=7 4 partitions", "L=300 min_keys=16: 19 of 64",
-        "L=7 min_keys=64: 1 of 8", "wide4 L=37 G=3 f16 q", "wide4 L=29 G=7 2 of 4"])
-def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, min_keys, warp_keys):
-    """Against float64; ``min_keys`` > 1 leaves warps of the grid idle (`used_partitions` of them take the keys) and
-    the combine reads only those: a partition left out or read stale (the workspace is NaN-poisoned) would show.
-    ``warp_keys`` 4/8 (the half-warp kernel) at partition lengths that leave half-warps and key slots masked."""
-    assert DEC.used_partitions(L, 4 * splits, min_keys) == {16: 19 if L == 300 else 2, 64: 1}.get(
-        min_keys, min(4 * splits, L))
-    assert _decode(L, l_max, h, hk, splits, q_dtype, min_keys=min_keys, warp_keys=warp_keys) < 1e-4
+@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype", [
+    (1, 16, 4, 2, 2, np.float32),
+    (7, 16, 4, 2, 2, np.float16),
+    (37, 48, 6, 2, 1, np.float16),
+    (29, 32, 7, 1, 1, np.float32),
+    (300, 320, 2, 1, 16, np.float32),
+], ids=["L=1: 1 of 8 partitions", "L=7 f16 q: 7 of 8", "L=37 G=3 f16 q: 10 rows a warp",
+        "L=29 G=7: a half-warp and a row slot idle", "L=300: 64 partitions, 5 rows a warp"])
+def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype):
+    """Against float64, the workspace NaN-poisoned. Partitions past L (`used_partitions`) leave warps and whole blocks
+    idle; partition lengths that are not a multiple of four rows leave a half-warp's row slots masked; a block row
+    or a masked slot read stale would show."""
+    assert DEC.used_partitions(L, 4 * splits) == min(4 * splits, L)
+    assert _decode(L, l_max, h, hk, splits, q_dtype) < 1e-4
 
 
 # ---- constraints (host-side) --------------------------------------------------------------------------------
@@ -135,13 +129,10 @@ def test_decode_bad_inputs_are_refused(q_shape, q_dtype, kv_shape, match):
     kv = cuda.to_device(np.ones(kv_shape, np.float16))
     with pytest.raises(KernelConstraintError, match=match):
         DEC.decode_attention(q, kv, kv, cuda.to_device(np.array([1], np.int32)))
-    with pytest.raises(KernelConstraintError, match="min_keys must be one of 1, 16, 64, got 8"):
+    with pytest.raises(KernelConstraintError, match="splits must be one of 1, 2, 4, 8, 16, 32, 64, 128, got 3"):
         good = cuda.to_device(np.ones((8, 2, 128), np.float16))
         DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,
-                             cuda.to_device(np.array([1], np.int32)), min_keys=8)
-    with pytest.raises(KernelConstraintError, match="warp_keys must be one of 1, 4, got 2"):
-        DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,
-                             cuda.to_device(np.array([1], np.int32)), warp_keys=2)
+                             cuda.to_device(np.array([1], np.int32)), splits=3)
     with pytest.raises(KernelConstraintError, match="int32"):
         DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), cuda.to_device(np.ones((8, 2, 128), np.float16)),
                              cuda.to_device(np.ones((8, 2, 128), np.float16)), cuda.to_device(np.array([1], np.int64)))
@@ -212,11 +203,11 @@ def test_each_knob_changes_the_code(knob):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("group,q_dtype,min_keys,warp_keys", [(7, np.float32, 1, 1), (1, np.float16, 1, 1),
-                                                              (2, np.float32, 1, 1), (7, np.float32, 16, 1),
-                                                              (7, np.float32, 1, 4), (1, np.float16, 1, 4)])
-def test_decode_compiles(group, q_dtype, min_keys, warp_keys):
-    partial, combine = DEC.kernel_ptx(group, q_dtype, min_keys=min_keys, warp_keys=warp_keys)
+@pytest.mark.parametrize("group,q_dtype", [(7, np.float32), (1, np.float16), (6, np.float32), (8, np.float32)])
+def test_decode_compiles(group, q_dtype):
+    """G = 7 (Qwen2-7B), 6 (Qwen2-1.5B), 8 (70B), 1: the accumulators stay in registers (no local memory)."""
+    partial, combine = DEC.kernel_ptx(group, q_dtype)
+    assert "ld.global.v4.b32" in partial and "bar.sync" in partial
     assert "shfl.sync.bfly.b32" in partial and "ex2.approx" in partial and "ex2.approx" in combine
     assert ".local" not in partial and ".local" not in combine
     assert ".f64" not in partial and ".f64" not in combine
@@ -258,10 +249,8 @@ def test_prefill_gpu_prefix_matches_float64():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("L, splits, min_keys, warp_keys", [(1, 32, 1, 1), (4097, 32, 1, 1), (1, 128, 16, 1),
-                                                            (4097, 128, 16, 1), (4097, 128, 64, 1), (1, 128, 1, 4),
-                                                            (4097, 128, 1, 4), (3, 32, 1, 4), (4097, 32, 1, 4)])
-def test_decode_gpu_matches_torch(L, splits, min_keys, warp_keys):
+@pytest.mark.parametrize("L, splits", [(1, 128), (3, 128), (4097, 128), (4352, 128), (4097, 32), (517, 1)])
+def test_decode_gpu_matches_torch(L, splits):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     l_max = 4352
@@ -270,8 +259,7 @@ def test_decode_gpu_matches_torch(L, splits, min_keys, warp_keys):
     v = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
     out = cuda.to_device(np.full((28, 128), np.nan, np.float32))
     DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-                         cuda.to_device(np.array([L], np.int32)), out, splits=splits, min_keys=min_keys,
-                         warp_keys=warp_keys)
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits)
     tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, 28, 1, 128]
     tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
     tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)

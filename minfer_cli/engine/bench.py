@@ -38,7 +38,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "DEEP", "PDL",
-                "ATTN_SPLITS", "ATTN_MINK", "ATTN_KEYS")
+                "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -74,14 +74,9 @@ def engine_knobs() -> tuple[Knob, ...]:
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
                                      "its output (the default: it shortens the step); 0 ordinary launches", legacy=0)]
-    knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 32, "decode (tg): decode-attention blocks per KV head along the "
-                                                    "cache (4 warp partitions each)")]
-    knobs += [Knob("ATTN_MINK", (1, 16, 64), 1, "decode (tg): the fewest cache rows a decode-attention partition "
-                                               "gets; 1 uses every partition of the grid while L allows, more keeps "
-                                               "short caches in fewer partitions (a larger ATTN_SPLITS for long ones)")]
-    knobs += [Knob("ATTN_KEYS", (1, 4), 1, "decode (tg): cache rows a decode-attention warp reads per iteration; 1 "
-                                          "lane l holds dims 4l..4l+3 of one row, 4 a half-warp per row with 16-byte "
-                                          "loads, two rows a half-warp in flight")]
+    knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 128, "decode (tg): decode-attention blocks per KV head along the "
+                                                     "cache (4 warp partitions each; 128 the default: enough bytes "
+                                                     "in flight for a long cache)", legacy=32)]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
@@ -114,9 +109,7 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
-                           fuse_qkv=bool(config.get("FUSE_QKV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 32)),
-                           attn_min_keys=int(config.get("ATTN_MINK", 1)),
-                           attn_warp_keys=int(config.get("ATTN_KEYS", 1)))
+                           fuse_qkv=bool(config.get("FUSE_QKV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)))
     return EngineOptions(prefill, decode)
 
 

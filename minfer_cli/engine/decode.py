@@ -132,8 +132,6 @@ class DecodeEngine:
         self.fuse_qkv = bool(options.fuse_qkv)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
-        self.attn_min_keys = int(options.attn_min_keys)
-        self.attn_warp_keys = int(options.attn_warp_keys)
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
         if prefill is not None:
             self.context = prefill.context
@@ -330,8 +328,7 @@ class DecodeEngine:
                  factors=self.rope_factors)
             kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s, pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
-                             min_keys=self.attn_min_keys, warp_keys=self.attn_warp_keys)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             hq = self._norm(layer.ffn_norm)

@@ -41,10 +41,7 @@ class DecodeOptions:
     launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
     output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
     their stacked rows (True) or one each (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
-    (`kernels.attention_decode.SPLITS_VALUES`); attn_min_keys (ATTN_MINK): the fewest keys a partition of the cache
-    gets (`kernels.attention_decode.MIN_KEYS_VALUES`; 1: every warp of the grid takes one while L allows);
-    attn_warp_keys (ATTN_KEYS): cache rows a decode-attention warp reads per iteration
-    (`kernels.attention_decode.WARP_KEYS_VALUES`)."""
+    (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -55,9 +52,7 @@ class DecodeOptions:
     deep: bool = True
     pdl: bool = True
     fuse_qkv: bool = False
-    attn_splits: int = 32
-    attn_min_keys: int = 1
-    attn_warp_keys: int = 1
+    attn_splits: int = 128
 
 
 @dataclass(frozen=True)
