@@ -78,11 +78,11 @@ class _DecodeLayer:
 def decode_device_bytes(c: ModelConfig, context: int) -> int:
     """Device bytes a standalone `DecodeEngine` allocates beyond the quantized weights (its KV cache and buffers)."""
     from kernels.argmax import default_blocks
-    from kernels.attention_decode import SPLITS_VALUES, WARPS
+    from kernels.attention_decode import SPLITS_VALUES
 
     kv = kv_cache_bytes(c, context)
     vectors = 4 * (2 * c.hidden + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.ffn + c.vocab) + 2 * c.q_dim
-    workspace = 4 * WARPS * max(SPLITS_VALUES) * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
+    workspace = 4 * max(SPLITS_VALUES) * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
     return kv + vectors + workspace + 4 * context
 
 
