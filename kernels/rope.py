@@ -86,6 +86,20 @@ def _rotate(x, t, h, i0, i1, cs, sn):
     x[t, h, i1] = x0 * sn + x1 * cs
 
 
+@cuda.jit(device=True, inline="always")
+def _fill_table(table, p, base, factors, hd):
+    """Row ``threadIdx.y == 0`` writes each pair's (cos, sin) at position p (f64) into the shared ``table``."""
+    if cuda.threadIdx.y == 0:
+        i = cuda.threadIdx.x
+        while i < (hd >> 1):
+            theta = p * math.pow(base, float64(-2 * i) / float64(hd)) / float64(factors[i])
+            s64, c64 = sincos_f64(theta)
+            table[i, 0] = float32(c64)
+            table[i, 1] = float32(s64)
+            i += cuda.blockDim.x
+    cuda.syncthreads()
+
+
 @kernel
 def _rope(q, k, pos, base, factors, interleaved):
     """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64;
@@ -99,16 +113,7 @@ def _rope(q, k, pos, base, factors, interleaved):
     hd = q.shape[2]
     half = hd >> 1
     table = cuda.shared.array((MAX_PAIRS, 2), float32)
-    if cuda.threadIdx.y == 0:
-        p = float64(pos[t])
-        i = cuda.threadIdx.x
-        while i < half:
-            theta = p * math.pow(base, float64(-2 * i) / float64(hd)) / float64(factors[i])
-            s64, c64 = sincos_f64(theta)
-            table[i, 0] = float32(c64)
-            table[i, 1] = float32(s64)
-            i += cuda.blockDim.x
-    cuda.syncthreads()
+    _fill_table(table, float64(pos[t]), base, factors, hd)
     i = cuda.threadIdx.x
     while i < half:
         cs = table[i, 0]
@@ -127,6 +132,48 @@ def _rope(q, k, pos, base, factors, interleaved):
                 _rotate(k, t, h - nh, i0, i1, cs, sn)
             h += cuda.blockDim.y
         i += cuda.blockDim.x
+
+
+@kernel
+def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
+    """`_rope`, then the token's rotated k and its v rounded to f16 into row pos[t] of k_cache / v_cache (f16
+    [context, nkv * hd]); the k values are read back after the rotation stored them, so the cache holds exactly
+    what `kernels.kv_cache.kv_append` would copy."""
+    pdl_enter()
+    t = cuda.blockIdx.x
+    nh = q.shape[1]
+    nkv = k.shape[1]
+    hd = q.shape[2]
+    half = hd >> 1
+    row = pos[t]
+    table = cuda.shared.array((MAX_PAIRS, 2), float32)
+    _fill_table(table, float64(row), base, factors, hd)
+    i = cuda.threadIdx.x
+    while i < half:
+        cs = table[i, 0]
+        sn = table[i, 1]
+        if interleaved:
+            i0 = 2 * i
+            i1 = i0 + 1
+        else:
+            i0 = i
+            i1 = i + half
+        h = cuda.threadIdx.y
+        while h < nh + nkv:
+            if h < nh:
+                _rotate(q, t, h, i0, i1, cs, sn)
+            else:
+                hk = h - nh
+                _rotate(k, t, hk, i0, i1, cs, sn)
+                k_cache[row, hk * hd + i0] = k[t, hk, i0]  # f32 -> f16 on store, as kv_append
+                k_cache[row, hk * hd + i1] = k[t, hk, i1]
+            h += cuda.blockDim.y
+        i += cuda.blockDim.x
+    j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    while j < nkv * hd:
+        hk = j // hd
+        v_cache[row, j] = v[t, hk, j - hk * hd]
+        j += cuda.blockDim.x * cuda.blockDim.y
 
 
 def block_shape(head_dim: int, n_heads_total: int) -> tuple[int, int]:
@@ -159,7 +206,7 @@ def _unit_factors(pairs: int):
     return ones
 
 
-def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None) -> None:
+def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None, kv_cache=None) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -171,7 +218,11 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     (`kernels.launch`; the kernel waits for the previous one first: `kernels.ptx.pdl_enter`). factors: None, or a
     contiguous f32 device array ``[head_dim/2]`` of positive frequency divisors (a GGUF ``rope_freqs.weight``,
     Llama 3.1+): pair i turns by ``pos * base^(-2i/head_dim) / factors[i]``; the caller checks the values (the
-    loader does, on the host), this function their shape.
+    loader does, on the host), this function their shape. kv_cache: None, or ``(v, k_cache, v_cache)`` — v f32
+    ``[nt, n_kv_heads, head_dim]`` (heads contiguous, e.g. the v view of a fused QKV output), caches f16
+    ``[context, n_kv_heads * head_dim]`` C-contiguous: the same kernel then writes each token's rotated k and its v,
+    rounded to f16, into cache row pos[t] (0 <= pos < context, not checked on the device), exactly what
+    `kernels.kv_cache.kv_append` copies after a separate rope (decode's FUSE_ROPE_KV: one launch fewer a layer).
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
     Not supported, and refused by name when a file is loaded: YaRN/linear scaling, partial rotation
@@ -180,8 +231,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
 
     Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
     nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
-    non-positive base, a mode other than "neox"/"norm", or factors not a contiguous f32 ``[head_dim/2]`` device
-    array.
+    non-positive base, a mode other than "neox"/"norm", factors not a contiguous f32 ``[head_dim/2]`` device
+    array, or a kv_cache whose v or caches do not match k.
     """
     _check_qk(q, "q")
     _check_qk(k, "k")
@@ -209,7 +260,29 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         raise KernelConstraintError(f"factors must be a contiguous float32 device array of shape ({hd // 2},) "
                                     f"(one per pair), got {getattr(factors, 'dtype', type(factors).__name__)} "
                                     f"{tuple(getattr(factors, 'shape', ()))}")
+    if kv_cache is not None:
+        _check_kv_cache(k, kv_cache)
     if nt == 0 or nh + k.shape[1] == 0:
         return
-    launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream,
-                  (q, k, pos, np.float64(base), factors, mode == "norm"), pdl=pdl)
+    args = (q, k, pos, np.float64(base), factors, mode == "norm")
+    if kv_cache is None:
+        launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream, args, pdl=pdl)
+    else:
+        v, k_cache, v_cache = kv_cache
+        launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream,
+                      args[:2] + (v,) + args[2:] + (k_cache, v_cache), pdl=pdl)
+
+
+def _check_kv_cache(k, kv_cache) -> None:
+    if not (isinstance(kv_cache, tuple) and len(kv_cache) == 3):
+        raise KernelConstraintError("kv_cache must be a (v, k_cache, v_cache) tuple")
+    v, k_cache, v_cache = kv_cache
+    _check_qk(v, "v")
+    if tuple(v.shape) != tuple(k.shape):
+        raise KernelConstraintError(f"v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
+    width = k.shape[1] * k.shape[2]
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not (devicearray.is_cuda_ndarray(c) and c.dtype == np.float16 and c.ndim == 2 and c.shape[1] == width
+                and c.is_c_contiguous()):
+            raise KernelConstraintError(f"{name} must be a C-contiguous float16 [context, {width}] device array, got "
+                                        f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")

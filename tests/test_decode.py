@@ -298,7 +298,7 @@ def test_decode_refuses_a_head_dim_other_than_128():
 
 
 def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
+    from minfer_cli.engine.bench import DECODE_KNOBS, engine_conflict, engine_knobs, engine_options
     from minfer_cli.knobs import resolve_config
 
     knobs = {k.name: k for k in engine_knobs()}
@@ -310,6 +310,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).decode.fuse_qkv is True
     assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).decode.deep is False
     assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).decode.pdl is False
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ROPE_KV": "1"}, "e")).decode.fuse_rope_kv is True
+    assert knobs["FUSE_ROPE_KV"].default == 0 and "FUSE_ROPE_KV" in DECODE_KNOBS
     default = engine_options(resolve_config(engine_knobs(), {}, "e")).decode
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
@@ -755,13 +757,14 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"fuse_qkv": True},
-                                  {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False}],
+                                  {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False},
+                                  {"fuse_rope_kv": True}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "FUSE_QKV=1", "FUSE_QKV=1,FUSE_ADD=0",
-                              "DEEP=1", "PDL=0"])
+                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
-    """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels) and
-    FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) compute the same float32 operations in the same order as the
-    default path, PDL=0 (the default is 1) only when a kernel
+    """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
+    FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) and FUSE_ROPE_KV=1 (RoPE writes the cache rows) compute the same
+    float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
     sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""

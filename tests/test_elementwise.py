@@ -199,6 +199,43 @@ def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
     np.testing.assert_array_equal(got[:, nh + nkv :], h3[:, nh + nkv :])
 
 
+@pytest.mark.parametrize("mode,nh,nkv,hd", [("neox", 4, 2, 16), ("norm", 3, 1, 10)])
+def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv, hd):
+    """FUSE_ROPE_KV's kernel against the two it replaces, on the q/k/v views of one fused QKV buffer: the rotated
+    q and k in place and the f16 cache rows at scattered positions bit for bit; every other cache row keeps its NaN
+    poison. hd = 10: a head_dim that is not a multiple of the block's pair threads."""
+    from kernels.kv_cache import kv_append
+
+    rng = _rng()
+    nt, context = 3, 9
+    qkv = rng.standard_normal((nt, (nh + 2 * nkv) * hd)).astype(np.float32)
+    pos = rng.permutation(context)[:nt].astype(np.int32)
+    factors = rng.uniform(0.5, 8.0, hd // 2).astype(np.float32)
+    runs = []
+    for fused in (False, True):
+        d = cuda.to_device(qkv)
+        d3 = d.reshape(nt, nh + 2 * nkv, hd)
+        kc, vc = (cuda.to_device(np.full((context, nkv * hd), np.nan, np.float16)) for _ in range(2))
+        dpos = cuda.to_device(pos)
+        views = (d3[:, :nh], d3[:, nh: nh + nkv])
+        if fused:
+            rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors), kv_cache=(d3[:, nh + nkv:], kc, vc))
+        else:
+            rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors))
+            kv_append(d, dpos, kc, vc, nh * hd)
+        runs.append((d.copy_to_host(), kc.copy_to_host(), vc.copy_to_host()))
+    (q0, k0, v0), (q1, k1, v1) = runs
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(k1.view(np.uint16), k0.view(np.uint16))
+    np.testing.assert_array_equal(v1.view(np.uint16), v0.view(np.uint16))
+    others = np.setdiff1d(np.arange(context), pos)
+    assert np.isnan(k1[others]).all() and np.isnan(v1[others]).all() and np.isfinite(k1[pos]).all()
+    h3 = qkv.reshape(nt, nh + 2 * nkv, hd)
+    want_k = _rope_ref(h3[:, nh: nh + nkv], pos, 5e5, mode, factors).reshape(nt, nkv * hd)
+    assert _rel(k1[pos].astype(np.float64), want_k) < 1e-3  # f16 rounding of the reference rotation
+    np.testing.assert_array_equal(v1[pos], h3[:, nh + nkv:].reshape(nt, nkv * hd).astype(np.float16))
+
+
 def test_f32_angles_would_miss_the_f32_bound_at_32k():
     """Why the kernel computes theta in f64: llama.cpp's/HF's f32 theta = f32(pos) * f32(inv_freq) at
     pos = 32767 already misses F32_TOL against the float64 rotation (numpy only, no kernel)."""
@@ -347,6 +384,10 @@ BAD_CALLS = [
     ),
     (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), -1.0, "neox"), "base must be a positive"),
     (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", factors=_d(8)), "factors must be a contiguous float32"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox",
+                  kv_cache=(_d((2, 2, 8)), _d((4, 8), np.float16), _d((4, 8), np.float16))), "must have k's shape"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox",
+                  kv_cache=(_d((2, 1, 8)), _d((4, 8)), _d((4, 8), np.float16))), "k_cache must be a C-contiguous float16"),
     (lambda: swiglu(_d((2, 7))), "even, positive number of columns"),
     (lambda: swiglu(_d((2, 8)), _d((2, 9))), "must have the same shape"),
     (lambda: swiglu(_d((2, 8), np.float16), _d((2, 8))), "2-D float32"),
@@ -388,6 +429,8 @@ def _compile_cases():
                                            "float32"),
         "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, float32[::1], boolean"),
         "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, float32[::1], boolean"),
+        "rope kv append": (rope_mod._rope_append, "float32[:, :, :], float32[:, :, :], float32[:, :, :], int32[::1], "
+                                                  "float64, float32[::1], boolean, float16[:, ::1], float16[:, ::1]"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
         "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
         "swiglu f32 out": (activation._swiglu, f"{rows}, {rows}, {rows}, int64"),
@@ -404,7 +447,8 @@ def _compile_cases():
 
 
 COMPILE_NAMES = [
-    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "swiglu two arrays",
+    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
+    "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",
 ]  # fmt: skip

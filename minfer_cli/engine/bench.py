@@ -37,8 +37,8 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "DEEP", "PDL",
-                "ATTN_SPLITS")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV", "DEEP",
+                "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -66,6 +66,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                               "in a separate kernel (0 the default: the fusion measured no faster)")]
     knobs += [Knob("FUSE_QKV", (0, 1), 0, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
                                           "over their stacked rows (copied at load); 0 one mat-vec each")]
+    knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
+                                              "the RoPE kernel; 0 copies them in a separate KV-append kernel")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -109,7 +111,8 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
-                           fuse_qkv=bool(config.get("FUSE_QKV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)))
+                           fuse_qkv=bool(config.get("FUSE_QKV", 0)),
+                           fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)))
     return EngineOptions(prefill, decode)
 
 

@@ -69,7 +69,7 @@ class _DecodeLayer:
     gate: GemvOperand
     up: GemvOperand
     down: GemvOperand
-    k_cache: object  # [context, kv_dim] f16 (written by kv_append)
+    k_cache: object  # [context, kv_dim] f16 (written by kv_append, or by rope with FUSE_ROPE_KV)
     v_cache: object
     k_heads: object  # the same memory as [context, n_kv_heads, head_dim] (read by decode_attention)
     v_heads: object
@@ -130,6 +130,7 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
+        self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
@@ -171,6 +172,7 @@ class DecodeEngine:
         self.rope_factors = weights.rope_factors()
         self._q_rope = head_slice(qkv3, 0, c.n_heads)
         self._k_rope = head_slice(qkv3, c.n_heads, c.n_heads + c.n_kv_heads)
+        self._v_rope = head_slice(qkv3, c.n_heads + c.n_kv_heads, c.n_heads + 2 * c.n_kv_heads)
         self._q_heads = self.qkv[0: c.q_dim].reshape(c.n_heads, c.head_dim)
         self._gu2 = self.gu.reshape(1, 2 * c.ffn)
         gate_out, up_out = self.gu[0: c.ffn], self.gu[c.ffn: 2 * c.ffn]
@@ -324,9 +326,14 @@ class DecodeEngine:
             hq = self._norm(layer.attn_norm)
             for m, out, bias in layer.qkv:
                 self._matvec(m, self._h1, out, residual=bias, xq=hq)
-            rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
-                 factors=self.rope_factors)
-            kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s, pdl=p)
+            if self.fuse_rope_kv:
+                rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
+                     factors=self.rope_factors, kv_cache=(self._v_rope, layer.k_cache, layer.v_cache))
+            else:
+                rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
+                     factors=self.rope_factors)
+                kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s,
+                          pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
                              splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)
             aq = self._quantize(self._attn1, self._q8_attn)

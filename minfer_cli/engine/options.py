@@ -40,7 +40,9 @@ class DecodeOptions:
     for one wave (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent
     launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
     output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
-    their stacked rows (True) or one each (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
+    their stacked rows (True) or one each (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
+    rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
+    copies them after it (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
     (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
@@ -52,6 +54,7 @@ class DecodeOptions:
     deep: bool = True
     pdl: bool = True
     fuse_qkv: bool = False
+    fuse_rope_kv: bool = False
     attn_splits: int = 128
 
 
