@@ -43,6 +43,9 @@ COMBINE_WARPS = 8
 """Warps of a combine block: each sums every 8th partition for one 32-dim slice of one head."""
 DEFAULT_SPLITS = 128
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_GROUP = 16
+"""Largest GQA group G = n_heads / n_kv_heads: a block joins its warps' G x 128 accumulators in 32 KiB of static
+shared memory at G = 16 (48 KiB is the static limit); G > 8 also keeps the accumulators in local memory."""
 KEYS_IN_FLIGHT = 2
 """Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
 the larger loops rolled)."""
@@ -324,6 +327,9 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
     l_max, n_kv_heads, _ = k_cache.shape
     if n_kv_heads == 0 or n_heads % n_kv_heads:
         raise KernelConstraintError(f"decode_attention: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+    if n_heads // n_kv_heads > MAX_GROUP:
+        raise KernelConstraintError(f"decode_attention: GQA group n_heads / n_kv_heads = {n_heads // n_kv_heads} is "
+                                    f"above the supported {MAX_GROUP}")
     if getattr(length_dev, "ndim", None) != 1 or np.dtype(length_dev.dtype) != np.int32 or length_dev.shape[0] < 1:
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
     if splits not in SPLITS_VALUES:
@@ -348,7 +354,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     kernel before it first: `kernels.ptx.pdl_enter`).
 
     Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, head_dim == 128,
-    n_heads % n_kv_heads == 0.
+    n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= MAX_GROUP.
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """

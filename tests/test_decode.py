@@ -288,12 +288,16 @@ def test_decode_refuses_what_does_not_fit(micro_weights):
         DecodeEngine(micro_weights, 0, EAGER)
 
 
-def test_decode_refuses_a_head_dim_other_than_128():
+def test_decode_refuses_a_head_dim_other_than_128_and_a_group_above_16():
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 
     weights = synth_weights(dataclasses.replace(_micro(), head_dim=64, n_heads=4, n_kv_heads=2), 1)
     with pytest.raises(ModelError, match="head_dim 64"):
+        DecodeEngine(weights, 4, EAGER)
+    weights = synth_weights(dataclasses.replace(_micro(), n_heads=18, n_kv_heads=1), 1)  # q_dim 2304: 9 super-blocks
+    with pytest.raises(ModelError, match=r"GQA group 18 \(n_heads 18 / n_kv_heads 1\): decode attention supports "
+                                         "groups up to 16"):
         DecodeEngine(weights, 4, EAGER)
 
 

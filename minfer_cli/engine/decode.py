@@ -109,7 +109,7 @@ class DecodeEngine:
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
-        from kernels.attention_decode import HEAD_DIM, decode_workspace
+        from kernels.attention_decode import HEAD_DIM, MAX_GROUP, decode_workspace
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -119,6 +119,9 @@ class DecodeEngine:
             raise ModelError("DecodeEngine(prefill=...) must be given the prefill engine's own weights")
         if c.head_dim != HEAD_DIM:
             raise ModelError(f"head_dim {c.head_dim}: decode attention supports head_dim {HEAD_DIM} only")
+        if c.n_heads // c.n_kv_heads > MAX_GROUP:
+            raise ModelError(f"GQA group {c.n_heads // c.n_kv_heads} (n_heads {c.n_heads} / n_kv_heads "
+                             f"{c.n_kv_heads}): decode attention supports groups up to {MAX_GROUP}")
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in GEMV_TYPES:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; gemv_q supports: {', '.join(GEMV_TYPES)}")
