@@ -2,7 +2,8 @@
 
 * simulator session: the Python fallbacks' numbers, checked against per-lane expectations written here
   independently from the PTX ISA fragment tables (not from the fallbacks' own code);
-* `compile`: the kernel compiled with NVVM for sm_90 contains the instruction (a silent fallback is a failure);
+* `compile`: the kernel compiled with NVVM for sm_90 contains the instruction (a silent fallback is a failure),
+  and ptxas (nvJitLink, `tests/ptx_assembly.py`) assembles it for sm_90a;
 * `gpu`: the same numbers on a real GPU.
 """
 
@@ -341,6 +342,92 @@ def test_simulated_cp_async_lands_at_the_wait_that_retires_its_group():
     assert np.array_equal(out[64:], src)
 
 
+BULK_ALIGN = None if SIMULATOR else 128  # bulk copies need 16-byte aligned shared memory; cudasim takes no alignment
+
+
+@cuda.jit
+def _k_bulk(src, out):
+    """Two phases of a one-stage pipeline: thread 0 arms barrier 0 with 128 bytes and bulk-copies src's next 32
+    words; every thread waits on the phase's parity, reads the stage and arrives on barrier 1 (all 64 threads), whose
+    phase releases the stage for the next copy."""
+    bar = cuda.shared.array(2, types.uint64)
+    sm = cuda.shared.array(32, types.uint32, alignment=BULK_ALIGN)
+    t = cuda.threadIdx.x
+    if t == 0:
+        P.mbarrier_init(bar, 0, 1)
+        P.mbarrier_init(bar, 1, 64)
+    cuda.syncthreads()
+    for phase in range(2):
+        if t == 0:
+            P.mbarrier_arrive_expect_tx(bar, 0, 128)
+            P.cp_async_bulk_g2s(sm, 0, src, phase * 32, 128, bar, 0)
+        while P.mbarrier_try_wait_parity(bar, 0, phase & 1) == 0:
+            pass
+        out[phase * 64 + t] = sm[t & 31]
+        P.mbarrier_arrive(bar, 1)
+        while P.mbarrier_try_wait_parity(bar, 1, phase & 1) == 0:
+            pass
+    P.setmaxnreg_dec(40)
+
+
+@cuda.jit
+def _k_bulk_early(src, out):
+    bar = cuda.shared.array(1, types.uint64)
+    sm = cuda.shared.array(8, types.uint32, alignment=BULK_ALIGN)
+    P.mbarrier_init(bar, 0, 1)
+    P.mbarrier_arrive_expect_tx(bar, 0, 32)
+    P.cp_async_bulk_g2s(sm, 0, src, 0, 32, bar, 0)
+    out[0] = sm[3]  # before the wait
+    while P.mbarrier_try_wait_parity(bar, 0, 0) == 0:
+        pass
+    out[1] = sm[3]
+
+
+def _check_bulk():
+    src = np.random.default_rng().integers(0, 2**32, 64, dtype=np.uint32)
+    out = np.zeros(128, np.uint32)
+    _k_bulk[1, 64](src, out)
+    np.testing.assert_array_equal(out[:64], np.tile(src[:32], 2))
+    np.testing.assert_array_equal(out[64:], np.tile(src[32:], 2))
+
+
+@sim
+def test_simulated_bulk_copy_pipeline_and_its_poison():
+    """The two-phase pipeline's words arrive stage by stage; and a stage read before its barrier's wait holds
+    `kernels.ptx.BULK_POISON` in the simulator (on the GPU such a read is a race), the data after it."""
+    _check_bulk()
+    src = np.random.default_rng().integers(0, 2**32, 8, dtype=np.uint32)
+    out = np.zeros(2, np.uint32)
+    _k_bulk_early[1, 1](src, out)
+    assert out[0] == int.from_bytes(bytes([P.BULK_POISON] * 4), "little") and out[1] == src[3]
+
+
+@sim
+def test_simulated_mbarrier_refuses_misuse():
+    @cuda.jit
+    def unaligned(src):
+        bar = cuda.shared.array(1, types.uint64)
+        sm = cuda.shared.array(16, types.uint32)
+        P.mbarrier_init(bar, 0, 1)
+        P.cp_async_bulk_g2s(sm, 1, src, 0, 16, bar, 0)
+
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        unaligned[1, 1](np.zeros(16, np.uint32))
+
+    @cuda.jit
+    def uninitialised(out):
+        bar = cuda.shared.array(1, types.uint64)
+        out[0] = P.mbarrier_try_wait_parity(bar, 0, 0)
+
+    with pytest.raises(RuntimeError, match="before mbarrier_init"):
+        uninitialised[1, 1](np.zeros(1, np.uint32))
+
+
+@pytest.mark.gpu
+def test_gpu_bulk_copy_pipeline():
+    _check_bulk()
+
+
 @sim
 def test_warp_fallback_needs_whole_warps():
     with pytest.raises(RuntimeError, match="whole warps"):
@@ -372,6 +459,10 @@ COMPILED = {
     "scalar": (_k_scalar, (F16, F16, U32), ["ld.global.v4.b32", "st.shared.v4.b32", "mov.b32"]),
     "offsets": (_k_offsets, (F16, I32, I32, U32, types.uint16[::1]),
                 ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global", "mov.b32"]),
+    "bulk": (_k_bulk, (U32, U32), ["mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
+                                   "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+                                   "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                                   "setmaxnreg.dec.sync.aligned.u32 40"]),
 }
 
 
@@ -388,6 +479,33 @@ def test_instruction_in_ptx(name):
     for needle in needles:
         assert needle in ptx, f"{needle!r} missing from the PTX of {name}"
     assert "ld.local" not in ptx and "st.local" not in ptx, "fragments spilled to local memory"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_ptxas_accepts_the_kernel_for_sm_90a(name):
+    """nvJitLink (ptxas) assembles each helper's kernel for sm_90a: operand types, state spaces and the target's
+    features are checked, not only the instruction's presence in the PTX text."""
+    from ptx_assembly import assemble
+
+    kernel, sig, _ = COMPILED[name]
+    assert assemble(_ptx(kernel, sig))[:4] == b"\x7fELF"
+
+
+@pytest.mark.compile
+def test_setmaxnreg_needs_a_constant_multiple_of_8():
+    from numba.core.errors import TypingError
+
+    def variable(n):
+        P.setmaxnreg_inc(n)
+
+    def odd(x):
+        P.setmaxnreg_dec(36)
+
+    with pytest.raises(TypingError, match="compile-time integer constant"):
+        cuda.compile_ptx(variable, (types.int32,), cc=(9, 0))
+    with pytest.raises(TypingError, match="multiple of 8 in 24..256, got 36"):
+        cuda.compile_ptx(odd, (types.int32,), cc=(9, 0))
 
 
 @pytest.mark.compile

@@ -12,6 +12,8 @@ Modules:
     _base       the SIMULATOR flag, argument checks, codegen helpers, the simulator's per-warp rendezvous
     memory      vector loads / stores (global, shared), shared-window addresses, opaque_u32, L2 prefetch
     async_copy  cp.async (16-byte, index and byte-offset forms), commit / wait groups, CP_ASYNC_POISON
+    bulk        Hopper bulk copies (cp.async.bulk) completing on mbarriers (init, arrive, expect-tx, try_wait.parity),
+                setmaxnreg, BULK_POISON
     mma         mma.sync m16n8k16, ldmatrix (x4, .trans, byte-offset), .f16x2 pack / unpack
     wmma        wmma m16n16k16 load / mma / store
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
@@ -33,6 +35,16 @@ from kernels.ptx.async_copy import (
     cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
+)
+from kernels.ptx.bulk import (
+    BULK_POISON,
+    cp_async_bulk_g2s,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_try_wait_parity,
+    setmaxnreg_dec,
+    setmaxnreg_inc,
 )
 from kernels.ptx.memory import (
     ld_global_v2_b32,
@@ -92,6 +104,7 @@ else:
     from kernels.ptx._base import _asm, _shared_u32
 
 __all__ = [
+    "BULK_POISON",
     "CP_ASYNC_POISON",
     "SIMULATOR",
     "SWIZZLE_128B",
@@ -102,6 +115,7 @@ __all__ = [
     "WGMMA_N",
     "cp_async_16",
     "cp_async_16_off",
+    "cp_async_bulk_g2s",
     "cp_async_commit_group",
     "cp_async_wait_group",
     "desc_value",
@@ -115,6 +129,10 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_off",
     "ldmatrix_x4_trans",
+    "mbarrier_arrive",
+    "mbarrier_arrive_expect_tx",
+    "mbarrier_init",
+    "mbarrier_try_wait_parity",
     "mma_m16n8k16_f32_f16",
     "operand_byte_offsets",
     "opaque_u32",
@@ -122,6 +140,8 @@ __all__ = [
     "pdl_enter",
     "prefetch_l2",
     "prefetch_l2_bulk",
+    "setmaxnreg_dec",
+    "setmaxnreg_inc",
     "shared_addr",
     "shfl_xor_f32",
     "st_global_v4_u32",
