@@ -47,6 +47,11 @@ MAX_GROUP = 16
 """Largest GQA group G = n_heads / n_kv_heads: a block joins its warps' G x 128 accumulators in 32 KiB of static
 shared memory at G = 16 (48 KiB is the static limit); G > 8 also keeps the accumulators in local memory."""
 KEYS_IN_FLIGHT = 2
+DEFAULT_MIN_BLOCKS = 0
+MIN_BLOCKS_VALUES = (0, 2, 3, 4)
+"""``min_blocks``: the partial kernel's launch bound, blocks a SM must hold (0: none; ptxas then takes up to 255
+registers a thread, two 128-thread blocks a SM; 3 caps it at 168, 4 at 128, spilling where G's accumulators do not
+fit)."""
 """Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
 the larger loops rolled)."""
 
@@ -274,21 +279,24 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32):
-    """(partial, combine) dispatchers for GQA group size ``group`` and q dtype (compiled once; cached)."""
-    key = (int(group), np.dtype(q_dtype).name)
+def build(group: int, q_dtype=np.float32, min_blocks: int = DEFAULT_MIN_BLOCKS):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype and the partial kernel's ``min_blocks``
+    (compiled once; cached)."""
+    key = (int(group), np.dtype(q_dtype).name, int(min_blocks))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32,
+                       min_blocks=int(min_blocks)),
                 kernel(_make_combine(), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0)) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group`` (NVVM; no GPU needed; not under the simulator)."""
-    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_blocks: int = DEFAULT_MIN_BLOCKS) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group`` and ``min_blocks`` (NVVM; no GPU needed; not under the simulator)."""
+    bounds = (WARPS * 32, min_blocks) if min_blocks else (WARPS * 32,)
+    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=bounds)
     b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
@@ -310,7 +318,7 @@ def _is_contiguous(x) -> bool:
     return bool(getattr(x, "is_c_contiguous", lambda: True)())
 
 
-def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int, int]:
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAULT_MIN_BLOCKS) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
     if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
         raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
@@ -332,6 +340,9 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
                                     f"above the supported {MAX_GROUP}")
     if getattr(length_dev, "ndim", None) != 1 or np.dtype(length_dev.dtype) != np.int32 or length_dev.shape[0] < 1:
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
+    if min_blocks not in MIN_BLOCKS_VALUES:
+        raise KernelConstraintError(f"decode_attention: min_blocks must be one of {', '.join(map(str, MIN_BLOCKS_VALUES))}, "
+                                    f"got {min_blocks}")
     if splits not in SPLITS_VALUES:
         raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
@@ -340,7 +351,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False):
+                     stream=0, pdl: bool = False, min_blocks: int = DEFAULT_MIN_BLOCKS):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -349,7 +360,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each; L is cut into min(4 * splits, L) partitions), one of
     SPLITS_VALUES; default 128 (enough warps and bytes in flight for a long cache; a short one leaves whole blocks
-    idle at once). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    idle at once). min_blocks: the partial kernel's launch bound (MIN_BLOCKS_VALUES; default 0, none). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
     kernel before it first: `kernels.ptx.pdl_enter`).
 
@@ -358,9 +369,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
-    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits)
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks)
     group = n_heads // n_kv_heads
-    partial, combine = build(group, q.dtype)
+    partial, combine = build(group, q.dtype, min_blocks)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)

@@ -4,15 +4,36 @@ target's features), not only that NVVM pasted its text into the PTX."""
 
 from __future__ import annotations
 
+import re
+
 
 def assemble(ptx: str, arch: str = "sm_90a") -> bytes:
     """The cubin of ``ptx`` for ``arch`` (the ``.target`` line is set to it: numba writes ``sm_90`` for cc 9.0
     where the device build targets ``sm_90a``); AssertionError with nvJitLink's log when ptxas refuses it."""
+    return _link(ptx, arch, verbose=False)[0]
+
+
+def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
+    """What ptxas reports for the (single) kernel of ``ptx``: ``registers`` a thread, ``spill_bytes`` (stores +
+    loads), ``local_bytes`` (stack frame) and ``shared_bytes`` (static)."""
+    log = _link(ptx, arch, verbose=True)[1]
+    regs = re.findall(r"[Uu]sed (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    stack = re.findall(r"(\d+) stack\b", log)
+    smem = re.findall(r"(\d+) bytes smem", log)
+    if not regs:
+        raise AssertionError(f"ptxas printed no register count: {log[-400:]}")
+    return {"registers": int(regs[-1]), "spill_bytes": sum(map(int, spills[-1])) if spills else 0,
+            "local_bytes": int(stack[-1]) if stack else 0, "shared_bytes": int(smem[-1]) if smem else 0}
+
+
+def _link(ptx: str, arch: str, verbose: bool) -> tuple[bytes, str]:
     from cuda.bindings import nvjitlink
 
     text = "\n".join(f".target {arch}" if line.startswith(".target ") else line for line in ptx.splitlines())
     data = text.encode()
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    options = [f"-arch={arch}"] + (["-verbose", "-Xptxas=-v"] if verbose else [])
+    handle = nvjitlink.create(len(options), options)
     try:
         try:
             nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
@@ -23,6 +44,8 @@ def assemble(ptx: str, arch: str = "sm_90a") -> bytes:
             raise AssertionError(f"ptxas refused the PTX for {arch}: {log.decode(errors='replace').strip()}") from exc
         cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, cubin)
-        return bytes(cubin)
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, log)
+        return bytes(cubin), log.decode(errors="replace")
     finally:
         nvjitlink.destroy(handle)

@@ -130,6 +130,10 @@ def test_decode_bad_inputs_are_refused(q_shape, q_dtype, kv_shape, match):
     kv = cuda.to_device(np.ones(kv_shape, np.float16))
     with pytest.raises(KernelConstraintError, match=match):
         DEC.decode_attention(q, kv, kv, cuda.to_device(np.array([1], np.int32)))
+    with pytest.raises(KernelConstraintError, match="min_blocks must be one of 0, 2, 3, 4, got 1"):
+        good = cuda.to_device(np.ones((8, 2, 128), np.float16))
+        DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,
+                             cuda.to_device(np.array([1], np.int32)), min_blocks=1)
     with pytest.raises(KernelConstraintError, match="splits must be one of 1, 2, 4, 8, 16, 32, 64, 128, got 3"):
         good = cuda.to_device(np.ones((8, 2, 128), np.float16))
         DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,
@@ -218,6 +222,20 @@ def test_decode_compiles(group, q_dtype):
     assert ".f64" not in partial and ".f64" not in combine
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("min_blocks", DEC.MIN_BLOCKS_VALUES)
+def test_decode_min_blocks_caps_the_partial_kernels_registers(min_blocks):
+    """ptxas (nvJitLink) honours ATTN_MINB's launch bound on the G = 7 partial kernel: registers a thread within
+    65536 / (128 x min_blocks), and without a bound no spills."""
+    from ptx_assembly import ptxas_resources
+
+    got = ptxas_resources(DEC.kernel_ptx(7, min_blocks=min_blocks)[0])
+    if min_blocks:
+        assert got["registers"] <= 65536 // (DEC.WARPS * 32 * min_blocks), got
+    else:
+        assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
+
+
 # ---- gpu: real shapes against torch --------------------------------------------------------------------------
 
 
@@ -254,8 +272,9 @@ def test_prefill_gpu_prefix_matches_float64():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("L, splits", [(1, 128), (3, 128), (4097, 128), (4352, 128), (4097, 32), (517, 1)])
-def test_decode_gpu_matches_torch(L, splits):
+@pytest.mark.parametrize("L, splits, min_blocks", [(1, 128, 0), (3, 128, 0), (4097, 128, 0), (4352, 128, 0),
+                                                   (4097, 32, 0), (517, 1, 0), (4097, 128, 3), (4352, 128, 4)])
+def test_decode_gpu_matches_torch(L, splits, min_blocks):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     l_max = 4352
@@ -264,7 +283,7 @@ def test_decode_gpu_matches_torch(L, splits):
     v = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
     out = cuda.to_device(np.full((28, 128), np.nan, np.float32))
     DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-                         cuda.to_device(np.array([L], np.int32)), out, splits=splits)
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits, min_blocks=min_blocks)
     tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, 28, 1, 128]
     tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
     tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)

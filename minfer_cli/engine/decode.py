@@ -134,6 +134,7 @@ class DecodeEngine:
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
+        self.attn_min_blocks = int(options.attn_min_blocks)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
@@ -338,7 +339,8 @@ class DecodeEngine:
                 kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s,
                           pdl=p)
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
+                             min_blocks=self.attn_min_blocks)
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             hq = self._norm(layer.ffn_norm)

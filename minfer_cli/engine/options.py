@@ -43,7 +43,8 @@ class DecodeOptions:
     their stacked rows (True) or one each (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
-    (`kernels.attention_decode.SPLITS_VALUES`)."""
+    (`kernels.attention_decode.SPLITS_VALUES`); attn_min_blocks (ATTN_MINB): the partial kernel's launch bound
+    (`kernels.attention_decode.MIN_BLOCKS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -56,6 +57,7 @@ class DecodeOptions:
     fuse_qkv: bool = False
     fuse_rope_kv: bool = False
     attn_splits: int = 128
+    attn_min_blocks: int = 0
 
 
 @dataclass(frozen=True)
