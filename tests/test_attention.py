@@ -292,6 +292,29 @@ def test_decode_gpu_matches_torch(L, splits, min_blocks):
 
 
 @sim
+def test_decode_experiment_tiny_round_trip():
+    """The `attention_decode` experiment's own path (inputs, poison, prepare, launch, check) on its `tiny` workload;
+    its check sees a wrong output (one head's row shifted)."""
+    from experiments.attention_decode import AttentionDecodeExperiment
+
+    exp = AttentionDecodeExperiment()
+    w = exp.workload("tiny")
+    config = exp.config("SPLITS=16,MINB=3")
+    inputs = exp.make_input_set(w, np.random.default_rng())
+    output = exp.make_output(w)
+    exp.poison(output)
+    assert np.isinf(exp.check(config, w, inputs, output))
+    exp.prepare(config, w)(inputs, output, 0)
+    assert exp.check(config, w, inputs, output) < exp.tolerance(config, w)
+    good = output.copy_to_host()
+    good[1] = np.roll(good[1], 1)
+    output.copy_to_device(good)
+    assert exp.check(config, w, inputs, output) > 1e-2
+    assert [k.threads for k in exp.kernels(config, w)] == [128, 256]
+    assert exp.cost(w).bytes == 2 * 2 * 37 * 1 * 128 + 2 * 4 * 3 * 128
+
+
+@sim
 def test_experiment_tiny_round_trip():
     """The experiment's own path (inputs, poison, prepare, launch, check) on its `tiny` workload."""
     from experiments.attention import AttentionExperiment

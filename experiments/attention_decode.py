@@ -1,0 +1,143 @@
+"""Experiment `attention_decode`: decode attention of one token over a filled f16 KV cache (flash-decoding,
+`kernels.attention_decode`), the kernel behind `bench`'s tg at a depth.
+
+Knobs: SPLITS (blocks per KV head along the cache, the engine's ATTN_SPLITS) and MINB (the partial kernel's launch
+bound, the engine's ATTN_MINB). Workloads: the 7B preset's heads (28 query / 4 KV) over 4,096 and 16,384 cached
+rows, the 1.5B preset's (12 / 2) over 16,384, and a tiny shape with tails for the CUDA simulator. Cost: the fewest
+bytes are the L K and V rows read once (2 · L · n_kv_heads · 128 · 2 bytes), q read and the output written; FLOPs
+4 · L · n_heads · 128 (q·k and p·v). Ceiling: the copy bandwidth (the kernel is memory-bound).
+Reference: numpy float64 softmax attention over the same f16 rows (scale 1/sqrt(128)); relative error
+‖out − ref‖ / ‖ref‖ < 1e-4 (f32 accumulation of exact f16 inputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
+from minfer_cli.knobs import Knob
+
+HEAD_DIM = 128  # kernels.attention_decode.HEAD_DIM (not imported here: `experiments list` must not load numba)
+
+
+def _shape(L: int, n_heads: int, n_kv_heads: int, l_max: int | None = None) -> dict[str, int]:
+    return {"L": L, "l_max": l_max or L, "n_heads": n_heads, "n_kv_heads": n_kv_heads}
+
+
+class AttentionDecodeExperiment(Experiment):
+    name = "attention_decode"
+    purpose = "decode attention of one token over an L-row f16 KV cache (flash-decoding) vs the copy-bandwidth ceiling"
+    knobs = (
+        Knob("SPLITS", (16, 32, 64, 128), 128, "blocks per KV head along the cache, 4 warp partitions each "
+                                               "(the engine's ATTN_SPLITS)"),
+        Knob("MINB", (0, 2, 3, 4), 0, "the partial kernel's launch bound, blocks a SM must hold (0 none; the "
+                                      "engine's ATTN_MINB)"),
+    )
+    workloads = (
+        Workload("qwen2_7b_d16384", _shape(16384, 28, 4), "7B preset heads (28 query / 4 KV), 16,384 cached rows"),
+        Workload("qwen2_7b_d4096", _shape(4096, 28, 4), "7B preset heads, 4,096 cached rows"),
+        Workload("qwen2_1_5b_d16384", _shape(16384, 12, 2), "1.5B preset heads (12 query / 2 KV), 16,384 cached rows"),
+        Workload("tiny", _shape(37, 3, 1, l_max=48), "37 of 48 rows (partitions of 1-2 rows, masked slots), "
+                                                    "3 query heads on 1 KV head, for the simulator"),
+    )
+    ceiling = "copy"
+
+    def __init__(self) -> None:
+        self._workspaces: dict[tuple, object] = {}
+
+    def input_set_bytes(self, workload: Workload) -> int:
+        s = workload.shape
+        return 2 * 2 * s["l_max"] * s["n_kv_heads"] * HEAD_DIM + 4 * s["n_heads"] * HEAD_DIM + 4
+
+    def make_input_set(self, workload: Workload, rng):
+        """(q f32 [n_heads, 128], k and v caches f16 [l_max, n_kv_heads, 128], L as an int32 device scalar)."""
+        from numba import cuda
+
+        s = workload.shape
+        q = rng.standard_normal((s["n_heads"], HEAD_DIM), dtype=np.float32)
+        k, v = (rng.standard_normal((s["l_max"], s["n_kv_heads"], HEAD_DIM), dtype=np.float32).astype(np.float16)
+                for _ in range(2))
+        return (cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), cuda.to_device(np.array([s["L"]], np.int32)))
+
+    def make_output(self, workload: Workload):
+        from numba import cuda
+
+        return cuda.device_array((workload.shape["n_heads"], HEAD_DIM), dtype=np.float32)
+
+    def _workspace(self, n_heads: int, splits: int):
+        from kernels import attention_decode as kernel
+
+        key = (n_heads, splits)
+        if key not in self._workspaces:
+            self._workspaces[key] = kernel.decode_workspace(n_heads, splits)
+        return self._workspaces[key]
+
+    def prepare(self, config, workload):
+        from kernels import attention_decode as kernel  # numba: imported when GPU work starts
+
+        s = workload.shape
+        splits, min_blocks = int(config["SPLITS"]), int(config["MINB"])
+        kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, min_blocks)  # compile now, outside any timing
+        workspace = self._workspace(s["n_heads"], splits)  # allocated once, outside any graph capture
+
+        def launch(inputs, output, stream):
+            q, k, v, length = inputs
+            kernel.decode_attention(q, k, v, length, output, splits=splits, workspace=workspace, stream=stream,
+                                    min_blocks=min_blocks)
+
+        return launch
+
+    def poison(self, output) -> None:
+        from numba import cuda
+
+        output.copy_to_device(np.full(output.shape, np.nan, dtype=np.float32))
+        cuda.synchronize()
+
+    def check(self, config, workload, inputs, output) -> float:
+        out = output.copy_to_host().astype(np.float64)
+        if not np.isfinite(out).all():
+            return float("inf")
+        q, k, v, _ = inputs
+        ref = reference(q.copy_to_host(), k.copy_to_host()[: workload.shape["L"]],
+                        v.copy_to_host()[: workload.shape["L"]])
+        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+    def tolerance(self, config, workload) -> float:
+        return 1e-4
+
+    def cost(self, workload: Workload, config=None) -> Cost:
+        """Bytes: K and V rows 0..L-1 read once (f16), q read (f32), out written (f32); FLOPs 4·L·n_heads·128."""
+        s = workload.shape
+        L, h, hk = s["L"], s["n_heads"], s["n_kv_heads"]
+        return Cost(flops=4.0 * L * h * HEAD_DIM, bytes=2.0 * 2 * L * hk * HEAD_DIM + 2 * 4.0 * h * HEAD_DIM)
+
+    def kernels(self, config, workload):
+        from kernels import attention_decode as kernel
+
+        s = workload.shape
+        partial, combine = kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, int(config["MINB"]))
+        return [
+            KernelInstance(f"decode_attention_partial[SPLITS={config['SPLITS']},MINB={config['MINB']}]", partial,
+                           kernel.partial_signature(np.float32), kernel.WARPS * 32),
+            KernelInstance("decode_attention_combine", combine, kernel.COMBINE_SIGNATURE, kernel.COMBINE_WARPS * 32),
+        ]
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """float64 [n_heads, 128]: softmax(q·Kᵀ / sqrt(128)) · V per head over all rows of k/v [L, n_kv_heads, 128]
+    (GQA: head h reads KV head h // (n_heads / n_kv_heads))."""
+    h = q.shape[0]
+    hk = k.shape[1]
+    group = h // hk
+    out = np.empty((h, HEAD_DIM))
+    for head in range(h):
+        kk = k[:, head // group].astype(np.float64)
+        s = kk @ q[head].astype(np.float64) / math.sqrt(HEAD_DIM)
+        p = np.exp(s - s.max())
+        out[head] = p @ v[:, head // group].astype(np.float64) / p.sum()
+    return out
+
+
+register(AttentionDecodeExperiment())
