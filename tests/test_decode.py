@@ -288,6 +288,25 @@ def test_decode_refuses_what_does_not_fit(micro_weights):
         DecodeEngine(micro_weights, 0, EAGER)
 
 
+def test_timeline_marks_every_stage_of_a_step(micro_weights, monkeypatch):
+    """`bench --breakdown`'s engine: one eager step records one interval per stage and layer, in order. The
+    simulator's events carry no time, so names and counts are what is checked (the GPU gives the µs); the mat-vecs
+    are stubbed out here (their numbers are other tests' business, and each costs ~30 s in the simulator)."""
+    from minfer_cli.engine.decode import DecodeEngine
+
+    monkeypatch.setattr(DecodeEngine, "_matvec", lambda self, *a, **k: None)
+    monkeypatch.setattr(DecodeEngine, "_matvec_glu", lambda self, *a, **k: None)
+    assert DecodeEngine(micro_weights, 2, EAGER, splits=1).timeline is None
+    engine = DecodeEngine(micro_weights, 2, EAGER, splits=1, timeline=True)
+    engine.start(7, 0)
+    engine.step()
+    engine.stream.synchronize()
+    n = micro_weights.config.n_layers
+    assert [(s, count) for s, _, count in engine.timeline.stage_times()] == [
+        ("embedding", 1), ("attn_norm", n), ("qkv", n), ("rope_kv", n), ("attention", n), ("attn_output", n),
+        ("ffn_norm", n), ("ffn_gate_up", n), ("ffn_down", n), ("output", 1), ("sample", 1)]
+
+
 def test_decode_refuses_a_head_dim_other_than_128_and_a_group_above_16():
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
@@ -658,9 +677,13 @@ def test_run_tg_reports_tokens_per_second():
     from minfer_cli.engine.weights import synth_weights
 
     weights = synth_weights(preset("tiny"), 3)
-    rows = run_tg(weights, [16, 32], 2, DecodeOptions(), seed=0, depths=(0, 100))
+    rows = run_tg(weights, [16, 32], 2, DecodeOptions(), seed=0, depths=(0, 100), breakdown=True)
     assert [r.test for r in rows] == ["tg16", "tg32", "tg16 @ d100", "tg32 @ d100"]
     assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
+    for r in rows:  # --breakdown: every stage timed on the GPU, each layer's stages once a layer a token
+        stages = dict((s, (us, n)) for s, us, n in r.breakdown)
+        assert set(stages) >= {"attention", "qkv", "ffn_down", "output"} and min(us for us, _ in stages.values()) > 0
+        assert stages["attention"][1] == weights.config.n_layers and stages["output"][1] == 1
 
 
 @pytest.mark.gpu

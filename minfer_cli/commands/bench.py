@@ -45,7 +45,8 @@ def _rows_dicts(rows) -> list[dict]:
              "test": r.test, "n_depth": r.depth, "t_s": round(r.mean, 2), "stddev": round(r.std, 2), "median": pct(r, 50),
              "p10": pct(r, 10), "p90": pct(r, 90), "n": len(r.samples), "samples": [round(x, 2) for x in r.samples],
              "peak_mem_gib": round(r.peak_mem_bytes / 2**30, 3), "mem_growth_mib": round(r.mem_growth_bytes / 2**20, 1),
-             "capture_ms": round(r.capture_seconds * 1e3, 2)}
+             "capture_ms": round(r.capture_seconds * 1e3, 2),
+             **({"breakdown_us": {s: round(us, 2) for s, us, _ in r.breakdown}} if r.breakdown else {})}
             for r in rows]
 
 
@@ -58,6 +59,18 @@ def _check_knobs_are_read(config, pp: list, tg: list) -> None:
              ([f"{k} (tg: needs -n > 0)" for k in idle_knobs(config, tg=False)] if not tg else [])
     if unread:
         raise UsageError(f"--arm sets a knob no requested test reads: {', '.join(unread)}")
+
+
+def breakdown_table(row) -> Table:
+    """A tg row's stage breakdown: µs a token, share of the stages' sum, intervals a token."""
+    total = sum(us for _, us, _ in row.breakdown)
+    t = Table(title=f"{row.test}: GPU time a token by stage (CUDA events between stages; {total:.1f} µs in all, "
+                    f"the timed step {1e6 / row.mean:.1f} µs)", box=None, show_edge=False)
+    for col in ("stage", "µs/token", "%", "intervals/token"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for stage, us, count in row.breakdown:
+        t.add_row(stage, f"{us:.1f}", f"{100 * us / total:.1f}" if total > 0 else "-", f"{count:g}")
+    return t
 
 
 @guard
@@ -73,6 +86,9 @@ def bench(
     fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
     arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, GRAPHS, MMVQ, XRES, FUSE_*, DEEP, PDL, ATTN_SPLITS, ATTN_MINB, gemm tile knobs, FA_* attention knobs; `minfer experiments show bench`), given once."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthesised weights and the prompt tokens."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="After each tg test, generate its tokens once more with "
+                                   "CUDA events between the stages of every step and print each stage's GPU µs a "
+                                   "token (the events stop PDL overlap, so stages sum to more than the step)."),
     record: bool = typer.Option(False, "--record", help="Append the result to the ledger (verdict MEASURED)."),
     note: str = options.NOTE,
     ledger: Optional[str] = options.LEDGER,
@@ -109,6 +125,8 @@ def bench(
     depths = parse_counts(depth, "-d", keep_zero=True)
     if not pp and not tg:
         raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
+    if breakdown and not tg:
+        raise UsageError("--breakdown splits tg tests by stage and there is none: give -n, e.g. -n 128")
     config = options.engine_config(arm)
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
@@ -130,7 +148,8 @@ def bench(
         rows = run_pp(weights, pp, reps, engine_options(config).prefill, seed, progress=report,
                       depths=tuple(depths)) if pp else []
         if tg:
-            rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report, depths=tuple(depths))
+            rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report, depths=tuple(depths),
+                           breakdown=breakdown)
     data = _rows_dicts(rows)
     if fmt == "json":
         print(json.dumps(data, indent=1))
@@ -140,7 +159,7 @@ def bench(
     elif fmt == "csv":
         import pandas as pd
 
-        print(pd.DataFrame(data).drop(columns=["samples"]).to_csv(index=False).rstrip())
+        print(pd.DataFrame(data).drop(columns=["samples", "breakdown_us"], errors="ignore").to_csv(index=False).rstrip())
     else:
         t = Table(box=None, show_edge=False)
         for col, just in (("model", "left"), ("size", "right"), ("params", "right"), ("test", "left"), ("t/s", "right")):
@@ -153,6 +172,9 @@ def bench(
             capture = f", graph capture {r.capture_seconds * 1e3:.1f} ms (untimed)" if r.capture_seconds else ""
             out.print(f"{r.test}: peak device memory {r.peak_mem_bytes / 2**30:.2f} GiB, "
                       f"growth over the repetitions {r.mem_growth_bytes / 2**20:+.1f} MiB{capture}", markup=False)
+        for r in rows:
+            if r.breakdown:
+                out.print(breakdown_table(r))
     if record:
         from minfer_cli.engine.record import bench_record
 

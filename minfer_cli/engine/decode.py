@@ -96,7 +96,9 @@ class DecodeEngine:
     splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`; None: the options'
     ``attn_splits``). rows_per_block,
     warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: the policy's shapes, the fastest measured
-    for each input form).
+    for each input form). timeline: when True, ``self.timeline`` is a `minfer_cli.measure.timeline.Timeline` on the
+    engine's stream (else None) and every step records an event after each stage (embedding, attn_norm, qkv, rope_kv, attention, attn_output,
+    ffn_norm, ffn_gate_up, ffn_down per layer; output, sample), inside the captured graph too.
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
     eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV does not
@@ -105,11 +107,12 @@ class DecodeEngine:
 
     def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: DecodeOptions = DecodeOptions(),
                  *, prefill: Optional[PrefillEngine] = None, stream=None, splits: Optional[int] = None,
-                 rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None):
+                 rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None, timeline: bool = False):
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
         from kernels.attention_decode import HEAD_DIM, MAX_GROUP, decode_workspace
+        from minfer_cli.measure.timeline import Timeline
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -147,6 +150,7 @@ class DecodeEngine:
             self.context = int(context)
             self.stream = stream if stream is not None else cuda.stream()
         s = self.stream
+        self.timeline = Timeline(s) if timeline else None
         width = c.q_dim + 2 * c.kv_dim
         heads = c.n_heads + 2 * c.n_kv_heads
 
@@ -325,11 +329,17 @@ class DecodeEngine:
         from kernels.rope import rope
 
         c, s, p = self.config, self.stream, self.pdl
+        mark = self._mark
+        if self.timeline is not None:
+            self.timeline.begin()
         embedding(*self.embedding, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
+        mark("embedding")
         for layer in self.layers:
             hq = self._norm(layer.attn_norm)
+            mark("attn_norm")
             for m, out, bias in layer.qkv:
                 self._matvec(m, self._h1, out, residual=bias, xq=hq)
+            mark("qkv")
             if self.fuse_rope_kv:
                 rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
                      factors=self.rope_factors, kv_cache=(self._v_rope, layer.k_cache, layer.v_cache))
@@ -338,22 +348,34 @@ class DecodeEngine:
                      factors=self.rope_factors)
                 kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s,
                           pdl=p)
+            mark("rope_kv")
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
                              splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
                              min_blocks=self.attn_min_blocks)
+            mark("attention")
             aq = self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
+            mark("attn_output")
             hq = self._norm(layer.ffn_norm)
+            mark("ffn_norm")
             if self.fuse_glu and layer.gate.qtype == layer.up.qtype:
                 self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)
             else:
                 self._matvec(layer.gate, self._h1, self._gate_out, xq=hq)
                 self._matvec(layer.up, self._h1, self._up_out, xq=hq)
                 swiglu(self._gu2, out=self.act, stream=s)
+            mark("ffn_gate_up")
             self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=self._quantize(self._act1, self._q8_ffn))
+            mark("ffn_down")
         self._matvec(self.output, self._h1, self.logits, xq=self._norm(self.output_norm))
+        mark("output")
         argmax(self.logits, out=self.ids, blocks=self.argmax_blocks, workspace=self.argmax_workspace, stream=s)
         advance(self.state, self.history, stream=s)
+        mark("sample")
+
+    def _mark(self, stage: str) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(stage)
 
     # -- public API -----------------------------------------------------------------------------------------------
     def start(self, token: int, position: int = 0) -> None:

@@ -1,0 +1,46 @@
+"""GPU time between named stages of a forward: CUDA events recorded on the engine's stream after each stage.
+
+An engine given a `Timeline` calls `begin()` before its first kernel and `mark(stage)` after each stage's last one;
+inside a captured CUDA graph the events become event-record nodes, so every replay re-records them. After the
+stream is synchronised, `stage_times()` attributes each interval between consecutive events to the stage that
+ended it. An event between two kernels keeps a programmatic dependent launch from starting early, so the stages'
+sum is the step with that overlap removed: a breakdown, not the timed figure.
+"""
+
+from __future__ import annotations
+
+
+class Timeline:
+    """Events on ``stream`` (a numba stream) between the stages of one forward."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._events: list[tuple[str, object]] = []
+
+    def begin(self) -> None:
+        """Start a forward: forget the previous one's events and record the start."""
+        from numba import cuda
+
+        start = cuda.event()
+        start.record(self.stream)
+        self._events = [("", start)]
+
+    def mark(self, stage: str) -> None:
+        """Record the end of ``stage`` (the work enqueued since the previous mark or `begin`)."""
+        from numba import cuda
+
+        if not self._events:
+            raise RuntimeError("Timeline.mark before begin")
+        event = cuda.event()
+        event.record(self.stream)
+        self._events.append((stage, event))
+
+    def stage_times(self) -> list[tuple[str, float, int]]:
+        """(stage, µs, intervals) per stage of the last recorded forward, in first-seen order; call after the
+        stream is synchronised (the CUDA simulator's events give -1 ms an interval)."""
+        totals: dict[str, list] = {}
+        for (_, a), (stage, b) in zip(self._events, self._events[1:]):
+            entry = totals.setdefault(stage, [0.0, 0])
+            entry[0] += 1000.0 * a.elapsed_time(b)
+            entry[1] += 1
+        return [(stage, us, n) for stage, (us, n) in totals.items()]
