@@ -137,7 +137,6 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["bench", "-m", "/nonexistent/model.gguf"], "-m /nonexistent/model.gguf: no such file"),
         (["bench", "--preset", "tiny", "-d", "4k"], "-d takes comma-separated token counts, e.g. -d 0,4096; got '4k'"),
         (["bench", "--preset", "tiny", "-d", "0,-5"], "-d token counts must be >= 0, got -5"),
-        (["bench", "-p", "512", "-n", "0", "--breakdown"], "--breakdown splits tg tests by stage and there is none"),
         (["bench", "--preset", "tiny", "-p", "16", "-n", "0", "-d", "0,1000000"],
          "-p 16 after a depth of -d 1000000 is beyond the model's context length"),
     ],

@@ -101,14 +101,31 @@ def test_a_prefill_after_a_filled_cache_matches_the_reference(monkeypatch):
         engine.fill(np.zeros(8, dtype=np.int32))
 
 
+def test_prefill_breakdown_marks_every_stage_and_leaves_no_timeline(monkeypatch):
+    """`bench --breakdown`'s prefill pass: each stage is one interval a layer (embedding and output once), in order;
+    the engine keeps no timeline afterwards (the timed runs carry no events). Stand-ins for the GEMM, attention and
+    dequantization (simulator time); the simulator's events carry no µs (the GPU test checks them)."""
+    use_standins(monkeypatch)
+    config = dataclasses.replace(preset("tiny"), name="micro-breakdown", n_layers=2, ffn=256, vocab=256)
+    engine = PrefillEngine(synth_weights(config, 5), 4, PrefillOptions(w16=False, pgraph=False))
+    got = engine.breakdown(cuda.to_device(np.arange(2, dtype=np.int32)), 0, 1)
+    assert [(s, n) for s, _, n in got] == [
+        ("embedding", 1), ("attn_norm", 2), ("qkv", 2), ("rope_kv", 2), ("attention", 2), ("attn_output", 2),
+        ("ffn_norm", 2), ("ffn_gate_up", 2), ("ffn_down", 2), ("output", 1)]
+    assert engine.timeline is None
+
+
 @pytest.mark.gpu
 def test_run_pp_at_a_depth_names_and_times_each_test():
     from minfer_cli.engine.bench import run_pp
 
     weights = synth_weights(preset("tiny"), 3)
-    rows = run_pp(weights, [16, 32], 2, PrefillOptions(), seed=0, depths=(0, 64))
+    rows = run_pp(weights, [16, 32], 2, PrefillOptions(), seed=0, depths=(0, 64), breakdown=True)
     assert [(r.test, r.depth) for r in rows] == [("pp16", 0), ("pp32", 0), ("pp16 @ d64", 64), ("pp32 @ d64", 64)]
     assert all(len(r.samples) == 2 and min(r.samples) > 0 for r in rows)
+    for r in rows:  # --breakdown: every stage timed on the GPU (events inside the PGRAPH=1 graph)
+        stages = {s: (us, n) for s, us, n in r.breakdown}
+        assert min(us for us, _ in stages.values()) > 0 and stages["qkv"][1] == weights.config.n_layers
 
 
 def _qwen2_shaped(layers: int = 2, vocab: int = 4096):

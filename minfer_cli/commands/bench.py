@@ -62,11 +62,14 @@ def _check_knobs_are_read(config, pp: list, tg: list) -> None:
 
 
 def breakdown_table(row) -> Table:
-    """A tg row's stage breakdown: µs a token, share of the stages' sum, intervals a token."""
+    """A row's stage breakdown: µs a token (tg) or a prefill (pp), share of the stages' sum, intervals."""
     total = sum(us for _, us, _ in row.breakdown)
-    t = Table(title=f"{row.test}: GPU time a token by stage (CUDA events between stages; {total:.1f} µs in all, "
-                    f"the timed step {1e6 / row.mean:.1f} µs)", box=None, show_edge=False)
-    for col in ("stage", "µs/token", "%", "intervals/token"):
+    tg = row.test.startswith("tg")
+    unit = "token" if tg else "prefill"
+    timed = 1e6 / row.mean if tg else 1e6 * row.n_tokens / row.mean
+    t = Table(title=f"{row.test}: GPU time a {unit} by stage (CUDA events between stages; {total:.1f} µs in all, "
+                    f"the timed {unit} {timed:.1f} µs)", box=None, show_edge=False)
+    for col in ("stage", f"µs/{unit}", "%", f"intervals/{unit}"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for stage, us, count in row.breakdown:
         t.add_row(stage, f"{us:.1f}", f"{100 * us / total:.1f}" if total > 0 else "-", f"{count:g}")
@@ -86,9 +89,10 @@ def bench(
     fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
     arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, GRAPHS, MMVQ, XRES, FUSE_*, DEEP, PDL, ATTN_SPLITS, ATTN_MINB, gemm tile knobs, FA_* attention knobs; `minfer experiments show bench`), given once."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthesised weights and the prompt tokens."),
-    breakdown: bool = typer.Option(False, "--breakdown", help="After each tg test, generate its tokens once more with "
-                                   "CUDA events between the stages of every step and print each stage's GPU µs a "
-                                   "token (the events stop PDL overlap, so stages sum to more than the step)."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="After each test, run it again with CUDA events between "
+                                   "the forward's stages and print each stage's GPU µs (a token for tg, a prefill "
+                                   "for pp) and its share; the events stop kernels overlapping across stages, so "
+                                   "the stages sum to more than the timed figure."),
     record: bool = typer.Option(False, "--record", help="Append the result to the ledger (verdict MEASURED)."),
     note: str = options.NOTE,
     ledger: Optional[str] = options.LEDGER,
@@ -125,8 +129,6 @@ def bench(
     depths = parse_counts(depth, "-d", keep_zero=True)
     if not pp and not tg:
         raise UsageError("nothing to run: -p and -n are both 0; e.g. -p 512 -n 128")
-    if breakdown and not tg:
-        raise UsageError("--breakdown splits tg tests by stage and there is none: give -n, e.g. -n 128")
     config = options.engine_config(arm)
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
@@ -146,7 +148,7 @@ def bench(
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)
         rows = run_pp(weights, pp, reps, engine_options(config).prefill, seed, progress=report,
-                      depths=tuple(depths)) if pp else []
+                      depths=tuple(depths), breakdown=breakdown) if pp else []
         if tg:
             rows += run_tg(weights, tg, reps, engine_options(config).decode, seed, progress=report, depths=tuple(depths),
                            breakdown=breakdown)

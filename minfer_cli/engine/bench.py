@@ -136,7 +136,7 @@ class BenchRow:
     mem_growth_bytes: int = 0
     capture_seconds: float = 0.0  # pp with PGRAPH=1: wall time of the graph capture (in the warm-up, untimed)
     depth: int = 0  # tokens already in the KV cache when the test ran (llama-bench's -d)
-    breakdown: list = field(default_factory=list)  # tg with --breakdown: (stage, µs a token, launches... a token)
+    breakdown: list = field(default_factory=list)  # --breakdown: (stage, µs, intervals) a token (tg) or a prefill (pp)
 
     @property
     def mean(self) -> float:
@@ -185,10 +185,11 @@ def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions, 
 
 
 def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: PrefillOptions, seed: int,
-           progress: Progress = None, depths: tuple[int, ...] = (0,)) -> list[BenchRow]:
+           progress: Progress = None, depths: tuple[int, ...] = (0,), breakdown: bool = False) -> list[BenchRow]:
     """Time pp<n> @ d for every n in ``counts`` and d in ``depths``: ``reps`` prefills of n random tokens at
     positions d..d+n-1 each, after one warm-up prefill; the cache's first d rows are filled before (module
-    docstring)."""
+    docstring). With ``breakdown``, each row's ``breakdown`` holds every stage's mean GPU µs a prefill over
+    ``reps`` more prefills with events between the stages (`PrefillEngine.breakdown`)."""
     from numba import cuda
 
     check_fits(weights, max(counts), options, max(depths))
@@ -220,6 +221,10 @@ def run_pp(weights: ModelWeights, counts: list[int], reps: int, options: Prefill
             row.peak_mem_bytes = peak
             row.mem_growth_bytes = _used_bytes() - first_used
             row.capture_seconds = engine.capture_seconds.get((n, depth), 0.0)
+            if breakdown:
+                if progress:
+                    progress(f"{row.test} stage breakdown", 1.0)
+                row.breakdown = engine.breakdown(ids, depth, reps)
             rows.append(row)
     engine.close()
     return rows

@@ -94,6 +94,7 @@ class PrefillEngine:
         self.max_tokens = int(max_tokens)
         self.context = int(context or max_tokens)
         self.stream = stream if stream is not None else cuda.stream()
+        self.timeline = None  # a Timeline while `breakdown` runs
         self.rope_factors = weights.rope_factors()
         self.embedding = weights.embedding_table()  # (raw, qtype): token_embd, or its f32 copy for other types
         for name, (spec, _) in weights.tensors.items():
@@ -236,6 +237,35 @@ class PrefillEngine:
             self._forward(own, start)
         self.stream.synchronize()
 
+    def breakdown(self, ids, start: int, reps: int) -> list[tuple[str, float, float]]:
+        """(stage, mean GPU µs a prefill, intervals a prefill) of ``reps`` prefills of ``ids`` at ``start``, from
+        CUDA events between the forward's stages (embedding; per layer attn_norm, qkv, rope_kv, attention,
+        attn_output, ffn_norm, ffn_gate_up, ffn_down; output), captured into the graph with PGRAPH=1. The engine's
+        graphs are dropped before and after (the timed ones must not carry events). Waits for the stream."""
+        from minfer_cli.measure.timeline import Timeline
+
+        self.close()
+        self.timeline = Timeline(self.stream)
+        try:
+            self.prefill(ids, start)  # PGRAPH=1: the eager run and the capture, with the events
+            self.stream.synchronize()
+            totals: dict[str, list] = {}
+            for _ in range(reps):
+                self.prefill(ids, start)
+                self.stream.synchronize()
+                for stage, us, count in self.timeline.stage_times():
+                    entry = totals.setdefault(stage, [0.0, 0])
+                    entry[0] += us
+                    entry[1] += count
+            return [(stage, us / reps, count / reps) for stage, (us, count) in totals.items()]
+        finally:
+            self.timeline = None
+            self.close()
+
+    def _mark(self, stage: str) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(stage)
+
     def _capture(self, key, ids, start: int) -> None:
         import time
 
@@ -272,37 +302,50 @@ class PrefillEngine:
         pos = self.positions[start: start + nt]
         x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
         proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
+        mark = self._mark
+        if self.timeline is not None:
+            self.timeline.begin()
         embedding(*self.embedding, c.vocab, c.hidden, ids, out=x, stream=s)
+        mark("embedding")
         if taps is not None:
             taps.append(x.copy_to_host(stream=s))
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
         for layer in self.layers:
             rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s)
+            mark("attn_norm")
             self._gemm(h, layer.qkv, qkv)
             if layer.qkv_bias is not None:
                 bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
+            mark("qkv")
             view = qkv.reshape(nt, heads, c.head_dim)
             rope(head_slice(view, 0, c.n_heads), head_slice(view, c.n_heads, c.n_heads + c.n_kv_heads), pos,
                  c.rope_base, c.rope_style, stream=s, factors=self.rope_factors)
             kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
+            mark("rope_kv")
             flash_attention(
                 q16.reshape(nt, c.n_heads, c.head_dim),
                 layer.k_cache[:length].reshape(length, c.n_kv_heads, c.head_dim),
                 layer.v_cache[:length].reshape(length, c.n_kv_heads, c.head_dim),
                 out=attn.reshape(nt, c.n_heads, c.head_dim), causal=True, config=self.options.attention, stream=s,
             )
+            mark("attention")
             self._gemm(attn, layer.attn_output, proj)
             residual_add(x, proj, stream=s)
+            mark("attn_output")
             rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+            mark("ffn_norm")
             self._gemm(h, layer.gate_up, gu)
             swiglu(gu, out=act, stream=s)
+            mark("ffn_gate_up")
             self._gemm(act, layer.down, proj)
             residual_add(x, proj, stream=s)
+            mark("ffn_down")
             if taps is not None:
                 taps.append(x.copy_to_host(stream=s))
         rms_norm(x[nt - 1: nt], self.output_norm, c.rms_eps, out=self.last, stream=s)
         self._gemm(self.last, self.output, self.logits)
+        mark("output")
         return self.logits
 
 
