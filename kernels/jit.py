@@ -174,8 +174,9 @@ def _disk_cache_class():
         _impl_class = _Impl
         File = _CheckedFile
 
-        def __init__(self, py_func):
+        def __init__(self, py_func, launch_bounds=None):
             self._pending = py_func
+            self._launch_bounds = launch_bounds
             self._enabled = False
             self._launch_config_key = None
             self._launch_config_sensitive_flag = None
@@ -194,6 +195,11 @@ def _disk_cache_class():
                     self._enabled = False
                     self._launch_config_marker_path = os.devnull
             return self._enabled
+
+        def _index_key(self, sig, codegen):
+            # numba keys an entry on bytecode, closure and target, not on the launch bounds the dispatcher was made
+            # with: two bounds of one function would share (and overwrite) one compiled kernel
+            return super()._index_key(sig, codegen), self._launch_bounds
 
         @property
         def cache_path(self):
@@ -242,7 +248,7 @@ def _attach_cache(dispatcher, func: Callable) -> None:
         return
     if _DiskCache is None:
         _DiskCache = _disk_cache_class()
-    dispatcher._cache = _DiskCache(func)
+    dispatcher._cache = _DiskCache(func, dispatcher.targetoptions.get("launch_bounds"))
 
 
 def kernel(func: Callable, signature=None, *, threads: int | None = None, min_blocks: int = 0):

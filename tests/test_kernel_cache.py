@@ -123,6 +123,25 @@ def test_a_corrupt_entry_is_rebuilt_never_trusted(jit, tmp_path):
     assert cache._cache_file.load(key) == {"cubin": b"new"}
 
 
+def test_launch_bounds_are_part_of_the_entry_key(jit, tmp_path):
+    """One function compiled under two launch bounds (a MINB knob) is two kernels: numba's own key (bytecode,
+    closure, target) would give both one entry and the second would run the first's registers."""
+    from numba.cuda.core import sigutils
+
+    class Codegen:
+        def magic_tuple(self):
+            return ("runtime", (9, 0))
+
+    func = _defined_in_file(tmp_path)
+    sig, _ = sigutils.normalize_signature("void(float32[::1])")
+    keys = []
+    for min_blocks in (0, 3, 0):
+        cache = jit.kernel(func, threads=128, min_blocks=min_blocks)._cache
+        cache._ready()
+        keys.append(cache._index_key(sig, Codegen()))
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
 def test_an_unwritable_cache_turns_itself_off(jit, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
