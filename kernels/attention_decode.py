@@ -6,8 +6,9 @@ device scalar: one CUDA graph replays every decode step), out f32 ``[n_heads, 12
 
 Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
 
-1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. The L keys are cut into U = min(4 * splits, L)
-   contiguous partitions of ceil(L / U) keys, one per warp (U computed on the device from L, so any L in 1..L_max
+1. ``partial``: grid (splits, n_kv_heads), 4 warps per block. Warp p of the first U = min(4 * splits, L) takes the
+   contiguous keys p·c .. p·c + c - 1 with c = ceil(L / U) (the last partitions may be short or empty; U computed
+   on the device from L, so any L in 1..L_max
    works with a fixed grid; a block whose warps all lie past U returns at once). A warp serves all G query heads of
    its KV head (each K/V row is read once for G heads). A half-warp takes one cache row: lane l owns dims
    8(l % 16)..8(l % 16)+7, one 16-byte load of K and one of V per row, two rows a half-warp in flight (four a warp);
@@ -31,11 +32,12 @@ import threading
 
 import numpy as np
 from numba import cuda, float32, types
+from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
-from kernels.ptx import ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
+from kernels.ptx import SIMULATOR, ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
 
 HEAD_DIM = 128
 WARPS = 4
@@ -45,20 +47,23 @@ DEFAULT_SPLITS = 128
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_GROUP = 16
 """Largest GQA group G = n_heads / n_kv_heads: a block joins its warps' G x 128 accumulators in 32 KiB of static
-shared memory at G = 16 (48 KiB is the static limit); G > 8 also keeps the accumulators in local memory."""
+shared memory at G = 16 (48 KiB is the static limit); ptxas keeps G <= 9 in registers, larger groups put part of
+their accumulators on the stack (local memory)."""
 KEYS_IN_FLIGHT = 2
+"""Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
+the larger loops rolled)."""
 DEFAULT_MIN_BLOCKS = 0
 MIN_BLOCKS_VALUES = (0, 2, 3, 4)
 """``min_blocks``: the partial kernel's launch bound, blocks a SM must hold (0: none; ptxas then takes up to 255
 registers a thread, two 128-thread blocks a SM; 3 caps it at 168, 4 at 128, spilling where G's accumulators do not
 fit)."""
-"""Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
-the larger loops rolled)."""
 
 
-def used_partitions(L: int, parts: int) -> int:
-    """U, the warp partitions a call over L keys uses out of ``parts`` (at least 1; host twin of the kernels' device
-    computation)."""
+def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:
+    """U, the warp partitions a call over L keys uses out of ``parts`` (at least 1; L clamped to ``l_max`` as the
+    kernels do; host twin of their device computation)."""
+    if l_max is not None:
+        L = min(L, l_max)
     return max(1, min(parts, L))
 
 
@@ -318,8 +323,27 @@ def _is_contiguous(x) -> bool:
     return bool(getattr(x, "is_c_contiguous", lambda: True)())
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_workspace(workspace, n_heads: int, splits: int) -> None:
+    if not (isinstance(workspace, tuple) and len(workspace) == 2):
+        raise KernelConstraintError("decode_attention: workspace must be the (ml, acc) pair decode_workspace(n_heads, "
+                                    f"splits) returns, got {type(workspace).__name__}")
+    for name, w, need in (("ml", workspace[0], splits * n_heads * 2), ("acc", workspace[1], splits * n_heads * HEAD_DIM)):
+        if not (devicearray.is_cuda_ndarray(w) and w.ndim == 1 and np.dtype(w.dtype) == np.float32 and _is_contiguous(w)
+                and w.shape[0] >= need):
+            raise KernelConstraintError(f"decode_attention: workspace {name} must be a contiguous 1-D float32 device "
+                                        f"array of at least {need} elements (decode_workspace({n_heads}, {splits})), "
+                                        f"got {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+
+
 def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAULT_MIN_BLOCKS) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("length_dev", length_dev), ("out", out)):
+        if x is not None and not devicearray.is_cuda_ndarray(x):
+            raise KernelConstraintError(f"decode_attention: {name} must be a CUDA device array, got {type(x).__name__}")
     if getattr(q, "ndim", None) != 2 or np.dtype(q.dtype) not in (np.float32, np.float16) or not _is_contiguous(q):
         raise KernelConstraintError(f"decode_attention: q must be a C-contiguous float32/float16 [n_heads, 128] array, got {getattr(q, 'dtype', None)} ndim {getattr(q, 'ndim', None)}")
     if q.shape[1] != HEAD_DIM:
@@ -331,6 +355,13 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAUL
             raise KernelConstraintError(f"decode_attention: head_dim must be {HEAD_DIM}, got {name} with head_dim {x.shape[2]}")
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise KernelConstraintError(f"decode_attention: k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    if not SIMULATOR:
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if x.device_ctypes_pointer.value % 16:
+                raise KernelConstraintError(f"decode_attention: {name} must start 16-byte aligned (its rows are read "
+                                            f"16 bytes at a time); a view starting mid-row is not")
+    if q.shape[0] == 0:
+        raise KernelConstraintError("decode_attention: q has no heads")
     n_heads = q.shape[0]
     l_max, n_kv_heads, _ = k_cache.shape
     if n_kv_heads == 0 or n_heads % n_kv_heads:
@@ -340,10 +371,10 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAUL
                                     f"above the supported {MAX_GROUP}")
     if getattr(length_dev, "ndim", None) != 1 or np.dtype(length_dev.dtype) != np.int32 or length_dev.shape[0] < 1:
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
-    if min_blocks not in MIN_BLOCKS_VALUES:
+    if not _is_int(min_blocks) or min_blocks not in MIN_BLOCKS_VALUES:
         raise KernelConstraintError(f"decode_attention: min_blocks must be one of {', '.join(map(str, MIN_BLOCKS_VALUES))}, "
                                     f"got {min_blocks}")
-    if splits not in SPLITS_VALUES:
+    if not _is_int(splits) or splits not in SPLITS_VALUES:
         raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
         raise KernelConstraintError(f"decode_attention: out must be a C-contiguous float32 [{n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}")
@@ -374,10 +405,11 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     partial, combine = build(group, q.dtype, min_blocks)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
-    ws_ml, ws_acc = workspace if workspace is not None else decode_workspace(n_heads, splits, stream)
+    if workspace is None:
+        workspace = decode_workspace(n_heads, splits, stream)
+    _check_workspace(workspace, n_heads, splits)
+    ws_ml, ws_acc = workspace
     parts = WARPS * splits
-    if ws_ml.shape[0] < splits * n_heads * 2 or ws_acc.shape[0] < splits * n_heads * HEAD_DIM:
-        raise KernelConstraintError(f"decode_attention: workspace too small for splits={splits}, n_heads={n_heads}")
     flat = l_max * n_kv_heads * HEAD_DIM
     launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
                   (q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,

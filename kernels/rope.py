@@ -278,6 +278,9 @@ def _check_kv_cache(k, kv_cache) -> None:
         raise KernelConstraintError("kv_cache must be a (v, k_cache, v_cache) tuple")
     v, k_cache, v_cache = kv_cache
     _check_qk(v, "v")
+    if getattr(k_cache, "shape", None) != getattr(v_cache, "shape", None):
+        raise KernelConstraintError(f"k_cache {tuple(getattr(k_cache, 'shape', ()))} and v_cache "
+                                    f"{tuple(getattr(v_cache, 'shape', ()))} must have the same shape")
     if tuple(v.shape) != tuple(k.shape):
         raise KernelConstraintError(f"v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
     width = k.shape[1] * k.shape[2]

@@ -134,6 +134,19 @@ def test_decode_bad_inputs_are_refused(q_shape, q_dtype, kv_shape, match):
         good = cuda.to_device(np.ones((8, 2, 128), np.float16))
         DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,
                              cuda.to_device(np.array([1], np.int32)), min_blocks=1)
+    one = cuda.to_device(np.array([1], np.int32))
+    q4 = cuda.to_device(np.ones((4, 128), np.float32))
+    for workspace, needle in (((cuda.to_device(np.zeros(8, np.int32)), cuda.to_device(np.zeros(512, np.float32))),
+                               "workspace ml must be a contiguous 1-D float32 device array of at least 8 elements"),
+                              ((cuda.to_device(np.zeros(8, np.float32)),), "workspace must be the \\(ml, acc\\) pair"),
+                              ((cuda.to_device(np.zeros(8, np.float32)), cuda.to_device(np.zeros(511, np.float32))),
+                               "workspace acc .* at least 512 elements")):
+        with pytest.raises(KernelConstraintError, match=needle):
+            DEC.decode_attention(q4, good, good, one, splits=1, workspace=workspace)
+    with pytest.raises(KernelConstraintError, match="q must be a CUDA device array, got ndarray"):
+        DEC.decode_attention(np.ones((4, 128), np.float32), good, good, one)
+    with pytest.raises(KernelConstraintError, match="splits must be one of"):
+        DEC.decode_attention(q4, good, good, one, splits=4.0)
     with pytest.raises(KernelConstraintError, match="splits must be one of 1, 2, 4, 8, 16, 32, 64, 128, got 3"):
         good = cuda.to_device(np.ones((8, 2, 128), np.float16))
         DEC.decode_attention(cuda.to_device(np.ones((4, 128), np.float32)), good, good,

@@ -356,6 +356,7 @@ def _k_bulk(src, out):
     if t == 0:
         P.mbarrier_init(bar, 0, 1)
         P.mbarrier_init(bar, 1, 64)
+        P.fence_proxy_async_shared()
     cuda.syncthreads()
     for phase in range(2):
         if t == 0:
@@ -381,6 +382,11 @@ def _k_bulk_early(src, out):
     while P.mbarrier_try_wait_parity(bar, 0, 0) == 0:
         pass
     out[1] = sm[3]
+    P.cp_async_bulk_g2s(sm, 0, src, 8, 32, bar, 0)  # phase 1: the copy before its expect-tx (the ISA allows it)
+    P.mbarrier_arrive_expect_tx(bar, 0, 32)  # completes phase 1 here: its last byte and arrival are in
+    while P.mbarrier_try_wait_parity(bar, 0, 1) == 0:
+        pass
+    out[2] = sm[3]
 
 
 def _check_bulk():
@@ -396,10 +402,10 @@ def test_simulated_bulk_copy_pipeline_and_its_poison():
     """The two-phase pipeline's words arrive stage by stage; and a stage read before its barrier's wait holds
     `kernels.ptx.BULK_POISON` in the simulator (on the GPU such a read is a race), the data after it."""
     _check_bulk()
-    src = np.random.default_rng().integers(0, 2**32, 8, dtype=np.uint32)
-    out = np.zeros(2, np.uint32)
+    src = np.random.default_rng().integers(0, 2**32, 16, dtype=np.uint32)
+    out = np.zeros(3, np.uint32)
     _k_bulk_early[1, 1](src, out)
-    assert out[0] == int.from_bytes(bytes([P.BULK_POISON] * 4), "little") and out[1] == src[3]
+    assert out[0] == int.from_bytes(bytes([P.BULK_POISON] * 4), "little") and out[1] == src[3] and out[2] == src[11]
 
 
 @sim
@@ -421,6 +427,13 @@ def test_simulated_mbarrier_refuses_misuse():
 
     with pytest.raises(RuntimeError, match="before mbarrier_init"):
         uninitialised[1, 1](np.zeros(1, np.uint32))
+
+    @cuda.jit
+    def bad_registers(x):
+        P.setmaxnreg_dec(36)
+
+    with pytest.raises(ValueError, match="multiple of 8 in 24..256, got 36"):
+        bad_registers[1, 32](np.zeros(1, np.uint32))
 
 
 @pytest.mark.gpu

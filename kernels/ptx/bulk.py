@@ -52,20 +52,28 @@ if SIMULATOR:
     _LOCK = threading.Lock()
 
     class _Barrier:
+        """A phase completes the moment its last arrival and last expected byte are in (as on the GPU); the copies
+        of completed phases land when a wait first observes a completion (until then they read as poison)."""
+
         def __init__(self, count: int) -> None:
             self.count = count
             self.pending = count
             self.tx = 0
             self.phase = 0  # completed phases
-            self.copies: list = []
+            self.copies: list = []  # the current phase's copies
+            self.completed: list = []  # copies of completed phases no wait has observed yet
 
         def complete_if_done(self) -> None:
             if self.pending == 0 and self.tx == 0:
-                for dst, d0, data in self.copies:
-                    dst[d0 : d0 + data.size] = data
+                self.completed += self.copies
                 self.copies = []
                 self.pending = self.count
                 self.phase += 1
+
+        def land(self) -> None:
+            for dst, d0, data in self.completed:
+                dst[d0 : d0 + data.size] = data
+            self.completed = []
 
     def _barriers() -> dict:
         thread = threading.current_thread()
@@ -89,12 +97,12 @@ if SIMULATOR:
             _barriers()[(id(_ndarray(bar)), int(index))] = _Barrier(int(count))
 
     def mbarrier_arrive(bar, index):
-        """Simulator form of `mbarrier.arrive.shared::cta.b64`: one arrival on the current phase."""
+        """Simulator form of `mbarrier.arrive.shared::cta.b64`: one arrival on the current phase (the last one
+        with every expected byte in completes it)."""
         with _LOCK:
             state = _barrier(bar, index)
             state.pending -= 1
-            if state.pending < 0:
-                raise RuntimeError(f"mbarrier {index}: more arrivals than its count {state.count} in one phase")
+            state.complete_if_done()
 
     def mbarrier_arrive_expect_tx(bar, index, nbytes):
         """Simulator form of `mbarrier.arrive.expect_tx.shared::cta.b64`: expect ``nbytes`` more, then arrive."""
@@ -102,16 +110,17 @@ if SIMULATOR:
             state = _barrier(bar, index)
             state.tx += int(nbytes)
             state.pending -= 1
-            if state.pending < 0:
-                raise RuntimeError(f"mbarrier {index}: more arrivals than its count {state.count} in one phase")
+            state.complete_if_done()
 
     def mbarrier_try_wait_parity(bar, index, parity):
         """Simulator form of `mbarrier.try_wait.parity.shared::cta.b64`: 1 once the phase of ``parity`` has
-        completed (the phase's copies land on the first observation), else 0 after yielding the interpreter."""
+        completed (completed phases' copies land on the first observation), else 0 after yielding the interpreter;
+        RuntimeError after the simulator's barrier timeout (a phase that never completes)."""
         with _LOCK:
             state = _barrier(bar, index)
-            state.complete_if_done()
             done = (state.phase & 1) != (int(parity) & 1)
+            if done:
+                state.land()
             outstanding = (state.pending, state.tx)
         thread = threading.current_thread()
         if done:
@@ -146,12 +155,21 @@ if SIMULATOR:
             d[d0 : d0 + n] = BULK_POISON
             state.copies.append((d, d0, data))
             state.tx -= n
+            state.complete_if_done()
+
+    def _check_maxnreg(n) -> None:
+        if not (24 <= int(n) <= 256 and int(n) % 8 == 0):
+            raise ValueError(f"setmaxnreg: the register count must be a multiple of 8 in 24..256, got {n}")
 
     def setmaxnreg_inc(n):
-        """Simulator form of `setmaxnreg.inc.sync.aligned.u32 n`: registers are not modelled (no-op)."""
+        """Simulator form of `setmaxnreg.inc.sync.aligned.u32 n`: the count is checked as the compiler does;
+        registers are not modelled."""
+        _check_maxnreg(n)
 
     def setmaxnreg_dec(n):
-        """Simulator form of `setmaxnreg.dec.sync.aligned.u32 n`: registers are not modelled (no-op)."""
+        """Simulator form of `setmaxnreg.dec.sync.aligned.u32 n`: the count is checked as the compiler does;
+        registers are not modelled."""
+        _check_maxnreg(n)
 
 else:
 
@@ -164,8 +182,10 @@ else:
     @intrinsic
     def mbarrier_init(typingctx, bar, index, count):
         """`mbarrier.init.shared::cta.b64 [bar], count` (PTX ISA §9.7.13.15.9): initialise ``bar[index]`` (a 1-D
-        uint64 shared array) to phase 0 with ``count`` expected arrivals a phase (1..2^20-1). One thread initialises;
-        a `syncthreads` must follow before any other thread uses the barrier."""
+        uint64 shared array) to phase 0 with ``count`` expected arrivals a phase (1..2^20-1). One thread initialises,
+        then `fence_proxy_async_shared` (the bulk copies complete on the barrier through the async proxy, which must
+        see it initialised: the CUDA programming guide's cp.async.bulk example) and a `syncthreads` before any other
+        thread uses it."""
         _check_barrier("mbarrier_init", bar, index)
         _check_scalars("mbarrier_init count", (count,), types.Integer, 1)
         sig = types.void(bar, index, count)
