@@ -318,6 +318,9 @@ def test_decode_refuses_a_head_dim_other_than_128_and_a_group_above_16():
     with pytest.raises(ModelError, match=r"GQA group 18 \(n_heads 18 / n_kv_heads 1\): decode attention supports "
                                          "groups up to 16"):
         DecodeEngine(weights, 4, EAGER)
+    weights = synth_weights(_micro(), 1)
+    with pytest.raises(ModelError, match="splits 3 / min_blocks 0: splits must be one of"):
+        DecodeEngine(weights, 4, EAGER, splits=3)
 
 
 def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():

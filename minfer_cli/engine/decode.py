@@ -111,7 +111,8 @@ class DecodeEngine:
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
-        from kernels.attention_decode import HEAD_DIM, MAX_GROUP, decode_workspace
+        from kernels.attention_decode import (HEAD_DIM, MAX_GROUP, MIN_BLOCKS_VALUES, SPLITS_VALUES,
+                                              decode_workspace)
         from minfer_cli.measure.timeline import Timeline
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
@@ -140,6 +141,10 @@ class DecodeEngine:
         self.attn_min_blocks = int(options.attn_min_blocks)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
+        if self.splits not in SPLITS_VALUES or self.attn_min_blocks not in MIN_BLOCKS_VALUES:
+            raise ModelError(f"decode attention splits {self.splits} / min_blocks {self.attn_min_blocks}: splits must "
+                             f"be one of {', '.join(map(str, SPLITS_VALUES))}, min_blocks one of "
+                             f"{', '.join(map(str, MIN_BLOCKS_VALUES))}")
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
         if prefill is not None:
             self.context = prefill.context
