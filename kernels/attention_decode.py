@@ -38,6 +38,7 @@ from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
+from kernels.quantize_q8 import check_q8, quantize_warp_block, store_residual
 
 HEAD_DIM = 128
 WARPS = 4
@@ -206,14 +207,21 @@ def _make_partial(G: int):
     return partial_kernel
 
 
-def _make_combine():
+Q8_MODES = (0, 1, 2)
+"""What the combine also writes: 0 nothing, 1 the output's Q8_1 blocks, 2 the compensated Q8_1 blocks (with the
+residual values) — the mat-vec input of the output projection (`kernels.quantize_q8`), so no separate quantization
+kernel runs (decode's FUSE_ATTN_Q8)."""
+
+
+def _make_combine(q8_mode: int = 0):
+    Q8 = q8_mode
     D = HEAD_DIM
     RW = WARPS  # warp partitions joined in one workspace row
     CW = COMBINE_WARPS
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
 
-    def combine_kernel(ws_ml, ws_acc, out, length, l_max, grid_parts, n_heads):
+    def combine_kernel(ws_ml, ws_acc, out, length, l_max, grid_parts, n_heads, q8q, q8d, q8s, q8r):
         pdl_enter()
         L = min(length[0], l_max)
         parts = (max(1, min(grid_parts, L)) + RW - 1) // RW
@@ -264,7 +272,12 @@ def _make_combine():
             num = part[0, lane]
             for w in range(1, CW):
                 num += part[w, lane]
-            out[h * D + d] = num / den if den > ZERO else ZERO
+            v = num / den if den > ZERO else ZERO
+            out[h * D + d] = v
+            if Q8 != 0:  # warp 0's 32 lanes are one Q8_1 block of the output: elements h·128 + 32·y .. + 31
+                scaled, qv = quantize_warp_block(v, h * D + d, q8q, q8d, q8s)
+                if Q8 == 2:
+                    store_residual(scaled, qv, h * D + d, q8r)
 
     return combine_kernel
 
@@ -278,31 +291,36 @@ def partial_signature(q_dtype) -> types.Signature:
 
 
 COMBINE_SIGNATURE = types.void(types.float32[::1], types.float32[::1], types.float32[::1], types.int32[::1], types.int64,
-                               types.int64, types.int64)
+                               types.int64, types.int64, types.int8[::1], types.float32[::1], types.float32[::1],
+                               types.int8[::1])
+"""The combine's arguments; the last four are the Q8_1 blocks' q, d, s, r (views of the workspace when the mode
+writes none: never touched then)."""
 
 _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32, min_blocks: int = DEFAULT_MIN_BLOCKS):
-    """(partial, combine) dispatchers for GQA group size ``group``, q dtype and the partial kernel's ``min_blocks``
-    (compiled once; cached)."""
-    key = (int(group), np.dtype(q_dtype).name, int(min_blocks))
+def build(group: int, q_dtype=np.float32, min_blocks: int = DEFAULT_MIN_BLOCKS, q8_mode: int = 0):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, the partial kernel's ``min_blocks`` and
+    the combine's ``q8_mode`` (`Q8_MODES`; compiled once; cached)."""
+    key = (int(group), np.dtype(q_dtype).name, int(min_blocks), int(q8_mode))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
                 kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32,
                        min_blocks=int(min_blocks)),
-                kernel(_make_combine(), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
+                kernel(_make_combine(int(q8_mode)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_blocks: int = DEFAULT_MIN_BLOCKS) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group`` and ``min_blocks`` (NVVM; no GPU needed; not under the simulator)."""
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_blocks: int = DEFAULT_MIN_BLOCKS,
+               q8_mode: int = 0) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group``, ``min_blocks`` and ``q8_mode`` (NVVM; no GPU needed; not under the
+    simulator)."""
     bounds = (WARPS * 32, min_blocks) if min_blocks else (WARPS * 32,)
     a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=bounds)
-    b, _ = cuda.compile_ptx(_make_combine(), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
+    b, _ = cuda.compile_ptx(_make_combine(q8_mode), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
@@ -382,7 +400,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAUL
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, min_blocks: int = DEFAULT_MIN_BLOCKS):
+                     stream=0, pdl: bool = False, min_blocks: int = DEFAULT_MIN_BLOCKS, q8=None):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -391,7 +409,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each; L is cut into min(4 * splits, L) partitions), one of
     SPLITS_VALUES; default 128 (enough warps and bytes in flight for a long cache; a short one leaves whole blocks
-    idle at once). min_blocks: the partial kernel's launch bound (MIN_BLOCKS_VALUES; default 0, none). workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
+    idle at once). min_blocks: the partial kernel's launch bound (MIN_BLOCKS_VALUES; default 0, none). q8: None, or
+    `kernels.quantize_q8.Q8Blocks` of n_heads * 128 activations: the combine also writes out's Q8_1 blocks (and
+    residual values when they are compensated), bit for bit what `quantize_q8_1(out, q8)` would. workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
     kernel before it first: `kernels.ptx.pdl_enter`).
 
@@ -402,7 +422,11 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     """
     n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks)
     group = n_heads // n_kv_heads
-    partial, combine = build(group, q.dtype, min_blocks)
+    q8_mode = 0
+    if q8 is not None:
+        check_q8(q8, n_heads * HEAD_DIM, "q8")
+        q8_mode = 2 if q8.compensated else 1
+    partial, combine = build(group, q.dtype, min_blocks, q8_mode)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     if workspace is None:
@@ -414,6 +438,11 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
                   (q.reshape(n_heads * HEAD_DIM), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,
                    ws_acc, l_max, n_heads, n_kv_heads), pdl=pdl)
+    if q8 is None:  # typed stand-ins the mode-0 kernel never touches
+        q8_args = (ws_acc.view(np.int8), ws_ml, ws_ml, ws_acc.view(np.int8))
+    else:
+        q8_args = (q8.q, q8.d, q8.s, q8.r if q8.r is not None else q8.q)
     launch_kernel(combine, (n_heads, HEAD_DIM // 32), COMBINE_WARPS * 32, stream,
-                  (ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), length_dev, l_max, parts, n_heads), pdl=pdl)
+                  (ws_ml, ws_acc, out.reshape(n_heads * HEAD_DIM), length_dev, l_max, parts, n_heads) + q8_args,
+                  pdl=pdl)
     return out

@@ -101,6 +101,31 @@ def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype):
     assert _decode(L, l_max, h, hk, splits, q_dtype) < 1e-4
 
 
+@sim
+@pytest.mark.parametrize("compensated", [False, True])
+def test_decode_q8_blocks_equal_a_separate_quantization(compensated):
+    """FUSE_ATTN_Q8's combine: the Q8_1 blocks (q, d, s and, compensated, r) it writes beside out equal
+    `quantize_q8_1(out)`'s bit for bit (the blocks are NaN/garbage-poisoned before)."""
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    h, hk, L = 4, 2, 7
+    q = cuda.to_device(rng.standard_normal((h, 128)).astype(np.float32))
+    k, v = (cuda.to_device(rng.standard_normal((8, hk, 128)).astype(np.float16)) for _ in range(2))
+    out = cuda.to_device(np.full((h, 128), np.nan, np.float32))
+    fused, separate = q8_blocks(h * 128, compensated=compensated), q8_blocks(h * 128, compensated=compensated)
+    for blocks in (fused, separate):
+        for a in (blocks.q, blocks.d, blocks.s) + ((blocks.r,) if compensated else ()):
+            a.copy_to_device(np.full(a.shape, 0x55 if a.dtype == np.int8 else np.nan, a.dtype))
+    DEC.decode_attention(q, k, v, cuda.to_device(np.array([L], np.int32)), out, splits=1, q8=fused)
+    quantize_q8_1(out.reshape(h * 128), separate)
+    for field in ("q", "d", "s") + (("r",) if compensated else ()):
+        got, want = getattr(fused, field).copy_to_host(), getattr(separate, field).copy_to_host()
+        assert np.isfinite(want.astype(np.float64)).all()
+        np.testing.assert_array_equal(got.view(np.uint8 if got.dtype == np.int8 else np.uint32),
+                                      want.view(np.uint8 if want.dtype == np.int8 else np.uint32), err_msg=field)
+
+
 # ---- constraints (host-side) --------------------------------------------------------------------------------
 
 
@@ -218,6 +243,16 @@ def test_each_knob_changes_the_code(knob):
         if value != D[knob]:
             assert _ptx(dict(D, **{knob: value})) != _ptx(D), f"{knob}={value} compiles to the default's PTX"
     assert _ptx(D, causal=False) != _ptx(D, causal=True)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("q8_mode", DEC.Q8_MODES)
+def test_decode_combine_with_q8_blocks_compiles_without_local_memory(q8_mode):
+    from ptx_assembly import ptxas_resources
+
+    combine = DEC.kernel_ptx(7, q8_mode=q8_mode)[1]
+    assert ".local" not in combine and ("st.global.u8" in combine or "st.global.s8" in combine) == (q8_mode > 0)
+    assert ptxas_resources(combine)["spill_bytes"] == 0
 
 
 @pytest.mark.compile

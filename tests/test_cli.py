@@ -130,6 +130,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["ab", "bench", "-w", "tg128", "--arm", "FUSE_NORM_Q8=0,MMVQ=0", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"],
          "arm B cannot run: FUSE_NORM_Q8=1 needs MMVQ=1"),
         (["bench", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"], "FUSE_NORM_Q8=1 needs MMVQ=1"),
+        (["bench", "--arm", "FUSE_ATTN_Q8=1,MMVQ=0"], "FUSE_ATTN_Q8=1 needs MMVQ=1"),
         (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
         (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
         (["calibrate", "gemm_f16", "--arm", "MMA=wgmma,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),

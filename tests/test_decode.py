@@ -338,6 +338,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).decode.pdl is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ROPE_KV": "1"}, "e")).decode.fuse_rope_kv is True
     assert knobs["FUSE_ROPE_KV"].default == 0 and "FUSE_ROPE_KV" in DECODE_KNOBS
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ATTN_Q8": "1"}, "e")).decode.fuse_attn_q8 is True
+    assert knobs["FUSE_ATTN_Q8"].default == 0 and "FUSE_ATTN_Q8" in DECODE_KNOBS
     from kernels.attention_decode import DEFAULT_MIN_BLOCKS, MIN_BLOCKS_VALUES
 
     assert knobs["ATTN_MINB"].values == MIN_BLOCKS_VALUES and knobs["ATTN_MINB"].default == DEFAULT_MIN_BLOCKS
@@ -792,12 +794,13 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits, min_bloc
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"fuse_qkv": True},
                                   {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False},
-                                  {"fuse_rope_kv": True}],
+                                  {"fuse_rope_kv": True}, {"fuse_attn_q8": True}, {"fuse_attn_q8": True, "xres": False}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "FUSE_QKV=1", "FUSE_QKV=1,FUSE_ADD=0",
-                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1"])
+                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=1", "FUSE_ATTN_Q8=1,XRES=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
-    FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks) and FUSE_ROPE_KV=1 (RoPE writes the cache rows) compute the same
+    FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks), FUSE_ROPE_KV=1 (RoPE writes the cache rows) and FUSE_ATTN_Q8=1
+    (attention's combine writes its output's Q8_1 blocks, compensated or plain) compute the same
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
@@ -809,7 +812,7 @@ def test_fusion_knobs_give_bit_identical_logits(knob):
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     first = int(rng.integers(0, weights.config.vocab))
     runs = []
-    for options in (DecodeOptions(), DecodeOptions(**knob)):
+    for options in (DecodeOptions(xres=knob.get("xres", True)), DecodeOptions(**knob)):  # XRES=0: both arms
         engine = DecodeEngine(weights, 16, options, rows_per_block=4, warps_per_row=2)
         engine.start(first, 0)
         runs.append((engine.generate(8), engine.logits.copy_to_host(stream=engine.stream)))

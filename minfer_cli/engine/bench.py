@@ -37,8 +37,8 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV", "DEEP",
-                "PDL", "ATTN_SPLITS", "ATTN_MINB")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV",
+                "FUSE_ATTN_Q8", "DEEP", "PDL", "ATTN_SPLITS", "ATTN_MINB")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -69,6 +69,8 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (0 the "
                                               "default: +0.6-0.9%, under the 1% bar)")]
+    knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
+                                              "in decode attention's combine kernel; 0 in a separate kernel")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -100,6 +102,8 @@ def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
     if config.get("FUSE_NORM_Q8") and not config.get("MMVQ"):
         return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
+    if config.get("FUSE_ATTN_Q8") and not config.get("MMVQ"):
+        return "FUSE_ATTN_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
     return None
 
 
@@ -116,7 +120,8 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 0)),
-                           fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)),
+                           fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
+                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)),
                            attn_min_blocks=int(config.get("ATTN_MINB", 0)))
     return EngineOptions(prefill, decode)
 

@@ -138,6 +138,7 @@ class DecodeEngine:
         self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
+        self.fuse_attn_q8 = bool(options.fuse_attn_q8)
         self.attn_min_blocks = int(options.attn_min_blocks)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
@@ -354,11 +355,12 @@ class DecodeEngine:
                 kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s,
                           pdl=p)
             mark("rope_kv")
+            fused_q8 = self._q8_attn if self.fuse_attn_q8 else None
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
                              splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
-                             min_blocks=self.attn_min_blocks)
+                             min_blocks=self.attn_min_blocks, q8=fused_q8)
             mark("attention")
-            aq = self._quantize(self._attn1, self._q8_attn)
+            aq = fused_q8 if fused_q8 is not None else self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             mark("attn_output")
             hq = self._norm(layer.ffn_norm)

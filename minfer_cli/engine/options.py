@@ -42,7 +42,9 @@ class DecodeOptions:
     output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
     their stacked rows (True) or one each (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
-    copies them after it (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
+    copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
+    output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
+    (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
     (`kernels.attention_decode.SPLITS_VALUES`); attn_min_blocks (ATTN_MINB): the partial kernel's launch bound
     (`kernels.attention_decode.MIN_BLOCKS_VALUES`)."""
 
@@ -56,6 +58,7 @@ class DecodeOptions:
     pdl: bool = True
     fuse_qkv: bool = False
     fuse_rope_kv: bool = False
+    fuse_attn_q8: bool = False
     attn_splits: int = 128
     attn_min_blocks: int = 0
 
