@@ -100,20 +100,16 @@ def _fill_table(table, p, base, factors, hd):
     cuda.syncthreads()
 
 
-@kernel
-def _rope(q, k, pos, base, factors, interleaved):
-    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64;
-    factors f32 [hd/2].
-    The threads of row ``threadIdx.y == 0`` compute each pair's (cos, sin) once into shared memory; then every
-    thread rotates its pairs in its heads."""
-    pdl_enter()
-    t = cuda.blockIdx.x
+@cuda.jit(device=True, inline="always")
+def _rotate_token(q, k, t, table, interleaved, k_cache, row):
+    """Rotate token t's q and k heads by the shared (cos, sin) ``table``: thread (x, y) takes pairs x, x + blockDim.x,
+    ... of heads y, y + blockDim.y, ... (q's, then k's). With a ``k_cache`` (None: none), each rotated k pair is
+    also stored (f32 -> f16, as `kernels.kv_cache.kv_append` copies) into cache row ``row``, read back after the
+    rotation stored it."""
     nh = q.shape[1]
     n_heads = nh + k.shape[1]
     hd = q.shape[2]
     half = hd >> 1
-    table = cuda.shared.array((MAX_PAIRS, 2), float32)
-    _fill_table(table, float64(pos[t]), base, factors, hd)
     i = cuda.threadIdx.x
     while i < half:
         cs = table[i, 0]
@@ -129,46 +125,40 @@ def _rope(q, k, pos, base, factors, interleaved):
             if h < nh:
                 _rotate(q, t, h, i0, i1, cs, sn)
             else:
-                _rotate(k, t, h - nh, i0, i1, cs, sn)
+                hk = h - nh
+                _rotate(k, t, hk, i0, i1, cs, sn)
+                if k_cache is not None:
+                    k_cache[row, hk * hd + i0] = k[t, hk, i0]
+                    k_cache[row, hk * hd + i1] = k[t, hk, i1]
             h += cuda.blockDim.y
         i += cuda.blockDim.x
 
 
 @kernel
-def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
-    """`_rope`, then the token's rotated k and its v rounded to f16 into row pos[t] of k_cache / v_cache (f16
-    [context, nkv * hd]); the k values are read back after the rotation stored them, so the cache holds exactly
-    what `kernels.kv_cache.kv_append` would copy."""
+def _rope(q, k, pos, base, factors, interleaved):
+    """Token blockIdx.x of q (f32 [nt, nh, hd]) and k (f32 [nt, nkv, hd]), in place; pos int32 [nt]; base f64;
+    factors f32 [hd/2].
+    The threads of row ``threadIdx.y == 0`` compute each pair's (cos, sin) once into shared memory; then every
+    thread rotates its pairs in its heads."""
     pdl_enter()
     t = cuda.blockIdx.x
-    nh = q.shape[1]
+    table = cuda.shared.array((MAX_PAIRS, 2), float32)
+    _fill_table(table, float64(pos[t]), base, factors, q.shape[2])
+    _rotate_token(q, k, t, table, interleaved, None, 0)
+
+
+@kernel
+def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
+    """`_rope`, then the token's rotated k and its v rounded to f16 into row pos[t] of k_cache / v_cache (f16
+    [context, nkv * hd]): the cache holds exactly what `kernels.kv_cache.kv_append` would copy."""
+    pdl_enter()
+    t = cuda.blockIdx.x
     nkv = k.shape[1]
     hd = q.shape[2]
-    half = hd >> 1
     row = pos[t]
     table = cuda.shared.array((MAX_PAIRS, 2), float32)
     _fill_table(table, float64(row), base, factors, hd)
-    i = cuda.threadIdx.x
-    while i < half:
-        cs = table[i, 0]
-        sn = table[i, 1]
-        if interleaved:
-            i0 = 2 * i
-            i1 = i0 + 1
-        else:
-            i0 = i
-            i1 = i + half
-        h = cuda.threadIdx.y
-        while h < nh + nkv:
-            if h < nh:
-                _rotate(q, t, h, i0, i1, cs, sn)
-            else:
-                hk = h - nh
-                _rotate(k, t, hk, i0, i1, cs, sn)
-                k_cache[row, hk * hd + i0] = k[t, hk, i0]  # f32 -> f16 on store, as kv_append
-                k_cache[row, hk * hd + i1] = k[t, hk, i1]
-            h += cuda.blockDim.y
-        i += cuda.blockDim.x
+    _rotate_token(q, k, t, table, interleaved, k_cache, row)
     j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     while j < nkv * hd:
         hk = j // hd

@@ -297,7 +297,10 @@ def test_timeline_marks_every_stage_of_a_step(micro_weights, monkeypatch):
     monkeypatch.setattr(DecodeEngine, "_matvec", lambda self, *a, **k: None)
     monkeypatch.setattr(DecodeEngine, "_matvec_glu", lambda self, *a, **k: None)
     assert DecodeEngine(micro_weights, 2, EAGER, splits=1).timeline is None
-    engine = DecodeEngine(micro_weights, 2, EAGER, splits=1, timeline=True)
+    from minfer_cli.measure.timeline import Timeline
+
+    engine = DecodeEngine(micro_weights, 2, EAGER, splits=1)
+    engine.timeline = Timeline(engine.stream)  # what `DecodeEngine.breakdown` sets
     engine.start(7, 0)
     engine.step()
     engine.stream.synchronize()

@@ -272,38 +272,13 @@ def check_fits_tg(weights: ModelWeights, max_tokens: int, depth: int = 0) -> Non
                          f"{free / 2**30:.1f} GiB are free")
 
 
-def stage_breakdown(weights: ModelWeights, options: DecodeOptions, token: int, depth: int, n: int,
-                    filler=None) -> list[tuple[str, float, float]]:
-    """(stage, mean GPU µs a token, intervals a token) of n decode steps from ``token`` at position ``depth`` (on
-    ``filler``'s cache at a depth), measured by CUDA events between the stages of each step (a second engine with
-    a timeline: `minfer_cli.engine.decode.DecodeEngine`'s stage names). The events keep programmatic dependent
-    launches from overlapping across stages, so the stages sum to more than the timed step."""
-    from minfer_cli.engine.decode import DecodeEngine
-
-    engine = (DecodeEngine(weights, options=options, prefill=filler, timeline=True) if filler is not None
-              else DecodeEngine(weights, depth + n, options, timeline=True))
-    try:
-        engine.start(token, depth)
-        engine.prepare()
-        totals: dict[str, list] = {}
-        for _ in range(n):
-            engine.generate(1)  # synchronises
-            for stage, us, count in engine.timeline.stage_times():
-                entry = totals.setdefault(stage, [0.0, 0])
-                entry[0] += us
-                entry[1] += count
-        return [(stage, us / n, count / n) for stage, (us, count) in totals.items()]
-    finally:
-        engine.close()
-
-
 def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: DecodeOptions, seed: int,
            progress: Progress = None, depths: tuple[int, ...] = (0,), breakdown: bool = False) -> list[BenchRow]:
     """Time tg<n> @ d for every n in ``counts`` and d in ``depths``: ``reps`` generations of n tokens from position
     d (a random first token; rows 0..d-1 of the cache filled before, module docstring), each after one untimed
-    warm-up generation of the same length (JIT, graph capture). With ``breakdown``, after the timed repetitions a
-    second engine with a `minfer_cli.measure.timeline.Timeline` generates the same n tokens one step at a time and
-    each row's ``breakdown`` holds every stage's mean GPU µs a token (`stage_breakdown`)."""
+    warm-up generation of the same length (JIT, graph capture). With ``breakdown``, after the timed repetitions the
+    engine generates the same n tokens once more, one step at a time with events between the stages, and each row's
+    ``breakdown`` holds every stage's mean GPU µs a token (`DecodeEngine.breakdown`)."""
     from minfer_cli.engine.decode import DecodeEngine
 
     check_fits_tg(weights, max(counts), max(depths))
@@ -342,7 +317,7 @@ def run_tg(weights: ModelWeights, counts: list[int], reps: int, options: DecodeO
                 if breakdown:
                     if progress:
                         progress(f"{row.test} stage breakdown", 1.0)
-                    row.breakdown = stage_breakdown(weights, options, token, depth, n, filler)
+                    row.breakdown = engine.breakdown(token, depth, n)
                 rows.append(row)
         finally:
             engine.close()

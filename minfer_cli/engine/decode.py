@@ -96,9 +96,9 @@ class DecodeEngine:
     splits: decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`; None: the options'
     ``attn_splits``). rows_per_block,
     warps_per_row: GEMV knobs (`kernels.gemv`) for every mat-vec (None: the policy's shapes, the fastest measured
-    for each input form). timeline: when True, ``self.timeline`` is a `minfer_cli.measure.timeline.Timeline` on the
-    engine's stream (else None) and every step records an event after each stage (embedding, attn_norm, qkv, rope_kv, attention, attn_output,
-    ffn_norm, ffn_gate_up, ffn_down per layer; output, sample), inside the captured graph too.
+    for each input form). ``timeline``: None, or a `minfer_cli.measure.timeline.Timeline` on the engine's stream
+    while `breakdown` runs: every step then records an event after each stage (embedding, attn_norm, qkv, rope_kv,
+    attention, attn_output, ffn_norm, ffn_gate_up, ffn_down per layer; output, sample), inside the graph too.
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
     eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV does not
@@ -107,13 +107,12 @@ class DecodeEngine:
 
     def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: DecodeOptions = DecodeOptions(),
                  *, prefill: Optional[PrefillEngine] = None, stream=None, splits: Optional[int] = None,
-                 rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None, timeline: bool = False):
+                 rows_per_block: Optional[int] = None, warps_per_row: Optional[int] = None):
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
         from kernels.attention_decode import (HEAD_DIM, MAX_GROUP, MIN_BLOCKS_VALUES, SPLITS_VALUES,
                                               decode_workspace)
-        from minfer_cli.measure.timeline import Timeline
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -156,7 +155,7 @@ class DecodeEngine:
             self.context = int(context)
             self.stream = stream if stream is not None else cuda.stream()
         s = self.stream
-        self.timeline = Timeline(s) if timeline else None
+        self.timeline = None  # a Timeline while `breakdown` runs
         width = c.q_dim + 2 * c.kv_dim
         heads = c.n_heads + 2 * c.n_kv_heads
 
@@ -455,6 +454,28 @@ class DecodeEngine:
         tokens = self.history[p0: p0 + n].copy_to_host(stream=self.stream)
         self.stream.synchronize()
         return [int(t) for t in tokens]
+
+    def breakdown(self, token: int, position: int, n: int) -> list[tuple[str, float, float]]:
+        """(stage, mean GPU µs a token, intervals a token) of n steps from ``token`` at ``position``, from CUDA
+        events between the step's stages (captured into the graph with GRAPHS=1), one step a synchronised
+        generation. The graph is dropped before and after (the timed one must not carry events). The events keep
+        programmatic dependent launches from overlapping across stages, so the stages sum to more than a timed
+        step."""
+        from minfer_cli.measure.timeline import Timeline, mean_stage_times
+
+        self.close()
+        self.timeline = Timeline(self.stream)
+        try:
+            self.start(token, position)
+            self.prepare()
+            runs = []
+            for _ in range(n):
+                self.generate(1)  # synchronises
+                runs.append(self.timeline.stage_times())
+            return mean_stage_times(runs)
+        finally:
+            self.timeline = None
+            self.close()
 
     def close(self) -> None:
         """Destroy the captured graph (the buffers go with the engine)."""

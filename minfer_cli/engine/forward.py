@@ -242,22 +242,19 @@ class PrefillEngine:
         CUDA events between the forward's stages (embedding; per layer attn_norm, qkv, rope_kv, attention,
         attn_output, ffn_norm, ffn_gate_up, ffn_down; output), captured into the graph with PGRAPH=1. The engine's
         graphs are dropped before and after (the timed ones must not carry events). Waits for the stream."""
-        from minfer_cli.measure.timeline import Timeline
+        from minfer_cli.measure.timeline import Timeline, mean_stage_times
 
         self.close()
         self.timeline = Timeline(self.stream)
         try:
             self.prefill(ids, start)  # PGRAPH=1: the eager run and the capture, with the events
             self.stream.synchronize()
-            totals: dict[str, list] = {}
+            runs = []
             for _ in range(reps):
                 self.prefill(ids, start)
                 self.stream.synchronize()
-                for stage, us, count in self.timeline.stage_times():
-                    entry = totals.setdefault(stage, [0.0, 0])
-                    entry[0] += us
-                    entry[1] += count
-            return [(stage, us / reps, count / reps) for stage, (us, count) in totals.items()]
+                runs.append(self.timeline.stage_times())
+            return mean_stage_times(runs)
         finally:
             self.timeline = None
             self.close()

@@ -44,3 +44,15 @@ class Timeline:
             entry[0] += 1000.0 * a.elapsed_time(b)
             entry[1] += 1
         return [(stage, us, n) for stage, (us, n) in totals.items()]
+
+
+def mean_stage_times(runs: list) -> list[tuple[str, float, float]]:
+    """(stage, mean µs, mean intervals) over ``runs``, each one forward's `Timeline.stage_times`, in first-seen
+    order."""
+    totals: dict[str, list] = {}
+    for run in runs:
+        for stage, us, count in run:
+            entry = totals.setdefault(stage, [0.0, 0])
+            entry[0] += us
+            entry[1] += count
+    return [(stage, us / len(runs), count / len(runs)) for stage, (us, count) in totals.items()]
