@@ -27,6 +27,17 @@ def cuda_check(result, what: str):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
+def record_event(event, stream) -> None:
+    """Record ``event`` (a numba event) on ``stream`` (a numba stream) as an external event
+    (CU_EVENT_RECORD_EXTERNAL): inside a stream capture it becomes an event-record node that every replay records,
+    so the host can time between two such nodes (a plain record in a capture only orders work inside the graph
+    and is never recorded, leaving the event unusable for `elapsed_time`). Outside a capture it is a plain record."""
+    drv = driver()
+    cuda_check(drv.cuEventRecordWithFlags(drv.CUevent(int(event.handle)), drv.CUstream(int(stream.handle)),
+                                          drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
+               "cuEventRecordWithFlags")
+
+
 class StreamGraph:
     """The work ``enqueue()`` puts on ``stream`` (a numba stream), captured once (thread-local capture mode, numba's
     deferred frees held back so none runs inside the capture) and instantiated; `launch` replays it on a stream,

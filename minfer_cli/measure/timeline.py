@@ -1,7 +1,8 @@
 """GPU time between named stages of a forward: CUDA events recorded on the engine's stream after each stage.
 
 An engine given a `Timeline` calls `begin()` before its first kernel and `mark(stage)` after each stage's last one;
-inside a captured CUDA graph the events become event-record nodes, so every replay re-records them. After the
+inside a captured CUDA graph the events are recorded as external events (`minfer_cli.measure.graph.record_event`), so
+they become event-record nodes that every replay re-records. After the
 stream is synchronised, `stage_times()` attributes each interval between consecutive events to the stage that
 ended it. An event between two kernels keeps a programmatic dependent launch from starting early, so the stages'
 sum is the step with that overlap removed: a breakdown, not the timed figure.
@@ -22,7 +23,7 @@ class Timeline:
         from numba import cuda
 
         start = cuda.event()
-        start.record(self.stream)
+        self._record(start)
         self._events = [("", start)]
 
     def mark(self, stage: str) -> None:
@@ -32,8 +33,18 @@ class Timeline:
         if not self._events:
             raise RuntimeError("Timeline.mark before begin")
         event = cuda.event()
-        event.record(self.stream)
+        self._record(event)
         self._events.append((stage, event))
+
+    def _record(self, event) -> None:
+        from numba import config
+
+        if config.ENABLE_CUDASIM:  # the simulator has no driver and no capture
+            event.record(self.stream)
+        else:
+            from minfer_cli.measure.graph import record_event
+
+            record_event(event, self.stream)
 
     def stage_times(self) -> list[tuple[str, float, int]]:
         """(stage, µs, intervals) per stage of the last recorded forward, in first-seen order; call after the
