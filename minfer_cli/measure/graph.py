@@ -28,14 +28,19 @@ def cuda_check(result, what: str):
 
 
 def record_event(event, stream) -> None:
-    """Record ``event`` (a numba event) on ``stream`` (a numba stream) as an external event
-    (CU_EVENT_RECORD_EXTERNAL): inside a stream capture it becomes an event-record node that every replay records,
-    so the host can time between two such nodes (a plain record in a capture only orders work inside the graph
-    and is never recorded, leaving the event unusable for `elapsed_time`). Outside a capture it is a plain record."""
+    """Record ``event`` (a numba event) on ``stream`` (a numba stream). Inside a stream capture it is recorded as an
+    external event (CU_EVENT_RECORD_EXTERNAL): an event-record node that every replay records, so the host can time
+    between two such nodes (a plain record inside a capture only orders work within the graph and is never
+    recorded, leaving the event unusable for `elapsed_time`). Outside a capture (where the driver refuses that flag)
+    a plain record."""
     drv = driver()
-    cuda_check(drv.cuEventRecordWithFlags(drv.CUevent(int(event.handle)), drv.CUstream(int(stream.handle)),
-                                          drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
-               "cuEventRecordWithFlags")
+    handle, hstream = drv.CUevent(int(event.handle)), drv.CUstream(int(stream.handle))
+    status = cuda_check(drv.cuStreamIsCapturing(hstream), "cuStreamIsCapturing")
+    if status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        cuda_check(drv.cuEventRecordWithFlags(handle, hstream, drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
+                   "cuEventRecordWithFlags")
+    else:
+        cuda_check(drv.cuEventRecord(handle, hstream), "cuEventRecord")
 
 
 class StreamGraph:
