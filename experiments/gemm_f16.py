@@ -34,7 +34,11 @@ _DOCS = {
     "LOOP": "main loop (mma_sync + cp_async only): v1; addr32 = precomputed 32-bit offsets; "
             "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order). With MMA=wgmma: "
             "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
+    "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
+              "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
+_TABLE = {**knob_table.KNOBS, **knob_table.LAUNCH_KNOBS}
+_DEFAULT = {**knob_table.DEFAULT, **knob_table.LAUNCH_DEFAULT}
 
 
 def _shape(nt: int, od: int, id_: int) -> dict[str, int]:
@@ -44,7 +48,7 @@ def _shape(nt: int, od: int, id_: int) -> dict[str, int]:
 class GemmF16Experiment(Experiment):
     name = "gemm_f16"
     purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
-    knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in knob_table.KNOBS.items()) + (
+    knobs = tuple(Knob(k, tuple(v), _DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in _TABLE.items()) + (
         Knob("IMPL", ("minfer", "cublas"), "minfer",
              "minfer's kernel, or cuBLAS through torch (f16 in, f32 out) as the vendor arm; tile knobs do not apply to cublas"),
     )
@@ -55,6 +59,9 @@ class GemmF16Experiment(Experiment):
         Workload("ffn_gate_up", _shape(2048, 37888, 3584), "Qwen2-7B fused ffn gate+up at nt=2048"),
         Workload("ffn_down", _shape(2048, 3584, 18944), "Qwen2-7B ffn_down at nt=2048"),
         Workload("llama2_ffn_up", _shape(2048, 11008, 4096), "Llama-2-7B ffn_up at nt=2048"),
+        Workload("ffn_down_nt128", _shape(128, 3584, 18944), "Qwen2-7B ffn_down at nt=128 (14 tiles: split-K's case)"),
+        Workload("attn_output_nt128", _shape(128, 3584, 3584), "Qwen2-7B attention output at nt=128"),
+        Workload("qkv_nt512", _shape(512, 4608, 3584), "Qwen2-7B fused q/k/v projection at nt=512 (72 tiles)"),
         Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
     )
     ceiling = "matrix"
@@ -80,14 +87,19 @@ class GemmF16Experiment(Experiment):
     def prepare(self, config, workload):
         if config.get("IMPL") == "cublas":
             return _cublas_launch()
+        from numba import cuda
+
         from kernels import gemm_f16 as kernel  # numba: imported when GPU work starts, not by `experiments list`
 
-        cfg = {k: config[k] for k in knob_table.KNOBS}
+        cfg = {k: config[k] for k in _TABLE}
         kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
+        s = workload.shape
+        need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
+        partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
 
         def launch(inputs, output, stream):
             a, b = inputs
-            kernel.gemm_f16(a, b, output, config=cfg, stream=stream)
+            kernel.gemm_f16(a, b, output, config=cfg, stream=stream, partials=partials)
 
         return launch
 
@@ -104,7 +116,7 @@ class GemmF16Experiment(Experiment):
         from kernels import gemm_f16 as kernel
 
         try:
-            kernel.resolve_config({k: config[k] for k in knob_table.KNOBS})
+            kernel.resolve_config({k: config[k] for k in _TABLE})
         except KernelConstraintError as e:
             return str(e)
         return None

@@ -40,7 +40,8 @@ from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
 from kernels import gemm_f16_config
-from kernels.gemm_f16_config import DEFAULT, KNOBS
+from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, auto_slices
+from kernels.jit import kernel
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -101,12 +102,14 @@ class Geometry:
 
 
 def resolve_config(config: dict | None) -> dict:
-    """The full knob dict: DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value."""
-    cfg = dict(DEFAULT)
+    """The full knob dict (compile knobs and the SPLITK launch knob): DEFAULT and LAUNCH_DEFAULT overridden by
+    ``config``; KernelConstraintError on an unknown knob or value."""
+    cfg = dict(DEFAULT, **LAUNCH_DEFAULT)
+    table = dict(KNOBS, **LAUNCH_KNOBS)
     for key, value in (config or {}).items():
-        if key not in KNOBS:
-            raise KernelConstraintError(f"gemm_f16 has no knob {key!r}; knobs: {', '.join(KNOBS)}")
-        allowed = KNOBS[key]
+        if key not in table:
+            raise KernelConstraintError(f"gemm_f16 has no knob {key!r}; knobs: {', '.join(table)}")
+        allowed = table[key]
         if value not in allowed:
             # accept "64" for 64 (arm texts arrive as strings)
             match = [a for a in allowed if str(a) == str(value)]
@@ -122,6 +125,8 @@ def resolve_config(config: dict | None) -> dict:
 
 def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
+    if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
+        return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
     if cfg["MMA"] == "wgmma":
         if cfg["STAGING"] != "cp_async" or cfg["LOOP"] == "v1":
             return (f"gemm_f16 MMA=wgmma needs STAGING=cp_async and LOOP=addr32 or pipe "
@@ -340,7 +345,7 @@ def _make_kernel(g: Geometry):
 
         if MMA_SYNC:
             # C fragment: lane l holds rows g, g+8 and columns 2t, 2t+1 of each m16 x n8 tile (g = l>>2, t = l&3).
-            store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od)
+            store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0)
         else:
             # The wmma accumulator layout is opaque: each warp stores its fragments into a block-wide f32 C tile in
             # shared memory (reusing the ring, hence the barrier), then the block writes it out row-contiguously
@@ -368,14 +373,15 @@ def _make_kernel(g: Geometry):
 
 
 def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
-    """``store_c(out, acc, rbase, cbase, nt, od)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
+    """``store_c(out, acc, rbase, cbase, nt, od, roff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
     (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
     t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
     masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
-    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t."""
+    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Row r < nt lands in ``out`` row
+    ``roff + r`` (a split-K slice's block of the partials; 0 otherwise)."""
 
     @cuda.jit(device=True, inline="always")
-    def store_c(out, acc, rbase, cbase, nt, od):
+    def store_c(out, acc, rbase, cbase, nt, od, roff):
         for i in range(MI):
             for h in range(2):
                 rowi = rbase + i * ISTEP + h * 8
@@ -384,9 +390,9 @@ def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
                         c = (i * NJ + j) * 4 + 2 * h
                         col = cbase + j * 8
                         if col < od:
-                            out[rowi, col] = acc[c]
+                            out[roff + rowi, col] = acc[c]
                         if col + 1 < od:
-                            out[rowi, col + 1] = acc[c + 1]
+                            out[roff + rowi, col + 1] = acc[c + 1]
 
     return store_c
 
@@ -639,7 +645,7 @@ def _make_kernel_v2(g: Geometry):
                     roff = uint32(0)
         cp_async_wait_group(0)
 
-        store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od)  # as v1's mma_sync epilogue
+        store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0)  # as v1's mma_sync epilogue
 
     return gemm_kernel
 
@@ -718,7 +724,14 @@ def _make_kernel_wgmma(g: Geometry):
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE)
 
-        ktiles = (kdim + KS - 1) // KS
+        # Split-K (grid y = slices > 1): this block multiplies k tiles kt0 .. kt0 + ktiles - 1 of the
+        # (kdim / KS)-tile range, split as evenly as integers allow (the host keeps slices <= k tiles), and writes
+        # its partial C to rows sl * nt .. of ``out`` (then the partials buffer [slices * nt, od]).
+        sl = cuda.blockIdx.y
+        slices = cuda.gridDim.y
+        ktotal = (kdim + KS - 1) // KS
+        kt0 = (ktotal * sl) // slices
+        ktiles = (ktotal * (sl + 1)) // slices - kt0
         woff = uint32(0)
         roff = uint32(0)
         for it in range(ktiles + P):
@@ -728,7 +741,7 @@ def _make_kernel_wgmma(g: Geometry):
                 fence_proxy_async_shared()
                 cuda.syncthreads()
             if it < ktiles:
-                copy_tile(smem, woff, dst0, a, b, goff, gsz, it, cch, kdim)
+                copy_tile(smem, woff, dst0, a, b, goff, gsz, kt0 + it, cch, kdim)
             cp_async_commit_group()  # possibly empty: keeps the group count = tiles issued
             woff = uint32(woff + STAGE_B)
             if woff == RING_B:
@@ -751,7 +764,8 @@ def _make_kernel_wgmma(g: Geometry):
         cp_async_wait_group(0)
 
         lane = tid & 31
-        store_c(out, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od)
+        store_c(out, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
+                sl * nt)
 
     return gemm_kernel
 
@@ -801,30 +815,95 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int]:
     return nt, od, kdim
 
 
-def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0):
+def slices(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
+    """The split-K slice count a launch of ``config`` uses for C[nt, od] over ``kdim`` (SPLITK, or
+    `kernels.gemm_f16_config.auto_slices` for SPLITK=0 (auto) on ``sms`` SMs, the current device's by default), never
+    more than the k tiles (every slice gets one at least)."""
+    cfg = resolve_config(config)
+    g = geometry(cfg)
+    ktiles = -(-kdim // g.ks)
+    want = cfg["SPLITK"]
+    if want == 0:
+        if sms is None:
+            sms = int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
+        want = auto_slices(g.grid(nt, od), ktiles, sms) if g.mma == "wgmma" else 1
+    return max(1, min(int(want), ktiles))
+
+
+def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
+    """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
+    split): slices * nt * od."""
+    s = slices(config, nt, od, kdim, sms)
+    return s * nt * od if s > 1 else 0
+
+
+def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
+    """f32 elements of a partials buffer that serves every launch of ``config`` with nt <= ``max_nt`` and od <=
+    ``max_od`` on ``sms`` SMs: SPLITK=0 (auto) keeps slices x tiles within one wave, so slices * nt * od <= sms * TN * TM
+    elements; a fixed SPLITK=s needs s * max_nt * max_od; 0 with SPLITK=1."""
+    cfg = resolve_config(config)
+    g = geometry(cfg)
+    if cfg["SPLITK"] == 0:
+        return sms * g.tn * g.tm if g.mma == "wgmma" else 0
+    return 0 if cfg["SPLITK"] == 1 else int(cfg["SPLITK"]) * max_nt * max_od
+
+
+@kernel
+def _sum_slices(partials, out, n, count):
+    """out[i] = partials[0 * n + i] + partials[1 * n + i] + ... (``count`` slices, in slice order: the same sum
+    whichever block of the GEMM finished last); f32, flat [count * n] and [n]."""
+    i = cuda.grid(1)
+    if i < n:
+        v = partials[i]
+        for s in range(1, count):
+            v += partials[s * n + i]
+        out[i] = v
+
+
+def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
     """Enqueue ``C[nt, od] = A[nt, id] · B[od, id]^T`` on ``stream`` and return C.
 
     a: f16 device array [nt, id], row-major (activations). b: f16 device array [od, id], row-major (a dequantized
     weight, K-major). out: optional f32 device array [nt, od], row-major; allocated when None. Products are
     accumulated in f32 on the tensor cores (mma.sync m16n8k16, wmma m16n16k16, or wgmma m64nNk16 on sm_90a).
-    config: knob dict (see KNOBS; missing knobs take DEFAULT): MMA, TM, TN, KS, STAGES, STAGING, GROUP, LOOP.
-    MMA=wgmma (the default) needs an sm_90a device (H100/H200), STAGING=cp_async and LOOP=addr32|pipe.
+    config: knob dict (see KNOBS and LAUNCH_KNOBS; missing knobs take DEFAULT / LAUNCH_DEFAULT): MMA, TM, TN, KS,
+    STAGES, STAGING, GROUP, LOOP, SPLITK. MMA=wgmma (the default) needs an sm_90a device (H100/H200),
+    STAGING=cp_async and LOOP=addr32|pipe.
+
+    Split-K (SPLITK > 1, or 0 = auto: `slices`): grid y = the slice count; each slice's blocks write f32 partial tiles
+    into ``partials`` (a flat f32 device array of at least `partials_elements` elements; allocated here when None,
+    which a CUDA graph capture cannot do: callers that capture pass their own), then `_sum_slices` adds them in
+    slice order into C (one more launch; the result does not depend on which block finished first).
 
     Constraints (KernelConstraintError, a ValueError, one line): both operands 2-D, float16, C-contiguous; inner
     dimensions equal; ``id % 32 == 0`` (16-byte cp.async chunks never straddle a row; all GGUF block sizes are
-    multiples of 32); out f32 [nt, od]; a knob combination whose shared memory exceeds the device's opt-in limit
-    is refused. nt and od may be any size (tails are zero-filled by cp.async src-size 0 / predicated loads and
-    masked in the epilogue).
+    multiples of 32); out f32 [nt, od]; partials too small for the split; SPLITK other than 1 without MMA=wgmma;
+    a knob combination whose shared memory exceeds the device's opt-in limit is refused. nt and od may be any
+    size (tails are zero-filled by cp.async src-size 0 / predicated loads and masked in the epilogue).
 
     Algorithm: tiled tensor-core GEMM with a multi-stage cp.async ring (CUTLASS/Triton style); see the module
-    docstring for sources.
+    docstring for sources. Split-K: CUTLASS's "split-K parallel" GEMM (partials + a reduction kernel).
     """
     nt, od, kdim = check_inputs(a, b, out)
     built = build(config)
     g = built.geometry
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built.kernel[g.grid(nt, od), g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), out, nt, od, kdim
+    count = slices(config, nt, od, kdim)
+    target = out
+    if count > 1:
+        need = count * nt * od
+        if partials is None:
+            partials = cuda.device_array(need, dtype=np.float32, stream=stream)
+        if np.dtype(partials.dtype) != np.float32 or partials.ndim != 1 or partials.shape[0] < need:
+            raise KernelConstraintError(
+                f"gemm_f16: split-K over {count} slices needs a flat float32 partials array of at least {need} "
+                f"elements, got {partials.dtype} {tuple(partials.shape)}")
+        target = partials[:need].reshape(count * nt, od)
+    built.kernel[(g.grid(nt, od), count), g.threads, stream, g.smem_bytes](
+        a.reshape(nt * kdim), b.reshape(od * kdim), target, nt, od, kdim
     )
+    if count > 1:
+        n = nt * od
+        _sum_slices[-(-n // 256), 256, stream](partials, out.reshape(n), n, count)
     return out

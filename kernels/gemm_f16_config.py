@@ -26,6 +26,28 @@ KNOBS: dict[str, tuple] = {
     # ahead; needs STAGES >= 3).
     "LOOP": ("v1", "addr32", "pipe"),
 }
+# Launch knob (not compiled in: one kernel serves every value). SPLITK: k slices per C tile, each a CUDA block
+# (grid y) that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel
+# adds the slices in slice order (deterministic) into C. For grids smaller than the GPU (short prompts: a 7B
+# ffn_down at nt=128 is 14 tiles of 256x128 on 132 SMs). 0: auto, the count `auto_slices` gives the shape; 1: no
+# split. MMA=wgmma only.
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
+LAUNCH_DEFAULT: dict = {"SPLITK": 1}
+MAX_SLICES = 16
+MIN_KTILES_PER_SLICE = 4
+
+
+def auto_slices(tiles: int, ktiles: int, sms: int) -> int:
+    """SPLITK=0 (auto): k slices for a grid of ``tiles`` C tiles with ``ktiles`` k tiles each on ``sms`` SMs (one
+    256x128 wgmma block a SM). 1 when the tiles fill the GPU; else the most slices with every block in one wave
+    (``tiles * slices <= sms``), at most MAX_SLICES, each slice at least MIN_KTILES_PER_SLICE k tiles (the ring's
+    prologue and the partials' write and read must stay small beside the slice's k loop). A heuristic: `minfer
+    sweep gemm_f16 SPLITK=...` on a small-nt workload measures the alternatives."""
+    if tiles >= sms:
+        return 1
+    return max(1, min(MAX_SLICES, sms // tiles, ktiles // MIN_KTILES_PER_SLICE))
+
+
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
                   "LOOP": "v1"}
 # The fastest measured on the H200 (DEFAULT: wgmma, 2 warpgroups of m64n256k16 on a 128 x 256 tile, k step 64 with

@@ -62,13 +62,13 @@ class Knob:
             raise ValueError(f"knob {self.name}: default {self.default!r} is not one of {self.values!r}")
         if self.legacy is not None and self.legacy not in self.values:
             raise ValueError(f"knob {self.name}: legacy {self.legacy!r} is not one of {self.values!r}")
+        if len({type(v) for v in self.values}) != 1:
+            raise ValueError(f"knob {self.name}: values must all be int or all be str, got {self.values!r}")
 
     @property
     def before(self) -> KnobValue:
         """The value of a record that predates this knob: `legacy` when set, else the default."""
         return self.default if self.legacy is None else self.legacy
-        if len({type(v) for v in self.values}) != 1:
-            raise ValueError(f"knob {self.name}: values must all be int or all be str, got {self.values!r}")
 
     def parse(self, text: str) -> KnobValue:
         """Convert the text of ``K=V`` into an allowed value, or raise UsageError listing the allowed ones."""

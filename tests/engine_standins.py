@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def numpy_gemm(a, b, out=None, *, config=None, stream=0):
+def numpy_gemm(a, b, out=None, *, config=None, stream=0, partials=None):
     """Stand-in for gemm_f16 in the simulator session: f32 numpy product of the same f16 operands."""
     result = a.copy_to_host().astype(np.float32) @ b.copy_to_host().astype(np.float32).T
     out.copy_to_device(result.astype(np.float32))

@@ -133,11 +133,12 @@ def _qwen2_shaped(layers: int = 2, vocab: int = 4096):
 
 
 @pytest.mark.gpu
-def test_qwen2_shaped_prefill_matches_the_float64_reference():
+@pytest.mark.parametrize("nt,gemm", [(512, None), (100, {"SPLITK": 0})], ids=["pp512", "pp100-SPLITK=0"])
+def test_qwen2_shaped_prefill_matches_the_float64_reference(nt, gemm):
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    tokens = rng.integers(0, weights.config.vocab, size=512, dtype=np.int32)
-    engine = PrefillEngine(weights, 512, PrefillOptions())
+    tokens = rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32)
+    engine = PrefillEngine(weights, 512, PrefillOptions(gemm=gemm))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     ref = Reference(weights).forward(tokens, last_only=True)
     assert _rel(got, ref) < 2e-2
@@ -145,13 +146,18 @@ def test_qwen2_shaped_prefill_matches_the_float64_reference():
 
 
 @pytest.mark.gpu
-def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit():
+@pytest.mark.parametrize("gemm", [None, {"SPLITK": 0}], ids=["default", "SPLITK=0"])
+def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
     """PGRAPH=1: the first prefill of a (length, start) captures, later ones replay; every replay of fresh token ids
-    equals the eager forward's logits exactly, at several lengths and start positions, and the KV cache rows."""
+    equals the eager forward's logits exactly, at several lengths and start positions, and the KV cache rows. With
+    SPLITK=0 (auto) the short prompts' products are split-K (7 and 65 tokens of 7B-wide layers), so this is also
+    split-K's determinism: partials summed in slice order whichever block finished last."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    graph = PrefillEngine(weights, 300, PrefillOptions(pgraph=True), context=400)
-    eager = PrefillEngine(weights, 300, PrefillOptions(pgraph=False), context=400)
+    graph = PrefillEngine(weights, 300, PrefillOptions(pgraph=True, gemm=gemm), context=400)
+    eager = PrefillEngine(weights, 300, PrefillOptions(pgraph=False, gemm=gemm), context=400)
+    if gemm:
+        assert graph.partials is not None
     for nt, start in ((300, 0), (7, 0), (300, 0), (65, 100), (7, 0), (65, 100)):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
         poisoned = np.full((1, weights.config.vocab), np.nan, np.float32)

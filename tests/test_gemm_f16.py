@@ -56,6 +56,65 @@ def test_simulator_matches_float64(config, shape):
     assert _run(config, *shape) < 1e-3
 
 
+SPLIT_CASES = [
+    ("3 uneven slices of 10 k tiles, tails", 3, (33, 70, 640)),
+    ("4 slices, 2x1 tiles", 4, (140, 70, 512)),
+    ("more slices than k tiles: one each", 6, (17, 9, 320)),
+]
+
+
+@sim
+@pytest.mark.parametrize("splitk,shape", [c[1:] for c in SPLIT_CASES], ids=[c[0] for c in SPLIT_CASES])
+def test_simulator_split_k_matches_float64_bit_for_bit_twice(splitk, shape):
+    """Split-K (MMA=wgmma): every output written (poisoned), float64 within 1e-3; the partials buffer is poisoned
+    too, so a slice that skips its rows shows; the same inputs give the same bits twice (slice-order sum)."""
+    nt, od, id_ = shape
+    rng = np.random.default_rng(splitk)
+    a = cuda.to_device(rng.standard_normal((nt, id_)).astype(np.float16))
+    b = cuda.to_device(rng.standard_normal((od, id_)).astype(np.float16))
+    config = dict(G.DEFAULT, SPLITK=splitk)
+    assert G.slices(config, nt, od, id_) == min(splitk, id_ // 64)  # KS=64: never more slices than k tiles
+    runs = []
+    for _ in range(2):
+        out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+        partials = cuda.to_device(np.full(G.partials_elements(config, nt, od, id_), np.nan, np.float32))
+        G.gemm_f16(a, b, out, config=config, partials=partials)
+        runs.append(out.copy_to_host())
+    ref = a.copy_to_host().astype(np.float64) @ b.copy_to_host().astype(np.float64).T
+    assert np.isfinite(runs[0]).all(), "some outputs were never written"
+    assert np.linalg.norm(runs[0] - ref) / np.linalg.norm(ref) < 1e-3
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_split_k_slice_counts():
+    """SPLITK=0 (auto) on 132 SMs: a split only when the tiles leave SMs idle, every block in one wave, at least 4 k
+    tiles a slice; a fixed SPLITK is capped by the k tiles; SPLITK=1 never splits (any session: host arithmetic)."""
+    auto = dict(G.DEFAULT, SPLITK=0)
+    assert G.slices(auto, 128, 3584, 18944, sms=132) == 9  # 14 tiles, 296 k tiles
+    assert G.slices(auto, 128, 3584, 3584, sms=132) == 9  # 56 k tiles
+    assert G.slices(auto, 2048, 3584, 18944, sms=132) == 1  # 224 tiles fill the GPU
+    assert G.slices(auto, 512, 4608, 3584, sms=132) == 1  # 72 tiles: a second slice would need a second wave
+    assert G.slices(auto, 128, 4608, 256, sms=132) == 1  # 4 k tiles: too few to split
+    assert G.slices(dict(G.DEFAULT, SPLITK=16), 128, 3584, 256, sms=132) == 4  # capped at the k tiles
+    assert G.slices(G.DEFAULT, 128, 3584, 18944, sms=132) == 1
+    assert G.slices(dict(MS, SPLITK=0), 128, 3584, 18944, sms=132) == 1  # auto never splits a non-wgmma kernel
+    assert G.partials_capacity(auto, 8192, 37888, 132) == 132 * 128 * 256
+    for nt in (1, 100, 128, 300, 512, 1000, 2048):
+        for od, id_ in ((3584, 18944), (4608, 3584), (37888, 3584), (152064, 3584)):
+            assert G.partials_elements(auto, nt, od, id_, sms=132) <= G.partials_capacity(auto, nt, od, 132)
+
+
+@sim
+def test_split_k_refusals():
+    a = cuda.to_device(np.ones((33, 640), np.float16))
+    b = cuda.to_device(np.ones((70, 640), np.float16))
+    with pytest.raises(KernelConstraintError, match="SPLITK=2 needs MMA=wgmma"):
+        G.gemm_f16(a, b, config=dict(MS, SPLITK=2))
+    small = cuda.device_array(10, np.float32)
+    with pytest.raises(KernelConstraintError, match="partials array of at least"):
+        G.gemm_f16(a, b, config=dict(G.DEFAULT, SPLITK=2), partials=small)
+
+
 # ---- constraints (host-side; any session) ------------------------------------------------------------------
 
 
@@ -259,6 +318,25 @@ def test_gpu_matches_torch(config, shape):
     b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
     out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
     G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
+    got = out.copy_to_host()
+    assert np.isfinite(got).all()
+    assert _torch_rel(a, b, got) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splitk", [0, 3, 16])
+@pytest.mark.parametrize("shape", [(128, 3584, 18944), (33, 3584, 3584), (300, 4609, 3584)], ids=str)
+def test_gpu_split_k_matches_torch(splitk, shape):
+    """Split-K at the short-prompt shapes it exists for (SPLITK=0: auto), partials poisoned, against torch."""
+    nt, od, id_ = shape
+    rng = np.random.default_rng(splitk + nt)
+    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
+    b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
+    config = dict(G.DEFAULT, SPLITK=splitk)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    need = G.partials_elements(config, nt, od, id_)
+    partials = cuda.to_device(np.full(max(need, 1), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config, partials=partials)
     got = out.copy_to_host()
     assert np.isfinite(got).all()
     assert _torch_rel(a, b, got) < 1e-3

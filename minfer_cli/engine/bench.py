@@ -87,6 +87,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                "them at 168, 4 at 128)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
+    knobs += [Knob("SPLITK", tuple(gemm_f16.LAUNCH_KNOBS["SPLITK"]), gemm_f16.LAUNCH_DEFAULT["SPLITK"],
+                   "prefill (pp): gemm_f16 k slices per C tile (MMA=wgmma), partials summed in slice order by a second "
+                   "kernel; 0 auto: enough slices to fill the GPU when a product's tiles do not (short prompts); 1 none",
+                   legacy=1)]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
@@ -111,7 +115,7 @@ def engine_options(config: Config) -> EngineOptions:
     """The engine's typed options (`minfer_cli.engine.options`) from a full engine knob configuration."""
     from kernels import gemm_f16_config
 
-    gemm = {k: config[k] for k in gemm_f16_config.KNOBS}
+    gemm = {k: config[k] for k in (*gemm_f16_config.KNOBS, *gemm_f16_config.LAUNCH_KNOBS) if k in config}
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)))
@@ -181,7 +185,7 @@ def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions, 
     if depth + max_tokens > c.context_length:
         at = f" after a depth of {depth}" if depth else ""
         raise ModelError(f"-p {max_tokens}{at} is beyond the model's context length {c.context_length}")
-    need = device_bytes(c, max_tokens, options.w16, context=depth + max_tokens)
+    need = device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm)
     free, _ = cuda.current_context().get_memory_info()
     if need > free:
         hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""

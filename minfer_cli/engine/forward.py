@@ -148,6 +148,10 @@ class PrefillEngine:
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16, stream=s)
         self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
         self.ids = cuda.device_array(nt, dtype=np.int32, stream=s)
+        self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
+        capacity = partials_elements(self.options.gemm, nt, max(m.od for m in matrices))
+        if capacity:
+            self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
         self._graphs: dict = {}  # (nt, start) -> StreamGraph
         self.capture_seconds: dict = {}  # (nt, start) -> wall seconds of its capture + instantiation
@@ -184,7 +188,7 @@ class PrefillEngine:
     def _gemm(self, a, m: _Matrix, out) -> None:
         from kernels.gemm_f16 import gemm_f16
 
-        gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream)
+        gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials)
 
     # -- the forward ---------------------------------------------------------------------------------------------
     def prefill(self, ids, start: int = 0, taps: Optional[list] = None):
@@ -352,17 +356,33 @@ def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
     return per_layer * c.n_layers + [(c.vocab, c.hidden)]
 
 
+def partials_elements(gemm: Optional[dict], max_tokens: int, max_od: int) -> int:
+    """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
+    `partials_capacity` on this device's SMs): 0 without a split."""
+    from kernels.gemm_f16_config import LAUNCH_DEFAULT
+
+    if dict(LAUNCH_DEFAULT, **(gemm or {}))["SPLITK"] == 1:
+        return 0
+    from kernels.gemm_f16 import partials_capacity
+    from minfer_cli.engine.gemv_policy import sm_count
+
+    return partials_capacity(gemm, max_tokens, max_od, sm_count())
+
+
 def kv_cache_bytes(c: ModelConfig, context: int) -> int:
     """Bytes of the f16 K and V caches of every layer over ``context`` rows."""
     return 2 * 2 * c.n_layers * context * c.kv_dim
 
 
-def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None) -> int:
+def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
+                 gemm: Optional[dict] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
-    cache, activations), so that a prompt that cannot fit is refused before anything is allocated."""
+    cache, activations, split-K partials for gemm knobs ``gemm``), so that a prompt that cannot fit is refused
+    before anything is allocated."""
     shapes = gemm_weight_shapes(c)
     weights = 2 * (sum(od * id for od, id in shapes) if w16 else max(od * id for od, id in shapes))
     kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
     per_token = 4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + 4 * 2 * c.ffn + 2 * c.ffn
-    return weights + kv + max_tokens * per_token + 4 * c.vocab
+    partials = 4 * partials_elements(gemm, max_tokens, max(od for od, _ in shapes))
+    return weights + kv + max_tokens * per_token + 4 * c.vocab + partials
