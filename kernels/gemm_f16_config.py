@@ -32,9 +32,9 @@ KNOBS: dict[str, tuple] = {
 # ffn_down at nt=128 is 14 tiles of 256x128 on 132 SMs). 0: auto, the count `auto_slices` gives the shape; 1: no
 # split. MMA=wgmma only.
 LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 1}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0}
 MAX_SLICES = 16
-MIN_KTILES_PER_SLICE = 4
+MIN_KTILES_PER_SLICE = 12
 
 
 def auto_slices(tiles: int, ktiles: int, sms: int) -> int:

@@ -87,16 +87,17 @@ def test_simulator_split_k_matches_float64_bit_for_bit_twice(splitk, shape):
 
 
 def test_split_k_slice_counts():
-    """SPLITK=0 (auto) on 132 SMs: a split only when the tiles leave SMs idle, every block in one wave, at least 4 k
+    """SPLITK=0 (auto) on 132 SMs: a split only when the tiles leave SMs idle, every block in one wave, at least 12 k
     tiles a slice; a fixed SPLITK is capped by the k tiles; SPLITK=1 never splits (any session: host arithmetic)."""
     auto = dict(G.DEFAULT, SPLITK=0)
     assert G.slices(auto, 128, 3584, 18944, sms=132) == 9  # 14 tiles, 296 k tiles
-    assert G.slices(auto, 128, 3584, 3584, sms=132) == 9  # 56 k tiles
+    assert G.slices(auto, 128, 3584, 3584, sms=132) == 4  # 56 k tiles: 12 a slice at least
     assert G.slices(auto, 2048, 3584, 18944, sms=132) == 1  # 224 tiles fill the GPU
     assert G.slices(auto, 512, 4608, 3584, sms=132) == 1  # 72 tiles: a second slice would need a second wave
     assert G.slices(auto, 128, 4608, 256, sms=132) == 1  # 4 k tiles: too few to split
     assert G.slices(dict(G.DEFAULT, SPLITK=16), 128, 3584, 256, sms=132) == 4  # capped at the k tiles
-    assert G.slices(G.DEFAULT, 128, 3584, 18944, sms=132) == 1
+    assert G.slices(dict(G.DEFAULT, SPLITK=1), 128, 3584, 18944, sms=132) == 1
+    assert G.slices(G.DEFAULT, 128, 3584, 18944, sms=132) == 9  # SPLITK=0 (auto) is the default
     assert G.slices(dict(MS, SPLITK=0), 128, 3584, 18944, sms=132) == 1  # auto never splits a non-wgmma kernel
     assert G.partials_capacity(auto, 8192, 37888, 132) == 132 * 128 * 256
     for nt in (1, 100, 128, 300, 512, 1000, 2048):
