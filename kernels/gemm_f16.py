@@ -884,13 +884,26 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     Algorithm: tiled tensor-core GEMM with a multi-stage cp.async ring (CUTLASS/Triton style); see the module
     docstring for sources. Split-K: CUTLASS's "split-K parallel" GEMM (partials + a reduction kernel).
     """
+    if out is None:
+        nt, od, _ = check_inputs(a, b)
+        out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    parts, count = gemm_f16_split(a, b, out, config=config, stream=stream, partials=partials)
+    if count > 1:
+        n = parts.shape[0] // count
+        _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, count)
+    return out
+
+
+def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
+    """`gemm_f16` without the split-K slice sum: enqueue the GEMM and return ``(parts, count)``, where parts is a
+    flat f32 device array of ``count`` row-major [nt, od] slices whose sum (in slice order) is C. count 1: parts is
+    ``out`` itself (allocated when None), holding C. count > 1: the first count * nt * od elements of ``partials``
+    (allocated when None), and ``out`` is not written. For a consumer that sums the slices itself
+    (`kernels.norm.add_rms_norm`). Arguments and errors as `gemm_f16`."""
     nt, od, kdim = check_inputs(a, b, out)
     built = build(config)
     g = built.geometry
-    if out is None:
-        out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     count = slices(config, nt, od, kdim)
-    target = out
     if count > 1:
         need = count * nt * od
         if partials is None:
@@ -899,11 +912,14 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
             raise KernelConstraintError(
                 f"gemm_f16: split-K over {count} slices needs a flat float32 partials array of at least {need} "
                 f"elements, got {partials.dtype} {tuple(partials.shape)}")
-        target = partials[:need].reshape(count * nt, od)
+        parts = partials[:need]
+        target = parts.reshape(count * nt, od)
+    else:
+        if out is None:
+            out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+        target = out
+        parts = out.reshape(nt * od)
     built.kernel[(g.grid(nt, od), count), g.threads, stream, g.smem_bytes](
         a.reshape(nt * kdim), b.reshape(od * kdim), target, nt, od, kdim
     )
-    if count > 1:
-        n = nt * od
-        _sum_slices[-(-n // 256), 256, stream](partials, out.reshape(n), n, count)
-    return out
+    return parts, count

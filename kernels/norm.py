@@ -7,6 +7,8 @@ memory (every warp reduces them, so no broadcast barrier is needed), and each th
 ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the mat-vec takes f32 x). The second
 pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
 `rms_norm_q8` also quantizes the f32 output to Q8_1 blocks in that pass (decode with MMVQ: one launch, not two).
+`add_rms_norm` first adds a GEMM's output (or its split-K slices) to the residual row (prefill FUSE_ADD_NORM: the
+residual add, the slice sum and the next RMSNorm in one launch, not three).
 
 Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and
 HF's ``Qwen2RMSNorm`` / ``LlamaRMSNorm`` (scale in f32, then times the weight); ``1/sqrt`` is the correctly
@@ -141,6 +143,32 @@ def _rms_norm(x, w, out, eps):
 
 
 @kernel
+def _add_rms_norm(x, parts, count, w, out, eps):
+    """x[row, :] += the sum of ``count`` slices of parts (f32, flat [count * nt * d], slice s of row r at
+    ``s * nt * d + r * d``; added in slice order, then to x), then `_rms_norm` of the updated row into out."""
+    pdl_enter()
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    d = x.shape[1]
+    n = x.shape[0] * d
+    c = tid
+    while c < d:
+        i = row * d + c
+        v = parts[i]
+        for s in range(1, count):
+            v += parts[s * n + i]
+        x[row, c] = x[row, c] + v
+        c += step
+    cuda.syncthreads()  # the row's new values, written by this block, before the sum of squares reads them
+    inv = _inv_rms(x, row, eps)
+    c = tid
+    while c < d:
+        out[row, c] = (x[row, c] * inv) * w[c]
+        c += step
+
+
+@kernel
 def _rms_norm_q8(x, w, out, q, qd, qs, eps):
     """`_rms_norm` with f32 out, and each warp also quantizes the 32 columns it just wrote (one Q8_1 block: the
     block's threads are a multiple of 32 and d a multiple of 32, so warp-step columns are whole blocks)."""
@@ -209,6 +237,32 @@ def _device(a, name: str):
     if not devicearray.is_cuda_ndarray(a):
         raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
     return a
+
+
+def add_rms_norm(x, parts, count: int, w, eps: float, out, stream=0, tpb: int = DEFAULT_TPB):
+    """Enqueue ``x += y`` then ``out = rms_norm(x) * w`` on ``stream``, one CUDA block per row; return ``out``.
+
+    y is the sum of ``count`` slices of ``parts`` (a flat f32 device array holding ``count`` row-major [nt, d]
+    slices back to back: `kernels.gemm_f16.gemm_f16_split`'s output, a GEMM's C or its split-K partials), added in
+    slice order and then to x: the same bits as `kernels.gemm_f16`'s slice sum, `kernels.residual.residual_add` and
+    `rms_norm` run one after another. x: f32 [nt, d], C-contiguous, updated in place (the residual stream). w, eps,
+    out (f16 or f32 [nt, d]), tpb: as `rms_norm`.
+
+    Raises KernelConstraintError for what `rms_norm` refuses, a count below 1, or parts that are not a flat f32
+    device array of at least count * nt * d elements.
+    """
+    rms_norm(x, w, eps, out=out, tpb=tpb, launch=False)  # the shared checks
+    nt, d = x.shape
+    parts = _device(parts, "parts")
+    if int(count) < 1:
+        raise KernelConstraintError(f"count must be at least 1 (the slices in parts), got {count}")
+    if parts.dtype != np.float32 or parts.ndim != 1 or parts.shape[0] < count * nt * d:
+        raise KernelConstraintError(
+            f"parts must be a flat float32 array of at least {count} x {nt} x {d} elements, got {parts.dtype} "
+            f"{tuple(parts.shape)}")
+    if nt:
+        _add_rms_norm[nt, tpb, stream](x, parts, np.int64(count), w, out, np.float32(eps))
+    return out
 
 
 def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DEFAULT_TPB, launch: bool = True,

@@ -15,6 +15,17 @@ def numpy_gemm(a, b, out=None, *, config=None, stream=0, partials=None):
     return out
 
 
+def numpy_gemm_split(a, b, out=None, *, config=None, stream=0, partials=None):
+    """Stand-in for gemm_f16_split in the simulator session: the numpy product split over k into two f32 slices
+    (so the consumer's slice sum is exercised), in a new flat array."""
+    from numba import cuda
+
+    a32, b32 = a.copy_to_host().astype(np.float32), b.copy_to_host().astype(np.float32)
+    half = a32.shape[1] // 2
+    parts = [a32[:, :half] @ b32[:, :half].T, a32[:, half:] @ b32[:, half:].T]
+    return cuda.to_device(np.concatenate([p.reshape(-1) for p in parts]).astype(np.float32)), 2
+
+
 def gguf_dequantize(raw, qtype, od, id, out=None, stream=0, tpb=None):
     """Stand-in for `kernels.quant.dequantize` in the simulator session: gguf's own dequantization, rounded to f16
     (what the kernel is tested to equal element for element), written into ``out``'s rows."""
@@ -51,6 +62,7 @@ def use_standins(monkeypatch) -> None:
 
     monkeypatch.setattr(kernels.quant, "dequantize", gguf_dequantize)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_split", numpy_gemm_split)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
 
 

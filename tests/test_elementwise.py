@@ -21,7 +21,7 @@ from kernels.activation import swiglu
 from kernels.embedding import SUPPORTED as EMBED_TYPES
 from kernels.embedding import embedding
 from kernels.errors import KernelConstraintError
-from kernels.norm import rms_norm, rms_norm_q8
+from kernels.norm import add_rms_norm, rms_norm, rms_norm_q8
 from kernels.residual import bias_add, residual_add
 from kernels.rope import rope
 from minfer_cli.quant_blocks import random_blocks
@@ -93,6 +93,38 @@ def test_rms_norm(nt, d, tpb, out_dtype):
     got = rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out, tpb=tpb)
     assert got is out
     assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+
+
+@pytest.mark.parametrize("count, nt, d, tpb", [(1, 3, 200, 64), (3, 2, 300, 96), (2, 1, 5, 32)])
+def test_add_rms_norm_equals_slice_sum_residual_add_and_norm(count, nt, d, tpb):
+    """x += the slices' sum, then the norm: within f16 rounding of float64, and the same bits as the three kernels it
+    replaces (the slice sum in slice order, `residual_add`, `rms_norm`); the parts buffer's unused tail stays unread."""
+    rng = _rng()
+    x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    slices = rng.standard_normal((count, nt, d)).astype(np.float32)
+    parts = np.concatenate([slices.reshape(-1), np.full(7, np.nan, np.float32)])  # NaN past the slices: never read
+    dx = cuda.to_device(x)
+    out = _poisoned((nt, d), np.float16)
+    add_rms_norm(dx, cuda.to_device(parts), count, cuda.to_device(w), 1e-6, out=out, tpb=tpb)
+    y = slices[0].copy()
+    for s in slices[1:]:
+        y = (y + s).astype(np.float32)
+    want_x = (x + y).astype(np.float32)
+    np.testing.assert_array_equal(dx.copy_to_host(), want_x)
+    separate = rms_norm(cuda.to_device(want_x), cuda.to_device(w), 1e-6, out=_poisoned((nt, d), np.float16), tpb=tpb)
+    np.testing.assert_array_equal(out.copy_to_host(), separate.copy_to_host())
+    ref = _rms_norm_ref(x.astype(np.float64) + slices.astype(np.float64).sum(axis=0), w, 1e-6)
+    assert _rel(out.copy_to_host(), ref) < TOL[np.float16]
+
+
+def test_add_rms_norm_rejects_bad_parts():
+    x, w = cuda.to_device(np.ones((2, 40), np.float32)), cuda.to_device(np.ones(40, np.float32))
+    out = cuda.device_array((2, 40), np.float16)
+    with pytest.raises(KernelConstraintError, match="at least 2 x 2 x 40 elements"):
+        add_rms_norm(x, cuda.to_device(np.ones(159, np.float32)), 2, w, 1e-6, out=out)
+    with pytest.raises(KernelConstraintError, match="count must be at least 1"):
+        add_rms_norm(x, cuda.to_device(np.ones(80, np.float32)), 0, w, 1e-6, out=out)
 
 
 def test_row_tpb_gives_each_thread_at_most_four_columns():

@@ -32,14 +32,16 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch):
+@pytest.mark.parametrize("fuse_add_norm", [False, True], ids=["FUSE_ADD_NORM=0", "FUSE_ADD_NORM=1"])
+def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fuse_add_norm):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
     the weight dequantization are replaced by stand-ins (`tests/engine_standins.py`) here only because the simulator
     needs minutes for them at these shapes; each is tested alone in the simulator, and the whole engine with every
-    real kernel runs in the `gpu` tests."""
+    real kernel runs in the `gpu` tests. FUSE_ADD_NORM=1: the residual adds run in `add_rms_norm` (the GEMM stand-in
+    hands it two k slices)."""
     use_standins(monkeypatch)
-    _tiny_prefill_matches_the_reference()
+    _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, fuse_add_norm=fuse_add_norm))
 
 
 @pytest.mark.gpu
@@ -47,7 +49,7 @@ def test_tiny_prefill_with_every_real_kernel_matches_the_float64_reference():
     _tiny_prefill_matches_the_reference()
 
 
-def _tiny_prefill_matches_the_reference():
+def _tiny_prefill_matches_the_reference(options: PrefillOptions = SMALL_TILES):
     """Logits within 1e-2 of the float64 forward, and the same greedy token. The prompt is redrawn while the
     reference's two best logits are within 0.05 std(logits) of each other: the f16 weights and activations move
     the logits by up to 0.008 std (max |got - ref|, 3000 emulated draws; typically 0.0035), so a closer pair may
@@ -61,7 +63,7 @@ def _tiny_prefill_matches_the_reference():
         second, best = np.sort(ref)[-2:]
         if best - second > 0.05 * ref.std():
             break
-    engine = PrefillEngine(weights, 8, SMALL_TILES)
+    engine = PrefillEngine(weights, 8, options)
     engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     assert np.isfinite(got).all()
@@ -170,6 +172,22 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
     assert set(graph.capture_seconds) == {(300, 0), (7, 0), (65, 100)}
     assert all(0 < s < 60 for s in graph.capture_seconds.values())
     graph.close()
+
+
+@pytest.mark.gpu
+def test_fuse_add_norm_gives_the_unfused_logits_bit_for_bit():
+    """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
+    additions in the same order as the slice sum, residual add and RMSNorm kernels, so the same logits, at a split
+    (7, 65 tokens) and an unsplit (300) prompt length."""
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    fused = PrefillEngine(weights, 300, PrefillOptions(fuse_add_norm=True), context=400)
+    plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
+    for nt in (7, 65, 300):
+        ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
+        np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+    fused.close()
+    plain.close()
 
 
 def test_pgraph_is_refused_by_name_under_the_simulator():

@@ -13,6 +13,8 @@ One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions
                 x += swiglu(gu) · Wdown^T
     logits = rms_norm(x[nt-1], output_norm) · Woutput^T               f32 [vocab] (last token only, as llama-bench)
 
+Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
+attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also sums the GEMM's split-K slices.
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -190,6 +192,14 @@ class PrefillEngine:
 
         gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials)
 
+    def _gemm_parts(self, a, m: _Matrix):
+        """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
+        into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
+        from kernels.gemm_f16 import gemm_f16_split
+
+        return gemm_f16_split(a, self._weight_f16(m), self.proj[: a.shape[0]], config=self.options.gemm,
+                              stream=self.stream, partials=self.partials)
+
     # -- the forward ---------------------------------------------------------------------------------------------
     def prefill(self, ids, start: int = 0, taps: Optional[list] = None):
         """Enqueue the prefill of ``ids`` (int32 device array [nt], nt <= max_tokens) at positions start..start+nt-1
@@ -244,7 +254,8 @@ class PrefillEngine:
     def breakdown(self, ids, start: int, reps: int) -> list[tuple[str, float, float]]:
         """(stage, mean GPU µs a prefill, intervals a prefill) of ``reps`` prefills of ``ids`` at ``start``, from
         CUDA events between the forward's stages (embedding; per layer attn_norm, qkv, rope_kv, attention,
-        attn_output, ffn_norm, ffn_gate_up, ffn_down; output), captured into the graph with PGRAPH=1. The engine's
+        attn_output, ffn_norm, ffn_gate_up, ffn_down; output; with FUSE_ADD_NORM the residual adds run in ffn_norm
+        and ffn_down, and ffn_down holds the next layer's attn_norm), captured into the graph with PGRAPH=1. The engine's
         graphs are dropped before and after (the timed ones must not carry events). Waits for the stream."""
         from minfer_cli.measure.timeline import Timeline, mean_stage_times
 
@@ -293,7 +304,7 @@ class PrefillEngine:
         from kernels.attention import flash_attention
         from kernels.embedding import embedding
         from kernels.kv_cache import kv_append
-        from kernels.norm import rms_norm
+        from kernels.norm import add_rms_norm, rms_norm
         from kernels.residual import bias_add, residual_add
         from kernels.rope import rope
         from kernels.views import head_slice
@@ -312,8 +323,11 @@ class PrefillEngine:
             taps.append(x.copy_to_host(stream=s))
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
-        for layer in self.layers:
-            rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s)
+        fuse = self.options.fuse_add_norm
+        for i, layer in enumerate(self.layers):
+            following = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            if i == 0 or not fuse:  # FUSE_ADD_NORM: the previous layer's ffn_down stage made h
+                rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s)
             mark("attn_norm")
             self._gemm(h, layer.qkv, qkv)
             if layer.qkv_bias is not None:
@@ -331,16 +345,25 @@ class PrefillEngine:
                 out=attn.reshape(nt, c.n_heads, c.head_dim), causal=True, config=self.options.attention, stream=s,
             )
             mark("attention")
-            self._gemm(attn, layer.attn_output, proj)
-            residual_add(x, proj, stream=s)
-            mark("attn_output")
-            rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+            if fuse:  # the residual add (and slice sum) runs in the ffn_norm stage's kernel
+                parts, count = self._gemm_parts(attn, layer.attn_output)
+                mark("attn_output")
+                add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+            else:
+                self._gemm(attn, layer.attn_output, proj)
+                residual_add(x, proj, stream=s)
+                mark("attn_output")
+                rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s)
             mark("ffn_norm")
             self._gemm(h, layer.gate_up, gu)
             swiglu(gu, out=act, stream=s)
             mark("ffn_gate_up")
-            self._gemm(act, layer.down, proj)
-            residual_add(x, proj, stream=s)
+            if fuse and following is not None:  # the add and the next layer's attn_norm, in this stage
+                parts, count = self._gemm_parts(act, layer.down)
+                add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s)
+            else:
+                self._gemm(act, layer.down, proj)
+                residual_add(x, proj, stream=s)
             mark("ffn_down")
             if taps is not None:
                 taps.append(x.copy_to_host(stream=s))

@@ -18,12 +18,16 @@ class PrefillOptions:
     scratch buffer before its product (False). gemm / attention: `kernels.gemm_f16` and `kernels.attention` knob
     settings, by their names without prefix (None: the kernels' defaults). pgraph (PGRAPH): the prefill of each
     (prompt length, start) is captured into a CUDA graph on its first run and replayed after (True; not in the CUDA
-    simulator) or every kernel is launched from Python (False)."""
+    simulator) or every kernel is launched from Python (False). fuse_add_norm (FUSE_ADD_NORM): the attention
+    output's and the FFN's products are added to the residual stream by the next RMSNorm's kernel, which also sums
+    their split-K slices (`kernels.norm.add_rms_norm`, True), or by a slice sum, a residual add and an RMSNorm
+    (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
     attention: Optional[dict] = None
     pgraph: bool = True
+    fuse_add_norm: bool = False
 
 
 @dataclass(frozen=True)
