@@ -20,8 +20,9 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"LOOP": "v1"}
-"""Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop)."""
+_LEGACY = {"LOOP": "v1", "SPLITK": 1}
+"""Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop; no
+split-K)."""
 _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
