@@ -156,8 +156,17 @@ def _add_rms_norm(x, parts, count, w, out, eps):
     while c < d:
         i = row * d + c
         v = parts[i]
-        for s in range(1, count):
+        s = 1
+        while s + 3 < count:  # four slices' loads in flight, added in slice order
+            p0 = parts[s * n + i]
+            p1 = parts[(s + 1) * n + i]
+            p2 = parts[(s + 2) * n + i]
+            p3 = parts[(s + 3) * n + i]
+            v = (((v + p0) + p1) + p2) + p3
+            s += 4
+        while s < count:
             v += parts[s * n + i]
+            s += 1
         x[row, c] = x[row, c] + v
         c += step
     cuda.syncthreads()  # the row's new values, written by this block, before the sum of squares reads them

@@ -95,7 +95,7 @@ def test_rms_norm(nt, d, tpb, out_dtype):
     assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
 
 
-@pytest.mark.parametrize("count, nt, d, tpb", [(1, 3, 200, 64), (3, 2, 300, 96), (2, 1, 5, 32)])
+@pytest.mark.parametrize("count, nt, d, tpb", [(1, 3, 200, 64), (3, 2, 300, 96), (2, 1, 5, 32), (9, 2, 130, 32)])
 def test_add_rms_norm_equals_slice_sum_residual_add_and_norm(count, nt, d, tpb):
     """x += the slices' sum, then the norm: within f16 rounding of float64, and the same bits as the three kernels it
     replaces (the slice sum in slice order, `residual_add`, `rms_norm`); the parts buffer's unused tail stays unread."""
