@@ -1,8 +1,8 @@
 """Experiment `attention_decode`: decode attention of one token over a filled f16 KV cache (flash-decoding,
 `kernels.attention_decode`), the kernel behind `bench`'s tg at a depth.
 
-Knobs: SPLITS (blocks per KV head along the cache, the engine's ATTN_SPLITS) and MINB (the partial kernel's launch
-bound, the engine's ATTN_MINB). Workloads: the 7B preset's heads (28 query / 4 KV) over 4,096 and 16,384 cached
+Knobs: SPLITS (blocks per KV head along the cache, the engine's ATTN_SPLITS); MINB (a register cap by launch bound)
+was deleted after its sweep (ledger #170: every cap spilled and was slower). Workloads: the 7B preset's heads (28 query / 4 KV) over 4,096 and 16,384 cached
 rows, the 1.5B preset's (12 / 2) over 16,384, and a tiny shape with tails for the CUDA simulator. Cost: the fewest
 bytes are the L K and V rows read once (2 · L · n_kv_heads · 128 · 2 bytes), q read and the output written; FLOPs
 4 · L · n_heads · 128 (q·k and p·v). Ceiling: the copy bandwidth (the kernel is memory-bound).
@@ -32,9 +32,9 @@ class AttentionDecodeExperiment(Experiment):
     knobs = (
         Knob("SPLITS", (16, 32, 64, 128), 128, "blocks per KV head along the cache, 4 warp partitions each "
                                                "(the engine's ATTN_SPLITS)"),
-        Knob("MINB", (0, 2, 3, 4), 0, "the partial kernel's launch bound, blocks a SM must hold (0 none; the "
-                                      "engine's ATTN_MINB)"),
     )
+    removed_knobs = {"MINB": 0}
+    """MINB (the partial kernel's launch bound) lost its sweep (ledger #170); 0, no bound, is what runs."""
     workloads = (
         Workload("qwen2_7b_d16384", _shape(16384, 28, 4), "7B preset heads (28 query / 4 KV), 16,384 cached rows"),
         Workload("qwen2_7b_d4096", _shape(4096, 28, 4), "7B preset heads, 4,096 cached rows"),
@@ -78,14 +78,13 @@ class AttentionDecodeExperiment(Experiment):
         from kernels import attention_decode as kernel  # numba: imported when GPU work starts
 
         s = workload.shape
-        splits, min_blocks = int(config["SPLITS"]), int(config["MINB"])
-        kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, min_blocks)  # compile now, outside any timing
+        splits = int(config["SPLITS"])
+        kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32)  # compile now, outside any timing
         workspace = self._workspace(s["n_heads"], splits)  # allocated once, outside any graph capture
 
         def launch(inputs, output, stream):
             q, k, v, length = inputs
-            kernel.decode_attention(q, k, v, length, output, splits=splits, workspace=workspace, stream=stream,
-                                    min_blocks=min_blocks)
+            kernel.decode_attention(q, k, v, length, output, splits=splits, workspace=workspace, stream=stream)
 
         return launch
 
@@ -117,9 +116,9 @@ class AttentionDecodeExperiment(Experiment):
         from kernels import attention_decode as kernel
 
         s = workload.shape
-        partial, combine = kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, int(config["MINB"]))
+        partial, combine = kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32)
         return [
-            KernelInstance(f"decode_attention_partial[SPLITS={config['SPLITS']},MINB={config['MINB']}]", partial,
+            KernelInstance(f"decode_attention_partial[SPLITS={config['SPLITS']}]", partial,
                            kernel.partial_signature(np.float32), kernel.WARPS * 32),
             KernelInstance("decode_attention_combine", combine, kernel.COMBINE_SIGNATURE, kernel.COMBINE_WARPS * 32),
         ]

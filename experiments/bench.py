@@ -3,8 +3,9 @@ experiments.
 
 `minfer ab bench --arm W16=0 --arm W16=1` (pp2048) or `minfer ab bench -w tg128 --arm GRAPHS=0 --arm GRAPHS=1`
 compares two engine settings at the model level through the same interleaved harness, metric tok/s (higher is
-better). Knobs: the engine's (W16, the gemm_f16 tile knobs and FA_* flash-attention knobs act on pp workloads;
-GRAPHS, MMVQ, XRES, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8, FUSE_QKV, FUSE_ROPE_KV, FUSE_ATTN_Q8, DEEP, PDL, ATTN_SPLITS and ATTN_MINB on tg
+better). Knobs: the engine's (W16, PGRAPH, FUSE_ADD_NORM, the gemm_f16 tile knobs, SPLITK and FA_* flash-attention
+knobs act on pp workloads; GRAPHS, MMVQ, XRES, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8, FUSE_QKV, FUSE_ROPE_KV, FUSE_ATTN_Q8,
+DEEP, PDL and ATTN_SPLITS on tg
 workloads; an arm that sets a knob the workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the
 harness's CUDA graphs do not apply to a forward that launches hundreds of kernels from Python):
 
@@ -84,10 +85,11 @@ class BenchExperiment(Experiment):
     metric = Metric("throughput", "tok/s", higher_is_better=True)
     self_timed = True
     ceiling = "matrix"
-    removed_knobs = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4}
-    """Decode knobs deleted with the variants they switched on (each lost its A/B); each value here is what the
-    engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows;
-    ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept)."""
+    removed_knobs = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0}
+    """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep:
+    ledger #170); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode attention's grid
+    takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept;
+    ATTN_MINB=0: no register cap on it)."""
 
     def __init__(self) -> None:
         self._weights: dict[str, object] = {}

@@ -53,11 +53,6 @@ their accumulators on the stack (local memory)."""
 KEYS_IN_FLIGHT = 2
 """Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
 the larger loops rolled)."""
-DEFAULT_MIN_BLOCKS = 0
-MIN_BLOCKS_VALUES = (0, 2, 3, 4)
-"""``min_blocks``: the partial kernel's launch bound, blocks a SM must hold (0: none; ptxas then takes up to 255
-registers a thread, two 128-thread blocks a SM; 3 caps it at 168, 4 at 128, spilling where G's accumulators do not
-fit)."""
 
 
 def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:
@@ -300,26 +295,23 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32, min_blocks: int = DEFAULT_MIN_BLOCKS, q8_mode: int = 0):
-    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, the partial kernel's ``min_blocks`` and
-    the combine's ``q8_mode`` (`Q8_MODES`; compiled once; cached)."""
-    key = (int(group), np.dtype(q_dtype).name, int(min_blocks), int(q8_mode))
+def build(group: int, q_dtype=np.float32, q8_mode: int = 0):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype and the combine's ``q8_mode``
+    (`Q8_MODES`; compiled once; cached). The partial kernel has no launch bound beyond its block size (ptxas may take
+    up to 255 registers a thread: capping them spilled G = 7's accumulators and lost, ledger #170)."""
+    key = (int(group), np.dtype(q_dtype).name, int(q8_mode))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32,
-                       min_blocks=int(min_blocks)),
+                kernel(_make_partial(int(group)), partial_signature(q_dtype), threads=WARPS * 32),
                 kernel(_make_combine(int(q8_mode)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), min_blocks: int = DEFAULT_MIN_BLOCKS,
-               q8_mode: int = 0) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group``, ``min_blocks`` and ``q8_mode`` (NVVM; no GPU needed; not under the
-    simulator)."""
-    bounds = (WARPS * 32, min_blocks) if min_blocks else (WARPS * 32,)
-    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=bounds)
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), q8_mode: int = 0) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group`` and ``q8_mode`` (NVVM; no GPU needed; not under the simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group), partial_signature(q_dtype), cc=cc, launch_bounds=(WARPS * 32,))
     b, _ = cuda.compile_ptx(_make_combine(q8_mode), COMBINE_SIGNATURE, cc=cc, launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
@@ -357,7 +349,7 @@ def _check_workspace(workspace, n_heads: int, splits: int) -> None:
                                         f"got {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
 
 
-def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAULT_MIN_BLOCKS) -> tuple[int, int, int]:
+def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int, int]:
     """Validate; return (n_heads, n_kv_heads, l_max). One-line KernelConstraintError."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("length_dev", length_dev), ("out", out)):
         if x is not None and not devicearray.is_cuda_ndarray(x):
@@ -389,9 +381,6 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAUL
                                     f"above the supported {MAX_GROUP}")
     if getattr(length_dev, "ndim", None) != 1 or np.dtype(length_dev.dtype) != np.int32 or length_dev.shape[0] < 1:
         raise KernelConstraintError("decode_attention: length_dev must be a 1-D int32 device array holding L in element 0")
-    if not _is_int(min_blocks) or min_blocks not in MIN_BLOCKS_VALUES:
-        raise KernelConstraintError(f"decode_attention: min_blocks must be one of {', '.join(map(str, MIN_BLOCKS_VALUES))}, "
-                                    f"got {min_blocks}")
     if not _is_int(splits) or splits not in SPLITS_VALUES:
         raise KernelConstraintError(f"decode_attention: splits must be one of {', '.join(map(str, SPLITS_VALUES))}, got {splits}")
     if out is not None and (tuple(out.shape) != (n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float32 or not _is_contiguous(out)):
@@ -400,7 +389,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks=DEFAUL
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, min_blocks: int = DEFAULT_MIN_BLOCKS, q8=None):
+                     stream=0, pdl: bool = False, q8=None):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, 128]. k_cache, v_cache: f16 device arrays [L_max, n_kv_heads, 128] (row j =
@@ -409,7 +398,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     h // (n_heads // n_kv_heads). Scale 1/sqrt(128). out: optional f32 [n_heads, 128]; allocated when None.
     splits: blocks along L per KV head (4 warp partitions each; L is cut into min(4 * splits, L) partitions), one of
     SPLITS_VALUES; default 128 (enough warps and bytes in flight for a long cache; a short one leaves whole blocks
-    idle at once). min_blocks: the partial kernel's launch bound (MIN_BLOCKS_VALUES; default 0, none). q8: None, or
+    idle at once). q8: None, or
     `kernels.quantize_q8.Q8Blocks` of n_heads * 128 activations: the combine also writes out's Q8_1 blocks (and
     residual values when they are compensated), bit for bit what `quantize_q8_1(out, q8)` would. workspace: from `decode_workspace(n_heads, splits)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
@@ -420,13 +409,13 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
-    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits, min_blocks)
+    n_heads, n_kv_heads, l_max = check_inputs(q, k_cache, v_cache, length_dev, out, splits)
     group = n_heads // n_kv_heads
     q8_mode = 0
     if q8 is not None:
         check_q8(q8, n_heads * HEAD_DIM, "q8")
         q8_mode = 2 if q8.compensated else 1
-    partial, combine = build(group, q.dtype, min_blocks, q8_mode)
+    partial, combine = build(group, q.dtype, q8_mode)
     if out is None:
         out = cuda.device_array((n_heads, HEAD_DIM), dtype=np.float32, stream=stream)
     if workspace is None:

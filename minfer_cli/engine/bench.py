@@ -38,7 +38,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV",
-                "FUSE_ATTN_Q8", "DEEP", "PDL", "ATTN_SPLITS", "ATTN_MINB")
+                "FUSE_ATTN_Q8", "DEEP", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -85,9 +85,6 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 128, "decode (tg): decode-attention blocks per KV head along the "
                                                      "cache (4 warp partitions each; 128 the default: enough bytes "
                                                      "in flight for a long cache)", legacy=32)]
-    knobs += [Knob("ATTN_MINB", (0, 2, 3, 4), 0, "decode (tg): the decode-attention partial kernel's launch bound, "
-                                               "blocks a SM must hold (0 none: up to 255 registers a thread; 3 caps "
-                                               "them at 168, 4 at 128)")]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob("SPLITK", tuple(gemm_f16.LAUNCH_KNOBS["SPLITK"]), gemm_f16.LAUNCH_DEFAULT["SPLITK"],
@@ -129,8 +126,7 @@ def engine_options(config: Config) -> EngineOptions:
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 0)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
-                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)),
-                           attn_min_blocks=int(config.get("ATTN_MINB", 0)))
+                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)))
     return EngineOptions(prefill, decode)
 
 

@@ -111,8 +111,7 @@ class DecodeEngine:
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
-        from kernels.attention_decode import (HEAD_DIM, MAX_GROUP, MIN_BLOCKS_VALUES, SPLITS_VALUES,
-                                              decode_workspace)
+        from kernels.attention_decode import HEAD_DIM, MAX_GROUP, SPLITS_VALUES, decode_workspace
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -138,13 +137,11 @@ class DecodeEngine:
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.fuse_attn_q8 = bool(options.fuse_attn_q8)
-        self.attn_min_blocks = int(options.attn_min_blocks)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
-        if self.splits not in SPLITS_VALUES or self.attn_min_blocks not in MIN_BLOCKS_VALUES:
-            raise ModelError(f"decode attention splits {self.splits} / min_blocks {self.attn_min_blocks}: splits must "
-                             f"be one of {', '.join(map(str, SPLITS_VALUES))}, min_blocks one of "
-                             f"{', '.join(map(str, MIN_BLOCKS_VALUES))}")
+        if self.splits not in SPLITS_VALUES:
+            raise ModelError(f"decode attention splits {self.splits}: must be one of "
+                             f"{', '.join(map(str, SPLITS_VALUES))}")
         self.gemv = GemvPolicy(options, rows_per_block, warps_per_row)
         if prefill is not None:
             self.context = prefill.context
@@ -356,8 +353,7 @@ class DecodeEngine:
             mark("rope_kv")
             fused_q8 = self._q8_attn if self.fuse_attn_q8 else None
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p,
-                             min_blocks=self.attn_min_blocks, q8=fused_q8)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p, q8=fused_q8)
             mark("attention")
             aq = fused_q8 if fused_q8 is not None else self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)

@@ -49,8 +49,7 @@ class DecodeOptions:
     copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
     (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
-    (`kernels.attention_decode.SPLITS_VALUES`); attn_min_blocks (ATTN_MINB): the partial kernel's launch bound
-    (`kernels.attention_decode.MIN_BLOCKS_VALUES`)."""
+    (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -64,7 +63,6 @@ class DecodeOptions:
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = False
     attn_splits: int = 128
-    attn_min_blocks: int = 0
 
 
 @dataclass(frozen=True)
