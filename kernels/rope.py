@@ -101,11 +101,11 @@ def _fill_table(table, p, base, factors, hd):
 
 
 @cuda.jit(device=True, inline="always")
-def _rotate_token(q, k, t, table, interleaved, k_cache, row):
+def _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out):
     """Rotate token t's q and k heads by the shared (cos, sin) ``table``: thread (x, y) takes pairs x, x + blockDim.x,
     ... of heads y, y + blockDim.y, ... (q's, then k's). With a ``k_cache`` (None: none), each rotated k pair is
     also stored (f32 -> f16, as `kernels.kv_cache.kv_append` copies) into cache row ``row``, read back after the
-    rotation stored it."""
+    rotation stored it; with a ``q_out`` (f16 [nt, nh * hd]; None: none), each rotated q pair into its row t."""
     nh = q.shape[1]
     n_heads = nh + k.shape[1]
     hd = q.shape[2]
@@ -124,6 +124,9 @@ def _rotate_token(q, k, t, table, interleaved, k_cache, row):
         while h < n_heads:
             if h < nh:
                 _rotate(q, t, h, i0, i1, cs, sn)
+                if q_out is not None:
+                    q_out[t, h * hd + i0] = q[t, h, i0]
+                    q_out[t, h * hd + i1] = q[t, h, i1]
             else:
                 hk = h - nh
                 _rotate(k, t, hk, i0, i1, cs, sn)
@@ -144,7 +147,25 @@ def _rope(q, k, pos, base, factors, interleaved):
     t = cuda.blockIdx.x
     table = cuda.shared.array((MAX_PAIRS, 2), float32)
     _fill_table(table, float64(pos[t]), base, factors, q.shape[2])
-    _rotate_token(q, k, t, table, interleaved, None, 0)
+    _rotate_token(q, k, t, table, interleaved, None, 0, None)
+
+
+@cuda.jit(device=True, inline="always")
+def _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
+    """Token blockIdx.x: its (cos, sin) table, the rotation (with the cache and q_out stores of `_rotate_token`),
+    then its v rounded to f16 into v_cache row pos[t]."""
+    t = cuda.blockIdx.x
+    nkv = k.shape[1]
+    hd = q.shape[2]
+    row = pos[t]
+    table = cuda.shared.array((MAX_PAIRS, 2), float32)
+    _fill_table(table, float64(row), base, factors, hd)
+    _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out)
+    j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    while j < nkv * hd:
+        hk = j // hd
+        v_cache[row, j] = v[t, hk, j - hk * hd]
+        j += cuda.blockDim.x * cuda.blockDim.y
 
 
 @kernel
@@ -152,18 +173,15 @@ def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
     """`_rope`, then the token's rotated k and its v rounded to f16 into row pos[t] of k_cache / v_cache (f16
     [context, nkv * hd]): the cache holds exactly what `kernels.kv_cache.kv_append` would copy."""
     pdl_enter()
-    t = cuda.blockIdx.x
-    nkv = k.shape[1]
-    hd = q.shape[2]
-    row = pos[t]
-    table = cuda.shared.array((MAX_PAIRS, 2), float32)
-    _fill_table(table, float64(row), base, factors, hd)
-    _rotate_token(q, k, t, table, interleaved, k_cache, row)
-    j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    while j < nkv * hd:
-        hk = j // hd
-        v_cache[row, j] = v[t, hk, j - hk * hd]
-        j += cuda.blockDim.x * cuda.blockDim.y
+    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, None)
+
+
+@kernel
+def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
+    """`_rope_append` that also writes the token's rotated q rounded to f16 into row t of q_out (f16 [nt, nh * hd]):
+    everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV)."""
+    pdl_enter()
+    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out)
 
 
 def block_shape(head_dim: int, n_heads_total: int) -> tuple[int, int]:
@@ -196,7 +214,8 @@ def _unit_factors(pairs: int):
     return ones
 
 
-def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None, kv_cache=None) -> None:
+def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None, kv_cache=None,
+         q_out=None) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -213,6 +232,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     ``[context, n_kv_heads * head_dim]`` C-contiguous: the same kernel then writes each token's rotated k and its v,
     rounded to f16, into cache row pos[t] (0 <= pos < context, not checked on the device), exactly what
     `kernels.kv_cache.kv_append` copies after a separate rope (decode's FUSE_ROPE_KV: one launch fewer a layer).
+    q_out (with kv_cache): None, or a C-contiguous f16 device array ``[nt, n_heads * head_dim]`` that also gets each
+    token's rotated q rounded to f16, kv_append's q_out (prefill's PFUSE_ROPE_KV: rope and kv_append in one launch).
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
     Not supported, and refused by name when a file is loaded: YaRN/linear scaling, partial rotation
@@ -222,7 +243,7 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
     nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
     non-positive base, a mode other than "neox"/"norm", factors not a contiguous f32 ``[head_dim/2]`` device
-    array, or a kv_cache whose v or caches do not match k.
+    array, a kv_cache whose v or caches do not match k, or a q_out without a kv_cache or not f16 [nt, nh * hd].
     """
     _check_qk(q, "q")
     _check_qk(k, "k")
@@ -252,6 +273,15 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
                                     f"{tuple(getattr(factors, 'shape', ()))}")
     if kv_cache is not None:
         _check_kv_cache(k, kv_cache)
+    if q_out is not None:
+        if kv_cache is None:
+            raise KernelConstraintError("q_out is written only with kv_cache (the fused rope + KV append); "
+                                        "without it use kernels.kv_cache.kv_append's q_out")
+        if not (devicearray.is_cuda_ndarray(q_out) and q_out.dtype == np.float16
+                and tuple(q_out.shape) == (nt, nh * hd) and q_out.is_c_contiguous()):
+            raise KernelConstraintError(f"q_out must be a C-contiguous float16 [{nt}, {nh * hd}] device array, got "
+                                        f"{getattr(q_out, 'dtype', type(q_out).__name__)} "
+                                        f"{tuple(getattr(q_out, 'shape', ()))}")
     if nt == 0 or nh + k.shape[1] == 0:
         return
     args = (q, k, pos, np.float64(base), factors, mode == "norm")
@@ -259,8 +289,11 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream, args, pdl=pdl)
     else:
         v, k_cache, v_cache = kv_cache
-        launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream,
-                      args[:2] + (v,) + args[2:] + (k_cache, v_cache), pdl=pdl)
+        fused = args[:2] + (v,) + args[2:] + (k_cache, v_cache)
+        if q_out is None:
+            launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream, fused, pdl=pdl)
+        else:
+            launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out,), pdl=pdl)
 
 
 def _check_kv_cache(k, kv_cache) -> None:

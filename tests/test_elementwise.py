@@ -231,11 +231,13 @@ def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
     np.testing.assert_array_equal(got[:, nh + nkv :], h3[:, nh + nkv :])
 
 
+@pytest.mark.parametrize("with_q", [False, True], ids=["kv", "kv+q16"])
 @pytest.mark.parametrize("mode,nh,nkv,hd", [("neox", 4, 2, 16), ("norm", 3, 1, 10)])
-def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv, hd):
-    """FUSE_ROPE_KV's kernel against the two it replaces, on the q/k/v views of one fused QKV buffer: the rotated
-    q and k in place and the f16 cache rows at scattered positions bit for bit; every other cache row keeps its NaN
-    poison. hd = 10: a head_dim that is not a multiple of the block's pair threads."""
+def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv, hd, with_q):
+    """FUSE_ROPE_KV's kernel (and PFUSE_ROPE_KV's, which also writes the f16 q) against the two it replaces, on the
+    q/k/v views of one fused QKV buffer: the rotated q and k in place, the f16 cache rows at scattered positions and
+    the f16 q rows bit for bit; every other cache row keeps its NaN poison. hd = 10: a head_dim that is not a
+    multiple of the block's pair threads."""
     from kernels.kv_cache import kv_append
 
     rng = _rng()
@@ -248,16 +250,22 @@ def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv
         d = cuda.to_device(qkv)
         d3 = d.reshape(nt, nh + 2 * nkv, hd)
         kc, vc = (cuda.to_device(np.full((context, nkv * hd), np.nan, np.float16)) for _ in range(2))
+        q16 = cuda.to_device(np.full((nt, nh * hd), np.nan, np.float16))
         dpos = cuda.to_device(pos)
         views = (d3[:, :nh], d3[:, nh: nh + nkv])
         if fused:
-            rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors), kv_cache=(d3[:, nh + nkv:], kc, vc))
+            rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors), kv_cache=(d3[:, nh + nkv:], kc, vc),
+                 q_out=q16 if with_q else None)
         else:
             rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors))
-            kv_append(d, dpos, kc, vc, nh * hd)
-        runs.append((d.copy_to_host(), kc.copy_to_host(), vc.copy_to_host()))
-    (q0, k0, v0), (q1, k1, v1) = runs
+            kv_append(d, dpos, kc, vc, nh * hd, q_out=q16)
+        runs.append((d.copy_to_host(), kc.copy_to_host(), vc.copy_to_host(), q16.copy_to_host()))
+    (q0, k0, v0, h0), (q1, k1, v1, h1) = runs
     np.testing.assert_array_equal(q1, q0)
+    if with_q:
+        np.testing.assert_array_equal(h1.view(np.uint16), h0.view(np.uint16))
+    else:
+        assert np.isnan(h1).all()
     np.testing.assert_array_equal(k1.view(np.uint16), k0.view(np.uint16))
     np.testing.assert_array_equal(v1.view(np.uint16), v0.view(np.uint16))
     others = np.setdiff1d(np.arange(context), pos)
@@ -423,6 +431,11 @@ BAD_CALLS = [
     (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox",
                   kv_cache=(_d((2, 1, 8)), _d((4, 8), np.float16), _d((3, 8), np.float16))),
      r"k_cache \(4, 8\) and v_cache \(3, 8\) must have the same shape"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", q_out=_d((2, 16), np.float16)),
+     "q_out is written only with kv_cache"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", q_out=_d((2, 8), np.float16),
+                  kv_cache=(_d((2, 1, 8)), _d((4, 8), np.float16), _d((4, 8), np.float16))),
+     r"q_out must be a C-contiguous float16 \[2, 16\]"),
     (lambda: swiglu(_d((2, 7))), "even, positive number of columns"),
     (lambda: swiglu(_d((2, 8)), _d((2, 9))), "must have the same shape"),
     (lambda: swiglu(_d((2, 8), np.float16), _d((2, 8))), "2-D float32"),

@@ -32,16 +32,17 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("fuse_add_norm", [False, True], ids=["FUSE_ADD_NORM=0", "FUSE_ADD_NORM=1"])
-def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fuse_add_norm):
+@pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}],
+                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1"])
+def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
     the weight dequantization are replaced by stand-ins (`tests/engine_standins.py`) here only because the simulator
     needs minutes for them at these shapes; each is tested alone in the simulator, and the whole engine with every
     real kernel runs in the `gpu` tests. FUSE_ADD_NORM=1: the residual adds run in `add_rms_norm` (the GEMM stand-in
-    hands it two k slices)."""
+    hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows."""
     use_standins(monkeypatch)
-    _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, fuse_add_norm=fuse_add_norm))
+    _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 
 
 @pytest.mark.gpu
@@ -175,13 +176,16 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
 
 
 @pytest.mark.gpu
-def test_fuse_add_norm_gives_the_unfused_logits_bit_for_bit():
+@pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}],
+                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1"])
+def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
-    additions in the same order as the slice sum, residual add and RMSNorm kernels, so the same logits, at a split
-    (7, 65 tokens) and an unsplit (300) prompt length."""
+    additions in the same order as the slice sum, residual add and RMSNorm kernels; PFUSE_ROPE_KV=1 stores the same
+    f16 roundings of the same rotations as RoPE + KV append. So the same logits, at a split (7, 65 tokens) and an
+    unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    fused = PrefillEngine(weights, 300, PrefillOptions(fuse_add_norm=True), context=400)
+    fused = PrefillEngine(weights, 300, PrefillOptions(**fusion), context=400)
     plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
     for nt in (7, 65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))

@@ -13,7 +13,8 @@ One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions
                 x += swiglu(gu) · Wdown^T
     logits = rms_norm(x[nt-1], output_norm) · Woutput^T               f32 [vocab] (last token only, as llama-bench)
 
-Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
+Knob PFUSE_ROPE_KV: RoPE and the KV append as one kernel (`kernels.rope.rope` with kv_cache and q_out), which also
+writes the rotated q as f16 for attention (decode's FUSE_ROPE_KV, plus q). Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
 attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also sums the GEMM's split-K slices.
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
@@ -334,9 +335,14 @@ class PrefillEngine:
                 bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
             mark("qkv")
             view = qkv.reshape(nt, heads, c.head_dim)
-            rope(head_slice(view, 0, c.n_heads), head_slice(view, c.n_heads, c.n_heads + c.n_kv_heads), pos,
-                 c.rope_base, c.rope_style, stream=s, factors=self.rope_factors)
-            kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
+            q_heads, k_heads = head_slice(view, 0, c.n_heads), head_slice(view, c.n_heads, c.n_heads + c.n_kv_heads)
+            if self.options.fuse_rope_kv:  # one kernel writes the rotated q16 and the cache rows
+                rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors,
+                     kv_cache=(head_slice(view, c.n_heads + c.n_kv_heads, heads), layer.k_cache, layer.v_cache),
+                     q_out=q16)
+            else:
+                rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors)
+                kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
             mark("rope_kv")
             flash_attention(
                 q16.reshape(nt, c.n_heads, c.head_dim),

@@ -21,13 +21,15 @@ class PrefillOptions:
     simulator) or every kernel is launched from Python (False). fuse_add_norm (FUSE_ADD_NORM): the attention
     output's and the FFN's products are added to the residual stream by the next RMSNorm's kernel, which also sums
     their split-K slices (`kernels.norm.add_rms_norm`, True), or by a slice sum, a residual add and an RMSNorm
-    (False)."""
+    (False). fuse_rope_kv (PFUSE_ROPE_KV): RoPE also writes the rotated q as f16 and the K/V cache rows
+    (`kernels.rope.rope` with kv_cache and q_out, True) instead of a separate `kernels.kv_cache.kv_append` (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
     attention: Optional[dict] = None
     pgraph: bool = True
     fuse_add_norm: bool = False
+    fuse_rope_kv: bool = False
 
 
 @dataclass(frozen=True)
