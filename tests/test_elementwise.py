@@ -479,6 +479,10 @@ def _compile_cases():
         "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, float32[::1], boolean"),
         "rope kv append": (rope_mod._rope_append, "float32[:, :, :], float32[:, :, :], float32[:, :, :], int32[::1], "
                                                   "float64, float32[::1], boolean, float16[:, ::1], float16[:, ::1]"),
+        "rope kv append q16": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
+                                                        "int32[::1], float64, float32[::1], boolean, float16[:, ::1], "
+                                                        "float16[:, ::1], float16[:, ::1]"),
+        "add rms_norm": (norm._add_rms_norm, f"{rows}, float32[::1], int64, float32[::1], float16[:, ::1], float32"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
         "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
         "swiglu f32 out": (activation._swiglu, f"{rows}, {rows}, {rows}, int64"),
@@ -496,7 +500,7 @@ def _compile_cases():
 
 COMPILE_NAMES = [
     "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
-    "swiglu two arrays",
+    "rope kv append q16", "add rms_norm", "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",
 ]  # fmt: skip
