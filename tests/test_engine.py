@@ -32,15 +32,16 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}],
-                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1"])
+@pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"}],
+                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv"])
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
     the weight dequantization are replaced by stand-ins (`tests/engine_standins.py`) here only because the simulator
     needs minutes for them at these shapes; each is tested alone in the simulator, and the whole engine with every
     real kernel runs in the `gpu` tests. FUSE_ADD_NORM=1: the residual adds run in `add_rms_norm` (the GEMM stand-in
-    hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows."""
+    hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows; PHEAD=gemv: the logits from the
+    quantized output weight's mat-vec (no f16 copy of it)."""
     use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 
@@ -136,12 +137,13 @@ def _qwen2_shaped(layers: int = 2, vocab: int = 4096):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nt,gemm", [(512, None), (100, {"SPLITK": 0})], ids=["pp512", "pp100-SPLITK=0"])
-def test_qwen2_shaped_prefill_matches_the_float64_reference(nt, gemm):
+@pytest.mark.parametrize("nt,options", [(512, {}), (100, {"gemm": {"SPLITK": 0}}), (100, {"head": "gemv"})],
+                         ids=["pp512", "pp100-SPLITK=0", "pp100-PHEAD=gemv"])
+def test_qwen2_shaped_prefill_matches_the_float64_reference(nt, options):
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     tokens = rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32)
-    engine = PrefillEngine(weights, 512, PrefillOptions(gemm=gemm))
+    engine = PrefillEngine(weights, 512, PrefillOptions(**options))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     ref = Reference(weights).forward(tokens, last_only=True)
     assert _rel(got, ref) < 2e-2
@@ -192,6 +194,13 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
         np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
     fused.close()
     plain.close()
+
+
+def test_an_unknown_prefill_head_is_refused_by_name():
+    from minfer_cli.engine.errors import ModelError
+
+    with pytest.raises(ModelError, match="prefill head 'gemx': must be 'gemm' or 'gemv'"):
+        PrefillEngine(synth_weights(preset("tiny"), 1), 4, PrefillOptions(w16=False, pgraph=False, head="gemx"))
 
 
 def test_pgraph_is_refused_by_name_under_the_simulator():

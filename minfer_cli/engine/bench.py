@@ -54,6 +54,9 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ADD_NORM", (0, 1), 0, "prefill (pp): 1 adds the attention output and the FFN output (their "
                                                "split-K slices summed) to the residual stream in the next RMSNorm's "
                                                "kernel; 0 a slice sum, a residual add and an RMSNorm")]
+    knobs += [Knob("PHEAD", ("gemm", "gemv"), "gemm", "prefill (pp): the last token's logits by the f16 GEMM on an f16 "
+                                                       "copy of the output weight (gemm) or by the decode's f32-input "
+                                                       "mat-vec on the quantized weight (gemv: no f16 copy, fewer bytes)")]
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
                                                "the RoPE kernel; 0 copies them in a separate KV-append kernel (decode's "
                                                "FUSE_ROPE_KV, plus q)")]
@@ -123,7 +126,7 @@ def engine_options(config: Config) -> EngineOptions:
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
-                             fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)))
+                             fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),

@@ -22,7 +22,9 @@ class PrefillOptions:
     output's and the FFN's products are added to the residual stream by the next RMSNorm's kernel, which also sums
     their split-K slices (`kernels.norm.add_rms_norm`, True), or by a slice sum, a residual add and an RMSNorm
     (False). fuse_rope_kv (PFUSE_ROPE_KV): RoPE also writes the rotated q as f16 and the K/V cache rows
-    (`kernels.rope.rope` with kv_cache and q_out, True) instead of a separate `kernels.kv_cache.kv_append` (False)."""
+    (`kernels.rope.rope` with kv_cache and q_out, True) instead of a separate `kernels.kv_cache.kv_append` (False).
+    head (PHEAD): the last token's logits by `kernels.gemm_f16` on an f16 copy of the output weight ("gemm") or by
+    `kernels.gemv.gemv_q` on the quantized weight with f32 input ("gemv"; no f16 copy of it is made)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -30,6 +32,7 @@ class PrefillOptions:
     pgraph: bool = True
     fuse_add_norm: bool = False
     fuse_rope_kv: bool = False
+    head: str = "gemm"
 
 
 @dataclass(frozen=True)
