@@ -152,8 +152,8 @@ class BenchExperiment(Experiment):
         return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
 
     def refuse(self, config, workload: Workload) -> str | None:
-        """An arm that moves a knob this workload never reads (its A/B would time a no-op), or FUSE_NORM_Q8=1
-        without MMVQ (there is no Q8_1 vector to write)."""
+        """An arm that moves a knob this workload never reads (its A/B would time a no-op), FUSE_NORM_Q8=1 or
+        FUSE_ATTN_Q8=1 without MMVQ (there is no Q8_1 vector to write), or GEMM knobs `kernels.gemm_f16` refuses."""
         tg = self._is_tg(workload)
         idle = idle_knobs(config, tg)
         if idle:
@@ -162,7 +162,7 @@ class BenchExperiment(Experiment):
             names = ", ".join(w.name for w in self.workloads if self._is_tg(w) != tg)
             return (f"{', '.join(idle)} {verb} on {other} workloads only and {workload.name} is a {kind} workload; "
                     f"pick a {other} one with -w ({names})")
-        return engine_conflict(config) if tg else None
+        return engine_conflict(config)
 
     def input_set_bytes(self, workload: Workload) -> int:
         return 4 if self._is_tg(workload) else 4 * workload.shape["nt"]

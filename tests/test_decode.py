@@ -349,6 +349,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
     assert engine_options(resolve_config(engine_knobs(), {"XRES": "0"}, "e")).decode.xres is False
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
+    assert "SPLITK=2 needs MMA=wgmma" in engine_conflict(
+        resolve_config(engine_knobs(), {"SPLITK": "2", "MMA": "mma_sync"}, "e"))  # the GEMM's rules, before loading
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).decode.mmvq is False
     from kernels.attention_decode import DEFAULT_SPLITS, SPLITS_VALUES
