@@ -165,7 +165,7 @@ class PrefillEngine:
         self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
         self.ids = cuda.device_array(nt, dtype=np.int32, stream=s)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
-        capacity = partials_elements(self.options.gemm, nt, max(m.od for m in matrices))
+        capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices))
         if capacity:
             self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
@@ -405,7 +405,7 @@ def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
     return per_layer * c.n_layers + [(c.vocab, c.hidden)]
 
 
-def partials_elements(gemm: Optional[dict], max_tokens: int, max_od: int) -> int:
+def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int) -> int:
     """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
     `partials_capacity` on this device's SMs): 0 without a split."""
     from kernels.gemm_f16_config import LAUNCH_DEFAULT
@@ -433,5 +433,5 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
     per_token = 4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + 4 * 2 * c.ffn + 2 * c.ffn
-    partials = 4 * partials_elements(gemm, max_tokens, max(od for od, _ in shapes))
+    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max(od for od, _ in shapes))
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials
