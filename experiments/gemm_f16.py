@@ -63,6 +63,10 @@ class GemmF16Experiment(Experiment):
         Workload("ffn_down_nt128", _shape(128, 3584, 18944), "Qwen2-7B ffn_down at nt=128 (14 tiles: split-K's case)"),
         Workload("attn_output_nt128", _shape(128, 3584, 3584), "Qwen2-7B attention output at nt=128"),
         Workload("qkv_nt512", _shape(512, 4608, 3584), "Qwen2-7B fused q/k/v projection at nt=512 (72 tiles)"),
+        Workload("ffn_gate_up_nt128", _shape(128, 37888, 3584),
+                 "Qwen2-7B fused ffn gate+up at nt=128 (148 tiles: a full wave and 16)"),
+        Workload("ffn_gate_up_nt512", _shape(512, 37888, 3584),
+                 "Qwen2-7B fused ffn gate+up at nt=512 (592 tiles: 4 full waves and 64)"),
         Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
     )
     ceiling = "matrix"

@@ -40,7 +40,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
 from kernels import gemm_f16_config
-from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, auto_slices
+from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, SplitPlan
 from kernels.jit import kernel
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
@@ -214,7 +214,7 @@ def _make_kernel(g: Geometry):
     tile_origin = _program_order(TN, TM, GROUP)
     store_c = _c_fragment_store(MT, NT8, 16)
 
-    def gemm_kernel(a, b, out, nt, od, kdim):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
         tid = cuda.threadIdx.x
@@ -223,7 +223,7 @@ def _make_kernel(g: Geometry):
         wn0 = (warp % WARPS_N) * WTN
         wm0 = (warp // WARPS_N) * WTM
 
-        n0, m0 = tile_origin(nt, od)
+        n0, m0 = tile_origin(cuda.blockIdx.x, nt, od)
 
         acc = cuda.local.array(ACC_N, float32)  # fully unrolled indexing below: these live in registers
         af = cuda.local.array(AF_N, uint32)
@@ -345,7 +345,7 @@ def _make_kernel(g: Geometry):
 
         if MMA_SYNC:
             # C fragment: lane l holds rows g, g+8 and columns 2t, 2t+1 of each m16 x n8 tile (g = l>>2, t = l&3).
-            store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0)
+            store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0, 0)
         else:
             # The wmma accumulator layout is opaque: each warp stores its fragments into a block-wide f32 C tile in
             # shared memory (reusing the ring, hence the barrier), then the block writes it out row-contiguously
@@ -373,15 +373,16 @@ def _make_kernel(g: Geometry):
 
 
 def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
-    """``store_c(out, acc, rbase, cbase, nt, od, roff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
+    """``store_c(out, acc, rbase, cbase, nt, od, roff, coff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
     (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
     t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
     masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
-    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Row r < nt lands in ``out`` row
-    ``roff + r`` (a split-K slice's block of the partials; 0 otherwise)."""
+    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Element (r, c) with r < nt and c < od
+    lands at ``out[roff + r, c - coff]`` (C: 0, 0; split-K partials: the slice's rows, and for a compact partial
+    tile its rows and first column)."""
 
     @cuda.jit(device=True, inline="always")
-    def store_c(out, acc, rbase, cbase, nt, od, roff):
+    def store_c(out, acc, rbase, cbase, nt, od, roff, coff):
         for i in range(MI):
             for h in range(2):
                 rowi = rbase + i * ISTEP + h * 8
@@ -390,21 +391,20 @@ def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
                         c = (i * NJ + j) * 4 + 2 * h
                         col = cbase + j * 8
                         if col < od:
-                            out[roff + rowi, col] = acc[c]
+                            out[roff + rowi, col - coff] = acc[c]
                         if col + 1 < od:
-                            out[roff + rowi, col + 1] = acc[c + 1]
+                            out[roff + rowi, col + 1 - coff] = acc[c + 1]
 
     return store_c
 
 
 def _program_order(TN: int, TM: int, GROUP: int):
-    """``tile_origin(nt, od) -> (n0, m0)``, the first nt row and od column of this CUDA block's C tile in grouped
+    """``tile_origin(pid, nt, od) -> (n0, m0)``, the first nt row and od column of C tile ``pid`` in grouped
     program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
     ("L2 cache optimizations")."""
 
     @cuda.jit(device=True, inline="always")
-    def tile_origin(nt, od):
-        pid = cuda.blockIdx.x
+    def tile_origin(pid, nt, od):
         num_n = (nt + TN - 1) // TN
         num_m = (od + TM - 1) // TM
         in_group = GROUP * num_n
@@ -530,7 +530,7 @@ def _make_kernel_v2(g: Geometry):
     store_c = _c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
-    def gemm_kernel(a, b, out, nt, od, kdim):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -538,7 +538,7 @@ def _make_kernel_v2(g: Geometry):
         wn0 = (warp % WARPS_N) * WTN
         wm0 = (warp // WARPS_N) * WTM
 
-        n0, m0 = tile_origin(nt, od)
+        n0, m0 = tile_origin(cuda.blockIdx.x, nt, od)
 
         acc = cuda.local.array(ACC_N, float32)
         af = cuda.local.array(AF_ALL, uint32)
@@ -645,7 +645,7 @@ def _make_kernel_v2(g: Geometry):
                     roff = uint32(0)
         cp_async_wait_group(0)
 
-        store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0)  # as v1's mma_sync epilogue
+        store_c(out, acc, n0 + wn0 + (lane >> 2), m0 + wm0 + (lane & 3) * 2, nt, od, 0, 0)  # as v1's mma_sync epilogue
 
     return gemm_kernel
 
@@ -704,14 +704,38 @@ def _make_kernel_wgmma(g: Geometry):
     store_c = _c_fragment_store(MT64, N // 8, 64)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, nt, od, kdim):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         wg = tid >> 7
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
 
-        n0, m0 = tile_origin(nt, od)
+        # The block's C tile and k range (kernels.gemm_f16_config.SplitPlan): blocks below ``whole`` multiply one
+        # tile over all of k into ``out`` (C); the rest take slice sl of tile whole + q, k tiles kt0 .. kt0 +
+        # ktiles - 1 of the (kdim / KS)-tile range, split as evenly as integers allow (the host keeps count <= k
+        # tiles), into ``parts``: with whole == 0 (every tile split) rows sl * nt .. of [count * nt, od]; else the
+        # compact partial tile (q * count + sl) of [(tiles - whole) * count * TN, TM].
+        pid = cuda.blockIdx.x
+        sl = 0
+        nsl = 1
+        tile = pid
+        if pid >= whole:
+            q = (pid - whole) // count
+            sl = pid - whole - q * count
+            nsl = count
+            tile = whole + q
+        n0, m0 = tile_origin(tile, nt, od)
+        dst = out
+        roff = 0
+        coff = 0
+        if pid >= whole and nsl > 1:
+            dst = parts
+            if whole == 0:
+                roff = sl * nt
+            else:
+                roff = ((tile - whole) * count + sl) * TN - n0
+                coff = m0
 
         # No zero fill: the first k tile's wgmma runs with scale-d = 0 (D = A·B), which also spares the 128-iteration
         # store loop that NVVM does not unroll (it would leave the array in local memory).
@@ -724,16 +748,11 @@ def _make_kernel_wgmma(g: Geometry):
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE)
 
-        # Split-K (grid y = slices > 1): this block multiplies k tiles kt0 .. kt0 + ktiles - 1 of the
-        # (kdim / KS)-tile range, split as evenly as integers allow (the host keeps slices <= k tiles), and writes
-        # its partial C to rows sl * nt .. of ``out`` (then the partials buffer [slices * nt, od]).
-        sl = cuda.blockIdx.y
-        slices = cuda.gridDim.y
         ktotal = (kdim + KS - 1) // KS
-        kt0 = (ktotal * sl) // slices
-        ktiles = (ktotal * (sl + 1)) // slices - kt0
+        kt0 = (ktotal * sl) // nsl
+        ktiles = (ktotal * (sl + 1)) // nsl - kt0
         woff = uint32(0)
-        roff = uint32(0)
+        rslot = uint32(0)
         for it in range(ktiles + P):
             kt = it - P
             if kt >= 0:
@@ -748,7 +767,7 @@ def _make_kernel_wgmma(g: Geometry):
                 woff = uint32(0)
             if kt >= 0:
                 wgmma_fence()
-                step = uint64(roff >> 4)
+                step = uint64(rslot >> 4)
                 for kq in range(K16):
                     db = desc_b0 + step + uint64(kq * 2)
                     scale_d = uint32(1) if kq > 0 or kt > 0 else uint32(0)
@@ -757,20 +776,21 @@ def _make_kernel_wgmma(g: Geometry):
                         wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
                 wgmma_commit_group()
                 wgmma_wait_group(D)
-                roff = uint32(roff + STAGE_B)
-                if roff == RING_B:
-                    roff = uint32(0)
+                rslot = uint32(rslot + STAGE_B)
+                if rslot == RING_B:
+                    rslot = uint32(0)
         wgmma_wait_group(0)
         cp_async_wait_group(0)
 
         lane = tid & 31
-        store_c(out, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
-                sl * nt)
+        store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
+                roff, coff)
 
     return gemm_kernel
 
 
-SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.int64, types.int64, types.int64)
+SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.float32[:, ::1], types.int64,
+                       types.int64, types.int64, types.int64, types.int64)
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 
 
@@ -815,32 +835,42 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int]:
     return nt, od, kdim
 
 
-def slices(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
-    """The split-K slice count a launch of ``config`` uses for C[nt, od] over ``kdim`` (SPLITK, or
-    `kernels.gemm_f16_config.auto_slices` for SPLITK=0 (auto) on ``sms`` SMs, the current device's by default), never
-    more than the k tiles (every slice gets one at least)."""
+def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> SplitPlan:
+    """The `kernels.gemm_f16_config.SplitPlan` a launch of ``config`` uses for C[nt, od] over ``kdim``
+    (`kernels.gemm_f16_config.split_plan` of its SPLITK; no split unless MMA=wgmma) on ``sms`` SMs, the current
+    device's by default."""
     cfg = resolve_config(config)
     g = geometry(cfg)
-    ktiles = -(-kdim // g.ks)
-    want = cfg["SPLITK"]
-    if want == 0:
-        if sms is None:
-            sms = int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
-        want = auto_slices(g.grid(nt, od), ktiles, sms) if g.mma == "wgmma" else 1
-    return max(1, min(int(want), ktiles))
+    tiles = g.grid(nt, od)
+    if g.mma != "wgmma":
+        return SplitPlan(tiles, 1)
+    if cfg["SPLITK"] == 0 and sms is None:
+        sms = device_sms()
+    return gemm_f16_config.split_plan(tiles, -(-kdim // g.ks), sms or 1, cfg["SPLITK"])
+
+
+def device_sms() -> int:
+    """The current device's SM count (the waves `split_plan` plans for)."""
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
 def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
     """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
-    split): slices * nt * od."""
-    s = slices(config, nt, od, kdim, sms)
-    return s * nt * od if s > 1 else 0
+    split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM."""
+    plan = split_plan(config, nt, od, kdim, sms)
+    if plan.slices == 1:
+        return 0
+    if plan.whole == 0:
+        return plan.slices * nt * od
+    g = geometry(config)
+    return (g.grid(nt, od) - plan.whole) * plan.slices * g.tn * g.tm
 
 
 def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
     """f32 elements of a partials buffer that serves every launch of ``config`` with nt <= ``max_nt`` and od <=
-    ``max_od`` on ``sms`` SMs: SPLITK=0 (auto) keeps slices x tiles within one wave, so slices * nt * od <= sms * TN * TM
-    elements; a fixed SPLITK=s needs s * max_nt * max_od; 0 with SPLITK=1."""
+    ``max_od`` on ``sms`` SMs: SPLITK=0 (auto) keeps the split tiles' blocks within one wave, so split tiles x
+    slices <= sms and the partials <= sms * TN * TM elements; a fixed SPLITK=s needs s * max_nt * max_od; 0 with
+    SPLITK=1."""
     cfg = resolve_config(config)
     g = geometry(cfg)
     if cfg["SPLITK"] == 0:
@@ -860,6 +890,37 @@ def _sum_slices(partials, out, n, count):
         out[i] = v
 
 
+@kernel
+def _sum_tiles(parts, out, nt, od, whole, count, tn, tm, group):
+    """The compact partials of a plan with whole > 0: C tile ``whole + q`` (grouped program order of tn x tm tiles,
+    ``group`` od tiles a group, as the GEMM's) = the sum in slice order of partial tiles q * count .. q * count +
+    count - 1 (rows of ``parts``, f32 [(tiles - whole) * count * tn, tm]); written to ``out`` (f32 [nt, od]) within
+    its tails. One thread an element of a split tile."""
+    i = cuda.grid(1)
+    per = tn * tm
+    q = i // per
+    e = i - q * per
+    r = e // tm
+    c = e - r * tm
+    num_n = (nt + tn - 1) // tn
+    num_m = (od + tm - 1) // tm
+    pid = whole + q
+    if pid >= num_n * num_m:
+        return
+    in_group = group * num_n
+    first_m = (pid // in_group) * group
+    gsize = min(num_m - first_m, group)
+    local = pid % in_group
+    row = (local // gsize) * tn + r
+    col = (first_m + local % gsize) * tm + c
+    if row < nt and col < od:
+        base = q * count * tn + r
+        v = parts[base, c]
+        for s in range(1, count):
+            v += parts[base + s * tn, c]
+        out[row, col] = v
+
+
 def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
     """Enqueue ``C[nt, od] = A[nt, id] · B[od, id]^T`` on ``stream`` and return C.
 
@@ -870,10 +931,11 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     STAGES, STAGING, GROUP, LOOP, SPLITK. MMA=wgmma (the default) needs an sm_90a device (H100/H200),
     STAGING=cp_async and LOOP=addr32|pipe.
 
-    Split-K (SPLITK > 1, or 0 = auto: `slices`): grid y = the slice count; each slice's blocks write f32 partial tiles
-    into ``partials`` (a flat f32 device array of at least `partials_elements` elements; allocated here when None,
-    which a CUDA graph capture cannot do: callers that capture pass their own), then `_sum_slices` adds them in
-    slice order into C (one more launch; the result does not depend on which block finished first).
+    Split-K (SPLITK > 1, or 0 = auto; `split_plan`): the tiles the plan splits are multiplied by one block a k slice
+    each, into f32 partial tiles in ``partials`` (a flat f32 device array of at least `partials_elements` elements;
+    allocated here when None, which a CUDA graph capture cannot do: callers that capture pass their own); a second
+    kernel adds each tile's slices in slice order into C (the result does not depend on which block finished
+    first).
 
     Constraints (KernelConstraintError, a ValueError, one line): both operands 2-D, float16, C-contiguous; inner
     dimensions equal; ``id % 32 == 0`` (16-byte cp.async chunks never straddle a row; all GGUF block sizes are
@@ -884,42 +946,67 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     Algorithm: tiled tensor-core GEMM with a multi-stage cp.async ring (CUTLASS/Triton style); see the module
     docstring for sources. Split-K: CUTLASS's "split-K parallel" GEMM (partials + a reduction kernel).
     """
+    nt, od, kdim = check_inputs(a, b, out)
     if out is None:
-        nt, od, _ = check_inputs(a, b)
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    parts, count = gemm_f16_split(a, b, out, config=config, stream=stream, partials=partials)
-    if count > 1:
-        n = parts.shape[0] // count
-        _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, count)
+    plan, parts = _launch(a, b, out, config, stream, partials)
+    _sum_parts(plan, parts, out, config, stream)
     return out
 
 
 def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
-    """`gemm_f16` without the split-K slice sum: enqueue the GEMM and return ``(parts, count)``, where parts is a
-    flat f32 device array of ``count`` row-major [nt, od] slices whose sum (in slice order) is C. count 1: parts is
-    ``out`` itself (allocated when None), holding C. count > 1: the first count * nt * od elements of ``partials``
-    (allocated when None), and ``out`` is not written. For a consumer that sums the slices itself
+    """`gemm_f16` without the split-K slice sum when every tile is split: enqueue the GEMM and return ``(parts,
+    count)``, where parts is a flat f32 device array of ``count`` row-major [nt, od] slices whose sum (in slice
+    order) is C. count 1: parts is ``out`` itself (allocated when None), holding C (also when the plan splits only
+    the last wave's tiles: their slices are summed into ``out`` here). count > 1: the first count * nt * od elements
+    of ``partials`` (allocated when None), and ``out`` is not written. For a consumer that sums the slices itself
     (`kernels.norm.add_rms_norm`). Arguments and errors as `gemm_f16`."""
+    nt, od, kdim = check_inputs(a, b, out)
+    if out is None:
+        out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    plan, parts = _launch(a, b, out, config, stream, partials)
+    if plan.whole == 0 and plan.slices > 1:
+        return parts, plan.slices
+    _sum_parts(plan, parts, out, config, stream)
+    return out.reshape(nt * od), 1
+
+
+def _launch(a, b, out, config, stream, partials):
+    """Enqueue the GEMM kernel with its split plan; return (plan, the flat partials used or None)."""
     nt, od, kdim = check_inputs(a, b, out)
     built = build(config)
     g = built.geometry
-    count = slices(config, nt, od, kdim)
-    if count > 1:
-        need = count * nt * od
+    plan = split_plan(config, nt, od, kdim)
+    tiles = g.grid(nt, od)
+    parts = None
+    target = out
+    if plan.slices > 1:
+        need = plan.slices * (nt * od if plan.whole == 0 else (tiles - plan.whole) * g.tn * g.tm)
         if partials is None:
             partials = cuda.device_array(need, dtype=np.float32, stream=stream)
         if np.dtype(partials.dtype) != np.float32 or partials.ndim != 1 or partials.shape[0] < need:
             raise KernelConstraintError(
-                f"gemm_f16: split-K over {count} slices needs a flat float32 partials array of at least {need} "
+                f"gemm_f16: split-K over {plan.slices} slices needs a flat float32 partials array of at least {need} "
                 f"elements, got {partials.dtype} {tuple(partials.shape)}")
         parts = partials[:need]
-        target = parts.reshape(count * nt, od)
-    else:
-        if out is None:
-            out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-        target = out
-        parts = out.reshape(nt * od)
-    built.kernel[(g.grid(nt, od), count), g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), target, nt, od, kdim
+        target = parts.reshape(plan.slices * nt, od) if plan.whole == 0 else parts.reshape(need // g.tm, g.tm)
+    built.kernel[plan.blocks(tiles), g.threads, stream, g.smem_bytes](
+        a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices
     )
-    return parts, count
+    return plan, parts
+
+
+def _sum_parts(plan: SplitPlan, parts, out, config, stream) -> None:
+    """Enqueue the sum of a split plan's partials into C (nothing without a split)."""
+    if plan.slices == 1:
+        return
+    nt, od = out.shape
+    if plan.whole == 0:
+        n = nt * od
+        _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, plan.slices)
+        return
+    g = geometry(config)
+    rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
+    n = rest * g.tn * g.tm
+    _sum_tiles[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od, plan.whole,
+                                          plan.slices, g.tn, g.tm, g.group)

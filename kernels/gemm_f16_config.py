@@ -5,6 +5,8 @@ kernel. `kernels.gemm_f16` re-exports every name here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Allowed knob values. The baseline arm is MMA=mma_sync TM=64 TN=64 KS=32 STAGES=2 STAGING=cp_async GROUP=1.
 # What each value measured is in the ledger and baselines/gemm-notes.yaml.
 KNOBS: dict[str, tuple] = {
@@ -27,25 +29,52 @@ KNOBS: dict[str, tuple] = {
     "LOOP": ("v1", "addr32", "pipe"),
 }
 # Launch knob (not compiled in: one kernel serves every value). SPLITK: k slices per C tile, each a CUDA block
-# (grid y) that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel
-# adds the slices in slice order (deterministic) into C. For grids smaller than the GPU (short prompts: a 7B
-# ffn_down at nt=128 is 14 tiles of 256x128 on 132 SMs). 0: auto, the count `auto_slices` gives the shape; 1: no
-# split. MMA=wgmma only.
+# that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel adds the
+# slices in slice order (deterministic) into C. For grids that leave SMs idle: short prompts (a 7B ffn_down at
+# nt=128 is 14 tiles of 256x128 on 132 SMs) and the last, partial wave of a larger grid (a 7B ffn_gate_up at
+# nt=128 is 148 tiles: one full wave and 16 tiles). 0: auto, the plan `split_plan` gives the shape; 1: no split;
+# s > 1: every tile in s slices. MMA=wgmma only.
 LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
 LAUNCH_DEFAULT: dict = {"SPLITK": 0}
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12
 
 
-def auto_slices(tiles: int, ktiles: int, sms: int) -> int:
-    """SPLITK=0 (auto): k slices for a grid of ``tiles`` C tiles with ``ktiles`` k tiles each on ``sms`` SMs (one
-    256x128 wgmma block a SM). 1 when the tiles fill the GPU; else the most slices with every block in one wave
-    (``tiles * slices <= sms``), at most MAX_SLICES, each slice at least MIN_KTILES_PER_SLICE k tiles (the ring's
-    prologue and the partials' write and read must stay small beside the slice's k loop). A heuristic: `minfer
-    sweep gemm_f16 SPLITK=...` on a small-nt workload measures the alternatives."""
-    if tiles >= sms:
-        return 1
-    return max(1, min(MAX_SLICES, sms // tiles, ktiles // MIN_KTILES_PER_SLICE))
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a launch covers its C tiles: the first ``whole`` tiles in program order each by one block over all of k
+    (written straight to C); every later tile by ``slices`` blocks, one contiguous range of k tiles each (f32
+    partials, summed in slice order by a second kernel). ``whole == 0`` and ``slices == 1``: no split."""
+
+    whole: int
+    slices: int
+
+    def blocks(self, tiles: int) -> int:
+        """CUDA blocks of the launch for a grid of ``tiles`` C tiles."""
+        return self.whole + (tiles - self.whole) * self.slices
+
+
+def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
+    """The SplitPlan of SPLITK=``splitk`` for ``tiles`` C tiles of ``ktiles`` k tiles each on ``sms`` SMs (one
+    256x128 wgmma block a SM); never more slices than k tiles.
+
+    SPLITK=1: no split. SPLITK=s > 1: every tile in s slices. SPLITK=0 (auto), a wave-quantization rule: the grid
+    runs in ceil(tiles / sms) waves, and the blocks of a last, partial wave (``tiles % sms`` of them, all of them
+    when tiles < sms) leave the other SMs idle for a whole tile's time. Those tiles are split into the most slices
+    that still fit one wave (``rest * slices <= sms``), at most MAX_SLICES, each at least MIN_KTILES_PER_SLICE k
+    tiles (the ring's prologue and the partials' write and read stay small beside the slice's k loop); the full
+    waves' tiles stay whole. A heuristic: `minfer sweep gemm_f16 SPLITK=...` measures the alternatives."""
+    if splitk == 1 or tiles <= 0:
+        return SplitPlan(tiles, 1)
+    if splitk > 1:
+        return SplitPlan(0, max(1, min(splitk, ktiles)))
+    rest = tiles % sms
+    if rest == 0:
+        return SplitPlan(tiles, 1)
+    count = min(MAX_SLICES, sms // rest, ktiles // MIN_KTILES_PER_SLICE)
+    if count < 2:
+        return SplitPlan(tiles, 1)
+    return SplitPlan(tiles - rest, count)
 
 
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,

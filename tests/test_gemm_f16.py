@@ -11,6 +11,7 @@ from numba import cuda
 
 from kernels import gemm_f16 as G
 from kernels.errors import KernelConstraintError
+from kernels.gemm_f16_config import SplitPlan
 from kernels.ptx import SIMULATOR
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
@@ -73,7 +74,7 @@ def test_simulator_split_k_matches_float64_bit_for_bit_twice(splitk, shape):
     a = cuda.to_device(rng.standard_normal((nt, id_)).astype(np.float16))
     b = cuda.to_device(rng.standard_normal((od, id_)).astype(np.float16))
     config = dict(G.DEFAULT, SPLITK=splitk)
-    assert G.slices(config, nt, od, id_) == min(splitk, id_ // 64)  # KS=64: never more slices than k tiles
+    assert G.split_plan(config, nt, od, id_) == SplitPlan(0, min(splitk, id_ // 64))  # never more than k tiles
     runs = []
     for _ in range(2):
         out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
@@ -86,22 +87,55 @@ def test_simulator_split_k_matches_float64_bit_for_bit_twice(splitk, shape):
     assert np.array_equal(runs[0], runs[1])
 
 
-def test_split_k_slice_counts():
-    """SPLITK=0 (auto) on 132 SMs: a split only when the tiles leave SMs idle, every block in one wave, at least 12 k
-    tiles a slice; a fixed SPLITK is capped by the k tiles; SPLITK=1 never splits (any session: host arithmetic)."""
+@sim
+def test_simulator_split_last_wave_matches_float64_bit_for_bit(monkeypatch):
+    """SPLITK=0 with a grid larger than the GPU: the full wave's tiles whole, the last wave's tiles (here the two
+    tail tiles of a 2 x 3 grid on 4 SMs) in 2 slices into compact partial tiles, summed into C by `_sum_tiles`.
+    Poisoned C and partials; float64 within 1e-3; `gemm_f16_split` returns the summed C (count 1), same bits."""
+    monkeypatch.setattr(G, "device_sms", lambda: 4)
+    monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
+    nt, od, id_ = 140, 600, 256
+    config = dict(G.DEFAULT, SPLITK=0)
+    assert G.split_plan(config, nt, od, id_) == SplitPlan(4, 2)
+    rng = np.random.default_rng(11)
+    a = cuda.to_device(rng.standard_normal((nt, id_)).astype(np.float16))
+    b = cuda.to_device(rng.standard_normal((od, id_)).astype(np.float16))
+    need = G.partials_elements(config, nt, od, id_)
+    assert need == 2 * 2 * 128 * 256
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(a, b, out, config=config, partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+    got = out.copy_to_host()
+    ref = a.copy_to_host().astype(np.float64) @ b.copy_to_host().astype(np.float64).T
+    assert np.isfinite(got).all(), "some outputs were never written"
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    out2 = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    parts, count = G.gemm_f16_split(a, b, out2, config=config,
+                                    partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+    assert count == 1 and np.array_equal(parts.copy_to_host().reshape(nt, od), got)
+
+
+def test_split_k_plans():
+    """SPLITK=0 (auto) on 132 SMs: only the tiles of a last, partial wave are split (all of them when the grid is
+    smaller than the GPU), into the most slices that fit one wave with at least 12 k tiles a slice; a fixed SPLITK
+    splits every tile, capped by the k tiles; SPLITK=1 never splits (any session: host arithmetic)."""
     auto = dict(G.DEFAULT, SPLITK=0)
-    assert G.slices(auto, 128, 3584, 18944, sms=132) == 9  # 14 tiles, 296 k tiles
-    assert G.slices(auto, 128, 3584, 3584, sms=132) == 4  # 56 k tiles: 12 a slice at least
-    assert G.slices(auto, 2048, 3584, 18944, sms=132) == 1  # 224 tiles fill the GPU
-    assert G.slices(auto, 512, 4608, 3584, sms=132) == 1  # 72 tiles: a second slice would need a second wave
-    assert G.slices(auto, 128, 4608, 256, sms=132) == 1  # 4 k tiles: too few to split
-    assert G.slices(dict(G.DEFAULT, SPLITK=16), 128, 3584, 256, sms=132) == 4  # capped at the k tiles
-    assert G.slices(dict(G.DEFAULT, SPLITK=1), 128, 3584, 18944, sms=132) == 1
-    assert G.slices(G.DEFAULT, 128, 3584, 18944, sms=132) == 9  # SPLITK=0 (auto) is the default
-    assert G.slices(dict(MS, SPLITK=0), 128, 3584, 18944, sms=132) == 1  # auto never splits a non-wgmma kernel
+    assert G.split_plan(auto, 128, 3584, 18944, sms=132) == SplitPlan(0, 9)  # 14 tiles, 296 k tiles
+    assert G.split_plan(auto, 128, 3584, 3584, sms=132) == SplitPlan(0, 4)  # 56 k tiles: 12 a slice at least
+    assert G.split_plan(auto, 128, 37888, 3584, sms=132) == SplitPlan(132, 4)  # 148 tiles: 16 in a last wave
+    assert G.split_plan(auto, 2048, 4608, 3584, sms=132) == SplitPlan(264, 4)  # 288 tiles: 24 in a third wave
+    assert G.split_plan(auto, 2048, 3584, 18944, sms=132) == SplitPlan(224, 1)  # 92 left: no room for 2 slices
+    assert G.split_plan(auto, 512, 4608, 3584, sms=132) == SplitPlan(72, 1)  # 72 tiles: 2 slices need 144 SMs
+    assert G.split_plan(auto, 128, 4608, 256, sms=132) == SplitPlan(18, 1)  # 4 k tiles: too few to split
+    assert G.split_plan(auto, 1024, 33792, 3584, sms=132) == SplitPlan(1056, 1)  # 8 full waves
+    assert G.split_plan(dict(G.DEFAULT, SPLITK=16), 128, 3584, 256, sms=132) == SplitPlan(0, 4)  # the k tiles
+    assert G.split_plan(dict(G.DEFAULT, SPLITK=1), 128, 3584, 18944, sms=132) == SplitPlan(14, 1)
+    assert G.split_plan(G.DEFAULT, 128, 3584, 18944, sms=132) == SplitPlan(0, 9)  # SPLITK=0 (auto) is the default
+    assert G.split_plan(dict(MS, SPLITK=0), 128, 3584, 18944, sms=132) == SplitPlan(14, 1)  # never without wgmma
+    assert SplitPlan(132, 4).blocks(148) == 132 + 16 * 4
     assert G.partials_capacity(auto, 8192, 37888, 132) == 132 * 128 * 256
-    for nt in (1, 100, 128, 300, 512, 1000, 2048):
-        for od, id_ in ((3584, 18944), (4608, 3584), (37888, 3584), (152064, 3584)):
+    assert G.partials_elements(auto, 128, 37888, 3584, sms=132) == 16 * 4 * 128 * 256
+    for nt in (1, 100, 128, 300, 512, 1000, 2048, 4096):
+        for od, id_ in ((3584, 18944), (4608, 3584), (37888, 3584), (152064, 3584), (3072, 1536)):
             assert G.partials_elements(auto, nt, od, id_, sms=132) <= G.partials_capacity(auto, nt, od, 132)
 
 
