@@ -32,7 +32,7 @@ KNOBS: dict[str, tuple] = {
 # that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel adds the
 # slices in slice order (deterministic) into C. For grids that leave SMs idle: short prompts (a 7B ffn_down at
 # nt=128 is 14 tiles of 256x128 on 132 SMs) and the last, partial wave of a larger grid (a 7B ffn_gate_up at
-# nt=128 is 148 tiles: one full wave and 16 tiles). 0: auto, the plan `split_plan` gives the shape; 1: no split;
+# nt=128 is 148 tiles: one full wave and 16). 0: auto, the plan `split_plan` gives the shape; 1: no split;
 # s > 1: every tile in s slices. MMA=wgmma only.
 LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
 LAUNCH_DEFAULT: dict = {"SPLITK": 0}
@@ -58,16 +58,20 @@ def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
     """The SplitPlan of SPLITK=``splitk`` for ``tiles`` C tiles of ``ktiles`` k tiles each on ``sms`` SMs (one
     256x128 wgmma block a SM); never more slices than k tiles.
 
-    SPLITK=1: no split. SPLITK=s > 1: every tile in s slices. SPLITK=0 (auto), a wave-quantization rule: the grid
-    runs in ceil(tiles / sms) waves, and the blocks of a last, partial wave (``tiles % sms`` of them, all of them
-    when tiles < sms) leave the other SMs idle for a whole tile's time. Those tiles are split into the most slices
-    that still fit one wave (``rest * slices <= sms``), at most MAX_SLICES, each at least MIN_KTILES_PER_SLICE k
-    tiles (the ring's prologue and the partials' write and read stay small beside the slice's k loop); the full
-    waves' tiles stay whole. A heuristic: `minfer sweep gemm_f16 SPLITK=...` measures the alternatives."""
+    SPLITK=1: no split. SPLITK=s > 1: every tile in s slices. SPLITK=0 (auto), a wave-quantization rule for grids
+    of less than two waves: the blocks of a last, partial wave (``tiles % sms`` of them, all of them when tiles <
+    sms) leave the other SMs idle for a whole tile's time. Those tiles are split into the most slices that still
+    fit one wave (``rest * slices <= sms``), at most MAX_SLICES, each at least MIN_KTILES_PER_SLICE k tiles (the
+    ring's prologue and the partials' write and read stay small beside the slice's k loop); a full wave's tiles
+    stay whole. Grids of two waves or more are not split: blocks there do not run in lockstep waves, and splitting
+    their last tiles measured slower (the ledger's SPLITK sweeps on ffn_gate_up_nt512 and qkv). A heuristic:
+    `minfer sweep gemm_f16 SPLITK=...` measures the alternatives."""
     if splitk == 1 or tiles <= 0:
         return SplitPlan(tiles, 1)
     if splitk > 1:
         return SplitPlan(0, max(1, min(splitk, ktiles)))
+    if tiles >= 2 * sms:
+        return SplitPlan(tiles, 1)
     rest = tiles % sms
     if rest == 0:
         return SplitPlan(tiles, 1)

@@ -115,14 +115,15 @@ def test_simulator_split_last_wave_matches_float64_bit_for_bit(monkeypatch):
 
 
 def test_split_k_plans():
-    """SPLITK=0 (auto) on 132 SMs: only the tiles of a last, partial wave are split (all of them when the grid is
-    smaller than the GPU), into the most slices that fit one wave with at least 12 k tiles a slice; a fixed SPLITK
+    """SPLITK=0 (auto) on 132 SMs, grids under two waves: only the tiles of a last, partial wave are split (all of
+    them when the grid is smaller than the GPU), into the most slices that fit one wave with at least 12 k tiles a slice; a fixed SPLITK
     splits every tile, capped by the k tiles; SPLITK=1 never splits (any session: host arithmetic)."""
     auto = dict(G.DEFAULT, SPLITK=0)
     assert G.split_plan(auto, 128, 3584, 18944, sms=132) == SplitPlan(0, 9)  # 14 tiles, 296 k tiles
     assert G.split_plan(auto, 128, 3584, 3584, sms=132) == SplitPlan(0, 4)  # 56 k tiles: 12 a slice at least
     assert G.split_plan(auto, 128, 37888, 3584, sms=132) == SplitPlan(132, 4)  # 148 tiles: 16 in a last wave
-    assert G.split_plan(auto, 2048, 4608, 3584, sms=132) == SplitPlan(264, 4)  # 288 tiles: 24 in a third wave
+    assert G.split_plan(auto, 256, 37888, 3584, sms=132) == SplitPlan(296, 1)  # two waves or more: never split
+    assert G.split_plan(auto, 2048, 4608, 3584, sms=132) == SplitPlan(288, 1)
     assert G.split_plan(auto, 2048, 3584, 18944, sms=132) == SplitPlan(224, 1)  # 92 left: no room for 2 slices
     assert G.split_plan(auto, 512, 4608, 3584, sms=132) == SplitPlan(72, 1)  # 72 tiles: 2 slices need 144 SMs
     assert G.split_plan(auto, 128, 4608, 256, sms=132) == SplitPlan(18, 1)  # 4 k tiles: too few to split
