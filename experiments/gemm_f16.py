@@ -30,7 +30,8 @@ _DOCS = {
     "TN": "nt tile per block (A rows staged per k step)",
     "KS": "k width of one shared-memory tile",
     "STAGES": "depth of the shared-memory ring (STAGES-1 k tiles in flight)",
-    "STAGING": "global->shared copies: cp.async.cg (zero-fill tails) or ld.global.v4 + st.shared.v4",
+    "STAGING": "global->shared copies: cp.async.cg (zero-fill tails), ld.global.v4 + st.shared.v4, or tma (a producer "
+               "warp's tensor-map box copies on mbarriers; MMA=wgmma, KS=64, LOOP=pipe)",
     "GROUP": "od tiles per grouped-program-order group (L2 reuse; 1 = nt-fastest order)",
     "LOOP": "main loop (mma_sync + cp_async only): v1; addr32 = precomputed 32-bit offsets; "
             "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order). With MMA=wgmma: "

@@ -60,6 +60,8 @@ from kernels.ptx import (
     wmma_mma_f32_f16,
     wmma_store_d_f32_shared,
 )
+from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
+from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_2d
 from kernels.ptx.wgmma import (
     SWIZZLE_64B,
     SWIZZLE_128B,
@@ -95,7 +97,8 @@ class Geometry:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        """The consumer warps' threads, plus the producer warp of STAGING=tma."""
+        return 32 * self.warps + (32 if self.staging == "tma" else 0)
 
     def grid(self, nt: int, od: int) -> int:
         return -(-nt // self.tn) * -(-od // self.tm)
@@ -127,9 +130,14 @@ def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
+    if cfg["STAGING"] == "tma":
+        if cfg["MMA"] != "wgmma" or cfg["KS"] != 64 or cfg["LOOP"] != "pipe":
+            return (f"gemm_f16 STAGING=tma needs MMA=wgmma, KS=64 (one 128-byte swizzled box row a k tile) and "
+                    f"LOOP=pipe (got MMA={cfg['MMA']}, KS={cfg['KS']}, LOOP={cfg['LOOP']})")
+        return None
     if cfg["MMA"] == "wgmma":
         if cfg["STAGING"] != "cp_async" or cfg["LOOP"] == "v1":
-            return (f"gemm_f16 MMA=wgmma needs STAGING=cp_async and LOOP=addr32 or pipe "
+            return (f"gemm_f16 MMA=wgmma needs STAGING=cp_async with LOOP=addr32 or pipe, or STAGING=tma "
                     f"(got STAGING={cfg['STAGING']}, LOOP={cfg['LOOP']})")
         if cfg["LOOP"] == "pipe" and cfg["STAGES"] < 3:
             return ("gemm_f16 MMA=wgmma LOOP=pipe needs STAGES >= 3 (one wgmma batch in flight holds a ring slot; "
@@ -149,6 +157,8 @@ def geometry(config: dict | None) -> Geometry:
     warps_m = warps // warps_n
     row = ks + 8 if cfg["MMA"] == "wmma" else ks
     smem = stages * (tm + tn) * row * 2
+    if cfg["STAGING"] == "tma":
+        smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
     return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], warps, warps_m,
@@ -157,7 +167,8 @@ def geometry(config: dict | None) -> Geometry:
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
-    addr32 / pipe (648), plus 180 MMA=wgmma ones (cp_async; addr32, or pipe with 3-4 stages): 828."""
+    addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 54 MMA=wgmma +
+    tma ones (KS=64, LOOP=pipe): 882."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))
@@ -174,6 +185,8 @@ def all_configs():
 
 
 def _make_kernel(g: Geometry):
+    if g.staging == "tma":
+        return _make_kernel_tma(g)
     if g.mma == "wgmma":
         return _make_kernel_wgmma(g)
     if g.loop != "v1":
@@ -214,7 +227,7 @@ def _make_kernel(g: Geometry):
     tile_origin = _program_order(TN, TM, GROUP)
     store_c = _c_fragment_store(MT, NT8, 16)
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
         tid = cuda.threadIdx.x
@@ -416,6 +429,32 @@ def _program_order(TN: int, TM: int, GROUP: int):
     return tile_origin
 
 
+def _split_work(TN: int, TM: int, GROUP: int):
+    """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
+    `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
+    written to C: roff = coff = 0); block whole + q * count + sl takes k slice sl of tile whole + q (nsl = count),
+    written to the partials: with whole == 0 (every tile split) at rows sl * nt .. of [count * nt, od] (roff = sl *
+    nt), else as compact partial tile q * count + sl of [(tiles - whole) * count * TN, TM] (roff, coff move the
+    tile's rows and columns there; see `_c_fragment_store`). (n0, m0): the tile's first nt row and od column."""
+    tile_origin = _program_order(TN, TM, GROUP)
+
+    @cuda.jit(device=True, inline="always")
+    def block_work(pid, nt, od, whole, count):
+        if pid < whole:
+            n0, m0 = tile_origin(pid, nt, od)
+            return n0, m0, 0, 1, 0, 0
+        q = (pid - whole) // count
+        sl = pid - whole - q * count
+        n0, m0 = tile_origin(whole + q, nt, od)
+        if count == 1:
+            return n0, m0, 0, 1, 0, 0
+        if whole == 0:
+            return n0, m0, sl, count, sl * nt, 0
+        return n0, m0, sl, count, (q * count + sl) * TN - n0, m0
+
+    return block_work
+
+
 def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int, KS: int, TN: int):
     """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as two device helpers for one geometry.
 
@@ -530,7 +569,7 @@ def _make_kernel_v2(g: Geometry):
     store_c = _c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -700,42 +739,19 @@ def _make_kernel_wgmma(g: Geometry):
     P = STAGES - 1 - D  # k tiles the copies run ahead
     WAIT = P - 1
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
-    tile_origin = _program_order(TN, TM, GROUP)
+    block_work = _split_work(TN, TM, GROUP)
     store_c = _c_fragment_store(MT64, N // 8, 64)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         wg = tid >> 7
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
 
-        # The block's C tile and k range (kernels.gemm_f16_config.SplitPlan): blocks below ``whole`` multiply one
-        # tile over all of k into ``out`` (C); the rest take slice sl of tile whole + q, k tiles kt0 .. kt0 +
-        # ktiles - 1 of the (kdim / KS)-tile range, split as evenly as integers allow (the host keeps count <= k
-        # tiles), into ``parts``: with whole == 0 (every tile split) rows sl * nt .. of [count * nt, od]; else the
-        # compact partial tile (q * count + sl) of [(tiles - whole) * count * TN, TM].
-        pid = cuda.blockIdx.x
-        sl = 0
-        nsl = 1
-        tile = pid
-        if pid >= whole:
-            q = (pid - whole) // count
-            sl = pid - whole - q * count
-            nsl = count
-            tile = whole + q
-        n0, m0 = tile_origin(tile, nt, od)
-        dst = out
-        roff = 0
-        coff = 0
-        if pid >= whole and nsl > 1:
-            dst = parts
-            if whole == 0:
-                roff = sl * nt
-            else:
-                roff = ((tile - whole) * count + sl) * TN - n0
-                coff = m0
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
+        dst = parts if nsl > 1 else out
 
         # No zero fill: the first k tile's wgmma runs with scale-d = 0 (D = A·B), which also spares the 128-iteration
         # store loop that NVVM does not unroll (it would leave the array in local memory).
@@ -748,6 +764,8 @@ def _make_kernel_wgmma(g: Geometry):
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE)
 
+        # This block's k tiles: kt0 .. kt0 + ktiles - 1 of the (kdim / KS)-tile range, split as evenly as integers
+        # allow (the host keeps the slice count <= k tiles).
         ktotal = (kdim + KS - 1) // KS
         kt0 = (ktotal * sl) // nsl
         ktiles = (ktotal * (sl + 1)) // nsl - kt0
@@ -789,8 +807,125 @@ def _make_kernel_wgmma(g: Geometry):
     return gemm_kernel
 
 
+def _make_kernel_tma(g: Geometry):
+    """STAGING=tma (MMA=wgmma, KS=64, LOOP=pipe; sm_90a): the wgmma kernel's warpgroups and tiles, fed by the copy
+    engine instead of every thread's cp.async, in the warp-specialized form of CUTLASS sm90 and FlashAttention-3.
+
+    * Warps: the consumer warpgroups of MMA=wgmma (threads 0 .. 32 * warps - 1, same tile split, descriptors and
+      epilogue) plus one producer warp whose lane 0 issues every copy.
+    * Ring: STAGES slots of [A box TN x 64 | B box TM x 64] f16, each box row 128 bytes in the 128-byte swizzle the
+      tensor map applies (kernels/ptx/tma.py), i.e. wgmma's K-major swizzled layout: the descriptors of the
+      cp.async path apply unchanged. Rows past nt / od and columns past kdim arrive as zeros.
+    * Two mbarriers a slot, after the ring in shared memory: full[s] (1 arrival, the producer's expect-tx of the
+      slot's bytes, plus the bytes) and empty[s] (one arrival from each consumer warp). Producer, k tile i into
+      slot s = i % STAGES: wait empty[s] for the phase of the previous round (a fresh barrier passes parity 1),
+      arm full[s], issue the A and B boxes. Consumers, k tile i: wait full[s] (phase i // STAGES), wgmma.fence, the
+      K16 * MT64 wgmma, commit, wgmma.wait_group 1 (one batch in flight, as LOOP=pipe), then each warp's lane 0
+      arrives on empty[] of tile i - 1's slot, whose batch has now finished reading it. No block-wide barrier in
+      the main loop.
+    * Split-K plans as the cp.async path (`_split_work`): a block's k range is its slice's.
+
+    Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
+    warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
+    """
+    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
+    ROWB = KS * 2
+    WGS = g.warps // 4
+    WG_N = min(WGS, TN // 64)
+    WG_M = WGS // WG_N
+    WTN = TN // WG_N
+    MT64 = WTN // 64
+    N = TM // WG_M
+    NH = N // 2
+    ACC_N = MT64 * NH
+    SBO = 8 * ROWB
+    LBO = 16
+    A_ELEMS = TN * KS
+    STAGE_ELEMS = (TN + TM) * KS
+    STAGE_B = STAGE_ELEMS * 2
+    SA_B = TN * ROWB
+    FULL0 = STAGES * STAGE_B // 8  # uint64 index of full[0]; empty[s] at FULL0 + STAGES + s
+    CONSUMERS = 32 * g.warps
+    CONSUMER_WARPS = g.warps
+    K16 = KS // 16
+    M64_B = 64 * ROWB
+    block_work = _split_work(TN, TM, GROUP)
+    store_c = _c_fragment_store(MT64, N // 8, 64)
+    SMEM_ALIGN = None if SIMULATOR else 1024
+
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        bars = cuda.shared.array(0, types.uint64)
+        tid = cuda.threadIdx.x
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
+        ktotal = (kdim + KS - 1) // KS
+        kt0 = (ktotal * sl) // nsl
+        ktiles = (ktotal * (sl + 1)) // nsl - kt0
+        if tid == 0:
+            for s in range(STAGES):
+                mbarrier_init(bars, FULL0 + s, 1)
+                mbarrier_init(bars, FULL0 + STAGES + s, CONSUMER_WARPS)
+            fence_proxy_async_shared()  # the copy engine completes bytes on the barriers: it must see them initialised
+        cuda.syncthreads()
+
+        if tid >= CONSUMERS:
+            if tid == CONSUMERS:
+                s = 0
+                phase = uint32(0)
+                for i in range(ktiles):
+                    while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
+                        pass
+                    mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
+                    k0 = (kt0 + i) * KS
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars, FULL0 + s)
+                    s += 1
+                    if s == STAGES:
+                        s = 0
+                        phase ^= uint32(1)
+            return
+
+        wg = tid >> 7
+        row0 = (wg % WG_N) * WTN
+        col0 = (wg // WG_N) * N
+        lane = tid & 31
+        acc = cuda.local.array(ACC_N, float32)  # the first k tile runs with scale-d = 0: no zero fill
+        desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
+        desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
+        s = 0
+        prev = 0
+        phase = uint32(0)
+        for i in range(ktiles):
+            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
+                pass
+            wgmma_fence()
+            step = uint64((s * STAGE_B) >> 4)
+            for kq in range(K16):
+                db = desc_b0 + step + uint64(kq * 2)
+                scale_d = uint32(1) if kq > 0 or i > 0 else uint32(0)
+                for j in range(MT64):
+                    da = desc_a0 + step + uint64(kq * 2 + j * (M64_B >> 4))
+                    wgmma_m64nNk16_f32_f16(smem, acc, j * NH, da, db, scale_d, N)
+            wgmma_commit_group()
+            wgmma_wait_group(1)
+            if i > 0 and lane == 0:
+                mbarrier_arrive(bars, FULL0 + STAGES + prev)
+            prev = s
+            s += 1
+            if s == STAGES:
+                s = 0
+                phase ^= uint32(1)
+        wgmma_wait_group(0)
+
+        dst = parts if nsl > 1 else out
+        store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
+                roff, coff)
+
+    return gemm_kernel
+
+
 SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.float32[:, ::1], types.int64,
-                       types.int64, types.int64, types.int64, types.int64)
+                       types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1])
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 
 
@@ -990,10 +1125,38 @@ def _launch(a, b, out, config, stream, partials):
                 f"elements, got {partials.dtype} {tuple(partials.shape)}")
         parts = partials[:need]
         target = parts.reshape(plan.slices * nt, od) if plan.whole == 0 else parts.reshape(need // g.tm, g.tm)
+    if g.staging == "tma":
+        amap, bmap = _tensor_map(a, g.tn), _tensor_map(b, g.tm)
+    else:
+        amap = bmap = _no_map()
     built.kernel[plan.blocks(tiles), g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices
+        a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap
     )
     return plan, parts
+
+
+_MAPS: dict = {}
+
+
+def _tensor_map(x, box_rows: int):
+    """The tensor map of f16 matrix ``x`` for boxes of ``box_rows`` x 64 (`kernels.ptx.tma.tensor_map_2d`), made once
+    per (address, shape, box) and kept: a map is device memory written from the host, which a CUDA graph capture
+    cannot do, so the eager run before a capture (the engine's first prefill of a length, the harness's warm-up)
+    makes the maps the captured launches use. A buffer freed and reallocated at the same address with the same
+    shape has the same map."""
+    key = (device_address(x), tuple(x.shape), box_rows)
+    tmap = _MAPS.get(key)
+    if tmap is None:
+        tmap = _MAPS[key] = tensor_map_2d(x, box_rows)
+    return tmap
+
+
+def _no_map():
+    """The placeholder map arguments of the kernels that do not use TMA."""
+    tmap = _MAPS.get(None)
+    if tmap is None:
+        tmap = _MAPS[None] = cuda.to_device(np.zeros(MAP_WORDS, np.uint64))
+    return tmap
 
 
 def _sum_parts(plan: SplitPlan, parts, out, config, stream) -> None:

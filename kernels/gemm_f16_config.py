@@ -11,14 +11,18 @@ from dataclasses import dataclass
 # What each value measured is in the ledger and baselines/gemm-notes.yaml.
 KNOBS: dict[str, tuple] = {
     # wgmma (sm_90a): Hopper warpgroup MMA m64nNk16 with both operands in shared memory (descriptors over the same
-    # swizzled cp.async tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async and
-    # LOOP=addr32|pipe (see _make_kernel_wgmma).
+    # swizzled cp.async or TMA tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async with
+    # LOOP=addr32|pipe (see _make_kernel_wgmma) or STAGING=tma (_make_kernel_tma).
     "MMA": ("mma_sync", "wmma", "wgmma"),
     "TM": (64, 128, 256),  # od tile (B rows per block)
     "TN": (64, 128),  # nt tile (A rows per block)
     "KS": (32, 64),  # k step per shared tile
     "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
-    "STAGING": ("cp_async", "sync"),  # how global tiles reach shared memory
+    # How global tiles reach shared memory: cp.async by every thread, ld/st by every thread, or tma: a producer
+    # warp issues one tensor-map box copy per operand and k tile (the copy engine swizzles and zero-fills),
+    # completing on a per-stage mbarrier the consumer warpgroups wait on; they free a stage by arriving on its
+    # second mbarrier (warp specialization, CUTLASS sm90 / FlashAttention-3). tma needs MMA=wgmma, KS=64, LOOP=pipe.
+    "STAGING": ("cp_async", "sync", "tma"),
     "GROUP": (1, 4, 8),  # od tiles per program-order group
     # Main-loop schedule (mma_sync + cp_async only; see _make_kernel_v2). v1: the original loop (per-access 64-bit
     # index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as

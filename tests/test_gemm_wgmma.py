@@ -179,7 +179,30 @@ SIM_CASES = [
     ("128x64 (2 m64 slices per warpgroup), KS=64 k tail", dict(WG, TM=64, TN=128, KS=64, STAGES=4), (17, 9, 96)),
     ("256x128x32: 2 warpgroups m64n256", WG, (33, 70, 64)),
     ("default: 256x128x64, 4 stages, k tail", G.DEFAULT, (33, 70, 96)),
+    ("tma: 64x64, 3 stages, tails, 4 k tiles", dict(G.DEFAULT, STAGING="tma", TM=64, TN=64, STAGES=3), (33, 70, 224)),
+    ("tma: 128x64, 2 stages (the ring wraps twice)", dict(G.DEFAULT, STAGING="tma", TM=128, TN=64, STAGES=2),
+     (65, 130, 256)),
 ]
+
+TMA = dict(G.DEFAULT, STAGING="tma")
+
+
+@sim
+def test_gemm_tma_simulator_split_k_matches_float64():
+    """STAGING=tma with every tile in 3 uneven k slices (each producer starts at its slice's k tile): poisoned C and
+    partials, float64 within 1e-3."""
+    nt, od, id_ = 33, 70, 640
+    config = dict(TMA, TM=64, TN=64, SPLITK=3)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    partials = cuda.to_device(np.full(G.partials_elements(config, nt, od, id_), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config, partials=partials)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
 
 
 @sim
@@ -191,6 +214,9 @@ def test_gemm_wgmma_simulator_matches_float64(config, shape):
 def test_wgmma_invalid_combinations_are_refused():
     for bad, match in (
         (dict(WG, STAGING="sync"), "MMA=wgmma needs STAGING=cp_async"),
+        (dict(WG, STAGING="tma"), "STAGING=tma needs MMA=wgmma, KS=64"),  # WG has KS=32
+        (dict(G.DEFAULT, STAGING="tma", LOOP="addr32"), "LOOP=pipe"),
+        (dict(G.MMA_SYNC_BEST, STAGING="tma", KS=64), "STAGING=tma needs MMA=wgmma"),
         (dict(WG, LOOP="v1"), "LOOP=addr32 or pipe"),
         (dict(WG, STAGES=2), "STAGES >= 3"),
     ):
@@ -203,8 +229,11 @@ def test_wgmma_geometry():
     # 256x128: 2 warpgroups split nt (m64 each), n = 256; 64x256: 2 warpgroups split od, n = 128
     assert G.geometry(WG).threads == 256
     assert G.geometry(dict(WG, TN=64, TM=64)).threads == 128
-    n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma")
+    n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma" and c["STAGING"] == "cp_async")
     assert n_wgmma == 3 * 2 * 2 * 3 * (3 + 2)  # TM x TN x KS x GROUP x (addr32: 3 stage counts, pipe: 2)
+    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 3 * 2 * 3 * 3  # TM x TN x STAGES x GROUP
+    assert G.geometry(dict(G.DEFAULT, STAGING="tma")).threads == 256 + 32  # plus the producer warp
+    assert G.geometry(dict(G.DEFAULT, STAGING="tma")).smem_bytes == 4 * (256 + 128) * 128 + 4 * 16
 
 
 # ---- compile: sm_90a PTX -------------------------------------------------------------------------------------
@@ -245,6 +274,27 @@ def test_wgmma_ptx(config):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("config", [TMA, dict(TMA, TM=128, TN=64, STAGES=2)], ids=["default", "128x64"])
+def test_tma_ptx(config):
+    """STAGING=tma: the producer's box copies and mbarriers, the consumers' wgmma at n = the warpgroup's od columns
+    with one batch in flight, no cp.async, nothing in local memory; ptxas accepts it for sm_90a."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = G.kernel_ptx(config)
+    for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+                   "mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
+                   "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                   f"wgmma.mma_async.sync.aligned.m64n{_expected_n(config)}k16.f32.f16.f16",
+                   "wgmma.wait_group.sync.aligned 1;", ".extern .shared .align 1024"):
+        assert needle in ptx, needle
+    assert "cp.async.cg" not in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators in local memory"
+    res = ptxas_resources(ptx)
+    assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
+    assert res["registers"] * G.geometry(config).threads <= 65536
+
+
+@pytest.mark.compile
 def test_wgmma_helper_kernel_ptx():
     sig = (types.uint8[::1], types.int64, types.int64, types.int64, types.int64, types.float32[::1], types.float32[::1],
            types.int64)
@@ -273,8 +323,9 @@ def _torch_rel(a, b, out) -> float:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [G.DEFAULT, WG, dict(WG, LOOP="addr32"), dict(WG, TM=128, TN=128),
-                                    dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32")],
-                         ids=["default", "ks32", "addr32", "128x128", "128x64"])
+                                    dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32"), TMA,
+                                    dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3)],
+                         ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_wgmma_gpu_matches_torch(config, shape):
     pytest.importorskip("torch")
@@ -287,3 +338,7 @@ def test_wgmma_gpu_matches_torch(config, shape):
     got = out.copy_to_host()
     assert np.isfinite(got).all()
     assert _torch_rel(a, b, got) < 1e-3
+    if config.get("STAGING") == "tma":  # the same bits as the cp.async path's (same wgmma order, same k split)
+        ref = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+        G.gemm_f16(cuda.to_device(a), cuda.to_device(b), ref, config=dict(config, STAGING="cp_async"))
+        assert np.array_equal(ref.copy_to_host(), got)

@@ -397,6 +397,69 @@ def _check_bulk():
     np.testing.assert_array_equal(out[64:], np.tile(src[32:], 2))
 
 
+_TMA_ALIGN = None if SIMULATOR else 1024  # the simulator refuses an alignment argument
+
+
+@cuda.jit
+def _k_tma(tmap, out, k0, r0):
+    """One 8 x 64 f16 box at column k0, row r0 of the map into 1024-byte aligned shared memory, then out = the 512
+    shared elements as they landed (swizzled)."""
+    smem = cuda.shared.array(0, types.float16, alignment=_TMA_ALIGN)
+    bar = cuda.shared.array(1, types.uint64)
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        P.mbarrier_init(bar, 0, 1)
+        P.fence_proxy_async_shared()
+    cuda.syncthreads()
+    if tid == 0:
+        P.mbarrier_arrive_expect_tx(bar, 0, 8 * 128)
+        P.cp_async_bulk_tensor_2d_g2s(smem, 0, tmap, 0, k0, r0, bar, 0)
+    while P.mbarrier_try_wait_parity(bar, 0, 0) == 0:
+        pass
+    for i in range(tid, 512, 32):
+        out[i] = smem[i]
+
+
+def _check_tma():
+    """A box that runs past the matrix's last row and column: zeros there, and element (r, c) of the box at shared
+    element r * 64 + ((c // 8) ^ (r % 8)) * 8 + c % 8 (the 128-byte swizzle), against numpy."""
+    m = np.random.default_rng().standard_normal((10, 72)).astype(np.float16)
+    dm = cuda.to_device(m)
+    tmap = P.tensor_map_2d(dm, 8)
+    for k0, r0 in ((32, 5), (0, 0), (64, 2)):
+        box = np.zeros((8, 64), np.float16)
+        part = m[r0 : r0 + 8, k0 : k0 + 64]
+        box[: part.shape[0], : part.shape[1]] = part
+        want = np.zeros(512, np.float16)
+        for r in range(8):
+            for c in range(64):
+                want[r * 64 + ((c // 8) ^ (r % 8)) * 8 + c % 8] = box[r, c]
+        out = cuda.to_device(np.full(512, np.nan, np.float16))
+        _k_tma[1, 32, 0, 1024](tmap, out, k0, r0)
+        np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+@sim
+def test_simulated_tma_box_copy():
+    _check_tma()
+
+
+@pytest.mark.gpu
+def test_gpu_tma_box_copy():
+    _check_tma()
+
+
+def test_tensor_map_refusals():
+    from kernels.errors import KernelConstraintError
+
+    with pytest.raises(KernelConstraintError, match="2-D float16"):
+        P.tensor_map_2d(np.zeros((4, 64), np.float32), 8)
+    with pytest.raises(KernelConstraintError, match="multiple of 8"):
+        P.tensor_map_2d(np.zeros((4, 60), np.float16), 8)
+    with pytest.raises(KernelConstraintError, match="box rows must be 1..256"):
+        P.tensor_map_2d(np.zeros((4, 64), np.float16), 512)
+
+
 @sim
 def test_simulated_bulk_copy_pipeline_and_its_poison():
     """The two-phase pipeline's words arrive stage by stage; and a stage read before its barrier's wait holds
@@ -476,6 +539,9 @@ COMPILED = {
                                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
                                    "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
                                    "setmaxnreg.dec.sync.aligned.u32 40"]),
+    "tma": (_k_tma, (types.uint64[::1], F16, types.int32, types.int32),
+            ["cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+             "mbarrier.arrive.expect_tx.shared::cta.b64"]),
 }
 
 

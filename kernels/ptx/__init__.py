@@ -16,6 +16,7 @@ Modules:
                 setmaxnreg, BULK_POISON
     mma         mma.sync m16n8k16, ldmatrix (x4, .trans, byte-offset), .f16x2 pack / unpack
     wmma        wmma m16n16k16 load / mma / store
+    tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.2d, 128-byte swizzle) and their host-side maps
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
     sync        bar.warp.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter
     arith       dp4a
@@ -72,6 +73,7 @@ from kernels.ptx.sync import (
     shfl_xor_f32,
     syncwarp,
 )
+from kernels.ptx.tma import BOX_COLS, MAP_WORDS, cp_async_bulk_tensor_2d_g2s, tensor_map_2d
 from kernels.ptx.wgmma import (
     SWIZZLE_32B,
     SWIZZLE_64B,
@@ -104,8 +106,10 @@ else:
     from kernels.ptx._base import _asm, _shared_u32
 
 __all__ = [
+    "BOX_COLS",
     "BULK_POISON",
     "CP_ASYNC_POISON",
+    "MAP_WORDS",
     "SIMULATOR",
     "SWIZZLE_128B",
     "SWIZZLE_32B",
@@ -116,6 +120,7 @@ __all__ = [
     "cp_async_16",
     "cp_async_16_off",
     "cp_async_bulk_g2s",
+    "cp_async_bulk_tensor_2d_g2s",
     "cp_async_commit_group",
     "cp_async_wait_group",
     "desc_value",
@@ -147,6 +152,7 @@ __all__ = [
     "st_global_v4_u32",
     "st_shared_v4_b32",
     "syncwarp",
+    "tensor_map_2d",
     "unpack_f16x2",
     "wgmma_commit_group",
     "wgmma_desc",

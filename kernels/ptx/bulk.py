@@ -82,8 +82,13 @@ if SIMULATOR:
             raise RuntimeError("mbarrier helpers must be called from inside a simulated CUDA kernel")
         return manager.__dict__.setdefault("_minfer_mbarriers", {})
 
+    def _barrier_key(bar, index) -> int:
+        """The barrier's shared-memory address: every view of the block's (dynamic or static) shared memory, as
+        each simulated thread gets its own, names the same barrier."""
+        return int(_ndarray(bar).ctypes.data) + 8 * int(index)
+
     def _barrier(bar, index) -> "_Barrier":
-        key = (id(_ndarray(bar)), int(index))
+        key = _barrier_key(bar, index)
         state = _barriers().get(key)
         if state is None:
             raise RuntimeError(f"mbarrier {index} is used before mbarrier_init")
@@ -94,7 +99,7 @@ if SIMULATOR:
         if not 1 <= int(count) < 2**20:
             raise ValueError(f"mbarrier count must be 1..2^20-1, got {count}")
         with _LOCK:
-            _barriers()[(id(_ndarray(bar)), int(index))] = _Barrier(int(count))
+            _barriers()[_barrier_key(bar, index)] = _Barrier(int(count))
 
     def mbarrier_arrive(bar, index):
         """Simulator form of `mbarrier.arrive.shared::cta.b64`: one arrival on the current phase (the last one

@@ -164,8 +164,9 @@ if SIMULATOR:
         if manager is None:
             raise RuntimeError("warpgroup PTX fallbacks must be called from inside a simulated CUDA kernel")
         nthreads = int(np.prod(manager._block_dim))
-        if nthreads % 128:
-            raise RuntimeError(f"wgmma needs whole warpgroups (128 threads); the block has {nthreads} threads")
+        if thread.thread_id // 128 >= nthreads // 128:
+            raise RuntimeError(f"wgmma needs whole warpgroups (128 threads); thread {thread.thread_id} is in a partial "
+                               f"one of a {nthreads}-thread block")
         with _GROUPS_LOCK:
             groups = manager.__dict__.setdefault("_minfer_warpgroups", {})
             group = groups.get(thread.thread_id // 128)
