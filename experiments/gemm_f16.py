@@ -20,7 +20,7 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"LOOP": "v1", "SPLITK": 1, "SCHED": "grid"}
+_LEGACY = {"LOOP": "v1", "SPLITK": 1}
 """Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop; no
 split-K)."""
 _DOCS = {
@@ -37,10 +37,7 @@ _DOCS = {
             "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order). With MMA=wgmma: "
             "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
-              "order by a second kernel; 0 = auto (grids under two waves: the last, partial wave's tiles split to "
-              "fill the GPU); 1 = none",
-    "SCHED": "block schedule (STAGING=tma; a launch parameter): grid = a block per tile or k slice; persistent = one "
-             "block a SM looping over them, its TMA ring running on across tiles",
+              "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
 _TABLE = {**knob_table.KNOBS, **knob_table.LAUNCH_KNOBS}
 _DEFAULT = {**knob_table.DEFAULT, **knob_table.LAUNCH_DEFAULT}

@@ -105,7 +105,7 @@ class Geometry:
 
 
 def resolve_config(config: dict | None) -> dict:
-    """The full knob dict (compile knobs and the SPLITK and SCHED launch knobs): DEFAULT and LAUNCH_DEFAULT overridden by
+    """The full knob dict (compile knobs and the SPLITK launch knob): DEFAULT and LAUNCH_DEFAULT overridden by
     ``config``; KernelConstraintError on an unknown knob or value."""
     cfg = dict(DEFAULT, **LAUNCH_DEFAULT)
     table = dict(KNOBS, **LAUNCH_KNOBS)
@@ -128,8 +128,6 @@ def resolve_config(config: dict | None) -> dict:
 
 def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
-    if cfg.get("SCHED", "grid") != "grid" and cfg["STAGING"] != "tma":
-        return f"gemm_f16 SCHED={cfg['SCHED']} needs STAGING=tma (only its kernel loops over work units); use SCHED=grid"
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
     if cfg["STAGING"] == "tma":
@@ -825,11 +823,7 @@ def _make_kernel_tma(g: Geometry):
       K16 * MT64 wgmma, commit, wgmma.wait_group 1 (one batch in flight, as LOOP=pipe), then each warp's lane 0
       arrives on empty[] of tile i - 1's slot, whose batch has now finished reading it. No block-wide barrier in
       the main loop.
-    * Work units: the split plan's (`_split_work`: a whole tile, or one k slice of a tile). SCHED=grid launches a
-      block a unit; SCHED=persistent launches at most one block a SM, each taking units blockIdx.x, + gridDim.x, ...
-      with the ring's slots and phases running on from one unit to the next, so the producer loads the next unit's
-      first k tiles while the consumers store the last one's C (the pipeline never drains between tiles). Each
-      unit's last slot is freed after its final wgmma.wait_group 0.
+    * Split-K plans as the cp.async path (`_split_work`): a block's k range is its slice's.
 
     Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
     warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
@@ -863,9 +857,10 @@ def _make_kernel_tma(g: Geometry):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
-        tiles = ((nt + TN - 1) // TN) * ((od + TM - 1) // TM)
-        units = whole + (tiles - whole) * count  # work units of the split plan: one a block, or strided (SCHED)
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
         ktotal = (kdim + KS - 1) // KS
+        kt0 = (ktotal * sl) // nsl
+        ktiles = (ktotal * (sl + 1)) // nsl - kt0
         if tid == 0:
             for s in range(STAGES):
                 mbarrier_init(bars, FULL0 + s, 1)
@@ -873,70 +868,58 @@ def _make_kernel_tma(g: Geometry):
             fence_proxy_async_shared()  # the copy engine completes bytes on the barriers: it must see them initialised
         cuda.syncthreads()
 
-        # Slot s and its phase run on across the block's units, in the same order on both sides: the producer
-        # starts the next unit's copies while the consumers store the previous unit's C (SCHED=persistent).
         if tid >= CONSUMERS:
             if tid == CONSUMERS:
                 s = 0
                 phase = uint32(0)
-                for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-                    n0, m0, sl, nsl, roff, coff = block_work(unit, nt, od, whole, count)
-                    kt0 = (ktotal * sl) // nsl
-                    ktiles = (ktotal * (sl + 1)) // nsl - kt0
-                    for i in range(ktiles):
-                        while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
-                            pass
-                        mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
-                        k0 = (kt0 + i) * KS
-                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
-                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars,
-                                                    FULL0 + s)
-                        s += 1
-                        if s == STAGES:
-                            s = 0
-                            phase ^= uint32(1)
+                for i in range(ktiles):
+                    while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
+                        pass
+                    mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
+                    k0 = (kt0 + i) * KS
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars, FULL0 + s)
+                    s += 1
+                    if s == STAGES:
+                        s = 0
+                        phase ^= uint32(1)
             return
 
         wg = tid >> 7
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
         lane = tid & 31
-        acc = cuda.local.array(ACC_N, float32)  # each unit's first k tile runs with scale-d = 0: no zero fill
+        acc = cuda.local.array(ACC_N, float32)  # the first k tile runs with scale-d = 0: no zero fill
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
         s = 0
+        prev = 0
         phase = uint32(0)
-        for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-            n0, m0, sl, nsl, roff, coff = block_work(unit, nt, od, whole, count)
-            kt0 = (ktotal * sl) // nsl
-            ktiles = (ktotal * (sl + 1)) // nsl - kt0
-            prev = 0
-            for i in range(ktiles):
-                while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
-                    pass
-                wgmma_fence()
-                step = uint64((s * STAGE_B) >> 4)
-                for kq in range(K16):
-                    db = desc_b0 + step + uint64(kq * 2)
-                    scale_d = uint32(1) if kq > 0 or i > 0 else uint32(0)
-                    for j in range(MT64):
-                        da = desc_a0 + step + uint64(kq * 2 + j * (M64_B >> 4))
-                        wgmma_m64nNk16_f32_f16(smem, acc, j * NH, da, db, scale_d, N)
-                wgmma_commit_group()
-                wgmma_wait_group(1)
-                if i > 0 and lane == 0:
-                    mbarrier_arrive(bars, FULL0 + STAGES + prev)
-                prev = s
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    phase ^= uint32(1)
-            wgmma_wait_group(0)
-            if lane == 0:
-                mbarrier_arrive(bars, FULL0 + STAGES + prev)  # the unit's last slot: free for the next unit
-            dst = parts if nsl > 1 else out
-            store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
-                    roff, coff)
+        for i in range(ktiles):
+            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
+                pass
+            wgmma_fence()
+            step = uint64((s * STAGE_B) >> 4)
+            for kq in range(K16):
+                db = desc_b0 + step + uint64(kq * 2)
+                scale_d = uint32(1) if kq > 0 or i > 0 else uint32(0)
+                for j in range(MT64):
+                    da = desc_a0 + step + uint64(kq * 2 + j * (M64_B >> 4))
+                    wgmma_m64nNk16_f32_f16(smem, acc, j * NH, da, db, scale_d, N)
+            wgmma_commit_group()
+            wgmma_wait_group(1)
+            if i > 0 and lane == 0:
+                mbarrier_arrive(bars, FULL0 + STAGES + prev)
+            prev = s
+            s += 1
+            if s == STAGES:
+                s = 0
+                phase ^= uint32(1)
+        wgmma_wait_group(0)
+
+        dst = parts if nsl > 1 else out
+        store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
+                roff, coff)
 
     return gemm_kernel
 
@@ -1080,7 +1063,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     weight, K-major). out: optional f32 device array [nt, od], row-major; allocated when None. Products are
     accumulated in f32 on the tensor cores (mma.sync m16n8k16, wmma m16n16k16, or wgmma m64nNk16 on sm_90a).
     config: knob dict (see KNOBS and LAUNCH_KNOBS; missing knobs take DEFAULT / LAUNCH_DEFAULT): MMA, TM, TN, KS,
-    STAGES, STAGING, GROUP, LOOP, SPLITK, SCHED. MMA=wgmma (the default) needs an sm_90a device (H100/H200),
+    STAGES, STAGING, GROUP, LOOP, SPLITK. MMA=wgmma (the default) needs an sm_90a device (H100/H200),
     STAGING=cp_async and LOOP=addr32|pipe.
 
     Split-K (SPLITK > 1, or 0 = auto; `split_plan`): the tiles the plan splits are multiplied by one block a k slice
@@ -1146,10 +1129,7 @@ def _launch(a, b, out, config, stream, partials):
         amap, bmap = _tensor_map(a, g.tn), _tensor_map(b, g.tm)
     else:
         amap = bmap = _no_map()
-    blocks = plan.blocks(tiles)
-    if resolve_config(config)["SCHED"] == "persistent":
-        blocks = min(blocks, device_sms())
-    built.kernel[blocks, g.threads, stream, g.smem_bytes](
+    built.kernel[plan.blocks(tiles), g.threads, stream, g.smem_bytes](
         a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap
     )
     return plan, parts

@@ -38,10 +38,8 @@ KNOBS: dict[str, tuple] = {
 # nt=128 is 14 tiles of 256x128 on 132 SMs) and the last, partial wave of a larger grid (a 7B ffn_gate_up at
 # nt=128 is 148 tiles: one full wave and 16). 0: auto, the plan `split_plan` gives the shape; 1: no split;
 # s > 1: every tile in s slices. MMA=wgmma only.
-# SCHED (STAGING=tma only): grid = a CUDA block per work unit (a tile, or a k slice of one); persistent = at most
-# one block a SM, each looping over units with its TMA ring running on across them (no pipeline drain between tiles).
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "SCHED": ("grid", "persistent")}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0, "SCHED": "grid"}
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0}
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12
 

@@ -97,12 +97,9 @@ def engine_knobs() -> tuple[Knob, ...]:
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob("SPLITK", tuple(gemm_f16.LAUNCH_KNOBS["SPLITK"]), gemm_f16.LAUNCH_DEFAULT["SPLITK"],
                    "prefill (pp): gemm_f16 k slices per C tile (MMA=wgmma), partials summed in slice order by a second "
-                   "kernel; 0 auto: a product of under two waves has its last, partial wave's tiles split to fill the "
-                   "GPU (the default: short prompts' products leave most SMs idle otherwise); 1 none",
+                   "kernel; 0 auto: enough slices to fill the GPU when a product's tiles do not (the default: short "
+                   "prompts' products leave most SMs idle otherwise); 1 none",
                    legacy=1)]
-    knobs += [Knob("SCHED", tuple(gemm_f16.LAUNCH_KNOBS["SCHED"]), gemm_f16.LAUNCH_DEFAULT["SCHED"],
-                   "prefill (pp): gemm_f16 block schedule (STAGING=tma): grid, a block per tile; persistent, one block "
-                   "a SM looping over tiles with its TMA ring running on across them", legacy="grid")]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
