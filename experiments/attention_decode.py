@@ -30,7 +30,7 @@ class AttentionDecodeExperiment(Experiment):
     name = "attention_decode"
     purpose = "decode attention of one token over an L-row f16 KV cache (flash-decoding) vs the copy-bandwidth ceiling"
     knobs = (
-        Knob("SPLITS", (16, 32, 64, 128), 128, "blocks per KV head along the cache, 4 warp partitions each "
+        Knob("SPLITS", (16, 32, 64, 128), 64, "blocks per KV head along the cache, 4 warp partitions each "
                                                "(the engine's ATTN_SPLITS)"),
     )
     removed_knobs = {"MINB": 0}

@@ -69,7 +69,7 @@ def use_standins(monkeypatch) -> None:
 def use_simulator_decode_shapes(monkeypatch) -> None:
     """Decode mat-vecs with f32 inputs launched as one warp a row, 8 rows a block (`kernels.gemv` supports it for
     every format; the default is two warps a row): fewer simulated threads, the same arithmetic per row. Give the
-    engine ``DecodeOptions(attn_splits=1)`` too (one decode-attention split; the default 128 and their combine are
+    engine ``DecodeOptions(attn_splits=1)`` too (one decode-attention split; the default 64 and their combine are
     tested alone in tests/test_attention.py). The default shapes run on the GPU in the `gpu` tests."""
     import minfer_cli.engine.gemv_policy as policy
 

@@ -89,9 +89,9 @@ def engine_knobs() -> tuple[Knob, ...]:
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
                                      "its output (the default: it shortens the step); 0 ordinary launches", legacy=0)]
-    knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 128, "decode (tg): decode-attention blocks per KV head along the "
-                                                     "cache (4 warp partitions each; 128 the default, chosen over 32; "
-                                                     "64 measured faster at 16384 cached tokens, not yet at tg128)",
+    knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 64, "decode (tg): decode-attention blocks per KV head along the "
+                                                    "cache (4 warp partitions each; 64 the default: it tied 128 at "
+                                                    "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
                    legacy=32)]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
               for k, v in gemm_f16.KNOBS.items()]
@@ -148,7 +148,7 @@ def engine_options(config: Config) -> EngineOptions:
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 0)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
-                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 128)))
+                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)))
     return EngineOptions(prefill, decode)
 
 

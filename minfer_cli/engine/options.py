@@ -67,7 +67,7 @@ class DecodeOptions:
     fuse_qkv: bool = False
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = False
-    attn_splits: int = 128
+    attn_splits: int = 64
 
 
 @dataclass(frozen=True)
