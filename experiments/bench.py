@@ -34,7 +34,14 @@ import time
 
 import numpy as np
 
-from minfer_cli.engine.bench import DECODE_KNOBS, engine_conflict, engine_knobs, engine_options, idle_knobs
+from minfer_cli.engine.bench import (
+    DECODE_KNOBS,
+    REMOVED_KNOBS,
+    engine_conflict,
+    engine_knobs,
+    engine_options,
+    idle_knobs,
+)
 from minfer_cli.engine.presets import DEFAULT_PRESET
 from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
 
@@ -85,11 +92,7 @@ class BenchExperiment(Experiment):
     metric = Metric("throughput", "tok/s", higher_is_better=True)
     self_timed = True
     ceiling = "matrix"
-    removed_knobs = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0}
-    """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep:
-    ledger #170); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode attention's grid
-    takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept;
-    ATTN_MINB=0: no register cap on it)."""
+    removed_knobs = REMOVED_KNOBS
 
     def __init__(self) -> None:
         self._weights: dict[str, object] = {}

@@ -108,7 +108,7 @@ class Experiment(ABC):
         """Full knob configuration from an ``--arm`` text (None means every knob at its default; an empty text is
         a UsageError, since it usually means a shell variable that was not set)."""
         settings = parse_arm_text(arm_text) if arm_text is not None else {}
-        return resolve_config(self.knobs, settings, f"experiment {self.name}")
+        return resolve_config(self.knobs, settings, f"experiment {self.name}", self.removed_knobs)
 
     def default_config(self) -> Config:
         return {k.name: k.default for k in self.knobs}

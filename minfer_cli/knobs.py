@@ -102,17 +102,18 @@ def parse_arm_text(text: str) -> dict[str, str]:
     return pairs
 
 
-def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: str) -> Config:
+def resolve_config(knobs: Iterable[Knob], settings: Mapping[str, str], owner: str,
+                   removed: Iterable[str] = ()) -> Config:
     """Full configuration: every knob of ``knobs`` at its default, overridden by ``settings`` (text values).
 
-    Raises UsageError naming the valid knobs of ``owner`` for an unknown knob, and the allowed values for a
-    value outside the allowed set.
+    Raises UsageError naming the valid knobs of ``owner`` for an unknown knob (saying so when it is one of
+    ``removed``, the owner's deleted knobs), and the allowed values for a value outside the allowed set.
     """
     by_name = {k.name: k for k in knobs}
     config: Config = {k.name: k.default for k in by_name.values()}
     for key, text in settings.items():
         if key not in by_name:
-            raise UsageError(_unknown(key, by_name, owner))
+            raise UsageError(_unknown(key, by_name, owner, removed))
         config[key] = by_name[key].parse(text)
     return config
 
@@ -122,11 +123,15 @@ def format_config(config: Mapping[str, KnobValue]) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items())
 
 
-def _unknown(key: str, by_name: Mapping[str, Knob], owner: str) -> str:
-    """The message for an unknown knob: the closest names first (knob names are upper case), then every knob."""
+def _unknown(key: str, by_name: Mapping[str, Knob], owner: str, removed: Iterable[str] = ()) -> str:
+    """The message for an unknown knob: a removed knob said to be removed; else the closest names first (knob names
+    are upper case); then every knob."""
     import difflib
 
     upper = key.upper()
+    if upper in set(removed):
+        return (f"knob {upper} was removed from {owner} (a variant whose A/B lost or tied; `minfer ledger show` has "
+                f"its record); its knobs are: {', '.join(by_name) or '(none)'}")
     near = difflib.get_close_matches(upper, list(by_name), n=2, cutoff=0.6)
     if len(upper) >= 3:  # GLU -> FUSE_GLU: a knob name that contains the given one
         near = [n for n in by_name if upper in n and n not in near][:2] + near
@@ -136,7 +141,7 @@ def _unknown(key: str, by_name: Mapping[str, Knob], owner: str) -> str:
     return f"unknown knob {key} for {owner}{hint}; its knobs are: {', '.join(by_name) or '(none)'}"
 
 
-def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str) -> list[Config]:
+def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str, removed: Iterable[str] = ()) -> list[Config]:
     """Every configuration of a grid written as ``K=v1,v2 K2=v3`` (one text per knob); knobs not named stay at
     their defaults. Raises UsageError for an axis that is not ``K=v[,v...]``, an unknown knob, a knob given twice
     or a value outside its allowed set."""
@@ -151,7 +156,7 @@ def parse_grid(knobs: Iterable[Knob], axes: Iterable[str], owner: str) -> list[C
         if not sep or not key or not text.strip():
             raise UsageError(f"malformed grid axis {axis!r}; expected K=v1,v2,... e.g. TM=64,128,256")
         if key not in by_name:
-            raise UsageError(_unknown(key, by_name, owner))
+            raise UsageError(_unknown(key, by_name, owner, removed))
         if key in names:
             raise UsageError(f"knob {key} is given twice in the grid")
         names.append(key)

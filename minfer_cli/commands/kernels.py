@@ -28,7 +28,7 @@ def kernels(
     from minfer_cli.measure.resources import resources
 
     exps = [get(experiment)] if experiment else list(load_all().values())
-    grids = [(exp, parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")) for exp in exps]
+    grids = [(exp, parse_grid(exp.knobs, axes or [], f"experiment {exp.name}", exp.removed_knobs)) for exp in exps]
     require_timing_device()
     rows = []
     with progress("compiling") as report:

@@ -120,12 +120,13 @@ def draw_plot(plot: Optional[str], force: bool, ledger: Optional[str], draw, rec
 def engine_config(arm: Optional[list[str]]) -> dict:
     """The whole engine knob configuration of a command's one --arm (defaults elsewhere); UsageError for an unknown
     knob or value, or a combination the engine cannot run (`minfer_cli.engine.bench.engine_conflict`)."""
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs
+    from minfer_cli.engine.bench import REMOVED_KNOBS, engine_conflict, engine_knobs
     from minfer_cli.errors import UsageError
     from minfer_cli.knobs import parse_arm_text, resolve_config
 
     text = single_arm(arm)
-    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine")
+    config = resolve_config(engine_knobs(), parse_arm_text(text) if text is not None else {}, "the engine",
+                            REMOVED_KNOBS)
     conflict = engine_conflict(config)
     if conflict:
         raise UsageError(conflict)

@@ -43,12 +43,17 @@ def sweep(
 
     options.check_plot(plot, force, ledger)
     exp = get(experiment)
-    configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}")
+    configs = parse_grid(exp.knobs, axes or [], f"experiment {exp.name}", exp.removed_knobs)
     wl = exp.workload(workload, configs)
     problems = [exp.refuse(config, wl) for config in configs]
     if all(problems):
         raise UsageError(f"no point of the grid can run on workload {wl.name}: {problems[0]}")
     default = exp.default_config()
+    for axis in axes or []:  # an axis none of whose non-default values can run is no comparison at all
+        key = axis.partition("=")[0].strip()
+        moved = [p for c, p in zip(configs, problems) if c[key] != default[key]]
+        if moved and all(moved):
+            raise UsageError(f"axis {key} cannot vary on workload {wl.name}: {moved[0]}")
     if default not in configs and exp.refuse(default, wl) is None:
         configs.append(default)  # measured too, so the best point's change against today's default is on record
     default_label = f"p{configs.index(default) + 1}" if default in configs else None

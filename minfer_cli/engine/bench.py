@@ -42,6 +42,13 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8"
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
+REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0}
+"""Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
+#170); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a
+partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no
+register cap on it). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
+
+
 def engine_knobs() -> tuple[Knob, ...]:
     """The knobs of the whole engine: W16, the decode ones (``DECODE_KNOBS``), the GEMM's tile knobs, and the
     flash-attention knobs (prefixed FA_). W16 and the GEMM/FA_ knobs act on pp, the decode ones on tg."""
