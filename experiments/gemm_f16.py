@@ -1,12 +1,13 @@
 """Experiment `gemm_f16`: the prefill tensor-core GEMM ``C[nt, od] = A[nt, id] · B[od, id]^T`` (f16 in, f32 out).
 
 Knobs: the kernel's compile-time shape (KNOBS of kernels/gemm_f16_config.py, which kernels/gemm_f16.py uses); the
-defaults are the best measured on the H200 (MMA=wgmma, 256x128x64, 4 stages, cp.async, GROUP 8, LOOP=pipe; the best
-mma_sync arm, 256x128x32 with 3 stages, is `--arm MMA=mma_sync,KS=32,STAGES=3`). The baseline arm every comparison
-can go back to is `--arm MMA=mma_sync,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages, cp.async,
-mma_sync).
-Workloads: the prefill GEMMs of Qwen2-7B at nt=2048 (plus Llama-2-7B's ffn_up, and a tiny shape with tails for the
-CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
+defaults are the best measured on the H200 (MMA=wgmma, 256x128x64, 4 stages filled by a TMA producer warp, GROUP 8,
+LOOP=pipe; the same kernel fed by every thread's cp.async is `--arm STAGING=cp_async`; the best mma_sync arm, 256x128x32
+with 3 stages, is `--arm MMA=mma_sync,STAGING=cp_async,KS=32,STAGES=3`). The baseline arm every comparison can go
+back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages,
+cp.async, mma_sync). Launch knob SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`).
+Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
+Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
 host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32 accumulation).
 """
@@ -71,6 +72,9 @@ class GemmF16Experiment(Experiment):
         Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
     )
     ceiling = "matrix"
+    removed_knobs = {"SCHED": "grid"}
+    """SCHED=persistent (one block a SM looping over tiles, STAGING=tma) lost or tied its sweeps and A/B (ledger
+    #198-#201) and was deleted; a block per tile (grid) is what runs."""
 
     def input_set_bytes(self, workload: Workload) -> int:
         s = workload.shape

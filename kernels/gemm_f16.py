@@ -132,8 +132,9 @@ def _invalid(cfg: dict) -> str | None:
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
     if cfg["STAGING"] == "tma":
         if cfg["MMA"] != "wgmma" or cfg["KS"] != 64 or cfg["LOOP"] != "pipe":
-            return (f"gemm_f16 STAGING=tma needs MMA=wgmma, KS=64 (one 128-byte swizzled box row a k tile) and "
-                    f"LOOP=pipe (got MMA={cfg['MMA']}, KS={cfg['KS']}, LOOP={cfg['LOOP']})")
+            return (f"gemm_f16 STAGING=tma (the default) needs MMA=wgmma, KS=64 (one 128-byte swizzled box row a k "
+                    f"tile) and LOOP=pipe (got MMA={cfg['MMA']}, KS={cfg['KS']}, LOOP={cfg['LOOP']}); add "
+                    f"STAGING=cp_async for the cp.async kernels")
         return None
     if cfg["MMA"] == "wgmma":
         if cfg["STAGING"] != "cp_async" or cfg["LOOP"] == "v1":

@@ -130,8 +130,8 @@ def _unknown(key: str, by_name: Mapping[str, Knob], owner: str, removed: Iterabl
 
     upper = key.upper()
     if upper in set(removed):
-        return (f"knob {upper} was removed from {owner} (a variant whose A/B lost or tied; `minfer ledger show` has "
-                f"its record); its knobs are: {', '.join(by_name) or '(none)'}")
+        return (f"knob {upper} was removed from {owner} (a deleted variant; `minfer ledger show` has the records "
+                f"that measured it); its knobs are: {', '.join(by_name) or '(none)'}")
     near = difflib.get_close_matches(upper, list(by_name), n=2, cutoff=0.6)
     if len(upper) >= 3:  # GLU -> FUSE_GLU: a knob name that contains the given one
         near = [n for n in by_name if upper in n and n not in near][:2] + near

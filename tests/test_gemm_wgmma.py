@@ -214,9 +214,9 @@ def test_gemm_wgmma_simulator_matches_float64(config, shape):
 def test_wgmma_invalid_combinations_are_refused():
     for bad, match in (
         (dict(WG, STAGING="sync"), "MMA=wgmma needs STAGING=cp_async"),
-        (dict(WG, STAGING="tma"), "STAGING=tma needs MMA=wgmma, KS=64"),  # WG has KS=32
+        (dict(WG, STAGING="tma"), r"STAGING=tma \(the default\) needs MMA=wgmma, KS=64"),  # WG has KS=32
         (dict(G.DEFAULT, STAGING="tma", LOOP="addr32"), "LOOP=pipe"),
-        (dict(G.MMA_SYNC_BEST, STAGING="tma", KS=64), "STAGING=tma needs MMA=wgmma"),
+        (dict(G.MMA_SYNC_BEST, STAGING="tma", KS=64), r"STAGING=tma \(the default\) needs MMA=wgmma"),
         (dict(WG, LOOP="v1"), "LOOP=addr32 or pipe"),
         (dict(WG, STAGES=2), "STAGES >= 3"),
     ):

@@ -36,7 +36,7 @@ def sweep(
     the grid lacks it), so the record holds the best point's change against the default of its time. This is how
     defaults are found; confirm a winner with `minfer ab`.
 
-    Example: minfer sweep gemm_f16 TM=64,128,256 KS=32,64 --plot tiles.svg
+    Example: minfer sweep gemm_f16 TM=64,128,256 STAGES=3,4 --plot tiles.svg
     """
     from minfer_cli.measure.harness import measure_sweep, open_session
     from minfer_cli.measure.record import sweep_ranking, sweep_record

@@ -42,11 +42,13 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8"
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
-REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0}
+REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
+                 "SCHED": "grid"}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
 #170); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a
 partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no
-register cap on it). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
+register cap on it); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block
+per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
 
 def engine_knobs() -> tuple[Knob, ...]:
