@@ -159,6 +159,11 @@ class BenchExperiment(Experiment):
         FUSE_ATTN_Q8=1 without MMVQ (there is no Q8_1 vector to write), or GEMM knobs `kernels.gemm_f16` refuses."""
         tg = self._is_tg(workload)
         idle = idle_knobs(config, tg)
+        both = idle_knobs(config, not tg)
+        if idle and both:
+            pp, dec = (idle, both) if tg else (both, idle)
+            return (f"{', '.join(pp)} act(s) on pp workloads only and {', '.join(dec)} on tg workloads only: no "
+                    f"workload reads both; compare them in separate A/Bs")
         if idle:
             kind, other = ("tg", "pp") if tg else ("pp", "tg")
             verb = "acts" if len(idle) == 1 else "act"

@@ -120,7 +120,7 @@ class GemmF16Experiment(Experiment):
         cuda.synchronize()
 
     def refuse(self, config, workload):
-        """A knob combination `kernels.gemm_f16` refuses (e.g. MMA=wgmma with STAGING=sync); the cuBLAS arm never."""
+        """A knob combination `kernels.gemm_f16` refuses (e.g. STAGING=tma with KS=32); the cuBLAS arm never."""
         if config.get("IMPL") == "cublas":
             return None
         from kernels import gemm_f16 as kernel
@@ -130,6 +130,15 @@ class GemmF16Experiment(Experiment):
         except KernelConstraintError as e:
             return str(e)
         return None
+
+    def effective(self, config):
+        """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 for a
+        kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there)."""
+        if config.get("IMPL") == "cublas":
+            return {"IMPL": "cublas"}
+        if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
+            return dict(config, SPLITK=1)
+        return dict(config)
 
     def kernels(self, config, workload):
         """The compiled gemm instance of ``config`` (none for the cuBLAS arm), for `minfer kernels`."""

@@ -127,6 +127,12 @@ class Experiment(ABC):
         its result. `ledger verify` sets them to today's defaults when it re-runs an old record."""
         return ()
 
+    def effective(self, config: Config) -> Mapping[str, KnobValue]:
+        """``config`` reduced to what decides the code that runs (knobs a setting makes irrelevant dropped or
+        normalised): two A/B arms with the same effective configuration would time one thing twice, and `minfer ab`
+        refuses them. Default: the configuration itself."""
+        return config
+
     def refuse(self, config: Config, workload: Workload) -> str | None:
         """Why ``config`` can never run on ``workload`` (a knob combination the kernels refuse, a knob the workload
         never reads), in one sentence, or None. `run`, `ab` and `calibrate` stop on it before the GPU is opened;
@@ -245,6 +251,12 @@ def pick_for_arms(arm_texts: list[str]) -> Experiment:
     if len(owners) == 1:
         return owners[0]
     if not owners:
+        removed = {n: [e.name for e in load_all().values() if n in e.removed_knobs] for n in sorted(names)}
+        gone = {n: where for n, where in removed.items() if where}
+        if gone:
+            said = "; ".join(f"{n} from {', '.join(where)}" for n, where in gone.items())
+            raise UsageError(f"knob(s) removed ({said}: deleted variants; `minfer ledger show` has the records that "
+                             f"measured them)")
         listing = "; ".join(f"{e.name}: {', '.join(k.name for k in e.knobs) or '(none)'}" for e in load_all().values())
         raise UsageError(f"no experiment owns knob(s) {', '.join(sorted(names))}; knobs by experiment: {listing}")
     raise UsageError(

@@ -88,6 +88,10 @@ def check_same_work(exp, configs: list) -> None:
     from minfer_cli.errors import UsageError
 
     a, b = configs
+    if exp.effective(a) == exp.effective(b):
+        moved = ", ".join(f"{k}={a[k]} vs {b[k]}" for k in a if a[k] != b[k])
+        raise UsageError(f"arms A and B run the same code: what they differ in ({moved}) is not read by these "
+                         f"configurations, so the A/B would time one thing twice")
     differ = [k for k in exp.work_knobs if a[k] != b[k]]
     if differ:
         knobs = ", ".join(f"{k}={a[k]} vs {b[k]}" for k in differ)
