@@ -42,6 +42,16 @@ def row_tpb(d: int) -> int:
     `DEFAULT_TPB` a one-row norm took 10.2 µs on the H200 (14 dependent load rounds per pass; 57 per tg step)."""
     return min(1024, max(32, (d + 127) // 128 * 32))
 
+WIDE_ROWS = 256
+"""Below this many rows, a launch of one block a row leaves most of an H200's 132 SMs with one or no block: each row
+then gets `row_tpb` threads (the prefill's PNORM_WIDE)."""
+
+
+def rows_tpb(nt: int, d: int) -> int:
+    """Threads per block for an RMSNorm of ``nt`` rows of ``d`` (one block a row): `row_tpb` below `WIDE_ROWS`
+    rows, else `DEFAULT_TPB`."""
+    return row_tpb(d) if nt < WIDE_ROWS else DEFAULT_TPB
+
 OUT_DTYPES = (np.float16, np.float32)
 FULL_MASK = 0xFFFFFFFF
 

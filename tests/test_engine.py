@@ -32,8 +32,9 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"}],
-                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv"])
+@pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
+                                    {"norm_wide": True, "fuse_add_norm": True}],
+                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1"])
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
@@ -41,7 +42,8 @@ def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     needs minutes for them at these shapes; each is tested alone in the simulator, and the whole engine with every
     real kernel runs in the `gpu` tests. FUSE_ADD_NORM=1: the residual adds run in `add_rms_norm` (the GEMM stand-in
     hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows; PHEAD=gemv: the logits from the
-    quantized output weight's mat-vec (no f16 copy of it)."""
+    quantized output weight's mat-vec (no f16 copy of it); PNORM_WIDE=1: the norms (plain and fused) of this short
+    prompt with `kernels.norm.row_tpb` threads a row."""
     use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 

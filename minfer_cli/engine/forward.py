@@ -13,6 +13,7 @@ One pass over nt prompt tokens (llama-bench's pp test: an empty cache, positions
                 x += swiglu(gu) · Wdown^T
     logits = rms_norm(x[nt-1], output_norm) · Woutput^T               f32 [vocab] (last token only, as llama-bench)
 
+Knob PNORM_WIDE: the RMSNorms of short prompts (and the last token's) with up to 1024 threads a row.
 Knob PHEAD: the last token's logits from the f16 GEMM on an f16 copy of the output weight (gemm) or from the
 decode's f32-input mat-vec on the quantized weight (gemv: no f16 copy made, ~2.4-3.6x fewer bytes read for one row).
 Knob PFUSE_ROPE_KV: RoPE and the KV append as one kernel (`kernels.rope.rope` with kv_cache and q_out), which also
@@ -318,7 +319,7 @@ class PrefillEngine:
         from kernels.attention import flash_attention
         from kernels.embedding import embedding
         from kernels.kv_cache import kv_append
-        from kernels.norm import add_rms_norm, rms_norm
+        from kernels.norm import DEFAULT_TPB, add_rms_norm, rms_norm, rows_tpb
         from kernels.residual import bias_add, residual_add
         from kernels.rope import rope
         from kernels.views import head_slice
@@ -338,10 +339,11 @@ class PrefillEngine:
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
         fuse = self.options.fuse_add_norm
+        tpb = rows_tpb(nt, c.hidden) if self.options.norm_wide else DEFAULT_TPB
         for i, layer in enumerate(self.layers):
             following = self.layers[i + 1] if i + 1 < len(self.layers) else None
             if i == 0 or not fuse:  # FUSE_ADD_NORM: the previous layer's ffn_down stage made h
-                rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s)
+                rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("attn_norm")
             self._gemm(h, layer.qkv, qkv)
             if layer.qkv_bias is not None:
@@ -367,26 +369,27 @@ class PrefillEngine:
             if fuse:  # the residual add (and slice sum) runs in the ffn_norm stage's kernel
                 parts, count = self._gemm_parts(attn, layer.attn_output)
                 mark("attn_output")
-                add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+                add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             else:
                 self._gemm(attn, layer.attn_output, proj)
                 residual_add(x, proj, stream=s)
                 mark("attn_output")
-                rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s)
+                rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("ffn_norm")
             self._gemm(h, layer.gate_up, gu)
             swiglu(gu, out=act, stream=s)
             mark("ffn_gate_up")
             if fuse and following is not None:  # the add and the next layer's attn_norm, in this stage
                 parts, count = self._gemm_parts(act, layer.down)
-                add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s)
+                add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             else:
                 self._gemm(act, layer.down, proj)
                 residual_add(x, proj, stream=s)
             mark("ffn_down")
             if taps is not None:
                 taps.append(x.copy_to_host(stream=s))
-        rms_norm(x[nt - 1: nt], self.output_norm, c.rms_eps, out=self.last, stream=s)
+        rms_norm(x[nt - 1: nt], self.output_norm, c.rms_eps, out=self.last, stream=s,
+                 tpb=rows_tpb(1, c.hidden) if self.options.norm_wide else DEFAULT_TPB)
         if self.options.head == "gemm":
             self._gemm(self.last, self.output, self.logits)
         else:  # PHEAD=gemv: the decode's f32-input mat-vec on the quantized weight

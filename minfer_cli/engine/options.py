@@ -24,7 +24,9 @@ class PrefillOptions:
     (False). fuse_rope_kv (PFUSE_ROPE_KV): RoPE also writes the rotated q as f16 and the K/V cache rows
     (`kernels.rope.rope` with kv_cache and q_out, True) instead of a separate `kernels.kv_cache.kv_append` (False).
     head (PHEAD): the last token's logits by `kernels.gemm_f16` on an f16 copy of the output weight ("gemm") or by
-    `kernels.gemv.gemv_q` on the quantized weight with f32 input ("gemv"; no f16 copy of it is made)."""
+    `kernels.gemv.gemv_q` on the quantized weight with f32 input ("gemv"; no f16 copy of it is made). norm_wide
+    (PNORM_WIDE): RMSNorms of fewer than `kernels.norm.WIDE_ROWS` rows (and the last token's) run with
+    `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every length (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -33,6 +35,7 @@ class PrefillOptions:
     fuse_add_norm: bool = False
     fuse_rope_kv: bool = False
     head: str = "gemm"
+    norm_wide: bool = False
 
 
 @dataclass(frozen=True)
