@@ -67,9 +67,10 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PHEAD", ("gemm", "gemv"), "gemm", "prefill (pp): the last token's logits by the f16 GEMM on an f16 "
                                                        "copy of the output weight (gemm) or by the decode's f32-input "
                                                        "mat-vec on the quantized weight (gemv: no f16 copy, fewer bytes)")]
-    knobs += [Knob("PNORM_WIDE", (0, 1), 0, "prefill (pp): 1 runs the RMSNorms of prompts under 256 tokens (and the "
+    knobs += [Knob("PNORM_WIDE", (0, 1), 1, "prefill (pp): 1 runs the RMSNorms of prompts under 256 tokens (and the "
                                             "last token's) with up to 1024 threads a row, so a row takes one round of "
-                                            "loads; 0 256 threads a row at every length")]
+                                            "loads (the default: pp128 +2.1%, ledger #207); 0 256 threads a row at "
+                                            "every length", legacy=0)]
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
                                                "the RoPE kernel; 0 copies them in a separate KV-append kernel (decode's "
                                                "FUSE_ROPE_KV, plus q)")]
@@ -154,7 +155,7 @@ def engine_options(config: Config) -> EngineOptions:
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
-                             norm_wide=bool(config.get("PNORM_WIDE", 0)))
+                             norm_wide=bool(config.get("PNORM_WIDE", 1)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),

@@ -35,7 +35,7 @@ class PrefillOptions:
     fuse_add_norm: bool = False
     fuse_rope_kv: bool = False
     head: str = "gemm"
-    norm_wide: bool = False
+    norm_wide: bool = True
 
 
 @dataclass(frozen=True)
