@@ -146,6 +146,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["ab", "bench", "--arm", "ATTN_SPLITS=32,PHEAD=gemv", "--arm", "ATTN_SPLITS=64"],
          "PHEAD act(s) on pp workloads only and ATTN_SPLITS on tg workloads only: no workload reads both"),
         (["bench", "--arm", "SCHED=persistent"], "knob SCHED was removed from the engine"),
+        (["kernels", "gemm_f16", "KS=32"], "no point of the grid compiles for gemm_f16: gemm_f16 STAGING=tma"),
         (["sweep", "gemm_f16", "SCHED=grid,persistent"], "knob SCHED was removed from experiment gemm_f16"),
         (["sweep", "bench", "-w", "tg128", "FUSE_ADD_NORM=0,1"],
          "axis FUSE_ADD_NORM cannot vary on workload tg128: FUSE_ADD_NORM acts on pp workloads only"),

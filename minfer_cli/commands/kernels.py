@@ -27,8 +27,14 @@ def kernels(
     from minfer_cli.measure.device import require_timing_device
     from minfer_cli.measure.resources import resources
 
+    from minfer_cli.errors import UsageError
+
     exps = [get(experiment)] if experiment else list(load_all().values())
     grids = [(exp, parse_grid(exp.knobs, axes or [], f"experiment {exp.name}", exp.removed_knobs)) for exp in exps]
+    for exp, configs in grids:  # a grid no point of which compiles, refused before the GPU (as `sweep` does)
+        problems = [exp.refuse(c, exp.default_workload) for c in configs]
+        if configs and all(problems):
+            raise UsageError(f"no point of the grid compiles for {exp.name}: {problems[0]}")
     require_timing_device()
     rows = []
     with progress("compiling") as report:
