@@ -245,6 +245,9 @@ def _assert_instructions(config, ptx):
     if cfg["STAGING"] == "cp_async":
         assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
         assert f"cp.async.wait_group {cfg['STAGES'] - 2 - d};" in ptx
+    elif cfg["STAGING"] == "tma":
+        assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx
+        assert "cp.async.cg" not in ptx
     else:
         assert "cp.async" not in ptx
         assert "ld.global.v4.b32" in ptx and "st.shared.v4.b32" in ptx
@@ -260,6 +263,8 @@ def test_each_knob_value_compiles_and_changes_the_code(knob, value):
     config = dict(B, **{knob: value})
     if value == "wgmma":
         config["LOOP"] = "addr32"  # wgmma has no LOOP=v1 (the baseline's)
+    if value == "tma":
+        config.update(MMA="wgmma", KS=64, LOOP="pipe")  # STAGING=tma's only kernel
     ptx = _ptx(config)
     _assert_instructions(config, ptx)
     if value != B[knob]:

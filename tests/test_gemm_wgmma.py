@@ -246,8 +246,8 @@ def _expected_n(cfg):
     return g.tm // (wgs // wg_n)
 
 
-COMPILE_CASES = [
-    G.DEFAULT,
+COMPILE_CASES = [  # the cp.async kernels (STAGING=tma: test_tma_ptx)
+    dict(G.DEFAULT, STAGING="cp_async"),
     WG,
     dict(WG, LOOP="addr32"),
     dict(WG, KS=64, STAGES=4),
