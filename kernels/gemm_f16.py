@@ -430,6 +430,26 @@ def _program_order(TN: int, TM: int, GROUP: int):
     return tile_origin
 
 
+def _ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
+    """``ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate)``: one k tile's wgmma batch of a warpgroup (the
+    wgmma and tma kernels): wgmma.fence, then for each k16 step and m64 slice one m64nNk16 on the stage at descriptor
+    offset ``step`` (bytes >> 4), adding to ``acc`` unless this is the first k tile (``accumulate`` False: D = A·B),
+    then commit. The caller waits (wgmma.wait_group)."""
+
+    @cuda.jit(device=True, inline="always")
+    def ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate):
+        wgmma_fence()
+        for kq in range(K16):
+            db = desc_b0 + step + uint64(kq * 2)
+            scale_d = uint32(1) if kq > 0 or accumulate else uint32(0)
+            for i in range(MT64):
+                da = desc_a0 + step + uint64(kq * 2 + i * (M64_B >> 4))
+                wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
+        wgmma_commit_group()
+
+    return ktile_mma
+
+
 def _split_work(TN: int, TM: int, GROUP: int):
     """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
     `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
@@ -742,6 +762,7 @@ def _make_kernel_wgmma(g: Geometry):
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
     block_work = _split_work(TN, TM, GROUP)
     store_c = _c_fragment_store(MT64, N // 8, 64)
+    ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
@@ -785,15 +806,7 @@ def _make_kernel_wgmma(g: Geometry):
             if woff == RING_B:
                 woff = uint32(0)
             if kt >= 0:
-                wgmma_fence()
-                step = uint64(rslot >> 4)
-                for kq in range(K16):
-                    db = desc_b0 + step + uint64(kq * 2)
-                    scale_d = uint32(1) if kq > 0 or kt > 0 else uint32(0)
-                    for i in range(MT64):
-                        da = desc_a0 + step + uint64(kq * 2 + i * (M64_B >> 4))
-                        wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
-                wgmma_commit_group()
+                ktile_mma(smem, acc, desc_a0, desc_b0, uint64(rslot >> 4), kt > 0)
                 wgmma_wait_group(D)
                 rslot = uint32(rslot + STAGE_B)
                 if rslot == RING_B:
@@ -852,6 +865,7 @@ def _make_kernel_tma(g: Geometry):
     M64_B = 64 * ROWB
     block_work = _split_work(TN, TM, GROUP)
     store_c = _c_fragment_store(MT64, N // 8, 64)
+    ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
@@ -899,15 +913,7 @@ def _make_kernel_tma(g: Geometry):
         for i in range(ktiles):
             while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
                 pass
-            wgmma_fence()
-            step = uint64((s * STAGE_B) >> 4)
-            for kq in range(K16):
-                db = desc_b0 + step + uint64(kq * 2)
-                scale_d = uint32(1) if kq > 0 or i > 0 else uint32(0)
-                for j in range(MT64):
-                    da = desc_a0 + step + uint64(kq * 2 + j * (M64_B >> 4))
-                    wgmma_m64nNk16_f32_f16(smem, acc, j * NH, da, db, scale_d, N)
-            wgmma_commit_group()
+            ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
             wgmma_wait_group(1)
             if i > 0 and lane == 0:
                 mbarrier_arrive(bars, FULL0 + STAGES + prev)

@@ -154,12 +154,16 @@ if SIMULATOR:
         if s0 + n > s.size or d0 + n > d.size:
             raise IndexError(f"cp.async.bulk of {n} bytes runs past an array ({s.size} source / {d.size} "
                              f"destination bytes)")
-        data = s[s0 : s0 + n].copy()
+        _issue_copy(bar, bar_index, d, d0, s[s0 : s0 + n].copy())
+
+    def _issue_copy(bar, bar_index, d, d0: int, data) -> None:
+        """An asynchronous copy of ``data`` (uint8) to bytes ``d0 ..`` of ``d``: poison until a wait observes the
+        barrier's phase complete, its bytes completed on the barrier now (shared by the bulk and tensor copies)."""
         with _LOCK:
             state = _barrier(bar, bar_index)
-            d[d0 : d0 + n] = BULK_POISON
+            d[d0 : d0 + data.size] = BULK_POISON
             state.copies.append((d, d0, data))
-            state.tx -= n
+            state.tx -= data.size
             state.complete_if_done()
 
     def _check_maxnreg(n) -> None:

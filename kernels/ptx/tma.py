@@ -38,8 +38,7 @@ if SIMULATOR:
     import threading
 
     from kernels.ptx._base import _bytes, _ndarray
-    from kernels.ptx.bulk import _LOCK as _BARRIER_LOCK
-    from kernels.ptx.bulk import BULK_POISON, _barrier
+    from kernels.ptx.bulk import _issue_copy
 
     _MAGIC = 0x544D4150  # "TMAP"
     _REGISTRY: dict[int, tuple] = {}
@@ -128,13 +127,7 @@ if SIMULATOR:
         swizzled = np.empty_like(chunks)
         for r in range(box_rows):
             swizzled[r, np.arange(8) ^ (r & 7)] = chunks[r]
-        data = swizzled.reshape(-1)
-        with _BARRIER_LOCK:
-            state = _barrier(bar, bar_index)
-            d[d0 : d0 + n] = BULK_POISON
-            state.copies.append((d, d0, data))
-            state.tx -= n
-            state.complete_if_done()
+        _issue_copy(bar, bar_index, d, d0, swizzled.reshape(-1))
 
 else:
 
