@@ -1119,27 +1119,32 @@ def _launch(a, b, out, config, stream, partials):
     built = build(config)
     g = built.geometry
     plan = split_plan(config, nt, od, kdim)
-    tiles = g.grid(nt, od)
-    parts = None
-    target = out
-    if plan.slices > 1:
-        need = plan.slices * (nt * od if plan.whole == 0 else (tiles - plan.whole) * g.tn * g.tm)
-        if partials is None:
-            partials = cuda.device_array(need, dtype=np.float32, stream=stream)
-        if np.dtype(partials.dtype) != np.float32 or partials.ndim != 1 or partials.shape[0] < need:
-            raise KernelConstraintError(
-                f"gemm_f16: split-K over {plan.slices} slices needs a flat float32 partials array of at least {need} "
-                f"elements, got {partials.dtype} {tuple(partials.shape)}")
-        parts = partials[:need]
-        target = parts.reshape(plan.slices * nt, od) if plan.whole == 0 else parts.reshape(need // g.tm, g.tm)
+    parts, target = _split_target(plan, g, nt, od, out, partials, stream)
     if g.staging == "tma":
         amap, bmap = _tensor_map(a, g.tn), _tensor_map(b, g.tm)
     else:
         amap = bmap = _no_map()
-    built.kernel[plan.blocks(tiles), g.threads, stream, g.smem_bytes](
+    built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
         a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap
     )
     return plan, parts
+
+
+def _split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, stream):
+    """(the flat partials a launch of ``plan`` uses or None, the 2-D array its kernel writes: ``out``, or the
+    partials as [slices * nt, od] / compact [tiles * slices * TN, TM]); allocates the partials when None.
+    KernelConstraintError when ``partials`` is too small."""
+    if plan.slices == 1:
+        return None, out
+    need = plan.slices * (nt * od if plan.whole == 0 else (g.grid(nt, od) - plan.whole) * g.tn * g.tm)
+    if partials is None:
+        partials = cuda.device_array(need, dtype=np.float32, stream=stream)
+    if np.dtype(partials.dtype) != np.float32 or partials.ndim != 1 or partials.shape[0] < need:
+        raise KernelConstraintError(
+            f"gemm_f16: split-K over {plan.slices} slices needs a flat float32 partials array of at least {need} "
+            f"elements, got {partials.dtype} {tuple(partials.shape)}")
+    parts = partials[:need]
+    return parts, (parts.reshape(plan.slices * nt, od) if plan.whole == 0 else parts.reshape(need // g.tm, g.tm))
 
 
 _MAPS: dict = {}

@@ -1,0 +1,143 @@
+"""kernels/gemm_fused.py: the prefill GEMM whose B producer dequantizes GGUF blocks into the swizzled tile.
+
+* simulator session: random valid Q4_K weights (`minfer_cli.quant_blocks.random_blocks`) in 1-3 segments, nt/od
+  tails, a ring that wraps, split-K slices; C against float64 of gguf-py's dequantization and bit for bit against
+  `gemm_f16` on the f16 copy (`kernels.quant.dequantize`); poisoned outputs and partials;
+* `compile`: the producer's instructions in the sm_90a PTX, nothing spills, the block's registers fit;
+* `gpu`: real Qwen2-7B shapes on the H200, bit-identical to the f16-copy path and within 1e-3 of torch.
+Refusals of bad input run everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels import gemm_f16 as G
+from kernels import gemm_fused as F
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+from kernels.quant import dequantize
+from minfer_cli.quant_blocks import random_blocks, reference_f16
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+
+
+def _operands(nt, rows, id_, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    raws = [random_blocks("Q4_K", r, id_, rng) for r in rows]
+    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, id_) for raw, r in zip(raws, rows)])
+    return a, raws, w16
+
+
+def _fused(a, raws, rows, config, partials=None):
+    nt, od = a.shape[0], sum(rows)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    segments = [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)]
+    F.gemm_fused(cuda.to_device(a), segments, "Q4_K", out, config=config, partials=partials)
+    return out.copy_to_host()
+
+
+def _f16_path(a, raws, rows, config):
+    """gemm_f16 on the f16 copy the engine's W16=1 makes (kernels.quant.dequantize of each segment)."""
+    id_ = a.shape[1]
+    w = cuda.device_array((sum(rows), id_), np.float16)
+    at = 0
+    for raw, r in zip(raws, rows):
+        dequantize(cuda.to_device(raw), "Q4_K", r, id_, out=w[at: at + r])
+        at += r
+    out = cuda.to_device(np.full((a.shape[0], sum(rows)), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), w, out, config=config)
+    return out.copy_to_host()
+
+
+SIM_CASES = [
+    ("128x64, 2 stages (the ring wraps), 2 segments, od tail", dict(G.DEFAULT, TM=128, TN=64, STAGES=2), 33, [70, 60], 512),
+    ("256x128 default: two rows a producer thread, 3 segments", G.DEFAULT, 17, [100, 90, 110], 256),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,nt,rows,id_", [c[1:] for c in SIM_CASES], ids=[c[0] for c in SIM_CASES])
+def test_fused_simulator_matches_float64_and_the_f16_copy(config, nt, rows, id_):
+    a, raws, w16 = _operands(nt, rows, id_, seed=len(rows))
+    got = _fused(a, raws, rows, config)
+    assert np.isfinite(got).all(), "some outputs were never written"
+    ref = a.astype(np.float64) @ w16.astype(np.float64).T
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    assert np.array_equal(got, _f16_path(a, raws, rows, config))
+
+
+@sim
+def test_fused_simulator_split_k():
+    """Every tile in 3 k slices (each producer starts mid super-block): poisoned C and partials, the f16 path's bits."""
+    nt, rows, id_ = 20, [40, 30], 768
+    config = dict(G.DEFAULT, TM=128, TN=64, STAGES=3, SPLITK=3)
+    a, raws, w16 = _operands(nt, rows, id_, seed=9)
+    partials = cuda.to_device(np.full(G.partials_elements(config, nt, sum(rows), id_), np.nan, np.float32))
+    got = _fused(a, raws, rows, config, partials=partials)
+    assert np.isfinite(got).all()
+    ref = a.astype(np.float64) @ w16.astype(np.float64).T
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    assert np.array_equal(got, _f16_path(a, raws, rows, config))
+
+
+def _bad_calls():
+    a = np.zeros((4, 256), np.float16)
+    raw = np.zeros(2 * 144, np.uint8)
+    return [
+        (lambda: F.fused_geometry(None, "Q6_K"), "Q6_K have no dequantizing producer; types: Q4_K"),
+        (lambda: F.fused_geometry(dict(G.DEFAULT, STAGING="cp_async"), "Q4_K"), "needs STAGING=tma"),
+        (lambda: F.fused_geometry(dict(G.DEFAULT, TM=64), "Q4_K"), "TM=128 or 256"),
+        (lambda: F.check_segments(np.zeros((4, 128), np.float16), [(raw, 2)], "Q4_K"), "multiple of 256"),
+        (lambda: F.check_segments(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
+        (lambda: F.check_segments(a, [(raw.view(np.uint16), 2)], "Q4_K"), "1-D uint8"),
+        (lambda: F.check_segments(a, [(raw, 2)] * 4, "Q4_K"), "1 to 3 weight segments"),
+        (lambda: F.check_segments(a.astype(np.float32), [(raw, 2)], "Q4_K"), "float16"),
+        (lambda: F.check_segments(a, [(raw, 2)], "Q4_K", out=np.zeros((4, 3), np.float32)), r"float32 \[4, 2\]"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_fused_refuses_bad_input_in_one_line(index):
+    call, match = _bad_calls()[index]
+    with pytest.raises(KernelConstraintError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, TM=128, TN=64, STAGES=2)], ids=["default", "128x64"])
+def test_fused_ptx(config):
+    """The producer's vector loads, swizzled 16-byte stores, proxy fence and barrier arrivals, the A box, the
+    consumers' wgmma; nothing in local memory and the block's registers fit the register file (384 threads)."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = F.kernel_ptx(config, "Q4_K")
+    for needle in ("ld.global.v4.b32", "st.shared.v4.b32", "fence.proxy.async.shared::cta",
+                   "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+                   "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                   "mbarrier.try_wait.parity.shared::cta.b64", "cvt.rn.f16x2.f32", "mul.rn.f32", "sub.rn.f32",
+                   "wgmma.wait_group.sync.aligned 1;", ".extern .shared .align 1024"):
+        assert needle in ptx, needle
+    assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators or weights in local memory"
+    res = ptxas_resources(ptx)
+    assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
+    assert res["registers"] * F.fused_geometry(config, "Q4_K").threads <= 65536
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, SPLITK=3), dict(G.DEFAULT, TM=128, TN=64, STAGES=2)],
+                         ids=["default", "split3", "128x64"])
+@pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [18944, 18944], 3584),
+                                        (2047, [3584, 512, 513], 3584), (33, [70], 256)], ids=str)
+def test_fused_gpu_matches_the_f16_copy_and_torch(config, nt, rows, id_):
+    torch = pytest.importorskip("torch")
+    a, raws, w16 = _operands(nt, rows, id_, seed=nt)
+    got = _fused(a, raws, rows, config)
+    assert np.isfinite(got).all()
+    assert np.array_equal(got, _f16_path(a, raws, rows, config))
+    ref = (torch.from_numpy(a).cuda().double() @ torch.from_numpy(w16).cuda().double().T).cpu().numpy()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
