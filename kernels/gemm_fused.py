@@ -41,20 +41,25 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16 import Geometry, geometry
-from kernels.ptx import SIMULATOR, ld_global_v4_b32, st_shared_v4_b32
+from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b32, st_shared_v4_b32, sub_f16x2, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
-from kernels.ptx.tma import cp_async_bulk_tensor_2d_g2s
+from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
 from kernels.ptx.wgmma import SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
 from kernels.quant.bits import F32_MAGIC, F32_MAGIC_BITS, f16x2_bits, f32_from_bits, f32_from_f16_bits, fmul_rn, fsub_rn
-from kernels.specialize import KernelCache, is_contiguous
+from kernels.specialize import H200_SMEM_OPTIN, KernelCache, is_contiguous
 
 FUSED_TYPES = ("Q4_K",)
 """Weight formats the dequantizing B producer reads."""
 BLOCK_WEIGHTS = 256
 BLOCK_BYTES = {"Q4_K": 144}
-PRODUCERS = 128
-"""Threads of the producer warpgroup."""
 MAX_SEGMENTS = 3
+BOX_ROWS = 64
+"""Weight rows a raw box copy carries; segment boundaries inside a weight are multiples of it."""
+RAW_ROW_BYTES = 48
+"""Bytes of one Q4_K row for one 64-wide k tile: the 16-byte header (d, dmin, scales) and 32 bytes of qs."""
+MAX_RAW = 8
+F16_HI_BYTES = 0x64646464  # prmt's second source: 0x64, the high byte of f16 1024.0 (0x6400), under each code byte
+F16_1024X2 = 0x64006400
 
 
 @dataclass(frozen=True)
@@ -63,55 +68,60 @@ class FusedGeometry:
 
     base: Geometry
     qtype: str
+    math: str
+    raw: int  # slots of the raw ring (each the blocks' bytes of one k tile of the TM rows)
 
     @property
     def threads(self) -> int:
-        return 32 * self.base.warps + PRODUCERS
+        return self.base.threads
+
+    @property
+    def raw_slot_bytes(self) -> int:
+        return self.base.tm * RAW_ROW_BYTES
 
     @property
     def smem_bytes(self) -> int:
-        return self.base.smem_bytes
+        """The f16 ring and its two barriers a stage (the STAGING=tma kernel's), then the raw ring and its two."""
+        return self.base.smem_bytes + self.raw * (self.raw_slot_bytes + 16)
 
 
-def fused_geometry(config: dict | None, qtype: str) -> FusedGeometry:
-    """The FusedGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``; KernelConstraintError (one line) for
-    a format the producer does not read or knobs the fused kernel does not take (it is the STAGING=tma kernel:
-    MMA=wgmma, KS=64, LOOP=pipe; and TM a multiple of 128: a producer thread owns one B row in each 128)."""
+MATHS = ("exact", "f16x2")
+"""How the producer turns codes into f16: ``exact`` as `kernels.quant` (float32 ``.rn`` operations, then one
+rounding: the f16 copy's bits); ``f16x2`` two weights an instruction (`prmt` puts two codes under the f16 exponent
+of 1024, `sub.rn.f16x2` removes it exactly, `fma.rn.f16x2` applies the sub-block's scale and min, both rounded to
+f16 first: within a few f16 ulps of the exact weight, ~1/3 of the instructions)."""
+
+
+def fused_geometry(config: dict | None, qtype: str, math: str = "exact") -> FusedGeometry:
+    """The FusedGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: the raw ring gets the slots (up to
+    `MAX_RAW`) that fit beside the f16 ring in the H200's 227 KB. KernelConstraintError (one line) for a format
+    without a dequantizer or knobs the fused kernel does not take (it is the STAGING=tma kernel: MMA=wgmma, KS=64,
+    LOOP=pipe; and STAGES >= 3)."""
     if qtype not in FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizing producer; "
                                     f"types: {', '.join(FUSED_TYPES)}")
+    if math not in MATHS:
+        raise KernelConstraintError(f"gemm_fused: math {math!r} is not one of {', '.join(MATHS)}")
     g = geometry(config)
-    if g.staging != "tma" or g.tm % PRODUCERS:
-        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and TM=128 or 256 (got STAGING="
-                                    f"{g.staging}, TM={g.tm})")
-    return FusedGeometry(g, qtype)
+    if g.staging != "tma" or g.stages < 3:
+        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (a slot is "
+                                    f"refilled while the batch of the tile before it may still read its neighbour; "
+                                    f"got STAGING={g.staging}, STAGES={g.stages})")
+    raw = min(MAX_RAW, (H200_SMEM_OPTIN - g.smem_bytes) // (g.tm * RAW_ROW_BYTES + 16))
+    if raw < 2:
+        raise KernelConstraintError(f"gemm_fused: STAGES={g.stages} leaves room for {raw} raw slots of "
+                                    f"{g.tm * RAW_ROW_BYTES} bytes (needs 2); lower STAGES")
+    return FusedGeometry(g, qtype, math, raw)
 
 
-def _q4_k_rows():
-    """(load, store) device helpers of the Q4_K producer. ``load(b0, b1, b2, e0, e1, od, row, kt, wpr)``: the 12
-    uint32 words tile ``kt`` of weight row ``row`` needs (header d|dmin|scales[12], then qs bytes 32 g .. 32 g + 31,
-    g = kt % 4), zeros past od. ``store(smem, at, r, kt, w)``: row r's 64 weights of tile kt dequantized into the
-    swizzled B tile at element ``at``."""
-
-    @cuda.jit(device=True, inline="always")
-    def load(b0, b1, b2, e0, e1, od, row, kt, wpr):
-        if row >= od:
-            z = uint32(0)
-            return (z, z, z, z, z, z, z, z, z, z, z, z)
-        arr = b0
-        r = row
-        if row >= e1:
-            arr = b2
-            r = row - e1
-        elif row >= e0:
-            arr = b1
-            r = row - e0
-        base = r * wpr + (kt >> 2) * 36
-        h = ld_global_v4_b32(arr, base)
-        q = base + 4 + 8 * (kt & 3)
-        x = ld_global_v4_b32(arr, q)
-        y = ld_global_v4_b32(arr, q + 4)
-        return (h[0], h[1], h[2], h[3], x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3])
+def _q4_k_row(math: str, TM: int):
+    """``row(smem, raw_at, at, r, kt, valid)``, the Q4_K dequantizer: row r's 64 weights of k tile kt, read from the
+    raw slot at element ``raw_at`` (the row's 16-byte header d|dmin|scales[12] at r * 16 bytes, its 32 qs bytes of
+    group g = kt % 4 after the slot's TM headers), written as f16 into the swizzled B tile at element ``at``; zeros
+    when not ``valid`` (a row past od: no box brought it, and a zero header dequantizes to zeros). The qs are read
+    16 bytes at a time, each feeding the low-nibble chunks and the high-nibble chunks it holds, so few words are
+    live beside the accumulators."""
+    QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
 
     @cuda.jit(device=True, inline="always")
     def weight(dsc, dm, word, k):
@@ -119,7 +129,7 @@ def _q4_k_rows():
         return fsub_rn(fmul_rn(dsc, q), dm)
 
     @cuda.jit(device=True, inline="always")
-    def chunk(smem, at, r, c, dsc, dm, lo, hi):
+    def chunk_exact(smem, at, r, c, dsc, dm, lo, hi):
         st_shared_v4_b32(smem, at + r * 64 + ((c ^ (r & 7)) << 3),
                          f16x2_bits(weight(dsc, dm, lo, 0), weight(dsc, dm, lo, 1)),
                          f16x2_bits(weight(dsc, dm, lo, 2), weight(dsc, dm, lo, 3)),
@@ -127,38 +137,64 @@ def _q4_k_rows():
                          f16x2_bits(weight(dsc, dm, hi, 2), weight(dsc, dm, hi, 3)))
 
     @cuda.jit(device=True, inline="always")
-    def half(smem, at, r, c0, shift, dsc, dm, w):
-        chunk(smem, at, r, c0, dsc, dm, (w[4] >> shift) & 0x0F0F0F0F, (w[5] >> shift) & 0x0F0F0F0F)
-        chunk(smem, at, r, c0 + 1, dsc, dm, (w[6] >> shift) & 0x0F0F0F0F, (w[7] >> shift) & 0x0F0F0F0F)
-        chunk(smem, at, r, c0 + 2, dsc, dm, (w[8] >> shift) & 0x0F0F0F0F, (w[9] >> shift) & 0x0F0F0F0F)
-        chunk(smem, at, r, c0 + 3, dsc, dm, (w[10] >> shift) & 0x0F0F0F0F, (w[11] >> shift) & 0x0F0F0F0F)
+    def pair(x, s2, m2):
+        return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
 
     @cuda.jit(device=True, inline="always")
-    def store(smem, at, r, kt, w):
-        d = f32_from_f16_bits(w[0] & 0xFFFF)
-        dmin = f32_from_f16_bits(w[0] >> 16)
-        g = kt & 3
-        for h in range(2):  # sub-block s = 2 g + h: low nibbles (chunks 0-3), then high (chunks 4-7)
-            t = 8 * ((2 * g + h) & 3)
-            a = (w[1] >> t) & 0xFF  # scales[s % 4]
-            c = (w[2] >> t) & 0xFF  # scales[s % 4 + 4]
-            e = (w[3] >> t) & 0xFF  # scales[s % 4 + 8]
-            if g < 2:
-                sc = a & 63
-                m = c & 63
-            else:
-                sc = (e & 0xF) | ((a >> 6) << 4)
-                m = (e >> 4) | ((c >> 6) << 4)
-            half(smem, at, r, 4 * h, 4 * h, fmul_rn(d, float32(sc)), fmul_rn(dmin, float32(m)), w)
+    def chunk_f16x2(smem, at, r, c, s2, m2, lo, hi):
+        st_shared_v4_b32(smem, at + r * 64 + ((c ^ (r & 7)) << 3),
+                         pair(prmt_b32(lo, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(lo, F16_HI_BYTES, 0x4342), s2, m2),
+                         pair(prmt_b32(hi, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(hi, F16_HI_BYTES, 0x4342), s2, m2))
 
-    return load, store
+    @cuda.jit(device=True, inline="always")
+    def scales_exact(dsc, dm):
+        return dsc, dm
+
+    @cuda.jit(device=True, inline="always")
+    def scales_f16x2(dsc, dm):
+        return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
+
+    chunk, scales = (chunk_f16x2, scales_f16x2) if math == "f16x2" else (chunk_exact, scales_exact)
+
+    @cuda.jit(device=True, inline="always")
+    def scale_min(d, dmin, g, s, h0, h1, h2):
+        """(d * sc, dmin * m) of sub-block s (ggml's get_scale_min_k4 over scales[12] = words h0, h1, h2)."""
+        t = 8 * (s & 3)
+        a = (h0 >> t) & 0xFF  # scales[s % 4]
+        c = (h1 >> t) & 0xFF  # scales[s % 4 + 4]
+        e = (h2 >> t) & 0xFF  # scales[s % 4 + 8]
+        if g < 2:
+            sc = a & 63
+            m = c & 63
+        else:
+            sc = (e & 0xF) | ((a >> 6) << 4)
+            m = (e >> 4) | ((c >> 6) << 4)
+        return scales(fmul_rn(d, float32(sc)), fmul_rn(dmin, float32(m)))
+
+    @cuda.jit(device=True, inline="always")
+    def row(smem, raw_at, at, r, kt, valid):
+        h = ld_shared_v4_b32(smem, raw_at + r * 8)
+        w0 = h[0] if valid else uint32(0)
+        d = f32_from_f16_bits(w0 & 0xFFFF)
+        dmin = f32_from_f16_bits(w0 >> 16)
+        g = kt & 3
+        lo_s, lo_m = scale_min(d, dmin, g, 2 * g, h[1], h[2], h[3])  # sub-block 2g: low nibbles, chunks 0-3
+        hi_s, hi_m = scale_min(d, dmin, g, 2 * g + 1, h[1], h[2], h[3])  # 2g + 1: high nibbles, chunks 4-7
+        for q in range(2):  # qs bytes 16 q .. 16 q + 15: chunks 2q, 2q + 1 and 2q + 4, 2q + 5
+            x = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + q * 8)
+            chunk(smem, at, r, 2 * q, lo_s, lo_m, x[0] & 0x0F0F0F0F, x[1] & 0x0F0F0F0F)
+            chunk(smem, at, r, 2 * q + 1, lo_s, lo_m, x[2] & 0x0F0F0F0F, x[3] & 0x0F0F0F0F)
+            chunk(smem, at, r, 2 * q + 4, hi_s, hi_m, (x[0] >> 4) & 0x0F0F0F0F, (x[1] >> 4) & 0x0F0F0F0F)
+            chunk(smem, at, r, 2 * q + 5, hi_s, hi_m, (x[2] >> 4) & 0x0F0F0F0F, (x[3] >> 4) & 0x0F0F0F0F)
+
+    return row
 
 
 def _make_kernel(fg: FusedGeometry):
     """The fused kernel for one geometry (see the module docstring); the consumers are `kernels.gemm_f16`'s
     STAGING=tma consumers unchanged."""
     g = fg.base
-    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
+    TM, TN, KS, STAGES, GROUP, RAW = g.tm, g.tn, g.ks, g.stages, g.group, fg.raw
     ROWB = KS * 2
     WGS = g.warps // 4
     WG_N = min(WGS, TN // 64)
@@ -175,20 +211,71 @@ def _make_kernel(fg: FusedGeometry):
     STAGE_ELEMS = (TN + TM) * KS
     STAGE_B = STAGE_ELEMS * 2
     SA_B = TN * ROWB
-    FULL0 = STAGES * STAGE_B // 8
+    RAW0 = STAGES * STAGE_ELEMS  # element offset of the raw ring
+    RAW_SLOT = fg.raw_slot_bytes // 2  # elements a raw slot
+    QS = TM * 16 // 2
+    BOX_HDR = BOX_ROWS * 16 // 2  # elements of one header box / one qs box
+    BOX_QS = BOX_ROWS * 32 // 2
+    NBOX = TM // BOX_ROWS
+    BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
+    FULL0 = (STAGES * STAGE_B + RAW * fg.raw_slot_bytes) // 8  # full[s], empty[s], rfull[j], rempty[j]
+    EMPTY0 = FULL0 + STAGES
+    RFULL0 = FULL0 + 2 * STAGES
+    REMPTY0 = RFULL0 + RAW
     CONSUMERS = 32 * g.warps
     CONSUMER_WARPS = g.warps
-    TWO = TM // PRODUCERS == 2
+    TWO = TM == 2 * CONSUMERS  # a consumer thread dequantizes B rows tid and tid + CONSUMERS
     K16 = KS // 16
     M64_B = 64 * ROWB
-    WORDS = BLOCK_BYTES[fg.qtype] // 4
+    BLOCK = BLOCK_BYTES[fg.qtype]
     block_work = gemm_f16._split_work(TN, TM, GROUP)
     store_c = gemm_f16._c_fragment_store(MT64, N // 8, 64)
     ktile_mma = gemm_f16._ktile_mma(K16, MT64, NH, N, M64_B)
-    load, store = _q4_k_rows()
+    row = _q4_k_row(fg.math, TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b0, b1, b2, e0, e1, out, parts, nt, od, kdim, whole, count, amap):
+    @cuda.jit(device=True, inline="always")
+    def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
+        """Arm rfull[slot] and copy k tile kt's header and qs boxes of every 64-row box of the tile below od."""
+        boxes = min(NBOX, (od - m0 + BOX_ROWS - 1) // BOX_ROWS)
+        mbarrier_arrive_expect_tx(bars, RFULL0 + slot, boxes * BOX_BYTES)
+        at = RAW0 + slot * RAW_SLOT
+        col = (kt >> 2) * BLOCK
+        for j in range(NBOX):
+            row = m0 + j * BOX_ROWS
+            if row < od:
+                seg = 0
+                local = row
+                if row >= e1:
+                    seg = 2
+                    local = row - e1
+                elif row >= e0:
+                    seg = 1
+                    local = row - e0
+                cp_async_bulk_tensor_2d_g2s(smem, at + j * BOX_HDR, rmap, 32 * seg, col, local, bars, RFULL0 + slot)
+                cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
+                                            local, bars, RFULL0 + slot)
+
+    @cuda.jit(device=True, inline="always")
+    def dequant(smem, bars, i, kt, tid, lane, va, vb):
+        """Consumer thread tid's B rows of k tile i (ring slot i % STAGES) from raw slot i % RAW: wait for the raw
+        boxes, dequantize the rows into the slot, free the raw slot (one arrival a warp), fence the stores for
+        wgmma."""
+        rs = i % RAW
+        while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
+            pass
+        raw_at = RAW0 + rs * RAW_SLOT
+        at = (i % STAGES) * STAGE_ELEMS + A_ELEMS
+        if tid < TM:
+            row(smem, raw_at, at, tid, kt, va)
+        if TWO:
+            row(smem, raw_at, at, tid + CONSUMERS, kt, vb)
+        syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
+        if lane == 0:
+            mbarrier_arrive(bars, REMPTY0 + rs)
+        fence_proxy_async_shared()
+
+    def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
@@ -198,62 +285,61 @@ def _make_kernel(fg: FusedGeometry):
         ktiles = (ktotal * (sl + 1)) // nsl - kt0
         if tid == 0:
             for s in range(STAGES):
-                mbarrier_init(bars, FULL0 + s, 1 + PRODUCERS)
-                mbarrier_init(bars, FULL0 + STAGES + s, CONSUMER_WARPS)
+                mbarrier_init(bars, FULL0 + s, 1)
+                mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
+            for j in range(RAW):
+                mbarrier_init(bars, RFULL0 + j, 1)
+                mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
             fence_proxy_async_shared()
         cuda.syncthreads()
 
-        if tid >= CONSUMERS:
-            p = tid - CONSUMERS
-            wpr = (kdim // BLOCK_WEIGHTS) * WORDS
-            ra = m0 + p
-            rb = m0 + p + PRODUCERS
-            na = load(b0, b1, b2, e0, e1, od, ra, kt0, wpr)
-            nb = load(b0, b1, b2, e0, e1, od, rb, kt0, wpr) if TWO else na
-            s = 0
-            phase = uint32(0)
-            for i in range(ktiles):
-                ca = na
-                cb = nb
-                kt = kt0 + i
-                if i + 1 < ktiles:
-                    na = load(b0, b1, b2, e0, e1, od, ra, kt + 1, wpr)
-                    if TWO:
-                        nb = load(b0, b1, b2, e0, e1, od, rb, kt + 1, wpr)
-                while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
-                    pass
-                if p == 0:
+        if tid >= CONSUMERS:  # the producer warp: lane 0 issues the raw boxes and the A box of every k tile
+            if tid == CONSUMERS:
+                s = 0
+                phase = uint32(0)
+                rs = 0
+                rphase = uint32(0)
+                for i in range(ktiles):
+                    while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
+                        pass
+                    issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
+                    while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
+                        pass
                     mbarrier_arrive_expect_tx(bars, FULL0 + s, A_BYTES)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, kt * KS, n0, bars, FULL0 + s)
-                at = s * STAGE_ELEMS + A_ELEMS
-                store(smem, at, p, kt, ca)
-                if TWO:
-                    store(smem, at, p + PRODUCERS, kt, cb)
-                fence_proxy_async_shared()
-                mbarrier_arrive(bars, FULL0 + s)
-                s += 1
-                if s == STAGES:
-                    s = 0
-                    phase ^= uint32(1)
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
+                    s += 1
+                    if s == STAGES:
+                        s = 0
+                        phase ^= uint32(1)
+                    rs += 1
+                    if rs == RAW:
+                        rs = 0
+                        rphase ^= uint32(1)
             return
 
         wg = tid >> 7
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
         lane = tid & 31
+        va = tid < TM and m0 + tid < od
+        vb = m0 + tid + CONSUMERS < od
         acc = cuda.local.array(ACC_N, float32)
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
+        dequant(smem, bars, 0, kt0, tid, lane, va, vb)
         s = 0
         prev = 0
         phase = uint32(0)
         for i in range(ktiles):
+            bar_sync(1, CONSUMERS)  # every consumer's B rows of tile i are in (and fenced)
             while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
                 pass
             ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
+            if i + 1 < ktiles:  # tile i + 1's B while the tensor cores run tile i
+                dequant(smem, bars, i + 1, kt0 + i + 1, tid, lane, va, vb)
             wgmma_wait_group(1)
             if i > 0 and lane == 0:
-                mbarrier_arrive(bars, FULL0 + STAGES + prev)
+                mbarrier_arrive(bars, EMPTY0 + prev)
             prev = s
             s += 1
             if s == STAGES:
@@ -268,23 +354,24 @@ def _make_kernel(fg: FusedGeometry):
     return gemm_kernel
 
 
-SIGNATURE = types.void(types.float16[::1], types.uint32[::1], types.uint32[::1], types.uint32[::1], types.int64,
-                       types.int64, types.float32[:, ::1], types.float32[:, ::1], types.int64, types.int64,
-                       types.int64, types.int64, types.int64, types.uint64[::1])
+SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types.int64, types.float32[:, ::1],
+                       types.float32[:, ::1], types.int64, types.int64, types.int64, types.int64, types.int64,
+                       types.uint64[::1])
 _CACHE = KernelCache("gemm_fused", SIGNATURE)
 
 
-def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
+def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a"), math: str = "exact") -> str:
     """PTX of the fused kernel for gemm_f16 knobs ``config`` and weights of ``qtype`` (NVVM, sm_90a by default; no
     GPU needed; not under the simulator)."""
-    fg = fused_geometry(config, qtype)
+    fg = fused_geometry(config, qtype, math)
     ptx, _ = cuda.compile_ptx(_make_kernel(fg), SIGNATURE, cc=cc, launch_bounds=(fg.threads,))
     return ptx
 
 
-def build(config: dict | None, qtype: str):
-    """Compile (once per knobs and format; cached) and return the fused kernel (`kernels.specialize.BuiltKernel`)."""
-    fg = fused_geometry(config, qtype)
+def build(config: dict | None, qtype: str, math: str = "exact"):
+    """Compile (once per knobs, format and math; cached) and return the fused kernel
+    (`kernels.specialize.BuiltKernel`)."""
+    fg = fused_geometry(config, qtype, math)
     return _CACHE.get(fg, _make_kernel, fg.smem_bytes, fg.threads, hint="lower TM/TN/STAGES")
 
 
@@ -311,6 +398,9 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
             raise KernelConstraintError(
                 f"gemm_fused: segment {i} must be the {rows} x {row_bytes} bytes of a {qtype} [{rows}, {kdim}] weight "
                 f"as a 1-D uint8 device array, got {getattr(raw, 'dtype', None)} {tuple(getattr(raw, 'shape', ()))}")
+        if i and od % BOX_ROWS:
+            raise KernelConstraintError(f"gemm_fused: segment {i} starts at row {od}; segments after the first must "
+                                        f"start at a multiple of {BOX_ROWS} rows")
         od += int(rows)
     if out is not None and (tuple(out.shape) != (nt, od) or np.dtype(out.dtype) != np.float32
                             or not is_contiguous(out)):
@@ -319,27 +409,29 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
     return nt, od, kdim
 
 
-def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
+def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
+               math: str = "exact"):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` and return C (f32 device array).
 
     a: f16 device array [nt, id], row-major. segments: [(raw, rows), ...], 1 to 3 weights of format ``qtype``
     stacked along od (od = the rows' sum): raw is one tensor's GGUF blocks (uint8 device array [rows * id / 256 *
     block bytes], row-major). out: f32 [nt, od] (allocated when None). config: `kernels.gemm_f16` knobs (the
-    STAGING=tma kernel's; SPLITK plans and partials as there). Needs an sm_90a device.
+    STAGING=tma kernel's; SPLITK plans and partials as there). math: `MATHS`. Needs an sm_90a device.
 
-    C equals `kernels.gemm_f16.gemm_f16` of A and the f16 dequantization of W (`kernels.quant.dequantize`) bit for
+    With math="exact", C equals `kernels.gemm_f16.gemm_f16` of A and the f16 dequantization of W (`kernels.quant.dequantize`) bit for
     bit. Raises KernelConstraintError (one line) for a format without a producer (`FUSED_TYPES`), id not a multiple
     of 256, segments of the wrong size, a wrong out or partials, or knobs the kernel does not take.
     """
-    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
+    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials, math)
     gemm_f16._sum_parts(plan, parts, out, config, stream)
     return out
 
 
-def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
+def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
+                     math: str = "exact"):
     """`gemm_fused` leaving the slices of an all-split plan unsummed: ``(parts, count)`` as
     `kernels.gemm_f16.gemm_f16_split`. Arguments and errors as `gemm_fused`."""
-    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
+    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials, math)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
     gemm_f16._sum_parts(plan, parts, out, config, stream)
@@ -347,19 +439,37 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     return out.reshape(nt * od), 1
 
 
-def _launch(a, segments, qtype, out, config, stream, partials):
+def _launch(a, segments, qtype, out, config, stream, partials, math):
     """Enqueue the fused kernel with its split plan; return (plan, the flat partials used or None, out)."""
     nt, od, kdim = check_segments(a, segments, qtype, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built = build(config, qtype)
+    built = build(config, qtype, math)
     g = built.geometry.base
     plan = gemm_f16.split_plan(config, nt, od, kdim)
     parts, target = gemm_f16._split_target(plan, g, nt, od, out, partials, stream)
-    raws = [raw.view(np.uint32) for raw, _ in segments]
-    raws += [raws[-1]] * (MAX_SEGMENTS - len(raws))
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
-    built.kernel[plan.blocks(g.grid(nt, od)), built.geometry.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), raws[0], raws[1], raws[2], ends[0], ends[1], out, target, nt, od, kdim, plan.whole,
-        plan.slices, gemm_f16._tensor_map(a, g.tn))
+    fg = built.geometry
+    built.kernel[plan.blocks(g.grid(nt, od)), fg.threads, stream, fg.smem_bytes](
+        a.reshape(nt * kdim), _raw_maps(segments, kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]), ends[0], ends[1], out,
+        target, nt, od, kdim, plan.whole, plan.slices, gemm_f16._tensor_map(a, g.tn))
     return plan, parts, out
+
+
+def _raw_maps(segments, row_bytes: int):
+    """The raw producer's tensor maps, one uint64 device array: for segment i, words 32 i .. 32 i + 15 map its
+    header boxes (`BOX_ROWS` rows x 16 bytes), the next 16 its qs boxes (x 32 bytes), over the segment's bytes as a
+    [rows, row_bytes] uint8 matrix (`kernels.ptx.tma.tensor_map_bytes_2d`). Made once per segment list and kept,
+    as `kernels.gemm_f16`'s maps (the eager run before a capture makes them)."""
+    key = ("raw",) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
+    maps = gemm_f16._MAPS.get(key)
+    if maps is None:
+        words = []
+        for raw, rows in segments:
+            matrix = raw.reshape(int(rows), row_bytes)
+            words += [tensor_map_bytes_2d(matrix, BOX_ROWS, 16).copy_to_host(),
+                      tensor_map_bytes_2d(matrix, BOX_ROWS, 32).copy_to_host()]
+        words += words[:2] * (MAX_SEGMENTS - len(segments))
+        maps = gemm_f16._MAPS[key] = cuda.to_device(np.concatenate(words).astype(np.uint64))
+        assert maps.shape[0] == 2 * MAP_WORDS * MAX_SEGMENTS
+    return maps

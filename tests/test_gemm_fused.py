@@ -54,8 +54,9 @@ def _f16_path(a, raws, rows, config):
 
 
 SIM_CASES = [
-    ("128x64, 2 stages (the ring wraps), 2 segments, od tail", dict(G.DEFAULT, TM=128, TN=64, STAGES=2), 33, [70, 60], 512),
-    ("256x128 default: two rows a producer thread, 3 segments", G.DEFAULT, 17, [100, 90, 110], 256),
+    ("128x64, 3 stages (the ring wraps), 8 raw slots, 2 segments, od tail", dict(G.DEFAULT, TM=128, TN=64, STAGES=3),
+     33, [64, 70], 512),
+    ("256x128 default: two rows a producer thread, 3 segments, 2 raw slots", G.DEFAULT, 17, [128, 64, 108], 256),
 ]
 
 
@@ -73,7 +74,7 @@ def test_fused_simulator_matches_float64_and_the_f16_copy(config, nt, rows, id_)
 @sim
 def test_fused_simulator_split_k():
     """Every tile in 3 k slices (each producer starts mid super-block): poisoned C and partials, the f16 path's bits."""
-    nt, rows, id_ = 20, [40, 30], 768
+    nt, rows, id_ = 20, [64, 30], 768
     config = dict(G.DEFAULT, TM=128, TN=64, STAGES=3, SPLITK=3)
     a, raws, w16 = _operands(nt, rows, id_, seed=9)
     partials = cuda.to_device(np.full(G.partials_elements(config, nt, sum(rows), id_), np.nan, np.float32))
@@ -90,17 +91,20 @@ def _bad_calls():
     return [
         (lambda: F.fused_geometry(None, "Q6_K"), "Q6_K have no dequantizing producer; types: Q4_K"),
         (lambda: F.fused_geometry(dict(G.DEFAULT, STAGING="cp_async"), "Q4_K"), "needs STAGING=tma"),
-        (lambda: F.fused_geometry(dict(G.DEFAULT, TM=64), "Q4_K"), "TM=128 or 256"),
+        (lambda: F.fused_geometry(dict(G.DEFAULT, STAGES=2), "Q4_K"), "STAGES >= 3"),
         (lambda: F.check_segments(np.zeros((4, 128), np.float16), [(raw, 2)], "Q4_K"), "multiple of 256"),
         (lambda: F.check_segments(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: F.check_segments(a, [(raw.view(np.uint16), 2)], "Q4_K"), "1-D uint8"),
         (lambda: F.check_segments(a, [(raw, 2)] * 4, "Q4_K"), "1 to 3 weight segments"),
+        (lambda: F.check_segments(a, [(raw, 2), (raw, 2)], "Q4_K"), "segment 1 starts at row 2; .* multiple of 64"),
+        (lambda: F.fused_geometry(dict(G.DEFAULT, TN=128, STAGES=4, TM=256, KS=64), "Q4_K").raw == 2 and
+         F.fused_geometry(dict(G.DEFAULT, STAGES=4), "Q4_K", math="f32"), "math 'f32' is not one of exact, f16x2"),
         (lambda: F.check_segments(a.astype(np.float32), [(raw, 2)], "Q4_K"), "float16"),
         (lambda: F.check_segments(a, [(raw, 2)], "Q4_K", out=np.zeros((4, 3), np.float32)), r"float32 \[4, 2\]"),
     ]
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(11))
 def test_fused_refuses_bad_input_in_one_line(index):
     call, match = _bad_calls()[index]
     with pytest.raises(KernelConstraintError, match=match) as err:
@@ -109,7 +113,7 @@ def test_fused_refuses_bad_input_in_one_line(index):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, TM=128, TN=64, STAGES=2)], ids=["default", "128x64"])
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, TM=128, TN=64, STAGES=3)], ids=["default", "128x64"])
 def test_fused_ptx(config):
     """The producer's vector loads, swizzled 16-byte stores, proxy fence and barrier arrivals, the A box, the
     consumers' wgmma; nothing in local memory and the block's registers fit the register file (384 threads)."""
@@ -129,7 +133,7 @@ def test_fused_ptx(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, SPLITK=3), dict(G.DEFAULT, TM=128, TN=64, STAGES=2)],
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, SPLITK=3), dict(G.DEFAULT, TM=128, TN=64, STAGES=3)],
                          ids=["default", "split3", "128x64"])
 @pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [18944, 18944], 3584),
                                         (2047, [3584, 512, 513], 3584), (33, [70], 256)], ids=str)

@@ -18,8 +18,8 @@ Modules:
     wmma        wmma m16n16k16 load / mma / store
     tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.2d, 128-byte swizzle) and their host-side maps
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
-    sync        bar.warp.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter
-    arith       dp4a
+    sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter
+    arith       dp4a, prmt, sub / fma .f16x2
 
 Every helper is importable from here (``from kernels.ptx import ldmatrix_x4``).
 
@@ -29,7 +29,7 @@ Source: PTX ISA 9.x (https://docs.nvidia.com/cuda/parallel-thread-execution/).
 from __future__ import annotations
 
 from kernels.ptx._base import SIMULATOR, _check_1d_array, _check_scalars
-from kernels.ptx.arith import dp4a_s32
+from kernels.ptx.arith import dp4a_s32, fma_f16x2, prmt_b32, sub_f16x2
 from kernels.ptx.async_copy import (
     CP_ASYNC_POISON,
     cp_async_16,
@@ -51,6 +51,7 @@ from kernels.ptx.memory import (
     ld_global_v2_b32,
     ld_global_v4_b32,
     ld_global_v4_u32,
+    ld_shared_v4_b32,
     opaque_u32,
     prefetch_l2,
     prefetch_l2_bulk,
@@ -67,13 +68,14 @@ from kernels.ptx.mma import (
     unpack_f16x2,
 )
 from kernels.ptx.sync import (
+    bar_sync,
     griddepcontrol_launch_dependents,
     griddepcontrol_wait,
     pdl_enter,
     shfl_xor_f32,
     syncwarp,
 )
-from kernels.ptx.tma import BOX_COLS, MAP_WORDS, cp_async_bulk_tensor_2d_g2s, tensor_map_2d
+from kernels.ptx.tma import BOX_COLS, MAP_WORDS, cp_async_bulk_tensor_2d_g2s, tensor_map_2d, tensor_map_bytes_2d
 from kernels.ptx.wgmma import (
     SWIZZLE_32B,
     SWIZZLE_64B,
@@ -117,6 +119,7 @@ __all__ = [
     "SWIZZLE_BYTES",
     "SWIZZLE_NONE",
     "WGMMA_N",
+    "bar_sync",
     "cp_async_16",
     "cp_async_16_off",
     "cp_async_bulk_g2s",
@@ -126,11 +129,13 @@ __all__ = [
     "desc_value",
     "dp4a_s32",
     "fence_proxy_async_shared",
+    "fma_f16x2",
     "griddepcontrol_launch_dependents",
     "griddepcontrol_wait",
     "ld_global_v2_b32",
     "ld_global_v4_b32",
     "ld_global_v4_u32",
+    "ld_shared_v4_b32",
     "ldmatrix_x4",
     "ldmatrix_x4_off",
     "ldmatrix_x4_trans",
@@ -144,6 +149,7 @@ __all__ = [
     "pack_f16x2",
     "pdl_enter",
     "prefetch_l2",
+    "prmt_b32",
     "prefetch_l2_bulk",
     "setmaxnreg_dec",
     "setmaxnreg_inc",
@@ -151,8 +157,10 @@ __all__ = [
     "shfl_xor_f32",
     "st_global_v4_u32",
     "st_shared_v4_b32",
+    "sub_f16x2",
     "syncwarp",
     "tensor_map_2d",
+    "tensor_map_bytes_2d",
     "unpack_f16x2",
     "wgmma_commit_group",
     "wgmma_desc",

@@ -1,5 +1,8 @@
-"""Integer arithmetic: `dp4a` (four int8 products summed into an int32 in one instruction), the inner step of the
-quantized mat-vec (int8 activations x 4/6/8-bit weights)."""
+"""Register arithmetic: `dp4a` (four int8 products summed into an int32 in one instruction), the inner step of the
+quantized mat-vec (int8 activations x 4/6/8-bit weights); `prmt` (byte permute) and the packed-f16 `sub`/`fma`
+that turn 4-bit codes into f16 weights two at a time (the fused-dequantization GEMM's producer).
+
+An ``f16x2`` value is a uint32 (`kernels.ptx._base`: the lower element in bits 0..15)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,30 @@ else:
 
 
 if SIMULATOR:
+
+    def prmt_b32(a, b, selector):
+        """Simulator form of `prmt.b32 d, a, b, c`: byte i of d is byte ``(selector >> 4 i) & 7`` of the 8 bytes
+        {b, a} (a's bytes 0..3, b's 4..7)."""
+        src = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
+        d = 0
+        for i in range(4):
+            d |= ((src >> (8 * ((int(selector) >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+        return np.uint32(d)
+
+    def _halves(x):
+        return np.array([int(x) & 0xFFFFFFFF], dtype=np.uint32).view(np.float16).astype(np.float64)
+
+    def _pack(v):
+        return np.uint32(v.astype(np.float16).view(np.uint32)[0])
+
+    def sub_f16x2(a, b):
+        """Simulator form of `sub.rn.f16x2`: a - b per half, rounded to nearest even (float64 is exact here)."""
+        return _pack(_halves(a) - _halves(b))
+
+    def fma_f16x2(a, b, c):
+        """Simulator form of `fma.rn.f16x2`: a * b + c per half with one rounding (the float64 product of two f16
+        is exact; the sum of it and an f16 is exact unless their exponents differ by more than ~30)."""
+        return _pack(_halves(a) * _halves(b) + _halves(c))
 
     def dp4a_s32(a, b, c):
         """Simulator form of `dp4a.s32.s32 d, a, b, c`: ``c`` plus the dot product of the four signed bytes of
@@ -40,5 +67,45 @@ else:
         def codegen(context, builder, sig, args):
             v = [context.cast(builder, x, t, types.int32) for x, t in zip(args, sig.args)]
             return _asm(builder, ir.IntType(32), v, "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", False)
+
+        return sig, codegen
+
+    @intrinsic
+    def prmt_b32(typingctx, a, b, selector):
+        """`prmt.b32 d, a, b, c` (PTX ISA §9.7.8.7 "prmt", default mode): byte i of d is byte ``(c >> 4 i) & 7``
+        of the 8 bytes {b, a} (a's bytes 0..3, b's 4..7); the sign-replicate bit (8) is not used here. Returns
+        uint32."""
+        _check_scalars("prmt_b32", (a, b, selector), types.Integer, 3)
+        sig = types.uint32(a, b, selector)
+
+        def codegen(context, builder, sig, args):
+            v = [context.cast(builder, x, t, types.uint32) for x, t in zip(args, sig.args)]
+            return _asm(builder, ir.IntType(32), v, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", False)
+
+        return sig, codegen
+
+    @intrinsic
+    def sub_f16x2(typingctx, a, b):
+        """`sub.rn.f16x2 d, a, b` (PTX ISA §9.7.4.2 "Half Precision sub"): a - b per f16 half, round to nearest
+        even. Operands and result are f16x2 bit patterns (uint32)."""
+        _check_scalars("sub_f16x2", (a, b), types.Integer, 2)
+        sig = types.uint32(a, b)
+
+        def codegen(context, builder, sig, args):
+            v = [context.cast(builder, x, t, types.uint32) for x, t in zip(args, sig.args)]
+            return _asm(builder, ir.IntType(32), v, "sub.rn.f16x2 $0, $1, $2;", "=r,r,r", False)
+
+        return sig, codegen
+
+    @intrinsic
+    def fma_f16x2(typingctx, a, b, c):
+        """`fma.rn.f16x2 d, a, b, c` (PTX ISA §9.7.4.4 "Half Precision fma"): a * b + c per f16 half with one
+        rounding (to nearest even). Operands and result are f16x2 bit patterns (uint32)."""
+        _check_scalars("fma_f16x2", (a, b, c), types.Integer, 3)
+        sig = types.uint32(a, b, c)
+
+        def codegen(context, builder, sig, args):
+            v = [context.cast(builder, x, t, types.uint32) for x, t in zip(args, sig.args)]
+            return _asm(builder, ir.IntType(32), v, "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", False)
 
         return sig, codegen

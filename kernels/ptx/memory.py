@@ -134,6 +134,34 @@ else:
 
 if SIMULATOR:
 
+    def ld_shared_v4_b32(array, index):
+        """Simulator form of `ld.shared.v4.b32`: the 16 bytes starting at element ``index`` as 4 uint32."""
+        s0 = index * _ndarray(array).itemsize
+        words = _bytes(array)[s0 : s0 + 16].copy().view(np.uint32)
+        return tuple(np.uint32(w) for w in words)
+
+else:
+
+    @intrinsic
+    def ld_shared_v4_b32(typingctx, array, index):
+        """`ld.shared.v4.b32 {a,b,c,d}, [addr]` (PTX ISA §9.7.9.8 "ld"): the 16 bytes starting at element
+        ``index`` of a 1-D shared array of any dtype, as 4 uint32 (16-byte aligned). Volatile with a memory clobber:
+        it stays after the barrier wait that makes the bytes valid."""
+        _check_1d_array("ld_shared_v4_b32", array, index)
+        sig = types.UniTuple(types.uint32, 4)(array, index)
+
+        def codegen(context, builder, sig, args):
+            addr = _shared_u32(builder, _any_element_pointer(context, builder, sig.args[0], args[0], args[1]))
+            i32 = ir.IntType(32)
+            res = _asm(builder, ir.LiteralStructType([i32] * 4), [addr], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+                       "=r,=r,=r,=r,r,~{memory}", True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+
+if SIMULATOR:
+
     def st_shared_v4_b32(array, index, x0, x1, x2, x3):
         """Simulator form of `st.shared.v4.b32`: 4 uint32 to the 16 bytes starting at element ``index``."""
         d0 = index * _ndarray(array).itemsize

@@ -1,5 +1,7 @@
-"""Warp synchronisation and exchange (`bar.warp.sync`, `shfl.sync.bfly`) and programmatic dependent launch
-(`griddepcontrol.wait` / `.launch_dependents`, sm_90, and `pdl_enter`, the two at the top of a kernel)."""
+"""Warp synchronisation and exchange (`bar.warp.sync`, `shfl.sync.bfly`), named block barriers (`barrier.sync`
+with an id and a thread count: a subset of the block's warps meets while the others run on) and programmatic
+dependent launch (`griddepcontrol.wait` / `.launch_dependents`, sm_90, and `pdl_enter`, the two at the top of a
+kernel)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,51 @@ else:
 
         def codegen(context, builder, sig, args):
             _asm(builder, ir.VoidType(), [], "bar.warp.sync -1;", "~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# ---- named barriers -------------------------------------------------------------------------------------------
+
+if SIMULATOR:
+    import threading
+
+    from kernels.ptx._base import _BARRIER_TIMEOUT_S
+
+    _NAMED_LOCK = threading.Lock()
+
+    def bar_sync(barrier_id, count):
+        """Simulator form of `barrier.sync.aligned id, count`: the first ``count`` threads to arrive at barrier
+        ``id`` of the calling block meet (a threading barrier of ``count`` parties per block and id);
+        RuntimeError after the simulator's barrier timeout."""
+        manager = getattr(threading.current_thread(), "_manager", None)
+        if manager is None:
+            raise RuntimeError("bar_sync must be called from inside a simulated CUDA kernel")
+        if not 1 <= int(barrier_id) <= 15 or int(count) % 32:
+            raise ValueError(f"bar_sync: id must be 1..15 (0 is syncthreads') and count a multiple of 32, got "
+                             f"{barrier_id}, {count}")
+        with _NAMED_LOCK:
+            named = manager.__dict__.setdefault("_minfer_named_barriers", {})
+            barrier = named.get(int(barrier_id))
+            if barrier is None:
+                barrier = named[int(barrier_id)] = threading.Barrier(int(count))
+        barrier.wait(timeout=_BARRIER_TIMEOUT_S)
+
+else:
+
+    @intrinsic
+    def bar_sync(typingctx, barrier_id, count):
+        """`barrier.sync.aligned id, count` (PTX ISA §9.7.13.1 "bar/barrier"): wait until ``count`` threads (a
+        multiple of 32, whole warps) have arrived at named barrier ``id`` (1..15; 0 is ``__syncthreads``'s); their
+        shared-memory writes before it are visible to each other after it. For a group of warps that synchronise
+        among themselves while other warps of the block (a producer) never arrive."""
+        _check_scalars("bar_sync", (barrier_id, count), types.Integer, 2)
+        sig = types.void(barrier_id, count)
+
+        def codegen(context, builder, sig, args):
+            v = [context.cast(builder, x, t, types.uint32) for x, t in zip(args, sig.args)]
+            _asm(builder, ir.VoidType(), v, "barrier.sync.aligned $0, $1;", "r,r,~{memory}", True)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -10,6 +10,10 @@ global memory (a 16-element uint64 device array, 64-byte aligned as every alloca
 before any launch that reads it (a map in global memory that no kernel modifies needs no tensormap proxy fence;
 numba cannot pass a 128-byte ``__grid_constant__`` parameter).
 
+`tensor_map_bytes_2d` (host) encodes the map of a byte matrix [rows, cols] (uint8, e.g. a GGUF tensor's blocks, a
+row per weight row) with a box of ``box_rows`` x ``box_cols`` bytes and no swizzle: box row r lands at r *
+box_cols, as in global memory (16-byte aligned destination).
+
 `cp_async_bulk_tensor_2d_g2s` (device) issues one box copy at coordinates (c0 = column, c1 = row) of the box's first
 element; one thread issues it after arming the barrier with the bytes (`mbarrier_arrive_expect_tx`).
 
@@ -60,6 +64,51 @@ def device_address(array) -> int:
     return int(array.device_ctypes_pointer.value)
 
 
+def _register(matrix, box_rows: int, box_cols: int, swizzle: bool):
+    """Simulator: the words of a map whose box copies read ``matrix``."""
+    from numba import cuda
+
+    with _LOCK:
+        key = next(_KEYS)
+        _REGISTRY[key] = (matrix, int(box_rows), int(box_cols), swizzle)
+    words = np.zeros(MAP_WORDS, np.uint64)
+    words[0], words[1] = _MAGIC, key
+    return cuda.to_device(words)
+
+
+def tensor_map_bytes_2d(array, box_rows: int, box_cols: int):
+    """The tensor map (uint64 device array [16]) of ``array``, a C-contiguous uint8 device array [rows, cols], for
+    boxes of ``box_rows`` x ``box_cols`` bytes, no swizzle, zero fill out of bounds.
+
+    Raises KernelConstraintError (one line) for a non-uint8 or non-2-D array, cols not a multiple of 16 (row pitch),
+    box_cols not a multiple of 16 in 16..256, box_rows outside 1..256, or a driver that refuses the encoding."""
+    shape = tuple(getattr(array, "shape", ()))
+    if len(shape) != 2 or np.dtype(array.dtype) != np.uint8:
+        raise KernelConstraintError(f"tensor_map_bytes_2d needs a 2-D uint8 device array, got {getattr(array, 'dtype', None)} {shape}")
+    rows, cols = shape
+    if cols % 16 or rows < 1:
+        raise KernelConstraintError(f"tensor_map_bytes_2d: columns must be a positive multiple of 16 (row pitch), got {shape}")
+    if box_cols % 16 or not 16 <= box_cols <= 256 or not 1 <= box_rows <= 256:
+        raise KernelConstraintError(f"tensor_map_bytes_2d: box must be 1..256 rows x 16..256 bytes (a multiple of 16), "
+                                    f"got {box_rows} x {box_cols}")
+    if SIMULATOR:
+        return _register(np.asarray(getattr(array, "_ary", array)).reshape(rows, cols), box_rows, box_cols, False)
+    from numba import cuda
+    from cuda.bindings import driver as cu
+
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, device_address(array),
+        [cu.cuuint64_t(cols), cu.cuuint64_t(rows)], [cu.cuuint64_t(cols)],
+        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise KernelConstraintError(f"tensor_map_bytes_2d: cuTensorMapEncodeTiled refused [{rows}, {cols}] uint8 with a "
+                                    f"{box_rows}x{box_cols} box: {err.name}")
+    return cuda.to_device(np.array(tmap.opaque, dtype=np.uint64))
+
+
 def tensor_map_2d(array, box_rows: int):
     """The tensor map (uint64 device array [16]) of ``array``, a C-contiguous f16 device array [rows, cols], for
     boxes of ``box_rows`` x `BOX_COLS` with the 128-byte swizzle and zero fill out of bounds.
@@ -77,12 +126,7 @@ def tensor_map_2d(array, box_rows: int):
     from numba import cuda
 
     if SIMULATOR:
-        with _LOCK:
-            key = next(_KEYS)
-            _REGISTRY[key] = (np.asarray(getattr(array, "_ary", array)).reshape(rows, cols), int(box_rows))
-        words = np.zeros(MAP_WORDS, np.uint64)
-        words[0], words[1] = _MAGIC, key
-        return cuda.to_device(words)
+        return _register(np.asarray(getattr(array, "_ary", array)).reshape(rows, cols), box_rows, BOX_COLS, True)
     from cuda.bindings import driver as cu
 
     err, tmap = cu.cuTensorMapEncodeTiled(
@@ -102,27 +146,32 @@ if SIMULATOR:
 
     def cp_async_bulk_tensor_2d_g2s(dst, dst_index, tmap, tmap_index, c0, c1, bar, bar_index):
         """Simulator form of `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`: the
-        box at column ``c0``, row ``c1`` of the map at ``tmap[tmap_index]`` into ``dst[dst_index]`` (1024-byte
-        aligned offset in the shared array), 128-byte swizzled, zeros out of bounds; landing when a wait observes
-        the barrier's phase complete (``BULK_POISON`` until then)."""
+        box at column ``c0``, row ``c1`` of the map at ``tmap[tmap_index]`` into ``dst[dst_index]`` (an f16 map's
+        box 128-byte swizzled to a 1024-byte aligned offset in the shared array, a byte map's as it is to a 16-byte
+        aligned one), zeros out of bounds; landing when a wait observes the barrier's phase complete
+        (``BULK_POISON`` until then)."""
         words = _ndarray(tmap)
         i = int(tmap_index)
         if int(words[i]) != _MAGIC or int(words[i + 1]) not in _REGISTRY:
             raise RuntimeError(f"cp.async.bulk.tensor: tmap[{i}] is not a tensor map made by tensor_map_2d")
-        matrix, box_rows = _REGISTRY[int(words[i + 1])]
+        matrix, box_rows, box_cols, swizzle = _REGISTRY[int(words[i + 1])]
         d = _bytes(dst)
         d0 = int(dst_index) * _ndarray(dst).itemsize
-        n = box_rows * BOX_COLS * 2
-        if d0 % 1024 or d0 + n > d.size:
-            raise ValueError(f"cp.async.bulk.tensor: the 128-byte-swizzled box needs a 1024-byte aligned "
-                             f"destination inside the array, got byte {d0} of {d.size} for {n} bytes")
+        n = box_rows * box_cols * matrix.itemsize
+        align = 1024 if swizzle else 16
+        if d0 % align or d0 + n > d.size:
+            raise ValueError(f"cp.async.bulk.tensor: the box needs a {align}-byte aligned destination inside the "
+                             f"array, got byte {d0} of {d.size} for {n} bytes")
         rows, cols = matrix.shape
-        box = np.zeros((box_rows, BOX_COLS), np.float16)
+        box = np.zeros((box_rows, box_cols), matrix.dtype)
         r0, k0 = int(c1), int(c0)
         rs, re = max(r0, 0), min(r0 + box_rows, rows)
-        ks, ke = max(k0, 0), min(k0 + BOX_COLS, cols)
+        ks, ke = max(k0, 0), min(k0 + box_cols, cols)
         if rs < re and ks < ke:
             box[rs - r0 : re - r0, ks - k0 : ke - k0] = matrix[rs:re, ks:ke]
+        if not swizzle:
+            _issue_copy(bar, bar_index, d, d0, box.view(np.uint8).reshape(-1))
+            return
         chunks = box.view(np.uint8).reshape(box_rows, 8, 16)
         swizzled = np.empty_like(chunks)
         for r in range(box_rows):
