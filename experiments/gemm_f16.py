@@ -5,7 +5,11 @@ defaults are the best measured on the H200 (MMA=wgmma, 256x128x64, 4 stages fill
 LOOP=pipe; the same kernel fed by every thread's cp.async is `--arm STAGING=cp_async`; the best mma_sync arm, 256x128x32
 with 3 stages, is `--arm MMA=mma_sync,STAGING=cp_async,KS=32,STAGES=3`). The baseline arm every comparison can go
 back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages,
-cp.async, mma_sync). Launch knob SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`).
+cp.async, mma_sync). Launch knob SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`). IMPL picks the kernel:
+minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused: `kernels.gemm_fused`, the same tiles
+with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3).
+Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
+dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
 Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
@@ -52,8 +56,9 @@ class GemmF16Experiment(Experiment):
     name = "gemm_f16"
     purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
     knobs = tuple(Knob(k, tuple(v), _DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in _TABLE.items()) + (
-        Knob("IMPL", ("minfer", "cublas"), "minfer",
-             "minfer's kernel, or cuBLAS through torch (f16 in, f32 out) as the vendor arm; tile knobs do not apply to cublas"),
+        Knob("IMPL", ("minfer", "cublas", "fused"), "minfer",
+             "minfer's kernel on the f16 weight, cuBLAS through torch (f16 in, f32 out) as the vendor arm (tile knobs "
+             "do not apply), or fused: minfer's kernel dequantizing the weight's Q4_K blocks itself (kernels.gemm_fused)"),
     )
     workloads = (
         Workload("ffn_up", _shape(2048, 18944, 3584), "Qwen2-7B ffn_up at nt=2048"),
@@ -78,15 +83,23 @@ class GemmF16Experiment(Experiment):
 
     def input_set_bytes(self, workload: Workload) -> int:
         s = workload.shape
-        return 2 * (s["nt"] * s["id"] + s["od"] * s["id"])
+        return 2 * (s["nt"] * s["id"] + s["od"] * s["id"]) + _q4_k_bytes(s["od"], s["id"])
 
     def make_input_set(self, workload: Workload, rng):
+        """(A, B, raw): A f16 [nt, id] random normal; raw a random valid Q4_K [od, id] tensor's bytes; B its f16
+        dequantization, made on the device."""
         from numba import cuda
+
+        from kernels.quant import dequantize
+        from minfer_cli.quant_blocks import random_blocks
 
         s = workload.shape
         a = rng.standard_normal((s["nt"], s["id"]), dtype=np.float32).astype(np.float16)
-        b = rng.standard_normal((s["od"], s["id"]), dtype=np.float32).astype(np.float16)
-        return cuda.to_device(a), cuda.to_device(b)
+        raw = cuda.to_device(random_blocks("Q4_K", s["od"], s["id"], rng))
+        b = cuda.device_array((s["od"], s["id"]), dtype=np.float16)
+        dequantize(raw, "Q4_K", s["od"], s["id"], out=b)
+        cuda.synchronize()
+        return cuda.to_device(a), b, raw
 
     def make_output(self, workload: Workload):
         from numba import cuda
@@ -102,13 +115,23 @@ class GemmF16Experiment(Experiment):
         from kernels import gemm_f16 as kernel  # numba: imported when GPU work starts, not by `experiments list`
 
         cfg = {k: config[k] for k in _TABLE}
-        kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
         s = workload.shape
         need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
         partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
+        if config.get("IMPL") == "fused":
+            from kernels import gemm_fused
+
+            gemm_fused.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing or capture
+
+            def launch_fused(inputs, output, stream):
+                a, _, raw = inputs
+                gemm_fused.gemm_fused(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream, partials=partials)
+
+            return launch_fused
+        kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
 
         def launch(inputs, output, stream):
-            a, b = inputs
+            a, b, _ = inputs
             kernel.gemm_f16(a, b, output, config=cfg, stream=stream, partials=partials)
 
         return launch
@@ -120,13 +143,18 @@ class GemmF16Experiment(Experiment):
         cuda.synchronize()
 
     def refuse(self, config, workload):
-        """A knob combination `kernels.gemm_f16` refuses (e.g. STAGING=tma with KS=32); the cuBLAS arm never."""
+        """A knob combination `kernels.gemm_f16` (or, for IMPL=fused, `kernels.gemm_fused`) refuses (e.g.
+        STAGING=tma with KS=32); the cuBLAS arm never."""
         if config.get("IMPL") == "cublas":
             return None
         from kernels import gemm_f16 as kernel
 
         try:
-            kernel.resolve_config({k: config[k] for k in _TABLE})
+            cfg = kernel.resolve_config({k: config[k] for k in _TABLE})
+            if config.get("IMPL") == "fused":
+                from kernels.gemm_fused import fused_geometry
+
+                fused_geometry(cfg, "Q4_K")
         except KernelConstraintError as e:
             return str(e)
         return None
@@ -146,13 +174,21 @@ class GemmF16Experiment(Experiment):
             return []
         from kernels import gemm_f16 as kernel
 
+        if config.get("IMPL") == "fused":
+            from kernels import gemm_fused
+
+            built = gemm_fused.build({k: config[k] for k in knob_table.KNOBS}, "Q4_K")
+            fg = built.geometry
+            g = fg.base
+            name = (f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group}]")
+            return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
         built = kernel.build({k: config[k] for k in knob_table.KNOBS})
         g = built.geometry
         name = f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop}]"
         return [KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes)]
 
     def check(self, config, workload, inputs, output) -> float:
-        a, b = inputs
+        a, b, _ = inputs
         ref = _reference(a, b)
         out = output.copy_to_host().astype(np.float64)
         if not np.isfinite(out).all():
@@ -165,7 +201,13 @@ class GemmF16Experiment(Experiment):
     def cost(self, workload: Workload, config=None) -> Cost:
         s = workload.shape
         nt, od, id_ = s["nt"], s["od"], s["id"]
-        return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * (nt * id_ + od * id_) + 4.0 * nt * od)
+        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") == "fused" else 2.0 * od * id_
+        return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * nt * id_ + weight + 4.0 * nt * od)
+
+
+def _q4_k_bytes(od: int, id_: int) -> int:
+    """Bytes of a Q4_K [od, id] tensor (144 a 256-weight block)."""
+    return od * id_ // 256 * 144
 
 
 def _cublas_launch():
@@ -185,7 +227,7 @@ def _cublas_launch():
     def launch(inputs, output, stream):
         key = (id(inputs), id(output))
         if key not in views:
-            a, b = inputs
+            a, b = inputs[:2]
             views[key] = (torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda"),
                           torch.as_tensor(output, device="cuda"))
         ta, tb, to = views[key]

@@ -1,34 +1,36 @@
 """The prefill GEMM with the weight dequantized inside it: ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T``.
 
-`kernels.gemm_f16`'s STAGING=tma kernel (two wgmma consumer warpgroups, a ring of swizzled shared tiles, full /
-empty mbarriers a stage) with a second B producer: instead of a TMA box of an f16 copy of the weight, a producer
-warpgroup reads the weight's GGUF blocks from global memory and writes the stage's B tile as f16 in wgmma's
-128-byte swizzled K-major layout. The weight then crosses device memory once, at its quantized size (4.5 bits a
-weight for Q4_K against 16 for the f16 copy), and no f16 copy of it exists (the prefill's ``W16=fused``).
+`kernels.gemm_f16`'s STAGING=tma kernel (a TMA producer warp, two wgmma consumer warpgroups, a ring of 128-byte
+swizzled shared tiles) whose B tiles are made in shared memory from the weight's GGUF blocks instead of copied from
+an f16 copy of the weight: the weight crosses device memory at its quantized size (4.5 bits a weight for Q4_K
+against 16) and no f16 copy of it exists (the prefill's planned ``W16=fused``).
 
-* Warps: consumers as STAGING=tma (threads 0 .. 255 for the 256x128 tile), then one producer warpgroup (128
-  threads). Its thread 0 also issues the A box (TMA, as STAGING=tma) of every k tile.
-* Producer, k tile i into slot s: the loads of tile i + 1 are issued first (registers, one tile ahead), then it
-  waits empty[s], dequantizes tile i's blocks (loaded one tile earlier) and stores them: thread p owns B rows p and
-  p + 128 of the tile, 64 k each, written as eight 16-byte chunks, chunk c of row r at chunk c ^ (r & 7) of its
-  128-byte row (the layout the TMA's 128-byte swizzle gives; the eight rows of a store phase hit distinct banks).
-  Then ``fence.proxy.async.shared::cta`` (generic-proxy writes made visible to wgmma's async proxy) and one
-  arrival on full[s]. full[s] expects 1 + 128 arrivals (the A box's expect-tx, every producer thread) and the A
-  bytes.
-* Arithmetic: each weight exactly as `kernels.quant` dequantizes it (gguf-py's float32 operations with ``.rn``
-  rounding, then round to nearest f16), so the tiles equal the f16 copy's and C equals `kernels.gemm_f16`'s on
-  that copy bit for bit.
+* Producer warp (lane 0), k tile i: the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of the
+  rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps; rfull / rempty
+  mbarriers), then the A box into ring slot i % STAGES (full / empty mbarriers, as STAGING=tma).
+* Consumers: consumer thread t owns B row t (and t + 256 when TM is twice the consumer threads). Before the
+  wgmma batch of tile i, a named barrier over the consumer threads (the producer warp never joins it) makes every
+  row of tile i visible; the batch is issued, and while the tensor cores run it each thread dequantizes its row of
+  tile i + 1 from the raw slot into the next ring slot (swizzled: chunk c of row r at chunk c ^ (r & 7) of its
+  128-byte row, the TMA's 128-byte swizzle), frees the raw slot (one arrival a warp) and fences its stores for
+  wgmma's async proxy (``fence.proxy.async.shared::cta``). A ring slot is refilled only after the batch that read
+  it two tiles earlier has completed (``wgmma.wait_group 1`` before the barrier): STAGES >= 3.
+* Arithmetic, two weights an instruction: `prmt` puts two 4-bit codes under the f16 exponent of 1024, `sub.rn.f16x2`
+  removes the 1024 exactly, `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m (float32 products
+  as gguf-py, rounded to f16). A weight is within a few f16 ulps of `kernels.quant`'s (bit-identical to gguf-py's
+  float32 rounded once); the C of a 3584-wide product is within ~4e-4 relative of float64.
 * Weights made of several tensors stacked along od (q|k|v, gate|up) are up to three segments of one format, each
-  its own device array: rows below ``e0`` read segment 0, below ``e1`` segment 1, the rest segment 2.
-* Rows past od are zeros (a zero header dequantizes to zeros); GGUF k-quant rows are whole 256-weight blocks, so
-  k needs no tail. Split-K plans as `kernels.gemm_f16` (`split_plan`, partials and their sums).
+  its own device array: rows below ``e0`` read segment 0, below ``e1`` segment 1, the rest segment 2; boundaries
+  fall on 64-row boxes. Rows past od are zeros (no box brings them; a zero header dequantizes to zeros); GGUF
+  k-quant rows are whole 256-weight blocks, so k needs no tail. Split-K plans as `kernels.gemm_f16`.
 
-Formats (`FUSED_TYPES`): Q4_K (ggml-common.h ``block_q4_K``: d f16 | dmin f16 | scales[12] | qs[128], 144 bytes,
-read as uint32 words; a 64-wide k tile is qs group k/64 % 4: low nibbles of its 32 bytes for the first 32 weights,
-high for the next 32, scales of sub-blocks 2g and 2g+1 as ggml's ``get_scale_min_k4``).
+Formats (`FUSED_TYPES`): Q4_K (ggml-common.h ``block_q4_K``: d f16 | dmin f16 | scales[12] | qs[128], 144 bytes; a
+64-wide k tile is qs group g = k/64 % 4: low nibbles of its 32 bytes for the first 32 weights, high for the next
+32, scales of sub-blocks 2g and 2g+1 as ggml's ``get_scale_min_k4``).
 
 Sources: CUTLASS sm90 warp-specialized GEMM and its mixed-input (converting) mainloop; PTX ISA §9.7.13.15
-(mbarrier), §9.7.12.15.21 (fence.proxy.async), §9.7.15 (wgmma); gguf-py ``quants.py`` (Q4_K).
+(mbarrier), §9.7.12.15.21 (fence.proxy.async), §9.7.15 (wgmma), §9.7.8.7 (prmt), §9.7.4 (half precision); gguf-py
+``quants.py`` (Q4_K).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
 from kernels.ptx.wgmma import SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
-from kernels.quant.bits import F32_MAGIC, F32_MAGIC_BITS, f16x2_bits, f32_from_bits, f32_from_f16_bits, fmul_rn, fsub_rn
+from kernels.quant.bits import f16x2_bits, f32_from_f16_bits, fmul_rn
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache, is_contiguous
 
 FUSED_TYPES = ("Q4_K",)
@@ -68,7 +70,6 @@ class FusedGeometry:
 
     base: Geometry
     qtype: str
-    math: str
     raw: int  # slots of the raw ring (each the blocks' bytes of one k tile of the TM rows)
 
     @property
@@ -85,23 +86,14 @@ class FusedGeometry:
         return self.base.smem_bytes + self.raw * (self.raw_slot_bytes + 16)
 
 
-MATHS = ("exact", "f16x2")
-"""How the producer turns codes into f16: ``exact`` as `kernels.quant` (float32 ``.rn`` operations, then one
-rounding: the f16 copy's bits); ``f16x2`` two weights an instruction (`prmt` puts two codes under the f16 exponent
-of 1024, `sub.rn.f16x2` removes it exactly, `fma.rn.f16x2` applies the sub-block's scale and min, both rounded to
-f16 first: within a few f16 ulps of the exact weight, ~1/3 of the instructions)."""
-
-
-def fused_geometry(config: dict | None, qtype: str, math: str = "exact") -> FusedGeometry:
+def fused_geometry(config: dict | None, qtype: str) -> FusedGeometry:
     """The FusedGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: the raw ring gets the slots (up to
     `MAX_RAW`) that fit beside the f16 ring in the H200's 227 KB. KernelConstraintError (one line) for a format
     without a dequantizer or knobs the fused kernel does not take (it is the STAGING=tma kernel: MMA=wgmma, KS=64,
     LOOP=pipe; and STAGES >= 3)."""
     if qtype not in FUSED_TYPES:
-        raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizing producer; "
+        raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
-    if math not in MATHS:
-        raise KernelConstraintError(f"gemm_fused: math {math!r} is not one of {', '.join(MATHS)}")
     g = geometry(config)
     if g.staging != "tma" or g.stages < 3:
         raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (a slot is "
@@ -111,10 +103,10 @@ def fused_geometry(config: dict | None, qtype: str, math: str = "exact") -> Fuse
     if raw < 2:
         raise KernelConstraintError(f"gemm_fused: STAGES={g.stages} leaves room for {raw} raw slots of "
                                     f"{g.tm * RAW_ROW_BYTES} bytes (needs 2); lower STAGES")
-    return FusedGeometry(g, qtype, math, raw)
+    return FusedGeometry(g, qtype, raw)
 
 
-def _q4_k_row(math: str, TM: int):
+def _q4_k_row(TM: int):
     """``row(smem, raw_at, at, r, kt, valid)``, the Q4_K dequantizer: row r's 64 weights of k tile kt, read from the
     raw slot at element ``raw_at`` (the row's 16-byte header d|dmin|scales[12] at r * 16 bytes, its 32 qs bytes of
     group g = kt % 4 after the slot's TM headers), written as f16 into the swizzled B tile at element ``at``; zeros
@@ -124,41 +116,19 @@ def _q4_k_row(math: str, TM: int):
     QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
 
     @cuda.jit(device=True, inline="always")
-    def weight(dsc, dm, word, k):
-        q = f32_from_bits(F32_MAGIC_BITS | ((word >> (8 * k)) & 0xF)) - F32_MAGIC
-        return fsub_rn(fmul_rn(dsc, q), dm)
-
-    @cuda.jit(device=True, inline="always")
-    def chunk_exact(smem, at, r, c, dsc, dm, lo, hi):
-        st_shared_v4_b32(smem, at + r * 64 + ((c ^ (r & 7)) << 3),
-                         f16x2_bits(weight(dsc, dm, lo, 0), weight(dsc, dm, lo, 1)),
-                         f16x2_bits(weight(dsc, dm, lo, 2), weight(dsc, dm, lo, 3)),
-                         f16x2_bits(weight(dsc, dm, hi, 0), weight(dsc, dm, hi, 1)),
-                         f16x2_bits(weight(dsc, dm, hi, 2), weight(dsc, dm, hi, 3)))
-
-    @cuda.jit(device=True, inline="always")
     def pair(x, s2, m2):
         return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
 
     @cuda.jit(device=True, inline="always")
-    def chunk_f16x2(smem, at, r, c, s2, m2, lo, hi):
+    def chunk(smem, at, r, c, s2, m2, lo, hi):
         st_shared_v4_b32(smem, at + r * 64 + ((c ^ (r & 7)) << 3),
                          pair(prmt_b32(lo, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(lo, F16_HI_BYTES, 0x4342), s2, m2),
                          pair(prmt_b32(hi, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(hi, F16_HI_BYTES, 0x4342), s2, m2))
 
     @cuda.jit(device=True, inline="always")
-    def scales_exact(dsc, dm):
-        return dsc, dm
-
-    @cuda.jit(device=True, inline="always")
-    def scales_f16x2(dsc, dm):
-        return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
-
-    chunk, scales = (chunk_f16x2, scales_f16x2) if math == "f16x2" else (chunk_exact, scales_exact)
-
-    @cuda.jit(device=True, inline="always")
     def scale_min(d, dmin, g, s, h0, h1, h2):
-        """(d * sc, dmin * m) of sub-block s (ggml's get_scale_min_k4 over scales[12] = words h0, h1, h2)."""
+        """f16x2 (d * sc, d * sc) and (-dmin * m, -dmin * m) of sub-block s (ggml's get_scale_min_k4 over
+        scales[12] = words h0, h1, h2; the products in float32 as gguf-py, then rounded to f16)."""
         t = 8 * (s & 3)
         a = (h0 >> t) & 0xFF  # scales[s % 4]
         c = (h1 >> t) & 0xFF  # scales[s % 4 + 4]
@@ -169,7 +139,9 @@ def _q4_k_row(math: str, TM: int):
         else:
             sc = (e & 0xF) | ((a >> 6) << 4)
             m = (e >> 4) | ((c >> 6) << 4)
-        return scales(fmul_rn(d, float32(sc)), fmul_rn(dmin, float32(m)))
+        dsc = fmul_rn(d, float32(sc))
+        dm = fmul_rn(dmin, float32(m))
+        return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
 
     @cuda.jit(device=True, inline="always")
     def row(smem, raw_at, at, r, kt, valid):
@@ -231,7 +203,7 @@ def _make_kernel(fg: FusedGeometry):
     block_work = gemm_f16._split_work(TN, TM, GROUP)
     store_c = gemm_f16._c_fragment_store(MT64, N // 8, 64)
     ktile_mma = gemm_f16._ktile_mma(K16, MT64, NH, N, M64_B)
-    row = _q4_k_row(fg.math, TM)
+    row = _q4_k_row(TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     @cuda.jit(device=True, inline="always")
@@ -360,18 +332,18 @@ SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types
 _CACHE = KernelCache("gemm_fused", SIGNATURE)
 
 
-def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a"), math: str = "exact") -> str:
+def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
     """PTX of the fused kernel for gemm_f16 knobs ``config`` and weights of ``qtype`` (NVVM, sm_90a by default; no
     GPU needed; not under the simulator)."""
-    fg = fused_geometry(config, qtype, math)
+    fg = fused_geometry(config, qtype)
     ptx, _ = cuda.compile_ptx(_make_kernel(fg), SIGNATURE, cc=cc, launch_bounds=(fg.threads,))
     return ptx
 
 
-def build(config: dict | None, qtype: str, math: str = "exact"):
-    """Compile (once per knobs, format and math; cached) and return the fused kernel
+def build(config: dict | None, qtype: str):
+    """Compile (once per knobs and format; cached) and return the fused kernel
     (`kernels.specialize.BuiltKernel`)."""
-    fg = fused_geometry(config, qtype, math)
+    fg = fused_geometry(config, qtype)
     return _CACHE.get(fg, _make_kernel, fg.smem_bytes, fg.threads, hint="lower TM/TN/STAGES")
 
 
@@ -379,7 +351,7 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
     """Validate the operands of `gemm_fused`; return (nt, od, id). One-line KernelConstraintError saying what is
     expected."""
     if qtype not in FUSED_TYPES:
-        raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizing producer; "
+        raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
     if getattr(a, "ndim", None) != 2 or np.dtype(a.dtype) != np.float16 or not is_contiguous(a):
         raise KernelConstraintError(f"gemm_fused: a must be a C-contiguous 2-D float16 device array, got "
@@ -409,29 +381,29 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
     return nt, od, kdim
 
 
-def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
-               math: str = "exact"):
+def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` and return C (f32 device array).
 
     a: f16 device array [nt, id], row-major. segments: [(raw, rows), ...], 1 to 3 weights of format ``qtype``
     stacked along od (od = the rows' sum): raw is one tensor's GGUF blocks (uint8 device array [rows * id / 256 *
     block bytes], row-major). out: f32 [nt, od] (allocated when None). config: `kernels.gemm_f16` knobs (the
-    STAGING=tma kernel's; SPLITK plans and partials as there). math: `MATHS`. Needs an sm_90a device.
+    STAGING=tma kernel's, STAGES >= 3; SPLITK plans and partials as there). Needs an sm_90a device.
 
-    With math="exact", C equals `kernels.gemm_f16.gemm_f16` of A and the f16 dequantization of W (`kernels.quant.dequantize`) bit for
-    bit. Raises KernelConstraintError (one line) for a format without a producer (`FUSED_TYPES`), id not a multiple
-    of 256, segments of the wrong size, a wrong out or partials, or knobs the kernel does not take.
+    The weights are dequantized in f16 arithmetic (module docstring): C is within ~1e-3 relative of A times the
+    f16 dequantization (`kernels.quant.dequantize`), not bit-identical to `kernels.gemm_f16` on it. Raises
+    KernelConstraintError (one line) for a format without a dequantizer (`FUSED_TYPES`), id not a multiple of 256,
+    segments of the wrong size or not starting on 64-row boxes, a wrong out or partials, or knobs the kernel does
+    not take.
     """
-    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials, math)
+    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
     gemm_f16._sum_parts(plan, parts, out, config, stream)
     return out
 
 
-def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
-                     math: str = "exact"):
+def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
     """`gemm_fused` leaving the slices of an all-split plan unsummed: ``(parts, count)`` as
     `kernels.gemm_f16.gemm_f16_split`. Arguments and errors as `gemm_fused`."""
-    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials, math)
+    plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
     gemm_f16._sum_parts(plan, parts, out, config, stream)
@@ -439,12 +411,12 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     return out.reshape(nt * od), 1
 
 
-def _launch(a, segments, qtype, out, config, stream, partials, math):
+def _launch(a, segments, qtype, out, config, stream, partials):
     """Enqueue the fused kernel with its split plan; return (plan, the flat partials used or None, out)."""
     nt, od, kdim = check_segments(a, segments, qtype, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built = build(config, qtype, math)
+    built = build(config, qtype)
     g = built.geometry.base
     plan = gemm_f16.split_plan(config, nt, od, kdim)
     parts, target = gemm_f16._split_target(plan, g, nt, od, out, partials, stream)
