@@ -8,13 +8,13 @@ against 16) and no f16 copy of it exists (the prefill's planned ``W16=fused``).
 * Producer warp (lane 0), k tile i: the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of the
   rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps; rfull / rempty
   mbarriers), then the A box into ring slot i % STAGES (full / empty mbarriers, as STAGING=tma).
-* Consumers: consumer thread t owns B row t (and t + 256 when TM is twice the consumer threads). The wgmma batch of
-  tile i waits for ready[i % STAGES] (one arrival from each consumer warp once its rows of tile i are stored) and
-  the A box; while the tensor cores run it, each thread dequantizes its row of tile i + 1 from the raw slot into
-  the next ring slot (swizzled: chunk c of row r at chunk c ^ (r & 7) of its 128-byte row, the TMA's 128-byte
-  swizzle) once every warp is done with that slot's previous tile (empty[], which also frees it for the A box),
-  fences its stores for wgmma's async proxy (``fence.proxy.async.shared::cta``), then its warp frees the raw slot
-  and arrives on ready[]. Tile i + 1's rows are written while the batches of tiles i and i - 1 may run: STAGES >= 3.
+* Consumers: consumer thread t owns B row t (and t + 256 when TM is twice the consumer threads). Before the
+  wgmma batch of tile i, a named barrier over the consumer threads (the producer warp never joins it) makes every
+  row of tile i visible; the batch is issued, and while the tensor cores run it each thread dequantizes its row of
+  tile i + 1 from the raw slot into the next ring slot (swizzled: chunk c of row r at chunk c ^ (r & 7) of its
+  128-byte row, the TMA's 128-byte swizzle), frees the raw slot (one arrival a warp) and fences its stores for
+  wgmma's async proxy (``fence.proxy.async.shared::cta``). A ring slot is refilled only after the batch that read
+  it two tiles earlier has completed (``wgmma.wait_group 1`` before the barrier): STAGES >= 3.
 * Arithmetic, two weights an instruction: `prmt` puts two 4-bit codes under the f16 exponent of 1024, `sub.rn.f16x2`
   removes the 1024 exactly, `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m (float32 products
   as gguf-py, rounded to f16). A weight is within a few f16 ulps of `kernels.quant`'s (bit-identical to gguf-py's
@@ -43,7 +43,7 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16 import Geometry, geometry
-from kernels.ptx import SIMULATOR, fma_f16x2, ld_shared_v4_b32, prmt_b32, st_shared_v4_b32, sub_f16x2, syncwarp
+from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b32, st_shared_v4_b32, sub_f16x2, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
 from kernels.ptx.wgmma import SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
@@ -82,9 +82,8 @@ class FusedGeometry:
 
     @property
     def smem_bytes(self) -> int:
-        """The f16 ring and its two barriers a stage (the STAGING=tma kernel's), a third (B ready) a stage, then the
-        raw ring and its two."""
-        return self.base.smem_bytes + 8 * self.base.stages + self.raw * (self.raw_slot_bytes + 16)
+        """The f16 ring and its two barriers a stage (the STAGING=tma kernel's), then the raw ring and its two."""
+        return self.base.smem_bytes + self.raw * (self.raw_slot_bytes + 16)
 
 
 def fused_geometry(config: dict | None, qtype: str) -> FusedGeometry:
@@ -97,10 +96,10 @@ def fused_geometry(config: dict | None, qtype: str) -> FusedGeometry:
                                     f"types: {', '.join(FUSED_TYPES)}")
     g = geometry(config)
     if g.staging != "tma" or g.stages < 3:
-        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (tile i + 1's B is "
-                                    f"written while the batches of tiles i and i - 1 may still run; got STAGING="
-                                    f"{g.staging}, STAGES={g.stages})")
-    raw = min(MAX_RAW, (H200_SMEM_OPTIN - g.smem_bytes - 8 * g.stages) // (g.tm * RAW_ROW_BYTES + 16))
+        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (a slot is "
+                                    f"refilled while the batch of the tile before it may still read its neighbour; "
+                                    f"got STAGING={g.staging}, STAGES={g.stages})")
+    raw = min(MAX_RAW, (H200_SMEM_OPTIN - g.smem_bytes) // (g.tm * RAW_ROW_BYTES + 16))
     if raw < 2:
         raise KernelConstraintError(f"gemm_fused: STAGES={g.stages} leaves room for {raw} raw slots of "
                                     f"{g.tm * RAW_ROW_BYTES} bytes (needs 2); lower STAGES")
@@ -191,10 +190,9 @@ def _make_kernel(fg: FusedGeometry):
     BOX_QS = BOX_ROWS * 32 // 2
     NBOX = TM // BOX_ROWS
     BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
-    FULL0 = (STAGES * STAGE_B + RAW * fg.raw_slot_bytes) // 8  # full[s], empty[s], ready[s], rfull[j], rempty[j]
+    FULL0 = (STAGES * STAGE_B + RAW * fg.raw_slot_bytes) // 8  # full[s], empty[s], rfull[j], rempty[j]
     EMPTY0 = FULL0 + STAGES
-    READY0 = FULL0 + 2 * STAGES
-    RFULL0 = FULL0 + 3 * STAGES
+    RFULL0 = FULL0 + 2 * STAGES
     REMPTY0 = RFULL0 + RAW
     CONSUMERS = 32 * g.warps
     CONSUMER_WARPS = g.warps
@@ -232,27 +230,22 @@ def _make_kernel(fg: FusedGeometry):
 
     @cuda.jit(device=True, inline="always")
     def dequant(smem, bars, i, kt, tid, lane, va, vb):
-        """Consumer thread tid's B rows of k tile i into ring slot i % STAGES, from raw slot i % RAW: wait until
-        every warp is done with the slot's previous tile (empty[], the A producer's barrier) and for the raw boxes,
-        dequantize, free the raw slot and mark the warp's rows ready (one arrival a warp each), the stores fenced
-        for wgmma's async proxy first."""
-        s = i % STAGES
-        while mbarrier_try_wait_parity(bars, EMPTY0 + s, uint32(((i // STAGES) & 1) ^ 1)) == 0:
-            pass
+        """Consumer thread tid's B rows of k tile i (ring slot i % STAGES) from raw slot i % RAW: wait for the raw
+        boxes, dequantize the rows into the slot, free the raw slot (one arrival a warp), fence the stores for
+        wgmma."""
         rs = i % RAW
         while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
             pass
         raw_at = RAW0 + rs * RAW_SLOT
-        at = s * STAGE_ELEMS + A_ELEMS
+        at = (i % STAGES) * STAGE_ELEMS + A_ELEMS
         if tid < TM:
             row(smem, raw_at, at, tid, kt, va)
         if TWO:
             row(smem, raw_at, at, tid + CONSUMERS, kt, vb)
-        fence_proxy_async_shared()
-        syncwarp()  # the warp's raw reads and fenced stores are done
+        syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
         if lane == 0:
             mbarrier_arrive(bars, REMPTY0 + rs)
-            mbarrier_arrive(bars, READY0 + s)
+        fence_proxy_async_shared()
 
     def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -266,7 +259,6 @@ def _make_kernel(fg: FusedGeometry):
             for s in range(STAGES):
                 mbarrier_init(bars, FULL0 + s, 1)
                 mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
-                mbarrier_init(bars, READY0 + s, CONSUMER_WARPS)
             for j in range(RAW):
                 mbarrier_init(bars, RFULL0 + j, 1)
                 mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
@@ -311,9 +303,8 @@ def _make_kernel(fg: FusedGeometry):
         prev = 0
         phase = uint32(0)
         for i in range(ktiles):
-            while mbarrier_try_wait_parity(bars, READY0 + s, phase) == 0:  # every warp's B rows of tile i
-                pass
-            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:  # the A box
+            bar_sync(1, CONSUMERS)  # every consumer's B rows of tile i are in (and fenced)
+            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
                 pass
             ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
             if i + 1 < ktiles:  # tile i + 1's B while the tensor cores run tile i
