@@ -618,3 +618,106 @@ def test_mma_rejects_wrong_register_types():
 
     with pytest.raises(TypingError, match="must be Integer"):
         cuda.compile_ptx(k, (types.int32,), cc=(9, 0))
+
+
+@cuda.jit
+def _k_tma_bytes(tmap, out, k0, r0):
+    """One 8-row x 32-byte box of a byte map at column k0, row r0 into shared memory (no swizzle), out = the 256
+    shared bytes as they landed, then the same bytes read back 16 at a time (`ld_shared_v4_b32`) into out[256:]."""
+    smem = cuda.shared.array(0, types.uint8, alignment=_TMA_ALIGN)
+    bar = cuda.shared.array(1, types.uint64)
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        P.mbarrier_init(bar, 0, 1)
+        P.fence_proxy_async_shared()
+    cuda.syncthreads()
+    if tid == 0:
+        P.mbarrier_arrive_expect_tx(bar, 0, 8 * 32)
+        P.cp_async_bulk_tensor_2d_g2s(smem, 0, tmap, 0, k0, r0, bar, 0)
+    while P.mbarrier_try_wait_parity(bar, 0, 0) == 0:
+        pass
+    for i in range(tid, 256, 32):
+        out[i] = smem[i]
+    if tid < 16:
+        w = P.ld_shared_v4_b32(smem, tid * 16)
+        for j in range(4):
+            for b in range(4):
+                out[256 + tid * 16 + 4 * j + b] = (w[j] >> (8 * b)) & 0xFF
+
+
+def _check_tma_bytes():
+    """A byte box that runs past the last row and column: zeros there, rows packed 32 bytes apart, against numpy."""
+    m = np.random.default_rng().integers(1, 256, size=(10, 48), dtype=np.uint8)
+    tmap = P.tensor_map_bytes_2d(cuda.to_device(m), 8, 32)
+    for k0, r0 in ((16, 5), (0, 0), (32, 2)):
+        box = np.zeros((8, 32), np.uint8)
+        part = m[r0 : r0 + 8, k0 : k0 + 32]
+        box[: part.shape[0], : part.shape[1]] = part
+        out = cuda.to_device(np.full(512, 7, np.uint8))
+        _k_tma_bytes[1, 32, 0, 256](tmap, out, k0, r0)
+        got = out.copy_to_host()
+        np.testing.assert_array_equal(got[:256], box.reshape(-1))
+        np.testing.assert_array_equal(got[256:], box.reshape(-1))
+
+
+@sim
+def test_simulated_tma_byte_box_copy_and_shared_vector_load():
+    _check_tma_bytes()
+
+
+@pytest.mark.gpu
+def test_gpu_tma_byte_box_copy_and_shared_vector_load():
+    _check_tma_bytes()
+
+
+def test_byte_tensor_map_refusals():
+    from kernels.errors import KernelConstraintError
+
+    with pytest.raises(KernelConstraintError, match="2-D uint8"):
+        P.tensor_map_bytes_2d(np.zeros((4, 64), np.float16), 8, 16)
+    with pytest.raises(KernelConstraintError, match="multiple of 16 \\(row pitch\\)"):
+        P.tensor_map_bytes_2d(np.zeros((4, 40), np.uint8), 8, 16)
+    with pytest.raises(KernelConstraintError, match="16..256 bytes"):
+        P.tensor_map_bytes_2d(np.zeros((4, 64), np.uint8), 8, 24)
+
+
+@cuda.jit
+def _k_named_barrier(out):
+    """Warps 0 and 1 exchange through shared memory behind named barrier 1 (64 threads) while warp 2 never joins;
+    then every thread meets at syncthreads."""
+    sh = cuda.shared.array(64, types.int32)
+    tid = cuda.threadIdx.x
+    if tid < 64:
+        sh[tid] = tid * 3 + 1
+        P.bar_sync(1, 64)
+        out[tid] = sh[63 - tid]
+    else:
+        out[tid] = -tid
+    cuda.syncthreads()
+
+
+def _check_named_barrier():
+    out = cuda.to_device(np.zeros(96, np.int32))
+    _k_named_barrier[1, 96](out)
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[:64], (63 - np.arange(64)) * 3 + 1)
+    np.testing.assert_array_equal(got[64:], -np.arange(64, 96))
+
+
+@sim
+def test_simulated_named_barrier():
+    _check_named_barrier()
+
+
+@pytest.mark.gpu
+def test_gpu_named_barrier():
+    _check_named_barrier()
+
+
+@pytest.mark.compile
+def test_named_barrier_and_shared_vector_load_in_ptx():
+    ptx, _ = cuda.compile_ptx(_k_named_barrier.py_func, (types.int32[::1],), cc=(9, 0))
+    assert "barrier.sync.aligned" in ptx
+    ptx, _ = cuda.compile_ptx(_k_tma_bytes.py_func, (types.uint64[::1], types.uint8[::1], types.int32, types.int32),
+                              cc=(9, 0))
+    assert "ld.shared.v4.b32" in ptx and "cp.async.bulk.tensor.2d" in ptx

@@ -131,3 +131,54 @@ def test_prefetch_l2_bulk_simulator_checks_the_whole_range(begin, end, ok):
     else:
         with pytest.raises(IndexError, match="prefetch_l2_bulk"):
             prefetch_l2_bulk(array, begin, end)
+
+
+# ---- prmt_b32, sub_f16x2, fma_f16x2 ---------------------------------------------------------------------------
+
+
+@cuda.jit
+def _k_f16x2(a, b, c, out):
+    i = cuda.grid(1)
+    if i < a.size:
+        out[4 * i] = P.prmt_b32(a[i], b[i], 0x4140)
+        out[4 * i + 1] = P.prmt_b32(a[i], b[i], 0x7362)
+        out[4 * i + 2] = P.sub_f16x2(a[i], b[i])
+        out[4 * i + 3] = P.fma_f16x2(a[i], b[i], c[i])
+
+
+def check_f16x2(rng) -> None:
+    """prmt against numpy byte picks; sub and fma per f16 half against float64 rounded once to f16 (operands in
+    a range where every result is a normal f16)."""
+    n = 64
+    halves = (rng.uniform(0.5, 2.0, size=(3, n, 2)) * rng.choice((-1.0, 1.0), size=(3, n, 2))).astype(np.float16)
+    a, b, c = (h.view(np.uint32).reshape(n) for h in halves)
+    out = cuda.to_device(np.zeros(4 * n, np.uint32))
+    _k_f16x2[1, n](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), out)
+    got = out.copy_to_host().reshape(n, 4)
+    src = np.concatenate([a.view(np.uint8).reshape(n, 4), b.view(np.uint8).reshape(n, 4)], axis=1)
+    for col, sel in ((0, 0x4140), (1, 0x7362)):
+        picks = [(sel >> (4 * i)) & 7 for i in range(4)]
+        np.testing.assert_array_equal(np.ascontiguousarray(got[:, col]).view(np.uint8).reshape(n, 4), src[:, picks])
+    ha, hb, hc = (h.astype(np.float64) for h in halves)
+    np.testing.assert_array_equal(np.ascontiguousarray(got[:, 2]).view(np.float16).reshape(n, 2),
+                                  (ha - hb).astype(np.float16))
+    np.testing.assert_array_equal(np.ascontiguousarray(got[:, 3]).view(np.float16).reshape(n, 2),
+                                  (ha * hb + hc).astype(np.float16))
+
+
+@sim
+def test_f16x2_fallback_numbers():
+    check_f16x2(np.random.default_rng())
+
+
+@pytest.mark.gpu
+def test_f16x2_gpu_numbers():
+    check_f16x2(np.random.default_rng())
+
+
+@pytest.mark.compile
+def test_f16x2_instructions_in_ptx():
+    u32 = types.Array(types.uint32, 1, "C")
+    ptx, _ = cuda.compile_ptx(_k_f16x2.py_func, (u32, u32, u32, u32), cc=(9, 0))
+    for needle in ("prmt.b32", "sub.rn.f16x2", "fma.rn.f16x2"):
+        assert needle in ptx, needle
