@@ -51,7 +51,7 @@ from kernels.quant.bits import f16x2_bits, f32_from_f16_bits, fmul_rn
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache, is_contiguous
 
 FUSED_TYPES = ("Q4_K",)
-"""Weight formats the dequantizing B producer reads."""
+"""Weight formats the fused GEMM dequantizes."""
 BLOCK_WEIGHTS = 256
 BLOCK_BYTES = {"Q4_K": 144}
 MAX_SEGMENTS = 3
@@ -60,6 +60,7 @@ BOX_ROWS = 64
 RAW_ROW_BYTES = 48
 """Bytes of one Q4_K row for one 64-wide k tile: the 16-byte header (d, dmin, scales) and 32 bytes of qs."""
 MAX_RAW = 8
+"""Most raw slots (more measured no faster: the raw boxes are not what the kernel waits for)."""
 F16_HI_BYTES = 0x64646464  # prmt's second source: 0x64, the high byte of f16 1024.0 (0x6400), under each code byte
 F16_1024X2 = 0x64006400
 
@@ -96,9 +97,9 @@ def fused_geometry(config: dict | None, qtype: str) -> FusedGeometry:
                                     f"types: {', '.join(FUSED_TYPES)}")
     g = geometry(config)
     if g.staging != "tma" or g.stages < 3:
-        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (a slot is "
-                                    f"refilled while the batch of the tile before it may still read its neighbour; "
-                                    f"got STAGING={g.staging}, STAGES={g.stages})")
+        raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (tile i + 1's B is "
+                                    f"written while the batch of tile i - 1 may still read its slot; got STAGING="
+                                    f"{g.staging}, STAGES={g.stages})")
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - g.smem_bytes) // (g.tm * RAW_ROW_BYTES + 16))
     if raw < 2:
         raise KernelConstraintError(f"gemm_fused: STAGES={g.stages} leaves room for {raw} raw slots of "
@@ -163,8 +164,8 @@ def _q4_k_row(TM: int):
 
 
 def _make_kernel(fg: FusedGeometry):
-    """The fused kernel for one geometry (see the module docstring); the consumers are `kernels.gemm_f16`'s
-    STAGING=tma consumers unchanged."""
+    """The fused kernel for one geometry (see the module docstring): `kernels.gemm_f16`'s STAGING=tma tiles,
+    descriptors, wgmma batches and epilogue, with the B tiles dequantized by the consumers."""
     g = fg.base
     TM, TN, KS, STAGES, GROUP, RAW = g.tm, g.tn, g.ks, g.stages, g.group, fg.raw
     ROWB = KS * 2
@@ -214,16 +215,16 @@ def _make_kernel(fg: FusedGeometry):
         at = RAW0 + slot * RAW_SLOT
         col = (kt >> 2) * BLOCK
         for j in range(NBOX):
-            row = m0 + j * BOX_ROWS
-            if row < od:
+            first = m0 + j * BOX_ROWS  # the box's first weight row
+            if first < od:
                 seg = 0
-                local = row
-                if row >= e1:
+                local = first
+                if first >= e1:
                     seg = 2
-                    local = row - e1
-                elif row >= e0:
+                    local = first - e1
+                elif first >= e0:
                     seg = 1
-                    local = row - e0
+                    local = first - e0
                 cp_async_bulk_tensor_2d_g2s(smem, at + j * BOX_HDR, rmap, 32 * seg, col, local, bars, RFULL0 + slot)
                 cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
                                             local, bars, RFULL0 + slot)
