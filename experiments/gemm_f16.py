@@ -11,9 +11,12 @@ with B dequantized inside the kernel from the weight's Q4_K blocks (the tile kno
 Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
 dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
-Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A and B read once (f16) + C written once (f32).
-Reference: torch f32 matmul on the GPU of the same f16 inputs when torch is importable, else numpy float64 on the
-host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32 accumulation).
+Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A read
+once (f16), the weight once (f16, or its Q4_K blocks for IMPL=fused) + C written once (f32).
+Reference: torch f32 matmul on the GPU of the same f16 inputs (B: the f16 dequantization) when torch is importable,
+else numpy float64 on the host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32
+accumulation; IMPL=fused also rounds its own dequantization to f16). Records before 2026-12-04's IMPL=fused
+multiplied a random-normal B (the kernels do the same work on any values).
 """
 
 from __future__ import annotations

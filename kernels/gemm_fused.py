@@ -8,17 +8,19 @@ against 16) and no f16 copy of it exists (the prefill's planned ``W16=fused``).
 * Producer warp (lane 0), k tile i: the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of the
   rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps; rfull / rempty
   mbarriers), then the A box into ring slot i % STAGES (full / empty mbarriers, as STAGING=tma).
-* Consumers: consumer thread t owns B row t (and t + 256 when TM is twice the consumer threads). Before the
+* Consumers: consumer thread t owns B row t (TM is at most the consumer threads in every geometry). Before the
   wgmma batch of tile i, a named barrier over the consumer threads (the producer warp never joins it) makes every
   row of tile i visible; the batch is issued, and while the tensor cores run it each thread dequantizes its row of
   tile i + 1 from the raw slot into the next ring slot (swizzled: chunk c of row r at chunk c ^ (r & 7) of its
   128-byte row, the TMA's 128-byte swizzle), frees the raw slot (one arrival a warp) and fences its stores for
-  wgmma's async proxy (``fence.proxy.async.shared::cta``). A ring slot is refilled only after the batch that read
-  it two tiles earlier has completed (``wgmma.wait_group 1`` before the barrier): STAGES >= 3.
+  wgmma's async proxy (``fence.proxy.async.shared::cta``). Tile i + 1's slot was last read by batch i + 1 - STAGES,
+  and every warpgroup has finished batch i - 2 when it passes the barrier of tile i (``wgmma.wait_group 1`` before
+  it): STAGES >= 3.
 * Arithmetic, two weights an instruction: `prmt` puts two 4-bit codes under the f16 exponent of 1024, `sub.rn.f16x2`
   removes the 1024 exactly, `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m (float32 products
-  as gguf-py, rounded to f16). A weight is within a few f16 ulps of `kernels.quant`'s (bit-identical to gguf-py's
-  float32 rounded once); the C of a 3584-wide product is within ~4e-4 relative of float64.
+  as gguf-py, rounded to f16). A weight differs from `kernels.quant`'s (gguf-py's float32, rounded once) by at most
+  about an f16 ulp of |q·d·sc| + |dmin·m| (where the two terms cancel, by many ulps of the small weight); the C of
+  a 3584-wide product is within ~4e-4 relative of float64.
 * Weights made of several tensors stacked along od (q|k|v, gate|up) are up to three segments of one format, each
   its own device array: rows below ``e0`` read segment 0, below ``e1`` segment 1, the rest segment 2; boundaries
   fall on 64-row boxes. Rows past od are zeros (no box brings them; a zero header dequantizes to zeros); GGUF
@@ -197,7 +199,7 @@ def _make_kernel(fg: FusedGeometry):
     REMPTY0 = RFULL0 + RAW
     CONSUMERS = 32 * g.warps
     CONSUMER_WARPS = g.warps
-    TWO = TM == 2 * CONSUMERS  # a consumer thread dequantizes B rows tid and tid + CONSUMERS
+    assert TM <= CONSUMERS  # gemm_f16's geometry: 8 warps whenever TM * TN > 64 * 128
     K16 = KS // 16
     M64_B = 64 * ROWB
     BLOCK = BLOCK_BYTES[fg.qtype]
@@ -230,8 +232,8 @@ def _make_kernel(fg: FusedGeometry):
                                             local, bars, RFULL0 + slot)
 
     @cuda.jit(device=True, inline="always")
-    def dequant(smem, bars, i, kt, tid, lane, va, vb):
-        """Consumer thread tid's B rows of k tile i (ring slot i % STAGES) from raw slot i % RAW: wait for the raw
+    def dequant(smem, bars, i, kt, tid, lane, valid):
+        """Consumer thread tid's B row of k tile i (ring slot i % STAGES) from raw slot i % RAW: wait for the raw
         boxes, dequantize the rows into the slot, free the raw slot (one arrival a warp), fence the stores for
         wgmma."""
         rs = i % RAW
@@ -240,9 +242,7 @@ def _make_kernel(fg: FusedGeometry):
         raw_at = RAW0 + rs * RAW_SLOT
         at = (i % STAGES) * STAGE_ELEMS + A_ELEMS
         if tid < TM:
-            row(smem, raw_at, at, tid, kt, va)
-        if TWO:
-            row(smem, raw_at, at, tid + CONSUMERS, kt, vb)
+            row(smem, raw_at, at, tid, kt, valid)
         syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
         if lane == 0:
             mbarrier_arrive(bars, REMPTY0 + rs)
@@ -294,12 +294,11 @@ def _make_kernel(fg: FusedGeometry):
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
         lane = tid & 31
-        va = tid < TM and m0 + tid < od
-        vb = m0 + tid + CONSUMERS < od
+        valid = m0 + tid < od
         acc = cuda.local.array(ACC_N, float32)
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        dequant(smem, bars, 0, kt0, tid, lane, va, vb)
+        dequant(smem, bars, 0, kt0, tid, lane, valid)
         s = 0
         prev = 0
         phase = uint32(0)
@@ -309,7 +308,7 @@ def _make_kernel(fg: FusedGeometry):
                 pass
             ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
             if i + 1 < ktiles:  # tile i + 1's B while the tensor cores run tile i
-                dequant(smem, bars, i + 1, kt0 + i + 1, tid, lane, va, vb)
+                dequant(smem, bars, i + 1, kt0 + i + 1, tid, lane, valid)
             wgmma_wait_group(1)
             if i > 0 and lane == 0:
                 mbarrier_arrive(bars, EMPTY0 + prev)
@@ -358,7 +357,7 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
         raise KernelConstraintError(f"gemm_fused: a must be a C-contiguous 2-D float16 device array, got "
                                     f"{getattr(a, 'dtype', None)} {tuple(getattr(a, 'shape', ()))}")
     nt, kdim = a.shape
-    if kdim % BLOCK_WEIGHTS or nt == 0:
+    if kdim <= 0 or kdim % BLOCK_WEIGHTS or nt == 0:
         raise KernelConstraintError(f"gemm_fused: id must be a positive multiple of {BLOCK_WEIGHTS} ({qtype} rows are "
                                     f"whole blocks) and nt > 0, got a [{nt}, {kdim}]")
     if not 1 <= len(segments) <= MAX_SEGMENTS:
@@ -366,11 +365,12 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
     row_bytes = kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]
     od = 0
     for i, (raw, rows) in enumerate(segments):
-        if (getattr(raw, "ndim", None) != 1 or np.dtype(raw.dtype) != np.uint8 or rows < 1
-                or raw.shape[0] != rows * row_bytes):
+        if (getattr(raw, "ndim", None) != 1 or np.dtype(raw.dtype) != np.uint8 or not is_contiguous(raw)
+                or not isinstance(rows, (int, np.integer)) or rows < 1 or raw.shape[0] != rows * row_bytes):
             raise KernelConstraintError(
                 f"gemm_fused: segment {i} must be the {rows} x {row_bytes} bytes of a {qtype} [{rows}, {kdim}] weight "
-                f"as a 1-D uint8 device array, got {getattr(raw, 'dtype', None)} {tuple(getattr(raw, 'shape', ()))}")
+                f"(a whole number of rows) as a contiguous 1-D uint8 device array, got {getattr(raw, 'dtype', None)} "
+                f"{tuple(getattr(raw, 'shape', ()))}")
         if i and od % BOX_ROWS:
             raise KernelConstraintError(f"gemm_fused: segment {i} starts at row {od}; segments after the first must "
                                         f"start at a multiple of {BOX_ROWS} rows")
@@ -415,6 +415,9 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
 def _launch(a, segments, qtype, out, config, stream, partials):
     """Enqueue the fused kernel with its split plan; return (plan, the flat partials used or None, out)."""
     nt, od, kdim = check_segments(a, segments, qtype, out)
+    for i, (raw, _) in enumerate(segments):
+        if isinstance(raw, np.ndarray) if SIMULATOR else not cuda.is_cuda_array(raw):
+            raise KernelConstraintError(f"gemm_fused: segment {i} is a host array; pass the weight's bytes on the device")
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     built = build(config, qtype)

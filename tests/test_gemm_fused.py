@@ -56,7 +56,7 @@ def _f16_path(a, raws, rows, config):
 SIM_CASES = [
     ("128x64, 3 stages (the ring wraps), 8 raw slots, 2 segments, od tail", dict(G.DEFAULT, TM=128, TN=64, STAGES=3),
      17, [64, 70], 256),
-    ("256x128 default: two rows a producer thread, 3 segments, 2 raw slots", G.DEFAULT, 17, [128, 64, 108], 256),
+    ("256x128 default: 3 segments, 2 raw slots", G.DEFAULT, 17, [128, 64, 108], 256),
 ]
 
 
@@ -79,17 +79,20 @@ def _assert_close(got, a, w16, f16_path):
 
 @sim
 def test_fused_simulator_split_k():
-    """Every tile in 3 k slices (each producer starts mid super-block): poisoned C and partials, the f16 path's bits."""
-    nt, rows, id_ = 20, [64, 30], 768
-    config = dict(G.DEFAULT, TM=128, TN=64, STAGES=3, SPLITK=3)
-    a, raws, w16 = _operands(nt, rows, id_, seed=9)
-    partials = cuda.to_device(np.full(G.partials_elements(config, nt, sum(rows), id_), np.nan, np.float32))
-    got = _fused(a, raws, rows, config, partials=partials)
-    assert np.isfinite(got).all()
-    _assert_close(got, a, w16, _f16_path(a, raws, rows, config))
+    """Every tile in k slices: 3 of 8 k tiles (slices start at tiles 0, 2, 5: mid super-block), and 4 of 4 (one k
+    tile a slice); poisoned C and partials, float64 and the f16 path."""
+    nt, rows = 20, [64, 30]
+    for id_, splitk in ((512, 3), (256, 4)):
+        config = dict(G.DEFAULT, TM=128, TN=64, STAGES=3, SPLITK=splitk)
+        a, raws, w16 = _operands(nt, rows, id_, seed=9)
+        partials = cuda.to_device(np.full(G.partials_elements(config, nt, sum(rows), id_), np.nan, np.float32))
+        got = _fused(a, raws, rows, config, partials=partials)
+        assert np.isfinite(got).all()
+        _assert_close(got, a, w16, _f16_path(a, raws, rows, config))
 
 
 def _bad_calls():
+    """(call, the words its one-line refusal must hold)."""
     a = np.zeros((4, 256), np.float16)
     raw = np.zeros(2 * 144, np.uint8)
     return [
@@ -102,12 +105,16 @@ def _bad_calls():
         (lambda: F.check_segments(a, [(raw, 2)] * 4, "Q4_K"), "1 to 3 weight segments"),
         (lambda: F.check_segments(a, [(raw, 2), (raw, 2)], "Q4_K"), "segment 1 starts at row 2; .* multiple of 64"),
         (lambda: F.check_segments(a, [(raw, 2)], "Q4_K", out=np.zeros((4, 2), np.float16)), "C-contiguous float32"),
+        (lambda: F.check_segments(np.zeros((4, 0), np.float16), [(raw[:0], 2)], "Q4_K"), "positive multiple of 256"),
+        (lambda: F.check_segments(a, [(np.zeros(4 * 144, np.uint8)[::2], 2)], "Q4_K"), "contiguous 1-D uint8"),
+        (lambda: F.check_segments(a, [(raw, 2.0)], "Q4_K"), "whole number of rows"),
+        (lambda: F.gemm_fused(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
         (lambda: F.check_segments(a.astype(np.float32), [(raw, 2)], "Q4_K"), "float16"),
         (lambda: F.check_segments(a, [(raw, 2)], "Q4_K", out=np.zeros((4, 3), np.float32)), r"float32 \[4, 2\]"),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
 def test_fused_refuses_bad_input_in_one_line(index):
     call, match = _bad_calls()[index]
     with pytest.raises(KernelConstraintError, match=match) as err:
@@ -119,8 +126,8 @@ def test_fused_refuses_bad_input_in_one_line(index):
 @pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, TM=128, TN=64, STAGES=3)], ids=["default", "128x64"])
 def test_fused_ptx(config):
     """The raw and A boxes, the raw reads, the f16x2 dequantization, swizzled 16-byte stores, the proxy fence, the
-    named barrier, the barrier arrivals and wgmma; the block's registers fit the register file (9 warps: 3 on one
-    scheduler, 168 registers a thread at most)."""
+    named barrier, the barrier arrivals and wgmma; at most 168 registers a thread (the default's 9 warps put 3 on
+    one scheduler: 168 is its register-file share)."""
     from ptx_assembly import ptxas_resources
 
     ptx = F.kernel_ptx(config, "Q4_K")

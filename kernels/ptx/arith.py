@@ -24,6 +24,9 @@ if SIMULATOR:
     def prmt_b32(a, b, selector):
         """Simulator form of `prmt.b32 d, a, b, c`: byte i of d is byte ``(selector >> 4 i) & 7`` of the 8 bytes
         {b, a} (a's bytes 0..3, b's 4..7)."""
+        if int(selector) & 0x8888:
+            raise ValueError(f"prmt_b32: selector {int(selector):#06x} asks for sign replication, which this form "
+                             f"does not model")
         src = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
         d = 0
         for i in range(4):

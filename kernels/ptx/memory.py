@@ -135,8 +135,12 @@ else:
 if SIMULATOR:
 
     def ld_shared_v4_b32(array, index):
-        """Simulator form of `ld.shared.v4.b32`: the 16 bytes starting at element ``index`` as 4 uint32."""
+        """Simulator form of `ld.shared.v4.b32`: the 16 bytes starting at element ``index`` as 4 uint32; an address
+        that is not 16-byte aligned or runs past the array raises, as the load faults on the GPU."""
         s0 = index * _ndarray(array).itemsize
+        if s0 % 16 or s0 < 0 or s0 + 16 > _bytes(array).size:
+            raise IndexError(f"ld.shared.v4.b32 at byte {s0} of a {_bytes(array).size}-byte array: needs 16-byte "
+                             f"alignment inside the array")
         words = _bytes(array)[s0 : s0 + 16].copy().view(np.uint32)
         return tuple(np.uint32(w) for w in words)
 

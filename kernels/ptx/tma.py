@@ -12,7 +12,7 @@ numba cannot pass a 128-byte ``__grid_constant__`` parameter).
 
 `tensor_map_bytes_2d` (host) encodes the map of a byte matrix [rows, cols] (uint8, e.g. a GGUF tensor's blocks, a
 row per weight row) with a box of ``box_rows`` x ``box_cols`` bytes and no swizzle: box row r lands at r *
-box_cols, as in global memory (16-byte aligned destination).
+box_cols, as in global memory (128-byte aligned destination).
 
 `cp_async_bulk_tensor_2d_g2s` (device) issues one box copy at coordinates (c0 = column, c1 = row) of the box's first
 element; one thread issues it after arming the barrier with the bytes (`mbarrier_arrive_expect_tx`).
@@ -147,7 +147,7 @@ if SIMULATOR:
     def cp_async_bulk_tensor_2d_g2s(dst, dst_index, tmap, tmap_index, c0, c1, bar, bar_index):
         """Simulator form of `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`: the
         box at column ``c0``, row ``c1`` of the map at ``tmap[tmap_index]`` into ``dst[dst_index]`` (an f16 map's
-        box 128-byte swizzled to a 1024-byte aligned offset in the shared array, a byte map's as it is to a 16-byte
+        box 128-byte swizzled to a 1024-byte aligned offset in the shared array, a byte map's as it is to a 128-byte
         aligned one), zeros out of bounds; landing when a wait observes the barrier's phase complete
         (``BULK_POISON`` until then)."""
         words = _ndarray(tmap)
@@ -158,7 +158,7 @@ if SIMULATOR:
         d = _bytes(dst)
         d0 = int(dst_index) * _ndarray(dst).itemsize
         n = box_rows * box_cols * matrix.itemsize
-        align = 1024 if swizzle else 16
+        align = 1024 if swizzle else 128
         if d0 % align or d0 + n > d.size:
             raise ValueError(f"cp.async.bulk.tensor: the box needs a {align}-byte aligned destination inside the "
                              f"array, got byte {d0} of {d.size} for {n} bytes")
