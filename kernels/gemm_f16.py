@@ -710,6 +710,18 @@ def _make_kernel_v2(g: Geometry):
     return gemm_kernel
 
 
+def _warpgroup_split(g: Geometry) -> tuple[int, int, int, int, int, int]:
+    """How the wgmma kernels split a TN x TM tile over their warps // 4 warpgroups: (WG_N, WTN, MT64, N, NH, ACC_N).
+    WG_N = min(warpgroups, TN // 64) warpgroups split the nt rows (WTN each), the rest split the od columns; each
+    issues MT64 = WTN / 64 m64nNk16 a k16 step with N = TM / WG_M od columns, and holds NH = N / 2 accumulators per
+    m64 slice, ACC_N in all."""
+    wgs = g.warps // 4
+    wg_n = min(wgs, g.tn // 64)
+    wtn = g.tn // wg_n
+    n = g.tm // (wgs // wg_n)
+    return wg_n, wtn, wtn // 64, n, n // 2, (wtn // 64) * (n // 2)
+
+
 def _make_kernel_wgmma(g: Geometry):
     """MMA=wgmma (sm_90a; STAGING=cp_async; LOOP=addr32 or pipe): Hopper warpgroup MMA with both operands read
     from shared memory through matrix descriptors (kernels/ptx/wgmma.py).
@@ -735,14 +747,7 @@ def _make_kernel_wgmma(g: Geometry):
     TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
     ROWB = KS * 2
     THREADS = g.threads
-    WGS = g.warps // 4
-    WG_N = min(WGS, TN // 64)
-    WG_M = WGS // WG_N
-    WTN = TN // WG_N  # nt rows per warpgroup
-    MT64 = WTN // 64
-    N = TM // WG_M  # wgmma n (od columns per warpgroup)
-    NH = N // 2  # accumulators per thread per m64 slice
-    ACC_N = MT64 * NH
+    WG_N, WTN, MT64, N, NH, ACC_N = _warpgroup_split(g)
     CPR = KS // 8
     SWIZZLE = SWIZZLE_64B if KS == 32 else SWIZZLE_128B
     SBO = 8 * ROWB  # bytes between 8-row groups
@@ -844,14 +849,7 @@ def _make_kernel_tma(g: Geometry):
     """
     TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
     ROWB = KS * 2
-    WGS = g.warps // 4
-    WG_N = min(WGS, TN // 64)
-    WG_M = WGS // WG_N
-    WTN = TN // WG_N
-    MT64 = WTN // 64
-    N = TM // WG_M
-    NH = N // 2
-    ACC_N = MT64 * NH
+    WG_N, WTN, MT64, N, NH, ACC_N = _warpgroup_split(g)
     SBO = 8 * ROWB
     LBO = 16
     A_ELEMS = TN * KS

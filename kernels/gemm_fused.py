@@ -171,14 +171,7 @@ def _make_kernel(fg: FusedGeometry):
     g = fg.base
     TM, TN, KS, STAGES, GROUP, RAW = g.tm, g.tn, g.ks, g.stages, g.group, fg.raw
     ROWB = KS * 2
-    WGS = g.warps // 4
-    WG_N = min(WGS, TN // 64)
-    WG_M = WGS // WG_N
-    WTN = TN // WG_N
-    MT64 = WTN // 64
-    N = TM // WG_M
-    NH = N // 2
-    ACC_N = MT64 * NH
+    WG_N, WTN, MT64, N, NH, ACC_N = gemm_f16._warpgroup_split(g)
     SBO = 8 * ROWB
     LBO = 16
     A_ELEMS = TN * KS
