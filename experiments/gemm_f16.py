@@ -28,9 +28,9 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"LOOP": "v1", "SPLITK": 1}
+_LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct"}
 """Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop; no
-split-K)."""
+split-K; C stored straight from the fragments)."""
 _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
@@ -44,6 +44,8 @@ _DOCS = {
     "LOOP": "main loop (mma_sync + cp_async only): v1; addr32 = precomputed 32-bit offsets; "
             "pipe = addr32 + register double-buffered fragments (CUTLASS sm80 order). With MMA=wgmma: "
             "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
+    "EPI": "how C leaves the registers of the STAGING=tma kernels: staged = through an f32 tile in shared memory, "
+           "16-byte row stores; direct = each thread's fragments, 4 bytes a store (the other kernels: always direct)",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
@@ -77,6 +79,8 @@ class GemmF16Experiment(Experiment):
                  "Qwen2-7B fused ffn gate+up at nt=128 (148 tiles: a full wave and 16)"),
         Workload("ffn_gate_up_nt512", _shape(512, 37888, 3584),
                  "Qwen2-7B fused ffn gate+up at nt=512 (592 tiles: 4 full waves and 64)"),
+        Workload("ffn_down_nt512", _shape(512, 3584, 18944), "Qwen2-7B ffn_down at nt=512 (56 tiles: split-K's case)"),
+        Workload("attn_output_nt512", _shape(512, 3584, 3584), "Qwen2-7B attention output at nt=512 (56 tiles)"),
         Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
     )
     ceiling = "matrix"
@@ -164,12 +168,16 @@ class GemmF16Experiment(Experiment):
 
     def effective(self, config):
         """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 for a
-        kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there)."""
+        kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there); EPI as direct
+        for a kernel other than STAGING=tma (only those stage C)."""
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
+        eff = dict(config)
+        if config.get("STAGING", _DEFAULT["STAGING"]) != "tma":
+            eff["EPI"] = "direct"
         if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
-            return dict(config, SPLITK=1)
-        return dict(config)
+            eff["SPLITK"] = 1
+        return eff
 
     def kernels(self, config, workload):
         """The compiled gemm instance of ``config`` (none for the cuBLAS arm), for `minfer kernels`."""
@@ -183,11 +191,12 @@ class GemmF16Experiment(Experiment):
             built = gemm_fused.build({k: config[k] for k in knob_table.KNOBS}, "Q4_K")
             fg = built.geometry
             g = fg.base
-            name = (f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group}]")
+            name = f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group},EPI={g.epi}]"
             return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
         built = kernel.build({k: config[k] for k in knob_table.KNOBS})
         g = built.geometry
-        name = f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop}]"
+        name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop},"
+                f"EPI={g.epi}]")
         return [KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes)]
 
     def check(self, config, workload, inputs, output) -> float:

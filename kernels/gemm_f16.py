@@ -15,7 +15,9 @@ block tile. Two tensor-core paths:
 * ``MMA="wgmma"`` (sm_90a, Hopper): `wgmma.mma_async.m64nNk16` with both operands read by the tensor cores
   straight from the same XOR-swizzled cp.async tiles (which are wgmma's 64-/128-byte swizzled K-major layout)
   through shared-memory matrix descriptors; one warpgroup (4 warps) per 64 x N sub-tile, accumulators in registers
-  in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx/wgmma.py, _make_kernel_wgmma).
+  in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx/wgmma.py, _make_kernel_wgmma);
+  with STAGING="tma" the fragments go through an f32 C tile in shared memory (the ring, reused) and leave it as
+  16-byte row stores (`_c_tile_store`).
 
 Staging: ``STAGING="cp_async"`` issues `cp.async.cg` 16-byte copies (src-size 0 = hardware zero-fill for rows past
 nt/od and k past id: tails need no branches) and keeps STAGES-1 tiles in flight (`cp.async.wait_group STAGES-2`);
@@ -45,15 +47,19 @@ from kernels.jit import kernel
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
+    bar_sync,
     cp_async_16,
     cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
     ld_global_v4_b32,
+    ld_shared_v4_f32,
     ldmatrix_x4,
     ldmatrix_x4_off,
     mma_m16n8k16_f32_f16,
     opaque_u32,
+    st_global_v4_f32,
+    st_shared_v2_f32,
     st_shared_v4_b32,
     wmma_load_a_f16,
     wmma_load_b_f16,
@@ -89,6 +95,7 @@ class Geometry:
     staging: str
     group: int
     loop: str
+    epi: str
     warps: int
     warps_m: int  # warps along od
     warps_n: int  # warps along nt
@@ -158,22 +165,25 @@ def geometry(config: dict | None) -> Geometry:
     warps_m = warps // warps_n
     row = ks + 8 if cfg["MMA"] == "wmma" else ks
     smem = stages * (tm + tn) * row * 2
+    epi = cfg["EPI"] if cfg["STAGING"] == "tma" else "direct"  # only the tma kernels stage C
+    if epi == "staged":
+        smem = max(smem, c_tile_bytes(tn, tm))  # the staged C tile reuses the ring
     if cfg["STAGING"] == "tma":
-        smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring
+        smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring (or the C tile)
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
-    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], warps, warps_m,
-                    warps_n, row, smem)
+    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, warps,
+                    warps_m, warps_n, row, smem)
 
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
     addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 54 MMA=wgmma +
-    tma ones (KS=64, LOOP=pipe): 882."""
+    tma ones (KS=64, LOOP=pipe) with each EPI: 936 (EPI=direct for the others: their EPI=staged is the same kernel)."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))
-        if _invalid(cfg):
+        if _invalid(cfg) or (cfg["EPI"] == "staged" and cfg["STAGING"] != "tma"):
             continue
         yield cfg
 
@@ -228,7 +238,7 @@ def _make_kernel(g: Geometry):
     tile_origin = _program_order(TN, TM, GROUP)
     store_c = _c_fragment_store(MT, NT8, 16)
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
         tid = cuda.threadIdx.x
@@ -412,6 +422,63 @@ def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
     return store_c
 
 
+C_PAD = 8
+"""f32 elements of padding after each row of a staged C tile: with TM a multiple of 32 the row stride is 8 banks
+(mod 32), so the 8-byte fragment writes of a half-warp (rows g = 0..3, columns 2t) hit 32 distinct banks."""
+
+
+def c_tile_bytes(tn: int, tm: int) -> int:
+    """Shared-memory bytes of a staged TN x TM f32 C tile (`_c_tile_store`)."""
+    return tn * (tm + C_PAD) * 4
+
+
+def _c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
+    """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
+    epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
+    the ring; each writes its MI x NJ m16n8 C fragments (`_c_fragment_store`'s layout; tile-local row ``rl`` and
+    column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
+    the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread (a warp
+    writes 512 contiguous bytes of a row), element (r, c) with n0 + r < nt and m0 + c < od landing at
+    ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0: every element a 4-byte store (an ``out`` whose rows are not
+    16-byte aligned); else 16-byte stores except at the od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
+    warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
+    way."""
+    S = TM + C_PAD
+    CH = TM // 4  # 16-byte chunks a row
+    RPI = CONSUMERS // CH  # rows a pass
+    assert CONSUMERS % CH == 0 and TN % RPI == 0 and TM % 32 == 0
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
+        bar_sync(1, CONSUMERS)
+        for i in range(MI):
+            for h in range(2):
+                at = (rl + i * 64 + h * 8) * S + cl
+                for j in range(NJ):
+                    c = (i * NJ + j) * 4 + 2 * h
+                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
+        bar_sync(1, CONSUMERS)
+        cq = (tid % CH) * 4
+        col = m0 + cq
+        for p in range(TN // RPI):
+            r = tid // CH + p * RPI
+            rowi = n0 + r
+            if rowi < nt and col < od:
+                x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
+                if cvec != 0 and col + 3 < od:
+                    st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
+                else:
+                    out[roff + rowi, col - coff] = x0
+                    if col + 1 < od:
+                        out[roff + rowi, col + 1 - coff] = x1
+                    if col + 2 < od:
+                        out[roff + rowi, col + 2 - coff] = x2
+                    if col + 3 < od:
+                        out[roff + rowi, col + 3 - coff] = x3
+
+    return store_tile
+
+
 def _program_order(TN: int, TM: int, GROUP: int):
     """``tile_origin(pid, nt, od) -> (n0, m0)``, the first nt row and od column of C tile ``pid`` in grouped
     program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
@@ -590,7 +657,7 @@ def _make_kernel_v2(g: Geometry):
     store_c = _c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -770,7 +837,7 @@ def _make_kernel_wgmma(g: Geometry):
     ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         wg = tid >> 7
@@ -843,6 +910,8 @@ def _make_kernel_tma(g: Geometry):
       arrives on empty[] of tile i - 1's slot, whose batch has now finished reading it. No block-wide barrier in
       the main loop.
     * Split-K plans as the cp.async path (`_split_work`): a block's k range is its slice's.
+    * Epilogue: EPI=staged, `_c_tile_store` (C through an f32 tile over the ring, 16-byte row stores; the barriers
+      sit after max(ring, C tile)); EPI=direct, `_c_fragment_store`.
 
     Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
     warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
@@ -856,17 +925,19 @@ def _make_kernel_tma(g: Geometry):
     STAGE_ELEMS = (TN + TM) * KS
     STAGE_B = STAGE_ELEMS * 2
     SA_B = TN * ROWB
-    FULL0 = STAGES * STAGE_B // 8  # uint64 index of full[0]; empty[s] at FULL0 + STAGES + s
+    FULL0 = max(STAGES * STAGE_B, c_tile_bytes(TN, TM)) // 8  # uint64 index of full[0]; empty[s] at FULL0 + STAGES + s
     CONSUMERS = 32 * g.warps
     CONSUMER_WARPS = g.warps
     K16 = KS // 16
     M64_B = 64 * ROWB
     block_work = _split_work(TN, TM, GROUP)
+    STAGED = g.epi == "staged"
+    store_tile = _c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = _c_fragment_store(MT64, N // 8, 64)
     ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
@@ -923,14 +994,19 @@ def _make_kernel_tma(g: Geometry):
         wgmma_wait_group(0)
 
         dst = parts if nsl > 1 else out
-        store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
-                roff, coff)
+        rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
+        cl = col0 + (lane & 3) * 2
+        if STAGED:
+            store_tile(cuda.shared.array(0, float32), dst, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
+        else:
+            store_c(dst, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
 
     return gemm_kernel
 
 
 SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.float32[:, ::1], types.int64,
-                       types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1])
+                       types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1],
+                       types.int64)
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 
 
@@ -1123,9 +1199,16 @@ def _launch(a, b, out, config, stream, partials):
     else:
         amap = bmap = _no_map()
     built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap
+        a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap,
+        c_vectors(out, target)
     )
     return plan, parts
+
+
+def c_vectors(out, target) -> int:
+    """1 when every row of ``out`` and of the split target ``target`` (2-D f32, C-contiguous) starts on a 16-byte
+    boundary, so `_c_tile_store` may write them 16 bytes at a time; else 0 (4-byte stores)."""
+    return int(all(x.shape[1] % 4 == 0 and device_address(x) % 16 == 0 for x in (out, target)))
 
 
 def _split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, stream):

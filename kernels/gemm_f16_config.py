@@ -31,6 +31,12 @@ KNOBS: dict[str, tuple] = {
     # before the next barrier; pipe keeps one batch in flight (wgmma.wait_group 1; copies then run STAGES-2 tiles
     # ahead; needs STAGES >= 3).
     "LOOP": ("v1", "addr32", "pipe"),
+    # How C leaves the registers in the STAGING=tma kernels (the cp.async and sync ones always store directly, so
+    # there EPI=staged runs the direct code). direct: each thread stores its
+    # C fragments, 4 bytes at a time (two half-filled 32-byte sectors a warp store). staged: the consumer warps
+    # write the fragments into an f32 tile over the drained ring and copy it out a row at a time, 16 bytes a
+    # thread (kernels.gemm_f16._c_tile_store).
+    "EPI": ("staged", "direct"),
 }
 # Launch knob (not compiled in: one kernel serves every value). SPLITK: k slices per C tile, each a CUDA block
 # that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel adds the
@@ -86,12 +92,13 @@ def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
 
 
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
-                  "LOOP": "v1"}
+                  "LOOP": "v1", "EPI": "direct"}
 # The fastest measured on the H200 (DEFAULT: wgmma, 2 warpgroups of m64n256k16 on a 128 x 256 tile, k step 64 with
-# the 128-byte swizzle, a 4-stage ring filled by a TMA producer warp, grouped order 8, one wgmma batch in flight) and
+# the 128-byte swizzle, a 4-stage ring filled by a TMA producer warp, grouped order 8, one wgmma batch in flight, C
+# staged through shared memory) and
 # the fastest mma_sync arm (MMA_SYNC_BEST), the A/B baseline the wgmma work is judged against; figures in the ledger
 # and baselines/gemm-notes.yaml.
 DEFAULT: dict = {"MMA": "wgmma", "TM": 256, "TN": 128, "KS": 64, "STAGES": 4, "STAGING": "tma", "GROUP": 8,
-                 "LOOP": "pipe"}
+                 "LOOP": "pipe", "EPI": "staged"}
 MMA_SYNC_BEST: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async",
-                       "GROUP": 8, "LOOP": "pipe"}
+                       "GROUP": 8, "LOOP": "pipe", "EPI": "direct"}

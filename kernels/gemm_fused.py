@@ -197,6 +197,9 @@ def _make_kernel(fg: FusedGeometry):
     M64_B = 64 * ROWB
     BLOCK = BLOCK_BYTES[fg.qtype]
     block_work = gemm_f16._split_work(TN, TM, GROUP)
+    assert gemm_f16.c_tile_bytes(TN, TM) <= STAGES * STAGE_B  # the staged C tile fits the f16 ring (STAGES >= 3)
+    STAGED = g.epi == "staged"
+    store_tile = gemm_f16._c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = gemm_f16._c_fragment_store(MT64, N // 8, 64)
     ktile_mma = gemm_f16._ktile_mma(K16, MT64, NH, N, M64_B)
     row = _q4_k_row(TM)
@@ -241,7 +244,7 @@ def _make_kernel(fg: FusedGeometry):
             mbarrier_arrive(bars, REMPTY0 + rs)
         fence_proxy_async_shared()
 
-    def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap):
+    def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
@@ -313,15 +316,19 @@ def _make_kernel(fg: FusedGeometry):
         wgmma_wait_group(0)
 
         dst = parts if nsl > 1 else out
-        store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
-                roff, coff)
+        rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
+        cl = col0 + (lane & 3) * 2
+        if STAGED:
+            store_tile(cuda.shared.array(0, float32), dst, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
+        else:
+            store_c(dst, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
 
     return gemm_kernel
 
 
 SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types.int64, types.float32[:, ::1],
                        types.float32[:, ::1], types.int64, types.int64, types.int64, types.int64, types.int64,
-                       types.uint64[::1])
+                       types.uint64[::1], types.int64)
 _CACHE = KernelCache("gemm_fused", SIGNATURE)
 
 
@@ -421,7 +428,7 @@ def _launch(a, segments, qtype, out, config, stream, partials):
     fg = built.geometry
     built.kernel[plan.blocks(g.grid(nt, od)), fg.threads, stream, fg.smem_bytes](
         a.reshape(nt * kdim), _raw_maps(segments, kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]), ends[0], ends[1], out,
-        target, nt, od, kdim, plan.whole, plan.slices, gemm_f16._tensor_map(a, g.tn))
+        target, nt, od, kdim, plan.whole, plan.slices, gemm_f16._tensor_map(a, g.tn), gemm_f16.c_vectors(out, target))
     return plan, parts, out
 
 

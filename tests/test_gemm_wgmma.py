@@ -182,6 +182,9 @@ SIM_CASES = [
     ("tma: 64x64, 3 stages, tails, 4 k tiles", dict(G.DEFAULT, STAGING="tma", TM=64, TN=64, STAGES=3), (33, 70, 224)),
     ("tma: 128x64, 2 stages (the ring wraps twice)", dict(G.DEFAULT, STAGING="tma", TM=128, TN=64, STAGES=2),
      (65, 130, 256)),
+    ("tma: 128x128, 2 stages (staged C tile larger than the ring), 16-byte rows", dict(G.DEFAULT, TM=128, STAGES=2),
+     (70, 136, 128)),
+    ("tma: EPI=direct", dict(G.DEFAULT, TM=64, TN=64, STAGES=3, EPI="direct"), (33, 72, 128)),
 ]
 
 TMA = dict(G.DEFAULT, STAGING="tma")
@@ -203,6 +206,25 @@ def test_gemm_tma_simulator_split_k_matches_float64():
     ref = a.astype(np.float64) @ b.astype(np.float64).T
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+
+
+@sim
+def test_gemm_tma_staged_epilogue_writes_a_misaligned_out_with_4_byte_stores():
+    """An out whose rows do not start on 16-byte boundaries (a view one float into its buffer) gets the staged tile
+    through 4-byte stores (c_vectors = 0; a 16-byte store there would fault, as the simulator's does); the float
+    before it keeps its poison."""
+    nt, od, id_ = 20, 68, 128
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    flat = cuda.to_device(np.full(nt * od + 1, np.nan, np.float32))
+    out = flat[1:].reshape(nt, od)
+    assert G.c_vectors(out, out) == 0 and G.c_vectors(flat[:nt * od].reshape(nt, od), out) == 0
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=dict(G.DEFAULT, TM=64, TN=64, STAGES=3))
+    got = flat.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isnan(got[0])
+    assert np.linalg.norm(got[1:].reshape(nt, od) - ref) / np.linalg.norm(ref) < 1e-3
 
 
 @sim
@@ -231,7 +253,7 @@ def test_wgmma_geometry():
     assert G.geometry(dict(WG, TN=64, TM=64)).threads == 128
     n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma" and c["STAGING"] == "cp_async")
     assert n_wgmma == 3 * 2 * 2 * 3 * (3 + 2)  # TM x TN x KS x GROUP x (addr32: 3 stage counts, pipe: 2)
-    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 3 * 2 * 3 * 3  # TM x TN x STAGES x GROUP
+    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 3 * 2 * 3 * 3 * 2  # TM x TN x STAGES x GROUP x EPI
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).threads == 256 + 32  # plus the producer warp
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).smem_bytes == 4 * (256 + 128) * 128 + 4 * 16
 
@@ -274,7 +296,8 @@ def test_wgmma_ptx(config):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("config", [TMA, dict(TMA, TM=128, TN=64, STAGES=2)], ids=["default", "128x64"])
+@pytest.mark.parametrize("config", [TMA, dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, EPI="direct")],
+                         ids=["default", "128x64", "EPI=direct"])
 def test_tma_ptx(config):
     """STAGING=tma: the producer's box copies and mbarriers, the consumers' wgmma at n = the warpgroup's od columns
     with one batch in flight, no cp.async, nothing in local memory; ptxas accepts it for sm_90a."""
@@ -287,6 +310,10 @@ def test_tma_ptx(config):
                    f"wgmma.mma_async.sync.aligned.m64n{_expected_n(config)}k16.f32.f16.f16",
                    "wgmma.wait_group.sync.aligned 1;", ".extern .shared .align 1024"):
         assert needle in ptx, needle
+    # EPI=staged: C through shared memory, out in 16-byte rows, the consumer warps' named barrier
+    staged = G.resolve_config(config)["EPI"] == "staged"
+    for needle in ("st.shared.v2.f32", "ld.shared.v4.f32", "st.global.v4.f32", "barrier.sync.aligned"):
+        assert (needle in ptx) == staged, needle
     assert "cp.async.cg" not in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators in local memory"
     res = ptxas_resources(ptx)

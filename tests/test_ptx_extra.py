@@ -1,5 +1,6 @@
-"""Helpers added to kernels.ptx after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle) and
-`dp4a_s32` (four-way int8 dot product).
+"""Helpers added to kernels.ptx after the tensor-core set: `shfl_xor_f32` (warp butterfly shuffle), `dp4a_s32`
+(four-way int8 dot product), `prmt_b32` / `sub_f16x2` / `fma_f16x2`, and the f32 vector loads / stores of a staged
+C tile.
 
 Numbers in the simulator session (the fallback), the instruction in the compiled PTX (`compile`), the same numbers
 on a real GPU (`gpu`)."""
@@ -181,4 +182,59 @@ def test_f16x2_instructions_in_ptx():
     u32 = types.Array(types.uint32, 1, "C")
     ptx, _ = cuda.compile_ptx(_k_f16x2.py_func, (u32, u32, u32, u32), cc=(9, 0))
     for needle in ("prmt.b32", "sub.rn.f16x2", "fma.rn.f16x2"):
+        assert needle in ptx, needle
+
+
+# ---- st_shared_v2_f32, ld_shared_v4_f32, st_global_v4_f32 (the GEMM's staged C tile) ---------------------------
+
+
+@cuda.jit
+def _k_f32_vectors(src, out, shift):
+    """Thread t writes src[2t], src[2t + 1] into a shared f32 tile 8 bytes at a time (pairs in reverse thread
+    order), then thread t < 16 reads 16 bytes of it back and stores them to row t // 4 of ``out`` at column 4 (t % 4)
+    + shift: the tile's words land in order, one 16-byte store each."""
+    tile = cuda.shared.array(64, np.float32)
+    t = cuda.threadIdx.x
+    q = 31 - t
+    P.st_shared_v2_f32(tile, 2 * q, src[2 * q], src[2 * q + 1])
+    cuda.syncthreads()
+    if t < 16:
+        x0, x1, x2, x3 = P.ld_shared_v4_f32(tile, 4 * t)
+        P.st_global_v4_f32(out, t // 4, 4 * (t % 4) + shift, x0, x1, x2, x3)
+
+
+def check_f32_vectors(rng) -> None:
+    """Random floats through the three vector helpers land where the scalar copy would; the untouched outputs keep
+    their NaN poison."""
+    src = rng.standard_normal(64).astype(np.float32)
+    out = cuda.to_device(np.full((4, 20), np.nan, np.float32))
+    _k_f32_vectors[1, 32](cuda.to_device(src), out, 4)
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[:, 4:], src.reshape(4, 16))
+    assert np.isnan(got[:, :4]).all()
+
+
+@sim
+def test_f32_vector_fallback_numbers():
+    check_f32_vectors(np.random.default_rng())
+
+
+@sim
+def test_f32_vector_fallbacks_refuse_misaligned_addresses():
+    """As the GPU faults: a 16-byte store at a column that is not a multiple of 4 floats (shift 2) raises."""
+    out = cuda.to_device(np.zeros((4, 20), np.float32))
+    with pytest.raises(IndexError, match="16-byte alignment"):
+        _k_f32_vectors[1, 32](cuda.to_device(np.zeros(64, np.float32)), out, 2)
+
+
+@pytest.mark.gpu
+def test_f32_vector_gpu_numbers():
+    check_f32_vectors(np.random.default_rng())
+
+
+@pytest.mark.compile
+def test_f32_vector_instructions_in_ptx():
+    ptx, _ = cuda.compile_ptx(_k_f32_vectors.py_func, (types.float32[::1], types.float32[:, ::1], types.int64),
+                              cc=(9, 0))
+    for needle in ("st.shared.v2.f32", "ld.shared.v4.f32", "st.global.v4.f32"):
         assert needle in ptx, needle

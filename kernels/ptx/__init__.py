@@ -10,7 +10,7 @@ function computing exactly what the instruction computes, per lane.
 
 Modules:
     _base       the SIMULATOR flag, argument checks, codegen helpers, the simulator's per-warp rendezvous
-    memory      vector loads / stores (global, shared), shared-window addresses, opaque_u32, L2 prefetch
+    memory      vector loads / stores (global, shared; f32 ones for a staged C tile), shared-window addresses, opaque_u32, L2 prefetch
     async_copy  cp.async (16-byte, index and byte-offset forms), commit / wait groups, CP_ASYNC_POISON
     bulk        Hopper bulk copies (cp.async.bulk) completing on mbarriers (init, arrive, expect-tx, try_wait.parity),
                 setmaxnreg, BULK_POISON
@@ -52,11 +52,14 @@ from kernels.ptx.memory import (
     ld_global_v4_b32,
     ld_global_v4_u32,
     ld_shared_v4_b32,
+    ld_shared_v4_f32,
     opaque_u32,
     prefetch_l2,
     prefetch_l2_bulk,
     shared_addr,
+    st_global_v4_f32,
     st_global_v4_u32,
+    st_shared_v2_f32,
     st_shared_v4_b32,
 )
 from kernels.ptx.mma import (
@@ -136,6 +139,7 @@ __all__ = [
     "ld_global_v4_b32",
     "ld_global_v4_u32",
     "ld_shared_v4_b32",
+    "ld_shared_v4_f32",
     "ldmatrix_x4",
     "ldmatrix_x4_off",
     "ldmatrix_x4_trans",
@@ -155,7 +159,9 @@ __all__ = [
     "setmaxnreg_inc",
     "shared_addr",
     "shfl_xor_f32",
+    "st_global_v4_f32",
     "st_global_v4_u32",
+    "st_shared_v2_f32",
     "st_shared_v4_b32",
     "sub_f16x2",
     "syncwarp",

@@ -13,6 +13,7 @@ if SIMULATOR:
     from kernels.ptx._base import _bytes, _ndarray
 else:
     from llvmlite import ir
+    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
     from kernels.ptx._base import _any_element_pointer, _asm, _element_pointer, _shared_u32
@@ -184,6 +185,102 @@ else:
             addr = _shared_u32(builder, _any_element_pointer(context, builder, sig.args[0], args[0], args[1]))
             vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
             _asm(builder, ir.VoidType(), [addr, *vals], "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+# ---- f32 vectors: a staged C tile (shared, 8-byte writes and 16-byte reads) and its 16-byte rows to global ------
+
+if SIMULATOR:
+
+    def _check_aligned(name: str, array, byte_offset: int, width: int) -> None:
+        """Raise as the GPU faults: a ``width``-byte vector access at ``byte_offset`` of ``array`` whose address is
+        not a multiple of ``width`` or that runs past the array."""
+        nd = _ndarray(array)
+        if byte_offset < 0 or byte_offset + width > nd.nbytes or (nd.ctypes.data + byte_offset) % width:
+            raise IndexError(f"{name} at byte {byte_offset} of a {nd.nbytes}-byte array (address "
+                             f"{nd.ctypes.data + byte_offset:#x}): needs {width}-byte alignment inside the array")
+
+    def st_shared_v2_f32(array, index, x0, x1):
+        """Simulator form of `st.shared.v2.f32`: x0, x1 to elements index, index + 1 of a 1-D float32 shared
+        array (8-byte aligned, else IndexError as the store faults)."""
+        _check_aligned("st.shared.v2.f32", array, int(index) * 4, 8)
+        nd = _ndarray(array)
+        nd[index] = x0
+        nd[index + 1] = x1
+
+    def ld_shared_v4_f32(array, index):
+        """Simulator form of `ld.shared.v4.f32`: elements index .. index + 3 of a 1-D float32 shared array as a
+        4-tuple (16-byte aligned, else IndexError)."""
+        _check_aligned("ld.shared.v4.f32", array, int(index) * 4, 16)
+        nd = _ndarray(array)
+        return (nd[index], nd[index + 1], nd[index + 2], nd[index + 3])
+
+    def st_global_v4_f32(array, row, col, x0, x1, x2, x3):
+        """Simulator form of `st.global.v4.f32`: x0..x3 to elements (row, col .. col + 3) of a C-contiguous 2-D
+        float32 array (16-byte aligned address, else IndexError)."""
+        nd = _ndarray(array)
+        _check_aligned("st.global.v4.f32", array, (int(row) * nd.shape[1] + int(col)) * 4, 16)
+        nd[row, col: col + 4] = (x0, x1, x2, x3)
+
+else:
+
+    def _check_f32_array(name: str, array, ndim: int, indices) -> None:
+        from numba.cuda.core.errors import NumbaTypeError
+
+        if not (isinstance(array, types.Array) and array.ndim == ndim and array.dtype == types.float32
+                and array.layout == "C"):
+            raise NumbaTypeError(f"{name} needs a C-contiguous {ndim}-D float32 array, got {array}")
+        if not all(isinstance(i, types.Integer) for i in indices):
+            raise NumbaTypeError(f"{name} needs integer element indices, got {indices}")
+
+    @intrinsic
+    def st_shared_v2_f32(typingctx, array, index, x0, x1):
+        """`st.shared.v2.f32 [addr], {a, b}` (PTX ISA §9.7.9.10 "st"): x0, x1 to elements index, index + 1 of a 1-D
+        float32 shared array, one 8-byte store (the address must be 8-byte aligned)."""
+        _check_f32_array("st_shared_v2_f32", array, 1, (index,))
+        sig = types.void(array, index, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            addr = _shared_u32(builder, _element_pointer(context, builder, sig.args[0], args[0], args[1]))
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
+            _asm(builder, ir.VoidType(), [addr, *vals], "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f,~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def ld_shared_v4_f32(typingctx, array, index):
+        """`ld.shared.v4.f32 {a, b, c, d}, [addr]` (PTX ISA §9.7.9.8 "ld"): elements index .. index + 3 of a 1-D
+        float32 shared array as a 4-tuple, one 16-byte load (16-byte aligned). Volatile with a memory clobber: it
+        stays after the barrier that makes the values valid."""
+        _check_f32_array("ld_shared_v4_f32", array, 1, (index,))
+        sig = types.UniTuple(types.float32, 4)(array, index)
+
+        def codegen(context, builder, sig, args):
+            addr = _shared_u32(builder, _element_pointer(context, builder, sig.args[0], args[0], args[1]))
+            f32 = ir.FloatType()
+            res = _asm(builder, ir.LiteralStructType([f32] * 4), [addr], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+                       "=f,=f,=f,=f,r,~{memory}", True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def st_global_v4_f32(typingctx, array, row, col, x0, x1, x2, x3):
+        """`st.global.v4.f32 [addr], {a, b, c, d}` (PTX ISA §9.7.9.10 "st"): x0..x3 to elements (row, col ..
+        col + 3) of a C-contiguous 2-D float32 array, one 16-byte store (the address must be 16-byte aligned: the
+        caller checks the array's base and row length)."""
+        _check_f32_array("st_global_v4_f32", array, 2, (row, col))
+        sig = types.void(array, row, col, types.float32, types.float32, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            struct = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], struct, [args[1], args[2]], wraparound=False)
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[3:], sig.args[3:])]
+            _asm(builder, ir.VoidType(), [ptr, *vals], "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,~{memory}",
+                 True)
             return context.get_dummy_value()
 
         return sig, codegen
