@@ -28,9 +28,9 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct"}
+_LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct", "AUTOTILE": 0}
 """Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop; no
-split-K; C stored straight from the fragments)."""
+split-K; C stored straight from the fragments; the tile as configured)."""
 _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
@@ -46,6 +46,8 @@ _DOCS = {
             "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
     "EPI": "how C leaves the registers of the STAGING=tma kernels: staged = through an f32 tile in shared memory, "
            "16-byte row stores; direct = each thread's fragments, 4 bytes a store (the other kernels: always direct)",
+    "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
+                "kernels.gemm_f16.launch_config); 0: the tile as configured",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
@@ -135,7 +137,7 @@ class GemmF16Experiment(Experiment):
                 gemm_fused.gemm_fused(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream, partials=partials)
 
             return launch_fused
-        kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
+        kernel.build(kernel.launch_config(cfg, s["nt"], s["od"]))  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
 
         def launch(inputs, output, stream):
             a, b, _ = inputs
@@ -193,7 +195,8 @@ class GemmF16Experiment(Experiment):
             g = fg.base
             name = f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group},EPI={g.epi}]"
             return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
-        built = kernel.build({k: config[k] for k in knob_table.KNOBS})
+        s = workload.shape
+        built = kernel.build(kernel.launch_config({k: config[k] for k in _TABLE}, s["nt"], s["od"]))
         g = built.geometry
         name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop},"
                 f"EPI={g.epi}]")

@@ -1065,6 +1065,22 @@ def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None
     return gemm_f16_config.split_plan(tiles, -(-kdim // g.ks), sms or 1, cfg["SPLITK"])
 
 
+def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None) -> dict:
+    """The resolved knob dict a launch of ``config`` runs for C[nt, od] on ``sms`` SMs (the current device's by
+    default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
+    `gemm_f16_config.NARROW_TILE_TIME`, finishes before the 256-wide grid's whole waves (wave quantization: a grid
+    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). Otherwise the
+    config itself. Idempotent."""
+    cfg = resolve_config(config)
+    if cfg["AUTOTILE"] == 0 or cfg["TM"] != 256 or cfg["STAGING"] != "tma":
+        return cfg
+    sms = sms or device_sms()
+    narrow = dict(cfg, TM=128)
+    wide_waves = -(-geometry(cfg).grid(nt, od) // sms)
+    narrow_waves = -(-geometry(narrow).grid(nt, od) // sms)
+    return narrow if narrow_waves * gemm_f16_config.NARROW_TILE_TIME < wide_waves else cfg
+
+
 def device_sms() -> int:
     """The current device's SM count (the waves `split_plan` plans for)."""
     return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
@@ -1072,14 +1088,19 @@ def device_sms() -> int:
 
 def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
     """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
-    split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM."""
-    plan = split_plan(config, nt, od, kdim, sms)
-    if plan.slices == 1:
-        return 0
-    if plan.whole == 0:
-        return plan.slices * nt * od
-    g = geometry(config)
-    return (g.grid(nt, od) - plan.whole) * plan.slices * g.tn * g.tm
+    split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the larger of the
+    plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`)."""
+    sizes = []
+    for cfg in (resolve_config(config), launch_config(config, nt, od, sms)):
+        plan = split_plan(cfg, nt, od, kdim, sms)
+        if plan.slices == 1:
+            sizes.append(0)
+        elif plan.whole == 0:
+            sizes.append(plan.slices * nt * od)
+        else:
+            g = geometry(cfg)
+            sizes.append((g.grid(nt, od) - plan.whole) * plan.slices * g.tn * g.tm)
+    return max(sizes)
 
 
 def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
@@ -1144,7 +1165,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     weight, K-major). out: optional f32 device array [nt, od], row-major; allocated when None. Products are
     accumulated in f32 on the tensor cores (mma.sync m16n8k16, wmma m16n16k16, or wgmma m64nNk16 on sm_90a).
     config: knob dict (see KNOBS and LAUNCH_KNOBS; missing knobs take DEFAULT / LAUNCH_DEFAULT): MMA, TM, TN, KS,
-    STAGES, STAGING, GROUP, LOOP, SPLITK. MMA=wgmma (the default) needs an sm_90a device (H100/H200),
+    STAGES, STAGING, GROUP, LOOP, EPI, SPLITK, AUTOTILE (the tile a shape runs: `launch_config`). MMA=wgmma (the default) needs an sm_90a device (H100/H200),
     STAGING=cp_async and LOOP=addr32|pipe.
 
     Split-K (SPLITK > 1, or 0 = auto; `split_plan`): the tiles the plan splits are multiplied by one block a k slice
@@ -1165,6 +1186,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     nt, od, kdim = check_inputs(a, b, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    config = launch_config(config, nt, od)
     plan, parts = _launch(a, b, out, config, stream, partials)
     _sum_parts(plan, parts, out, config, stream)
     return out
@@ -1180,6 +1202,7 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     nt, od, kdim = check_inputs(a, b, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    config = launch_config(config, nt, od)
     plan, parts = _launch(a, b, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices

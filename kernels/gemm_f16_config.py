@@ -44,8 +44,15 @@ KNOBS: dict[str, tuple] = {
 # nt=128 is 14 tiles of 256x128 on 132 SMs) and the last, partial wave of a larger grid (a 7B ffn_gate_up at
 # nt=128 is 148 tiles: one full wave and 16). 0: auto, the plan `split_plan` gives the shape; 1: no split;
 # s > 1: every tile in s slices. MMA=wgmma only.
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0}
+# AUTOTILE (STAGING=tma with TM=256; chooses between two compiled kernels at launch): 1 runs a product whose
+# 256-wide grid quantizes badly on the SMs with TM=128 instead (`kernels.gemm_f16.launch_config`: a 7B qkv at
+# nt=2048 is 288 tiles of 256, 2.2 waves, and 576 of 128; attn_output at nt=512 is 56 tiles of 256 on 132 SMs);
+# 0: the tile as configured.
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1)}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1}
+NARROW_TILE_TIME = 0.58
+"""Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
+nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12
 

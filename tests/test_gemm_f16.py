@@ -40,7 +40,7 @@ SIM_CASES = [
     ("wmma + sync staging", dict(B, MMA="wmma", STAGING="sync"), (33, 70, 64)),
     ("KS=64, 3 stages, k tail", dict(B, KS=64, STAGES=3), (17, 9, 96)),
     ("4 stages, GROUP=4, 2x3 tiles", dict(B, STAGES=4, GROUP=4), (70, 140, 64)),
-    ("default: 256x128 wgmma, KS=64, 4 stages", G.DEFAULT, (33, 70, 64)),
+    ("default: 256x128 wgmma, KS=64, 4 stages", dict(G.DEFAULT, AUTOTILE=0), (33, 70, 64)),
     ("mma_sync best: 256x128 pipe, 8 warps", MS, (33, 70, 64)),
     ("LOOP=addr32, tails", dict(B, LOOP="addr32"), (33, 70, 128)),
     ("LOOP=pipe, tails", dict(B, LOOP="pipe"), (33, 70, 256)),
@@ -73,7 +73,7 @@ def test_simulator_split_k_matches_float64_bit_for_bit_twice(splitk, shape):
     rng = np.random.default_rng(splitk)
     a = cuda.to_device(rng.standard_normal((nt, id_)).astype(np.float16))
     b = cuda.to_device(rng.standard_normal((od, id_)).astype(np.float16))
-    config = dict(G.DEFAULT, SPLITK=splitk)
+    config = dict(G.DEFAULT, SPLITK=splitk, AUTOTILE=0)
     assert G.split_plan(config, nt, od, id_) == SplitPlan(0, min(splitk, id_ // 64))  # never more than k tiles
     runs = []
     for _ in range(2):
@@ -95,7 +95,7 @@ def test_simulator_split_last_wave_matches_float64_bit_for_bit(monkeypatch):
     monkeypatch.setattr(G, "device_sms", lambda: 4)
     monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
     nt, od, id_ = 140, 600, 256
-    config = dict(G.DEFAULT, SPLITK=0)
+    config = dict(G.DEFAULT, SPLITK=0, AUTOTILE=0)
     assert G.split_plan(config, nt, od, id_) == SplitPlan(4, 2)
     rng = np.random.default_rng(11)
     a = cuda.to_device(rng.standard_normal((nt, id_)).astype(np.float16))
@@ -138,6 +138,27 @@ def test_split_k_plans():
     for nt in (1, 100, 128, 300, 512, 1000, 2048, 4096):
         for od, id_ in ((3584, 18944), (4608, 3584), (37888, 3584), (152064, 3584), (3072, 1536)):
             assert G.partials_elements(auto, nt, od, id_, sms=132) <= G.partials_capacity(auto, nt, od, 132)
+
+
+def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
+    """AUTOTILE=1 (the default) on 132 SMs: TM=128 where its waves x NARROW_TILE_TIME beat the 256-wide grid's
+    waves (7B qkv at nt=2048: 288 tiles, 2.2 waves; attn_output / ffn_down at nt=512: 56 tiles; short prompts),
+    TM=256 for the full-wave grids (ffn_gate_up at nt 512 and 2048, the output head); AUTOTILE=0, another TM or a
+    cp.async kernel: the config as given. partials_elements serves both plans (any session: host arithmetic)."""
+    pick = {(nt, od): G.launch_config(None, nt, od, sms=132)["TM"]
+            for nt, od in ((2048, 37888), (2048, 4608), (2048, 3584), (512, 37888), (512, 4608), (512, 3584),
+                           (128, 37888), (128, 3584), (128, 152064))}
+    assert pick == {(2048, 37888): 256, (2048, 4608): 128, (2048, 3584): 256, (512, 37888): 256, (512, 4608): 256,
+                    (512, 3584): 128, (128, 37888): 128, (128, 3584): 128, (128, 152064): 256}
+    assert G.launch_config(dict(AUTOTILE=0), 512, 3584, sms=132)["TM"] == 256
+    assert G.launch_config(dict(TM=64), 512, 3584, sms=132)["TM"] == 64
+    assert G.launch_config(dict(STAGING="cp_async"), 512, 3584, sms=132)["TM"] == 256
+    narrow = G.launch_config(None, 128, 37888, sms=132)
+    assert G.launch_config(narrow, 128, 37888, sms=132) == narrow  # idempotent
+    for nt, od, id_ in ((128, 37888, 3584), (128, 3584, 18944), (512, 3584, 3584), (2048, 4608, 3584)):
+        for cfg in (dict(G.DEFAULT, AUTOTILE=0), G.launch_config(None, nt, od, sms=132)):
+            assert G.partials_elements(None, nt, od, id_, sms=132) >= G.partials_elements(
+                dict(cfg, AUTOTILE=0), nt, od, id_, sms=132)
 
 
 @sim
@@ -373,7 +394,7 @@ def test_gpu_split_k_matches_torch(splitk, shape):
     rng = np.random.default_rng(splitk + nt)
     a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
     b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
-    config = dict(G.DEFAULT, SPLITK=splitk)
+    config = dict(G.DEFAULT, SPLITK=splitk, AUTOTILE=0)
     out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
     need = G.partials_elements(config, nt, od, id_)
     partials = cuda.to_device(np.full(max(need, 1), np.nan, np.float32))

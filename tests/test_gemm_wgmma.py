@@ -178,7 +178,7 @@ SIM_CASES = [
     ("64x64, addr32, 2 stages, GROUP 1", dict(WG, TM=64, TN=64, STAGES=2, LOOP="addr32", GROUP=1), (33, 70, 96)),
     ("128x64 (2 m64 slices per warpgroup), KS=64 k tail", dict(WG, TM=64, TN=128, KS=64, STAGES=4), (17, 9, 96)),
     ("256x128x32: 2 warpgroups m64n256", WG, (33, 70, 64)),
-    ("default: 256x128x64, 4 stages, k tail", G.DEFAULT, (33, 70, 96)),
+    ("default: 256x128x64, 4 stages, k tail", dict(G.DEFAULT, AUTOTILE=0), (33, 70, 96)),
     ("tma: 64x64, 3 stages, tails, 4 k tiles", dict(G.DEFAULT, STAGING="tma", TM=64, TN=64, STAGES=3), (33, 70, 224)),
     ("tma: 128x64, 2 stages (the ring wraps twice)", dict(G.DEFAULT, STAGING="tma", TM=128, TN=64, STAGES=2),
      (65, 130, 256)),

@@ -113,6 +113,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "kernel; 0 auto: enough slices to fill the GPU when a product's tiles do not (the default: short "
                    "prompts' products leave most SMs idle otherwise); 1 none",
                    legacy=1)]
+    knobs += [Knob("AUTOTILE", tuple(gemm_f16.LAUNCH_KNOBS["AUTOTILE"]), gemm_f16.LAUNCH_DEFAULT["AUTOTILE"],
+                   "prefill (pp): 1 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
+                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 0 the configured tile everywhere",
+                   legacy=0)]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
