@@ -177,6 +177,11 @@ class GemvExperiment(Experiment):
         Workload("attn_qkv", {"od": 4608, "id": 3584}, "Qwen2-7B fused q|k|v projection (3584+512+512), nt=1"),
         Workload("attn_output", {"od": 3584, "id": 3584}, "Qwen2-7B attention output projection, nt=1"),
         Workload("output", {"od": 152064, "id": 3584}, "Qwen2-7B vocabulary head (lm_head), nt=1"),
+        Workload("ffn_up_1_5b", {"od": 8960, "id": 1536}, "Qwen2-1.5B FFN up/gate projection, nt=1"),
+        Workload("ffn_down_1_5b", {"od": 1536, "id": 8960}, "Qwen2-1.5B FFN down projection, nt=1"),
+        Workload("attn_qkv_1_5b", {"od": 2048, "id": 1536}, "Qwen2-1.5B fused q|k|v projection (1536+256+256), nt=1"),
+        Workload("attn_output_1_5b", {"od": 1536, "id": 1536}, "Qwen2-1.5B attention output projection, nt=1"),
+        Workload("output_1_5b", {"od": 151936, "id": 1536}, "Qwen2-1.5B vocabulary head (the tied embedding), nt=1"),
         Workload("tiny", {"od": 5, "id": 512}, "5 x 512, for the CUDA simulator in CI (a partial last CUDA block)"),
     )
     ceiling = "copy"

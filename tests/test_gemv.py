@@ -543,6 +543,13 @@ def test_experiment_cost_and_workloads():
     assert shapes["ffn_up"] == (18944, 3584) and shapes["ffn_down"] == (3584, 18944)
     assert shapes["attn_qkv"] == (4608, 3584) and shapes["attn_output"] == (3584, 3584)
     assert shapes["output"] == (152064, 3584)
+    from minfer_cli.engine.presets import PRESETS
+
+    small = PRESETS["qwen2-1.5b-q4_k_m"]  # the 1.5B decode shapes follow the preset
+    q_kv = small.n_heads * small.head_dim + 2 * small.n_kv_heads * small.head_dim
+    assert shapes["ffn_up_1_5b"] == (small.ffn, small.hidden) and shapes["ffn_down_1_5b"] == (small.hidden, small.ffn)
+    assert shapes["attn_qkv_1_5b"] == (q_kv, small.hidden) and shapes["attn_output_1_5b"] == (small.hidden,) * 2
+    assert shapes["output_1_5b"] == (small.vocab, small.hidden)
     wl = exp.workload("ffn_up")
     od, id = 18944, 3584
     assert exp.cost(wl).bytes == od * id // 256 * 144 + 4 * id + 4 * od
