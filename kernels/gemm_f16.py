@@ -17,7 +17,7 @@ block tile. Two tensor-core paths:
   through shared-memory matrix descriptors; one warpgroup (4 warps) per 64 x N sub-tile, accumulators in registers
   in the mma C-fragment layout, so the epilogue is the mma_sync one (kernels/ptx/wgmma.py, _make_kernel_wgmma);
   with STAGING="tma" the fragments go through an f32 C tile in shared memory (the ring, reused) and leave it as
-  16-byte row stores (`_c_tile_store`).
+  16-byte row stores (`kernels.gemm_tiles.c_tile_store`; the kernel: `kernels.gemm_tma`).
 
 Staging: ``STAGING="cp_async"`` issues `cp.async.cg` 16-byte copies (src-size 0 = hardware zero-fill for rows past
 nt/od and k past id: tails need no branches) and keeps STAGES-1 tiles in flight (`cp.async.wait_group STAGES-2`);
@@ -41,43 +41,28 @@ import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
-from kernels import gemm_f16_config
+from kernels import gemm_f16_config, gemm_tiles as tiles, gemm_tma
 from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, SplitPlan
 from kernels.jit import kernel
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
-    bar_sync,
     cp_async_16,
     cp_async_16_off,
     cp_async_commit_group,
     cp_async_wait_group,
     ld_global_v4_b32,
-    ld_shared_v4_f32,
     ldmatrix_x4,
     ldmatrix_x4_off,
     mma_m16n8k16_f32_f16,
     opaque_u32,
-    st_global_v4_f32,
-    st_shared_v2_f32,
     st_shared_v4_b32,
     wmma_load_a_f16,
     wmma_load_b_f16,
     wmma_mma_f32_f16,
     wmma_store_d_f32_shared,
 )
-from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
-from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_2d
-from kernels.ptx.wgmma import (
-    SWIZZLE_64B,
-    SWIZZLE_128B,
-    fence_proxy_async_shared,
-    wgmma_commit_group,
-    wgmma_desc,
-    wgmma_fence,
-    wgmma_m64nNk16_f32_f16,
-    wgmma_wait_group,
-)
+from kernels.ptx.wgmma import SWIZZLE_64B, SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
 
 BASELINE, MMA_SYNC_BEST = gemm_f16_config.BASELINE, gemm_f16_config.MMA_SYNC_BEST
 """The knob table lives in `kernels.gemm_f16_config` (no numba); these two arms are re-exported from it."""
@@ -167,7 +152,7 @@ def geometry(config: dict | None) -> Geometry:
     smem = stages * (tm + tn) * row * 2
     epi = cfg["EPI"] if cfg["STAGING"] == "tma" else "direct"  # only the tma kernels stage C
     if epi == "staged":
-        smem = max(smem, c_tile_bytes(tn, tm))  # the staged C tile reuses the ring
+        smem = max(smem, tiles.c_tile_bytes(tn, tm))  # the staged C tile reuses the ring
     if cfg["STAGING"] == "tma":
         smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring (or the C tile)
     if cfg["MMA"] == "wmma":
@@ -197,7 +182,7 @@ def all_configs():
 
 def _make_kernel(g: Geometry):
     if g.staging == "tma":
-        return _make_kernel_tma(g)
+        return gemm_tma.make_kernel(g)
     if g.mma == "wgmma":
         return _make_kernel_wgmma(g)
     if g.loop != "v1":
@@ -235,8 +220,8 @@ def _make_kernel(g: Geometry):
     AF_N = MT * 4 if MMA_SYNC else FM * 8  # A fragment registers per lane
     BF_N = NT8 * 2 if MMA_SYNC else FN * 8
 
-    tile_origin = _program_order(TN, TM, GROUP)
-    store_c = _c_fragment_store(MT, NT8, 16)
+    tile_origin = tiles.program_order(TN, TM, GROUP)
+    store_c = tiles.c_fragment_store(MT, NT8, 16)
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -396,153 +381,6 @@ def _make_kernel(g: Geometry):
     return gemm_kernel
 
 
-def _c_fragment_store(MI: int, NJ: int, ISTEP: int):
-    """``store_c(out, acc, rbase, cbase, nt, od, roff, coff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
-    (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
-    t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
-    masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
-    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Element (r, c) with r < nt and c < od
-    lands at ``out[roff + r, c - coff]`` (C: 0, 0; split-K partials: the slice's rows, and for a compact partial
-    tile its rows and first column)."""
-
-    @cuda.jit(device=True, inline="always")
-    def store_c(out, acc, rbase, cbase, nt, od, roff, coff):
-        for i in range(MI):
-            for h in range(2):
-                rowi = rbase + i * ISTEP + h * 8
-                if rowi < nt:
-                    for j in range(NJ):
-                        c = (i * NJ + j) * 4 + 2 * h
-                        col = cbase + j * 8
-                        if col < od:
-                            out[roff + rowi, col - coff] = acc[c]
-                        if col + 1 < od:
-                            out[roff + rowi, col + 1 - coff] = acc[c + 1]
-
-    return store_c
-
-
-C_PAD = 8
-"""f32 elements of padding after each row of a staged C tile: with TM a multiple of 32 the row stride is 8 banks
-(mod 32), so the 8-byte fragment writes of a half-warp (rows g = 0..3, columns 2t) hit 32 distinct banks."""
-
-
-def c_tile_bytes(tn: int, tm: int) -> int:
-    """Shared-memory bytes of a staged TN x TM f32 C tile (`_c_tile_store`)."""
-    return tn * (tm + C_PAD) * 4
-
-
-def _c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
-    """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
-    epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
-    the ring; each writes its MI x NJ m16n8 C fragments (`_c_fragment_store`'s layout; tile-local row ``rl`` and
-    column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
-    the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread (a warp
-    writes 512 contiguous bytes of a row), element (r, c) with n0 + r < nt and m0 + c < od landing at
-    ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0: every element a 4-byte store (an ``out`` whose rows are not
-    16-byte aligned); else 16-byte stores except at the od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
-    warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
-    way."""
-    S = TM + C_PAD
-    CH = TM // 4  # 16-byte chunks a row
-    RPI = CONSUMERS // CH  # rows a pass
-    assert CONSUMERS % CH == 0 and TN % RPI == 0 and TM % 32 == 0
-
-    @cuda.jit(device=True, inline="always")
-    def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
-        bar_sync(1, CONSUMERS)
-        for i in range(MI):
-            for h in range(2):
-                at = (rl + i * 64 + h * 8) * S + cl
-                for j in range(NJ):
-                    c = (i * NJ + j) * 4 + 2 * h
-                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
-        bar_sync(1, CONSUMERS)
-        cq = (tid % CH) * 4
-        col = m0 + cq
-        for p in range(TN // RPI):
-            r = tid // CH + p * RPI
-            rowi = n0 + r
-            if rowi < nt and col < od:
-                x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
-                if cvec != 0 and col + 3 < od:
-                    st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
-                else:
-                    out[roff + rowi, col - coff] = x0
-                    if col + 1 < od:
-                        out[roff + rowi, col + 1 - coff] = x1
-                    if col + 2 < od:
-                        out[roff + rowi, col + 2 - coff] = x2
-                    if col + 3 < od:
-                        out[roff + rowi, col + 3 - coff] = x3
-
-    return store_tile
-
-
-def _program_order(TN: int, TM: int, GROUP: int):
-    """``tile_origin(pid, nt, od) -> (n0, m0)``, the first nt row and od column of C tile ``pid`` in grouped
-    program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
-    ("L2 cache optimizations")."""
-
-    @cuda.jit(device=True, inline="always")
-    def tile_origin(pid, nt, od):
-        num_n = (nt + TN - 1) // TN
-        num_m = (od + TM - 1) // TM
-        in_group = GROUP * num_n
-        first_m = (pid // in_group) * GROUP
-        gsize = min(num_m - first_m, GROUP)
-        local = pid % in_group
-        return (local // gsize) * TN, (first_m + local % gsize) * TM
-
-    return tile_origin
-
-
-def _ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
-    """``ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate)``: one k tile's wgmma batch of a warpgroup (the
-    wgmma and tma kernels): wgmma.fence, then for each k16 step and m64 slice one m64nNk16 on the stage at descriptor
-    offset ``step`` (bytes >> 4), adding to ``acc`` unless this is the first k tile (``accumulate`` False: D = A·B),
-    then commit. The caller waits (wgmma.wait_group)."""
-
-    @cuda.jit(device=True, inline="always")
-    def ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate):
-        wgmma_fence()
-        for kq in range(K16):
-            db = desc_b0 + step + uint64(kq * 2)
-            scale_d = uint32(1) if kq > 0 or accumulate else uint32(0)
-            for i in range(MT64):
-                da = desc_a0 + step + uint64(kq * 2 + i * (M64_B >> 4))
-                wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
-        wgmma_commit_group()
-
-    return ktile_mma
-
-
-def _split_work(TN: int, TM: int, GROUP: int):
-    """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
-    `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
-    written to C: roff = coff = 0); block whole + q * count + sl takes k slice sl of tile whole + q (nsl = count),
-    written to the partials: with whole == 0 (every tile split) at rows sl * nt .. of [count * nt, od] (roff = sl *
-    nt), else as compact partial tile q * count + sl of [(tiles - whole) * count * TN, TM] (roff, coff move the
-    tile's rows and columns there; see `_c_fragment_store`). (n0, m0): the tile's first nt row and od column."""
-    tile_origin = _program_order(TN, TM, GROUP)
-
-    @cuda.jit(device=True, inline="always")
-    def block_work(pid, nt, od, whole, count):
-        if pid < whole:
-            n0, m0 = tile_origin(pid, nt, od)
-            return n0, m0, 0, 1, 0, 0
-        q = (pid - whole) // count
-        sl = pid - whole - q * count
-        n0, m0 = tile_origin(whole + q, nt, od)
-        if count == 1:
-            return n0, m0, 0, 1, 0, 0
-        if whole == 0:
-            return n0, m0, sl, count, sl * nt, 0
-        return n0, m0, sl, count, (q * count + sl) * TN - n0, m0
-
-    return block_work
-
-
 def _copy_plan(CPR: int, RPT: int, CH_A: int, CH_B: int, ROWB: int, KS: int, TN: int):
     """The cp.async copy plan of LOOP=addr32/pipe and MMA=wgmma, as two device helpers for one geometry.
 
@@ -653,8 +491,8 @@ def _make_kernel_v2(g: Geometry):
     BF_ALL = NBUF * BF_N
     CH_ALL = CH_A + CH_B
     copy_plan, copy_tile = _copy_plan(CPR, RPT, CH_A, CH_B, ROWB, KS, TN)
-    tile_origin = _program_order(TN, TM, GROUP)
-    store_c = _c_fragment_store(MT, NT8, 16)
+    tile_origin = tiles.program_order(TN, TM, GROUP)
+    store_c = tiles.c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
@@ -777,18 +615,6 @@ def _make_kernel_v2(g: Geometry):
     return gemm_kernel
 
 
-def _warpgroup_split(g: Geometry) -> tuple[int, int, int, int, int, int]:
-    """How the wgmma kernels split a TN x TM tile over their warps // 4 warpgroups: (WG_N, WTN, MT64, N, NH, ACC_N).
-    WG_N = min(warpgroups, TN // 64) warpgroups split the nt rows (WTN each), the rest split the od columns; each
-    issues MT64 = WTN / 64 m64nNk16 a k16 step with N = TM / WG_M od columns, and holds NH = N / 2 accumulators per
-    m64 slice, ACC_N in all."""
-    wgs = g.warps // 4
-    wg_n = min(wgs, g.tn // 64)
-    wtn = g.tn // wg_n
-    n = g.tm // (wgs // wg_n)
-    return wg_n, wtn, wtn // 64, n, n // 2, (wtn // 64) * (n // 2)
-
-
 def _make_kernel_wgmma(g: Geometry):
     """MMA=wgmma (sm_90a; STAGING=cp_async; LOOP=addr32 or pipe): Hopper warpgroup MMA with both operands read
     from shared memory through matrix descriptors (kernels/ptx/wgmma.py).
@@ -814,7 +640,7 @@ def _make_kernel_wgmma(g: Geometry):
     TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
     ROWB = KS * 2
     THREADS = g.threads
-    WG_N, WTN, MT64, N, NH, ACC_N = _warpgroup_split(g)
+    WG_N, WTN, MT64, N, NH, ACC_N = tiles.warpgroup_split(g)
     CPR = KS // 8
     SWIZZLE = SWIZZLE_64B if KS == 32 else SWIZZLE_128B
     SBO = 8 * ROWB  # bytes between 8-row groups
@@ -832,9 +658,9 @@ def _make_kernel_wgmma(g: Geometry):
     P = STAGES - 1 - D  # k tiles the copies run ahead
     WAIT = P - 1
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
-    block_work = _split_work(TN, TM, GROUP)
-    store_c = _c_fragment_store(MT64, N // 8, 64)
-    ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
+    block_work = tiles.split_work(TN, TM, GROUP)
+    store_c = tiles.c_fragment_store(MT64, N // 8, 64)
+    ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
@@ -889,117 +715,6 @@ def _make_kernel_wgmma(g: Geometry):
         lane = tid & 31
         store_c(dst, acc, n0 + row0 + ((tid >> 5) & 3) * 16 + (lane >> 2), m0 + col0 + (lane & 3) * 2, nt, od,
                 roff, coff)
-
-    return gemm_kernel
-
-
-def _make_kernel_tma(g: Geometry):
-    """STAGING=tma (MMA=wgmma, KS=64, LOOP=pipe; sm_90a): the wgmma kernel's warpgroups and tiles, fed by the copy
-    engine instead of every thread's cp.async, in the warp-specialized form of CUTLASS sm90 and FlashAttention-3.
-
-    * Warps: the consumer warpgroups of MMA=wgmma (threads 0 .. 32 * warps - 1, same tile split, descriptors and
-      epilogue) plus one producer warp whose lane 0 issues every copy.
-    * Ring: STAGES slots of [A box TN x 64 | B box TM x 64] f16, each box row 128 bytes in the 128-byte swizzle the
-      tensor map applies (kernels/ptx/tma.py), i.e. wgmma's K-major swizzled layout: the descriptors of the
-      cp.async path apply unchanged. Rows past nt / od and columns past kdim arrive as zeros.
-    * Two mbarriers a slot, after the ring in shared memory: full[s] (1 arrival, the producer's expect-tx of the
-      slot's bytes, plus the bytes) and empty[s] (one arrival from each consumer warp). Producer, k tile i into
-      slot s = i % STAGES: wait empty[s] for the phase of the previous round (a fresh barrier passes parity 1),
-      arm full[s], issue the A and B boxes. Consumers, k tile i: wait full[s] (phase i // STAGES), wgmma.fence, the
-      K16 * MT64 wgmma, commit, wgmma.wait_group 1 (one batch in flight, as LOOP=pipe), then each warp's lane 0
-      arrives on empty[] of tile i - 1's slot, whose batch has now finished reading it. No block-wide barrier in
-      the main loop.
-    * Split-K plans as the cp.async path (`_split_work`): a block's k range is its slice's.
-    * Epilogue: EPI=staged, `_c_tile_store` (C through an f32 tile over the ring, 16-byte row stores; the barriers
-      sit after max(ring, C tile)); EPI=direct, `_c_fragment_store`.
-
-    Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
-    warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
-    """
-    TM, TN, KS, STAGES, GROUP = g.tm, g.tn, g.ks, g.stages, g.group
-    ROWB = KS * 2
-    WG_N, WTN, MT64, N, NH, ACC_N = _warpgroup_split(g)
-    SBO = 8 * ROWB
-    LBO = 16
-    A_ELEMS = TN * KS
-    STAGE_ELEMS = (TN + TM) * KS
-    STAGE_B = STAGE_ELEMS * 2
-    SA_B = TN * ROWB
-    FULL0 = max(STAGES * STAGE_B, c_tile_bytes(TN, TM)) // 8  # uint64 index of full[0]; empty[s] at FULL0 + STAGES + s
-    CONSUMERS = 32 * g.warps
-    CONSUMER_WARPS = g.warps
-    K16 = KS // 16
-    M64_B = 64 * ROWB
-    block_work = _split_work(TN, TM, GROUP)
-    STAGED = g.epi == "staged"
-    store_tile = _c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
-    store_c = _c_fragment_store(MT64, N // 8, 64)
-    ktile_mma = _ktile_mma(K16, MT64, NH, N, M64_B)
-    SMEM_ALIGN = None if SIMULATOR else 1024
-
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
-        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
-        bars = cuda.shared.array(0, types.uint64)
-        tid = cuda.threadIdx.x
-        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
-        ktotal = (kdim + KS - 1) // KS
-        kt0 = (ktotal * sl) // nsl
-        ktiles = (ktotal * (sl + 1)) // nsl - kt0
-        if tid == 0:
-            for s in range(STAGES):
-                mbarrier_init(bars, FULL0 + s, 1)
-                mbarrier_init(bars, FULL0 + STAGES + s, CONSUMER_WARPS)
-            fence_proxy_async_shared()  # the copy engine completes bytes on the barriers: it must see them initialised
-        cuda.syncthreads()
-
-        if tid >= CONSUMERS:
-            if tid == CONSUMERS:
-                s = 0
-                phase = uint32(0)
-                for i in range(ktiles):
-                    while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
-                        pass
-                    mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
-                    k0 = (kt0 + i) * KS
-                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars, FULL0 + s)
-                    s += 1
-                    if s == STAGES:
-                        s = 0
-                        phase ^= uint32(1)
-            return
-
-        wg = tid >> 7
-        row0 = (wg % WG_N) * WTN
-        col0 = (wg // WG_N) * N
-        lane = tid & 31
-        acc = cuda.local.array(ACC_N, float32)  # the first k tile runs with scale-d = 0: no zero fill
-        desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        s = 0
-        prev = 0
-        phase = uint32(0)
-        for i in range(ktiles):
-            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
-                pass
-            ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
-            wgmma_wait_group(1)
-            if i > 0 and lane == 0:
-                mbarrier_arrive(bars, FULL0 + STAGES + prev)
-            prev = s
-            s += 1
-            if s == STAGES:
-                s = 0
-                phase ^= uint32(1)
-        wgmma_wait_group(0)
-
-        dst = parts if nsl > 1 else out
-        rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
-        cl = col0 + (lane & 3) * 2
-        if STAGED:
-            store_tile(cuda.shared.array(0, float32), dst, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
-        else:
-            store_c(dst, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
 
     return gemm_kernel
 
@@ -1188,7 +903,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     config = launch_config(config, nt, od)
     plan, parts = _launch(a, b, out, config, stream, partials)
-    _sum_parts(plan, parts, out, config, stream)
+    sum_parts(plan, parts, out, config, stream)
     return out
 
 
@@ -1206,7 +921,7 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     plan, parts = _launch(a, b, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
-    _sum_parts(plan, parts, out, config, stream)
+    sum_parts(plan, parts, out, config, stream)
     return out.reshape(nt * od), 1
 
 
@@ -1216,25 +931,20 @@ def _launch(a, b, out, config, stream, partials):
     built = build(config)
     g = built.geometry
     plan = split_plan(config, nt, od, kdim)
-    parts, target = _split_target(plan, g, nt, od, out, partials, stream)
+    parts, target = split_target(plan, g, nt, od, out, partials, stream)
     if g.staging == "tma":
-        amap, bmap = _tensor_map(a, g.tn), _tensor_map(b, g.tm)
+        amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm)
     else:
-        amap = bmap = _no_map()
+        amap = bmap = gemm_tma.no_map()
     built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
         a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap,
-        c_vectors(out, target)
+        gemm_tma.c_vectors(out, target)
     )
     return plan, parts
 
 
-def c_vectors(out, target) -> int:
-    """1 when every row of ``out`` and of the split target ``target`` (2-D f32, C-contiguous) starts on a 16-byte
-    boundary, so `_c_tile_store` may write them 16 bytes at a time; else 0 (4-byte stores)."""
-    return int(all(x.shape[1] % 4 == 0 and device_address(x) % 16 == 0 for x in (out, target)))
 
-
-def _split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, stream):
+def split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, stream):
     """(the flat partials a launch of ``plan`` uses or None, the 2-D array its kernel writes: ``out``, or the
     partials as [slices * nt, od] / compact [tiles * slices * TN, TM]); allocates the partials when None.
     KernelConstraintError when ``partials`` is too small."""
@@ -1251,31 +961,8 @@ def _split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials,
     return parts, (parts.reshape(plan.slices * nt, od) if plan.whole == 0 else parts.reshape(need // g.tm, g.tm))
 
 
-_MAPS: dict = {}
 
-
-def _tensor_map(x, box_rows: int):
-    """The tensor map of f16 matrix ``x`` for boxes of ``box_rows`` x 64 (`kernels.ptx.tma.tensor_map_2d`), made once
-    per (address, shape, box) and kept: a map is device memory written from the host, which a CUDA graph capture
-    cannot do, so the eager run before a capture (the engine's first prefill of a length, the harness's warm-up)
-    makes the maps the captured launches use. A buffer freed and reallocated at the same address with the same
-    shape has the same map."""
-    key = (device_address(x), tuple(x.shape), box_rows)
-    tmap = _MAPS.get(key)
-    if tmap is None:
-        tmap = _MAPS[key] = tensor_map_2d(x, box_rows)
-    return tmap
-
-
-def _no_map():
-    """The placeholder map arguments of the kernels that do not use TMA."""
-    tmap = _MAPS.get(None)
-    if tmap is None:
-        tmap = _MAPS[None] = cuda.to_device(np.zeros(MAP_WORDS, np.uint64))
-    return tmap
-
-
-def _sum_parts(plan: SplitPlan, parts, out, config, stream) -> None:
+def sum_parts(plan: SplitPlan, parts, out, config, stream) -> None:
     """Enqueue the sum of a split plan's partials into C (nothing without a split)."""
     if plan.slices == 1:
         return

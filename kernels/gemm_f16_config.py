@@ -12,7 +12,7 @@ from dataclasses import dataclass
 KNOBS: dict[str, tuple] = {
     # wgmma (sm_90a): Hopper warpgroup MMA m64nNk16 with both operands in shared memory (descriptors over the same
     # swizzled cp.async or TMA tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async with
-    # LOOP=addr32|pipe (see _make_kernel_wgmma) or STAGING=tma (_make_kernel_tma).
+    # LOOP=addr32|pipe (see _make_kernel_wgmma) or STAGING=tma (kernels.gemm_tma).
     "MMA": ("mma_sync", "wmma", "wgmma"),
     "TM": (64, 128, 256),  # od tile (B rows per block)
     "TN": (64, 128),  # nt tile (A rows per block)
@@ -35,7 +35,7 @@ KNOBS: dict[str, tuple] = {
     # there EPI=staged runs the direct code). direct: each thread stores its
     # C fragments, 4 bytes at a time (two half-filled 32-byte sectors a warp store). staged: the consumer warps
     # write the fragments into an f32 tile over the drained ring and copy it out a row at a time, 16 bytes a
-    # thread (kernels.gemm_f16._c_tile_store).
+    # thread (kernels.gemm_tiles.c_tile_store).
     "EPI": ("staged", "direct"),
 }
 # Launch knob (not compiled in: one kernel serves every value). SPLITK: k slices per C tile, each a CUDA block

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
-from kernels import gemm_f16
+from kernels import gemm_f16, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16 import Geometry, geometry
 from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b32, st_shared_v4_b32, sub_f16x2, syncwarp
@@ -171,7 +171,7 @@ def _make_kernel(fg: FusedGeometry):
     g = fg.base
     TM, TN, KS, STAGES, GROUP, RAW = g.tm, g.tn, g.ks, g.stages, g.group, fg.raw
     ROWB = KS * 2
-    WG_N, WTN, MT64, N, NH, ACC_N = gemm_f16._warpgroup_split(g)
+    WG_N, WTN, MT64, N, NH, ACC_N = gemm_tiles.warpgroup_split(g)
     SBO = 8 * ROWB
     LBO = 16
     A_ELEMS = TN * KS
@@ -196,12 +196,12 @@ def _make_kernel(fg: FusedGeometry):
     K16 = KS // 16
     M64_B = 64 * ROWB
     BLOCK = BLOCK_BYTES[fg.qtype]
-    block_work = gemm_f16._split_work(TN, TM, GROUP)
-    assert gemm_f16.c_tile_bytes(TN, TM) <= STAGES * STAGE_B  # the staged C tile fits the f16 ring (STAGES >= 3)
+    block_work = gemm_tiles.split_work(TN, TM, GROUP)
+    assert gemm_tiles.c_tile_bytes(TN, TM) <= STAGES * STAGE_B  # the staged C tile fits the f16 ring (STAGES >= 3)
     STAGED = g.epi == "staged"
-    store_tile = gemm_f16._c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
-    store_c = gemm_f16._c_fragment_store(MT64, N // 8, 64)
-    ktile_mma = gemm_f16._ktile_mma(K16, MT64, NH, N, M64_B)
+    store_tile = gemm_tiles.c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
+    store_c = gemm_tiles.c_fragment_store(MT64, N // 8, 64)
+    ktile_mma = gemm_tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     row = _q4_k_row(TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
@@ -397,7 +397,7 @@ def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None,
     not take.
     """
     plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
-    gemm_f16._sum_parts(plan, parts, out, config, stream)
+    gemm_f16.sum_parts(plan, parts, out, config, stream)
     return out
 
 
@@ -407,7 +407,7 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
-    gemm_f16._sum_parts(plan, parts, out, config, stream)
+    gemm_f16.sum_parts(plan, parts, out, config, stream)
     nt, od = out.shape
     return out.reshape(nt * od), 1
 
@@ -423,12 +423,12 @@ def _launch(a, segments, qtype, out, config, stream, partials):
     built = build(config, qtype)
     g = built.geometry.base
     plan = gemm_f16.split_plan(config, nt, od, kdim)
-    parts, target = gemm_f16._split_target(plan, g, nt, od, out, partials, stream)
+    parts, target = gemm_f16.split_target(plan, g, nt, od, out, partials, stream)
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
     fg = built.geometry
     built.kernel[plan.blocks(g.grid(nt, od)), fg.threads, stream, fg.smem_bytes](
         a.reshape(nt * kdim), _raw_maps(segments, kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]), ends[0], ends[1], out,
-        target, nt, od, kdim, plan.whole, plan.slices, gemm_f16._tensor_map(a, g.tn), gemm_f16.c_vectors(out, target))
+        target, nt, od, kdim, plan.whole, plan.slices, gemm_tma.tensor_map(a, g.tn), gemm_tma.c_vectors(out, target))
     return plan, parts, out
 
 
@@ -438,7 +438,7 @@ def _raw_maps(segments, row_bytes: int):
     [rows, row_bytes] uint8 matrix (`kernels.ptx.tma.tensor_map_bytes_2d`). Made once per segment list and kept,
     as `kernels.gemm_f16`'s maps (the eager run before a capture makes them)."""
     key = ("raw",) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
-    maps = gemm_f16._MAPS.get(key)
+    maps = gemm_tma.MAPS.get(key)
     if maps is None:
         words = []
         for raw, rows in segments:
@@ -446,6 +446,6 @@ def _raw_maps(segments, row_bytes: int):
             words += [tensor_map_bytes_2d(matrix, BOX_ROWS, 16).copy_to_host(),
                       tensor_map_bytes_2d(matrix, BOX_ROWS, 32).copy_to_host()]
         words += words[:2] * (MAX_SEGMENTS - len(segments))
-        maps = gemm_f16._MAPS[key] = cuda.to_device(np.concatenate(words).astype(np.uint64))
+        maps = gemm_tma.MAPS[key] = cuda.to_device(np.concatenate(words).astype(np.uint64))
         assert maps.shape[0] == 2 * MAP_WORDS * MAX_SEGMENTS
     return maps

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32, types
 
-from kernels import gemm_f16 as G
+from kernels import gemm_f16 as G, gemm_tma
 from kernels.ptx import wgmma as W
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
@@ -219,7 +219,7 @@ def test_gemm_tma_staged_epilogue_writes_a_misaligned_out_with_4_byte_stores():
     b = rng.standard_normal((od, id_)).astype(np.float16)
     flat = cuda.to_device(np.full(nt * od + 1, np.nan, np.float32))
     out = flat[1:].reshape(nt, od)
-    assert G.c_vectors(out, out) == 0 and G.c_vectors(flat[:nt * od].reshape(nt, od), out) == 0
+    assert gemm_tma.c_vectors(out, out) == 0 and gemm_tma.c_vectors(flat[:nt * od].reshape(nt, od), out) == 0
     G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=dict(G.DEFAULT, TM=64, TN=64, STAGES=3))
     got = flat.copy_to_host()
     ref = a.astype(np.float64) @ b.astype(np.float64).T

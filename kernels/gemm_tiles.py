@@ -1,0 +1,180 @@
+"""Device-function factories shared by the prefill GEMM kernels (`kernels.gemm_f16`'s mma_sync, wmma and wgmma
+kernels, `kernels.gemm_tma`, `kernels.gemm_fused`): the grouped tile order and split-K block work, the C-fragment
+stores and the staged C-tile epilogue, and the wgmma pieces (warpgroup split, one k tile's batch).
+
+Each factory closes over compile-time constants and returns an inlined ``@cuda.jit(device=True)`` function, so a
+kernel that calls it unrolls every loop (see `kernels.gemm_f16`'s kernel factory).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from numba import cuda, uint32, uint64
+
+from kernels.ptx import bar_sync, ld_shared_v4_f32, st_global_v4_f32, st_shared_v2_f32
+from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16
+
+if TYPE_CHECKING:
+    from kernels.gemm_f16 import Geometry
+
+
+def c_fragment_store(MI: int, NJ: int, ISTEP: int):
+    """``store_c(out, acc, rbase, cbase, nt, od, roff, coff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
+    (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
+    t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
+    masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
+    ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Element (r, c) with r < nt and c < od
+    lands at ``out[roff + r, c - coff]`` (C: 0, 0; split-K partials: the slice's rows, and for a compact partial
+    tile its rows and first column)."""
+
+    @cuda.jit(device=True, inline="always")
+    def store_c(out, acc, rbase, cbase, nt, od, roff, coff):
+        for i in range(MI):
+            for h in range(2):
+                rowi = rbase + i * ISTEP + h * 8
+                if rowi < nt:
+                    for j in range(NJ):
+                        c = (i * NJ + j) * 4 + 2 * h
+                        col = cbase + j * 8
+                        if col < od:
+                            out[roff + rowi, col - coff] = acc[c]
+                        if col + 1 < od:
+                            out[roff + rowi, col + 1 - coff] = acc[c + 1]
+
+    return store_c
+
+
+C_PAD = 8
+"""f32 elements of padding after each row of a staged C tile: with TM a multiple of 32 the row stride is 8 banks
+(mod 32), so the 8-byte fragment writes of a half-warp (rows g = 0..3, columns 2t) hit 32 distinct banks."""
+
+
+def c_tile_bytes(tn: int, tm: int) -> int:
+    """Shared-memory bytes of a staged TN x TM f32 C tile (`c_tile_store`)."""
+    return tn * (tm + C_PAD) * 4
+
+
+def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
+    """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
+    epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
+    the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
+    column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
+    the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread (a warp
+    writes 512 contiguous bytes of a row), element (r, c) with n0 + r < nt and m0 + c < od landing at
+    ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0: every element a 4-byte store (an ``out`` whose rows are not
+    16-byte aligned); else 16-byte stores except at the od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
+    warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
+    way."""
+    S = TM + C_PAD
+    CH = TM // 4  # 16-byte chunks a row
+    RPI = CONSUMERS // CH  # rows a pass
+    assert CONSUMERS % CH == 0 and TN % RPI == 0 and TM % 32 == 0
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
+        bar_sync(1, CONSUMERS)
+        for i in range(MI):
+            for h in range(2):
+                at = (rl + i * 64 + h * 8) * S + cl
+                for j in range(NJ):
+                    c = (i * NJ + j) * 4 + 2 * h
+                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
+        bar_sync(1, CONSUMERS)
+        cq = (tid % CH) * 4
+        col = m0 + cq
+        for p in range(TN // RPI):
+            r = tid // CH + p * RPI
+            rowi = n0 + r
+            if rowi < nt and col < od:
+                x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
+                if cvec != 0 and col + 3 < od:
+                    st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
+                else:
+                    out[roff + rowi, col - coff] = x0
+                    if col + 1 < od:
+                        out[roff + rowi, col + 1 - coff] = x1
+                    if col + 2 < od:
+                        out[roff + rowi, col + 2 - coff] = x2
+                    if col + 3 < od:
+                        out[roff + rowi, col + 3 - coff] = x3
+
+    return store_tile
+
+
+def program_order(TN: int, TM: int, GROUP: int):
+    """``tile_origin(pid, nt, od) -> (n0, m0)``, the first nt row and od column of C tile ``pid`` in grouped
+    program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
+    ("L2 cache optimizations")."""
+
+    @cuda.jit(device=True, inline="always")
+    def tile_origin(pid, nt, od):
+        num_n = (nt + TN - 1) // TN
+        num_m = (od + TM - 1) // TM
+        in_group = GROUP * num_n
+        first_m = (pid // in_group) * GROUP
+        gsize = min(num_m - first_m, GROUP)
+        local = pid % in_group
+        return (local // gsize) * TN, (first_m + local % gsize) * TM
+
+    return tile_origin
+
+
+def ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
+    """``ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate)``: one k tile's wgmma batch of a warpgroup (the
+    wgmma and tma kernels): wgmma.fence, then for each k16 step and m64 slice one m64nNk16 on the stage at descriptor
+    offset ``step`` (bytes >> 4), adding to ``acc`` unless this is the first k tile (``accumulate`` False: D = A·B),
+    then commit. The caller waits (wgmma.wait_group)."""
+
+    @cuda.jit(device=True, inline="always")
+    def ktile_mma(smem, acc, desc_a0, desc_b0, step, accumulate):
+        wgmma_fence()
+        for kq in range(K16):
+            db = desc_b0 + step + uint64(kq * 2)
+            scale_d = uint32(1) if kq > 0 or accumulate else uint32(0)
+            for i in range(MT64):
+                da = desc_a0 + step + uint64(kq * 2 + i * (M64_B >> 4))
+                wgmma_m64nNk16_f32_f16(smem, acc, i * NH, da, db, scale_d, N)
+        wgmma_commit_group()
+
+    return ktile_mma
+
+
+def split_work(TN: int, TM: int, GROUP: int):
+    """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
+    `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
+    written to C: roff = coff = 0); block whole + q * count + sl takes k slice sl of tile whole + q (nsl = count),
+    written to the partials: with whole == 0 (every tile split) at rows sl * nt .. of [count * nt, od] (roff = sl *
+    nt), else as compact partial tile q * count + sl of [(tiles - whole) * count * TN, TM] (roff, coff move the
+    tile's rows and columns there; see `c_fragment_store`). (n0, m0): the tile's first nt row and od column."""
+    tile_origin = program_order(TN, TM, GROUP)
+
+    @cuda.jit(device=True, inline="always")
+    def block_work(pid, nt, od, whole, count):
+        if pid < whole:
+            n0, m0 = tile_origin(pid, nt, od)
+            return n0, m0, 0, 1, 0, 0
+        q = (pid - whole) // count
+        sl = pid - whole - q * count
+        n0, m0 = tile_origin(whole + q, nt, od)
+        if count == 1:
+            return n0, m0, 0, 1, 0, 0
+        if whole == 0:
+            return n0, m0, sl, count, sl * nt, 0
+        return n0, m0, sl, count, (q * count + sl) * TN - n0, m0
+
+    return block_work
+
+
+
+
+def warpgroup_split(g: Geometry) -> tuple[int, int, int, int, int, int]:
+    """How the wgmma kernels split a TN x TM tile over their warps // 4 warpgroups: (WG_N, WTN, MT64, N, NH, ACC_N).
+    WG_N = min(warpgroups, TN // 64) warpgroups split the nt rows (WTN each), the rest split the od columns; each
+    issues MT64 = WTN / 64 m64nNk16 a k16 step with N = TM / WG_M od columns, and holds NH = N / 2 accumulators per
+    m64 slice, ACC_N in all."""
+    wgs = g.warps // 4
+    wg_n = min(wgs, g.tn // 64)
+    wtn = g.tn // wg_n
+    n = g.tm // (wgs // wg_n)
+    return wg_n, wtn, wtn // 64, n, n // 2, (wtn // 64) * (n // 2)
