@@ -2,10 +2,11 @@
 
 Knobs: the kernel's compile-time shape (KNOBS of kernels/gemm_f16_config.py, which kernels/gemm_f16.py uses); the
 defaults are the best measured on the H200 (MMA=wgmma, 256x128x64, 4 stages filled by a TMA producer warp, GROUP 8,
-LOOP=pipe; the same kernel fed by every thread's cp.async is `--arm STAGING=cp_async`; the best mma_sync arm, 256x128x32
+LOOP=pipe, C staged through shared memory (EPI=staged; `--arm EPI=direct` stores the fragments); the same kernel fed by every thread's cp.async is `--arm STAGING=cp_async`; the best mma_sync arm, 256x128x32
 with 3 stages, is `--arm MMA=mma_sync,STAGING=cp_async,KS=32,STAGES=3`). The baseline arm every comparison can go
 back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages,
-cp.async, mma_sync). Launch knob SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`). IMPL picks the kernel:
+cp.async, mma_sync). Launch knobs SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`) and AUTOTILE (TM=128
+for a shape whose 256-wide grid quantizes badly, `kernels.gemm_f16.launch_config`). IMPL picks the kernel:
 minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused: `kernels.gemm_fused`, the same tiles
 with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3).
 Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
