@@ -436,7 +436,7 @@ def _raw_maps(segments, row_bytes: int):
     """The raw producer's tensor maps, one uint64 device array: for segment i, words 32 i .. 32 i + 15 map its
     header boxes (`BOX_ROWS` rows x 16 bytes), the next 16 its qs boxes (x 32 bytes), over the segment's bytes as a
     [rows, row_bytes] uint8 matrix (`kernels.ptx.tma.tensor_map_bytes_2d`). Made once per segment list and kept,
-    as `kernels.gemm_f16`'s maps (the eager run before a capture makes them)."""
+    as `kernels.gemm_tma.MAPS` (the eager run before a capture makes them)."""
     key = ("raw",) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
     maps = gemm_tma.MAPS.get(key)
     if maps is None:

@@ -52,13 +52,14 @@ def make_kernel(g: Geometry):
     STAGE_ELEMS = (TN + TM) * KS
     STAGE_B = STAGE_ELEMS * 2
     SA_B = TN * ROWB
-    FULL0 = max(STAGES * STAGE_B, tiles.c_tile_bytes(TN, TM)) // 8  # index of full[0]; empty[s]: FULL0 + STAGES + s
+    STAGED = g.epi == "staged"
+    # index of full[0] (empty[s]: FULL0 + STAGES + s), after the ring, or after the staged C tile when it is larger
+    FULL0 = (max(STAGES * STAGE_B, tiles.c_tile_bytes(TN, TM)) if STAGED else STAGES * STAGE_B) // 8
     CONSUMERS = 32 * g.warps
     CONSUMER_WARPS = g.warps
     K16 = KS // 16
     M64_B = 64 * ROWB
     block_work = tiles.split_work(TN, TM, GROUP)
-    STAGED = g.epi == "staged"
     store_tile = tiles.c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = tiles.c_fragment_store(MT64, N // 8, 64)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)

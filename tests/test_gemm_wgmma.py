@@ -185,6 +185,8 @@ SIM_CASES = [
     ("tma: 128x128, 2 stages (staged C tile larger than the ring), 16-byte rows", dict(G.DEFAULT, TM=128, STAGES=2),
      (70, 136, 128)),
     ("tma: EPI=direct", dict(G.DEFAULT, TM=64, TN=64, STAGES=3, EPI="direct"), (33, 72, 128)),
+    ("tma: EPI=direct, 128x128, 2 stages (the barriers right after the ring)",
+     dict(G.DEFAULT, TM=128, STAGES=2, EPI="direct", AUTOTILE=0), (70, 136, 128)),
 ]
 
 TMA = dict(G.DEFAULT, STAGING="tma")

@@ -106,7 +106,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                     "cache (4 warp partitions each; 64 the default: it tied 128 at "
                                                     "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
                    legacy=32)]
-    knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)")
+    knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)",
+                   legacy="direct" if k == "EPI" else None)  # records before EPI stored C from the fragments
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob("SPLITK", tuple(gemm_f16.LAUNCH_KNOBS["SPLITK"]), gemm_f16.LAUNCH_DEFAULT["SPLITK"],
                    "prefill (pp): gemm_f16 k slices per C tile (MMA=wgmma), partials summed in slice order by a second "
