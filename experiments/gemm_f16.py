@@ -169,10 +169,13 @@ class GemmF16Experiment(Experiment):
             return str(e)
         return None
 
-    def effective(self, config):
+    def effective(self, config, workload=None):
         """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 for a
         kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there); EPI as direct
-        for a kernel other than STAGING=tma (only those stage C)."""
+        for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (IMPL=fused,
+        STAGING other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
+        AUTOTILE=1 runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
+        badly, so a TM=128 vs TM=256 A/B there would time one kernel twice)."""
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
         eff = dict(config)
@@ -180,6 +183,15 @@ class GemmF16Experiment(Experiment):
             eff["EPI"] = "direct"
         if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
             eff["SPLITK"] = 1
+        if (config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma"
+                or config.get("TM", _DEFAULT["TM"]) != 256):
+            eff["AUTOTILE"] = 0
+        elif eff.get("AUTOTILE", _DEFAULT["AUTOTILE"]) and workload is not None and _has_device():
+            from kernels import gemm_f16 as kernel
+
+            eff["TM"] = kernel.launch_config({k: config[k] for k in _TABLE if k in config}, workload.shape["nt"],
+                                             workload.shape["od"])["TM"]
+            eff["AUTOTILE"] = 0
         return eff
 
     def kernels(self, config, workload):
@@ -219,6 +231,15 @@ class GemmF16Experiment(Experiment):
         nt, od, id_ = s["nt"], s["od"], s["id"]
         weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") == "fused" else 2.0 * od * id_
         return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * nt * id_ + weight + 4.0 * nt * od)
+
+
+def _has_device() -> bool:
+    """A real CUDA device is present (not the simulator, whose one-SM device would plan other tiles)."""
+    from numba import cuda
+
+    from kernels.ptx import SIMULATOR
+
+    return not SIMULATOR and cuda.is_available()
 
 
 def _q4_k_bytes(od: int, id_: int) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 KNOBS: dict[str, tuple] = {
     # wgmma (sm_90a): Hopper warpgroup MMA m64nNk16 with both operands in shared memory (descriptors over the same
     # swizzled cp.async or TMA tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async with
-    # LOOP=addr32|pipe (see _make_kernel_wgmma) or STAGING=tma (kernels.gemm_tma).
+    # LOOP=addr32|pipe (see kernels.gemm_cp_async._wgmma) or STAGING=tma (kernels.gemm_tma).
     "MMA": ("mma_sync", "wmma", "wgmma"),
     "TM": (64, 128, 256),  # od tile (B rows per block)
     "TN": (64, 128),  # nt tile (A rows per block)
@@ -24,8 +24,8 @@ KNOBS: dict[str, tuple] = {
     # second mbarrier (warp specialization, CUTLASS sm90 / FlashAttention-3). tma needs MMA=wgmma, KS=64, LOOP=pipe.
     "STAGING": ("cp_async", "sync", "tma"),
     "GROUP": (1, 4, 8),  # od tiles per program-order group
-    # Main-loop schedule (mma_sync + cp_async only; see _make_kernel_v2). v1: the original loop (per-access 64-bit
-    # index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as
+    # Main-loop schedule (mma_sync + cp_async only; kernels.gemm_cp_async._v2). v1: the original loop (per-access
+    # 64-bit index math, `it % STAGES` division every k tile). addr32: same schedule, addresses precomputed once as
     # 32-bit shared / 64-bit global byte offsets. pipe: addr32 + fragments double-buffered in registers across
     # the k16 sub-steps (CUTLASS sm80 multistage order). With MMA=wgmma: addr32 waits for each k tile's wgmma batch
     # before the next barrier; pipe keeps one batch in flight (wgmma.wait_group 1; copies then run STAGES-2 tiles

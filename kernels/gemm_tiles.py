@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from numba import cuda, uint32, uint64
+from numba import cuda, float32, uint32, uint64
 
 from kernels.ptx import bar_sync, ld_shared_v4_f32, st_global_v4_f32, st_shared_v2_f32
-from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16
+from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16, wgmma_wait_group
 
 if TYPE_CHECKING:
     from kernels.gemm_f16 import Geometry
@@ -60,8 +60,8 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
     the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
     column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
-    the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread (a warp
-    writes 512 contiguous bytes of a row), element (r, c) with n0 + r < nt and m0 + c < od landing at
+    the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
+    threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64), element (r, c) with n0 + r < nt and m0 + c < od landing at
     ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0: every element a 4-byte store (an ``out`` whose rows are not
     16-byte aligned); else 16-byte stores except at the od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
     warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
@@ -100,6 +100,31 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
                         out[roff + rowi, col + 3 - coff] = x3
 
     return store_tile
+
+
+def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool):
+    """``epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)``: the end of a
+    warp-specialized consumer thread (`kernels.gemm_tma`, `kernels.gemm_fused`; ``tid`` < CONSUMERS): wait for its
+    last wgmma batch, then store its MT64 x N / 8 m16n8 C fragments (warpgroup tile at row ``row0``, column
+    ``col0``) to ``out``, or to the split-K target ``parts`` when the block's k range is one of ``nsl`` > 1 slices:
+    with STAGED through the f32 C tile over the ring in the kernel's dynamic shared memory (`c_tile_store`), else
+    straight from the fragments (`c_fragment_store`)."""
+    store_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
+    store_c = c_fragment_store(MT64, N // 8, 64)
+
+    @cuda.jit(device=True, inline="always")
+    def epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):
+        wgmma_wait_group(0)
+        dst = parts if nsl > 1 else out
+        lane = tid & 31
+        rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
+        cl = col0 + (lane & 3) * 2
+        if STAGED:
+            store_tile(cuda.shared.array(0, float32), dst, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
+        else:
+            store_c(dst, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
+
+    return epilogue
 
 
 def program_order(TN: int, TM: int, GROUP: int):

@@ -60,8 +60,7 @@ def make_kernel(g: Geometry):
     K16 = KS // 16
     M64_B = 64 * ROWB
     block_work = tiles.split_work(TN, TM, GROUP)
-    store_tile = tiles.c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
-    store_c = tiles.c_fragment_store(MT64, N // 8, 64)
+    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
@@ -119,15 +118,7 @@ def make_kernel(g: Geometry):
             if s == STAGES:
                 s = 0
                 phase ^= uint32(1)
-        wgmma_wait_group(0)
-
-        dst = parts if nsl > 1 else out
-        rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
-        cl = col0 + (lane & 3) * 2
-        if STAGED:
-            store_tile(cuda.shared.array(0, float32), dst, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
-        else:
-            store_c(dst, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
+        epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)
 
     return gemm_kernel
 

@@ -127,10 +127,11 @@ class Experiment(ABC):
         its result. `ledger verify` sets them to today's defaults when it re-runs an old record."""
         return ()
 
-    def effective(self, config: Config) -> Mapping[str, KnobValue]:
+    def effective(self, config: Config, workload: Workload | None = None) -> Mapping[str, KnobValue]:
         """``config`` reduced to what decides the code that runs (knobs a setting makes irrelevant dropped or
-        normalised): two A/B arms with the same effective configuration would time one thing twice, and `minfer ab`
-        refuses them. Default: the configuration itself."""
+        normalised), on ``workload`` when one is given (a knob whose effect depends on the shape): two A/B arms with
+        the same effective configuration would time one thing twice, and `minfer ab` refuses them. Default: the
+        configuration itself."""
         return config
 
     def refuse(self, config: Config, workload: Workload) -> str | None:

@@ -161,6 +161,31 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
                 dict(cfg, AUTOTILE=0), nt, od, id_, sms=132)
 
 
+def test_experiment_effective_config_sees_autotile(monkeypatch):
+    """`ab` refuses arms that run one kernel: the gemm_f16 experiment's effective configuration drops AUTOTILE where
+    it cannot act and, on a workload with a device present, resolves the tile AUTOTILE=1 runs there
+    (attn_output_nt512: TM=256 runs as 128, so TM=128 vs TM=256 is one kernel twice; ffn_gate_up: two kernels)."""
+    import experiments.gemm_f16 as E
+    from minfer_cli.commands.options import check_same_work
+    from minfer_cli.errors import UsageError
+
+    monkeypatch.setattr(E, "_has_device", lambda: True)
+    monkeypatch.setattr(G, "device_sms", lambda: 132)
+    exp = E.GemmF16Experiment()
+    wide, narrow = dict(E._DEFAULT), dict(E._DEFAULT, TM=128)
+    small = exp.workload("attn_output_nt512", [wide])
+    big = exp.workload("ffn_gate_up", [wide])
+    assert exp.effective(narrow)["AUTOTILE"] == 0 and exp.effective(wide)["AUTOTILE"] == 1
+    assert exp.effective(wide, small) == exp.effective(narrow, small)
+    assert exp.effective(wide, big) != exp.effective(narrow, big)
+    assert exp.effective(dict(wide, AUTOTILE=0), small) != exp.effective(narrow, small)
+    with pytest.raises(UsageError, match="run the same code.*TM=256 vs 128.*on attn_output_nt512"):
+        check_same_work(exp, [wide, narrow], small)
+    check_same_work(exp, [wide, narrow], big)
+    monkeypatch.setattr(E, "_has_device", lambda: False)  # no device: the SM count, hence the tile, is unknown
+    assert exp.effective(wide, small) != exp.effective(narrow, small)
+
+
 @sim
 def test_split_k_refusals():
     a = cuda.to_device(np.ones((33, 640), np.float16))

@@ -65,7 +65,7 @@ def ab(
     exp, configs = resolve_arms(experiment, arm)
     wl = exp.workload(workload, configs)
     options.check_arms_can_run(exp, wl, configs, ["A", "B"])
-    options.check_same_work(exp, configs)
+    options.check_same_work(exp, configs, wl)
     if not no_record:
         options.check_ledger_writable(ledger)
     with progress(f"{exp.name} {wl.name}") as report:

@@ -82,16 +82,18 @@ def check_arms_can_run(exp, workload, configs: list, labels: list[str]) -> None:
             raise UsageError(f"arm {label} cannot run: {problem}")
 
 
-def check_same_work(exp, configs: list) -> None:
-    """UsageError, before any GPU work, when two A/B arms differ in a knob that changes the work itself
-    (`Experiment.work_knobs`): their times do not measure the same task, so no verdict can come of them."""
+def check_same_work(exp, configs: list, workload=None) -> None:
+    """UsageError, before any GPU work, when two A/B arms run the same code on ``workload``
+    (`Experiment.effective`), or differ in a knob that changes the work itself (`Experiment.work_knobs`): their
+    times do not measure the same task, so no verdict can come of them."""
     from minfer_cli.errors import UsageError
 
     a, b = configs
-    if exp.effective(a) == exp.effective(b):
+    if exp.effective(a, workload) == exp.effective(b, workload):
         moved = ", ".join(f"{k}={a[k]} vs {b[k]}" for k in a if a[k] != b[k])
         raise UsageError(f"arms A and B run the same code: what they differ in ({moved}) is not read by these "
-                         f"configurations, so the A/B would time one thing twice")
+                         f"configurations{' on ' + workload.name if workload is not None else ''}, so the A/B "
+                         f"would time one thing twice")
     differ = [k for k in exp.work_knobs if a[k] != b[k]]
     if differ:
         knobs = ", ".join(f"{k}={a[k]} vs {b[k]}" for k in differ)
