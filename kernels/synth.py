@@ -6,7 +6,7 @@ Every byte comes from a counter-based hash, ``splitmix64(key + word * GOLDEN)`` 
 index of the output word. The bytes therefore depend only on (key, word): not on the grid, the block size,
 the device or the simulator. Each thread writes one word per grid-stride step, then the next.
 
-Formats (layouts: ggml-common.h ``block_q4_K``, ``block_q6_K``):
+Formats (layouts: ggml-common.h ``block_q4_K``, ``block_q5_K``, ``block_q6_K``):
 
 * ``Q4_K`` (144-byte blocks, read and written as 18 uint64 words; weight ``w = d*sc*q - dmin*m`` with 6-bit
   sub-block scale ``sc`` and min ``m``, 4-bit ``q``). Word 0, bytes ``d f16 | dmin f16 | scales[0..3]``: the
@@ -18,6 +18,9 @@ Formats (layouts: ggml-common.h ``block_q4_K``, ``block_q6_K``):
   give each 32-weight sub-block a random offset that dominates the variance, and the products of two such
   matrices grow by ~3x per matmul (the offsets add coherently over a sub-block). Scales and the 4-bit quants
   (words 2..17) are random.
+* ``Q5_K`` (176-byte blocks, 22 uint64 words): Q4_K's header words (d, dmin, scales with every min equal to its
+  scale; ``dmin_ratio = 15.5``, the mean of the 5-bit q, centres every sub-block on zero), then qh[32] and
+  qs[128] random (words 2..21).
 * ``Q6_K`` (210-byte blocks, 2-byte aligned: written as 105 uint16 words): every word random (ql, qh, int8
   scales), except word 104 (``d f16``), drawn from ``[d_lo, d_lo + d_span)`` as above.
 * ``F32`` (norm weights, biases): ``center + spread * (2u - 1)``, ``u`` uniform in [0, 1) with 24 bits.
@@ -45,10 +48,11 @@ MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
 
 Q4_K_WORDS = 18  # 144 bytes / 8
+Q5_K_WORDS = 22  # 176 bytes / 8
 Q6_K_WORDS = 105  # 210 bytes / 2
 Q6_K_D_WORD = 104  # bytes 208..209: d f16
 THREADS = 256
-FORMATS = ("Q4_K", "Q6_K", "F32")
+FORMATS = ("Q4_K", "Q5_K", "Q6_K", "F32")
 
 
 def splitmix64(x: int) -> int:
@@ -99,14 +103,15 @@ _INV24 = np.float32(1.0 / (1 << 24))
 
 
 @kernel
-def synth_q4_k(out, n_words, key, d_lo, d_span, dmin_ratio):
-    """Q4_K: ``out`` the tensor's bytes as uint64 words (18 per block): word 0 d, dmin, scales[0..3]; word 1
-    scales[4..11] (mins equal to scales); words 2..17 the quants."""
+def synth_k_min(out, n_words, key, d_lo, d_span, dmin_ratio, block_words):
+    """Q4_K and Q5_K (the K-quants with a min): ``out`` the tensor's bytes as uint64 words (``block_words`` per
+    block: 18, 22): word 0 d, dmin, scales[0..3]; word 1 scales[4..11] (mins equal to scales); the rest the quants
+    (Q5_K: qh, then qs)."""
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < n_words:
         h = _hash(key, i)
-        p = i % Q4_K_WORDS
+        p = i % block_words
         if p == 0:
             d = d_lo + (h & _LO16) % d_span
             dmin = U(f16x2_bits(f32_from_f16_bits(d) * dmin_ratio, np.float32(0.0))) & _LO16
@@ -168,11 +173,11 @@ def synth(raw, qtype: str, key: int, *, d_range=(1e-3, 1e-3), dmin_ratio=7.5, ce
     """Enqueue the generation of one tensor's bytes into ``raw`` on ``stream``; returns ``raw``.
 
     raw: 1-D C-contiguous uint8 device array holding exactly the tensor's bytes (whole blocks), 16-byte aligned
-    for Q4_K and F32, 2-byte for Q6_K (any cudaMalloc'd buffer is).
-    qtype: "Q4_K", "Q6_K" or "F32". key: the tensor's 64-bit key (`tensor_key(seed, index)`).
-    d_range: (lo, hi) of the super-block scale ``d`` (Q4_K, Q6_K), positive, rounded to f16 patterns
-    (`f16_bits_range`); dmin_ratio: Q4_K's ``dmin / d`` (7.5 centres every sub-block on zero); center, spread:
-    the F32 value range.
+    for Q4_K, Q5_K and F32, 2-byte for Q6_K (any cudaMalloc'd buffer is).
+    qtype: "Q4_K", "Q5_K", "Q6_K" or "F32". key: the tensor's 64-bit key (`tensor_key(seed, index)`).
+    d_range: (lo, hi) of the super-block scale ``d`` (the K-quants), positive, rounded to f16 patterns
+    (`f16_bits_range`); dmin_ratio: Q4_K's and Q5_K's ``dmin / d`` (7.5 and 15.5, the mean q, centre every
+    sub-block on zero); center, spread: the F32 value range.
     blocks: grid size (default: enough for one word per thread, at most 8 blocks of 256 per SM).
 
     Raises KernelConstraintError for another qtype, a wrong dtype or a length that is not whole blocks.
@@ -181,17 +186,19 @@ def synth(raw, qtype: str, key: int, *, d_range=(1e-3, 1e-3), dmin_ratio=7.5, ce
         raise KernelConstraintError(f"synth has no kernel for {qtype}; it writes {', '.join(FORMATS)}")
     if raw.dtype != np.uint8 or raw.ndim != 1:
         raise KernelConstraintError(f"raw must be a 1-D uint8 device array, got {raw.dtype} with ndim {raw.ndim}")
-    size = {"Q4_K": 144, "Q6_K": 210, "F32": 4}[qtype]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "F32": 4}[qtype]
     if raw.size % size:
         raise KernelConstraintError(f"raw holds {raw.size} bytes, not whole {size}-byte {qtype} blocks")
     if raw.size == 0:
         return raw
     k = U(key & MASK64)
-    if qtype == "Q4_K":
+    if qtype in ("Q4_K", "Q5_K"):
         words = raw.view(np.uint64)
         d0, dn = f16_bits_range(*d_range)
         n = words.size
-        synth_q4_k[_blocks(n, blocks), THREADS, stream](words, n, k, U(d0), U(dn), np.float32(dmin_ratio))
+        per_block = Q4_K_WORDS if qtype == "Q4_K" else Q5_K_WORDS
+        synth_k_min[_blocks(n, blocks), THREADS, stream](words, n, k, U(d0), U(dn), np.float32(dmin_ratio),
+                                                         per_block)
     elif qtype == "Q6_K":
         words = raw.view(np.uint16)
         d0, dn = f16_bits_range(*d_range)

@@ -388,7 +388,7 @@ def test_model_list_shows_every_preset_with_llama_bench_size_and_params(console_
     assert result.exit_code == 0, result.output
     assert all(name in result.output for name in PRESETS)
     row = next(line for line in result.output.splitlines() if "qwen2-7b-q4_k_m *" in line)
-    assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row and "169/29/141" in row
+    assert "7.62 B" in row and "4.36 GiB" in row and "28/4 x 128" in row and "18944" in row and "169/0/29/141" in row
     assert "* the default preset\n" in result.output
 
 
@@ -401,7 +401,7 @@ def test_model_list_fits_80_columns_by_leaving_columns_out(console_width):
     assert narrow.exit_code == 0 and "…" not in narrow.output, narrow.output
     assert all(len(line) <= 80 for line in narrow.output.splitlines())
     assert all(name in narrow.output for name in PRESETS)
-    assert "a wider terminal also shows Q4_K/Q6_K/F32" in narrow.output
+    assert "a wider terminal also shows Q4_K/Q5_K/Q6_K/F32" in narrow.output
 
 
 def test_the_arms_table_fits_80_columns_for_many_knobs(console_width):

@@ -286,3 +286,27 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     engine = PrefillEngine(weights, 8, SMALL_TILES)
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     assert np.isfinite(got).all() and _rel(got, want) < 1e-2
+
+
+def test_a_model_that_cannot_fit_is_refused_before_its_weights_are_made():
+    """`bench`'s pre-load check: the 70B preset's 39.6 GiB of weights and its f16 copies (W16=1, ~131 GiB) do
+    not fit an H200's ~139 GiB: one line naming the test, the sizes and W16=0; W16=0 (one matrix's scratch) fits,
+    and the check weighs the largest test, prefill or decode (host arithmetic: ``free`` given)."""
+    from minfer_cli.engine.bench import check_fits_model, decode_need, engine_options, engine_knobs, prefill_need
+    from minfer_cli.engine.config import tensor_specs
+    from minfer_cli.engine.errors import ModelError
+
+    c = preset("llama3-70b-q4_k_m")
+    weights = sum(s.n_bytes for s in tensor_specs(c))
+    default = {k.name: k.default for k in engine_knobs()}
+    free = 139 * 2**30
+    with pytest.raises(ModelError) as e:
+        check_fits_model(c, weights, [512], [128], [0], engine_options(default), free=free)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("llama3-70b-q4_k_m: -p 512 needs") and "--arm W16=0" in msg
+    assert "39.6 GiB of weights" in msg and "139.0 GiB are free" in msg
+    light = engine_options(dict(default, W16=0))
+    check_fits_model(c, weights, [512, 2048], [128], [0], light, free=free)
+    assert prefill_need(c, 2048, light.prefill) < 8 * 2**30 and decode_need(c, 128) < 2**30
+    with pytest.raises(ModelError, match=r"-n 2048 after a depth of 4096 needs .* are free$"):  # no W16 hint
+        check_fits_model(c, weights, [], [2048], [4096], light, free=weights + decode_need(c, 2048, 4096) - 1)

@@ -110,6 +110,27 @@ def test_7b_size_and_params_as_llama_bench_reports():
     assert params == 7_615_616_512
 
 
+def test_70b_type_mix_size_and_params_as_llama_cpp_writes_them():
+    """llama.cpp's quantizer gives a 70B (80 layers, grouped KV heads: LLM_TYPE_70B) attn_v Q5_K where Q4_K_M
+    would leave it Q4_K; llama-bench prints Meta-Llama-3-70B Q4_K_M as "llama 70B Q4_K - Medium | 39.59 GiB |
+    70.55 B". An 80-layer llama without grouped heads is llama.cpp's 65B: no Q5_K."""
+    from minfer_cli.engine.config import llm_type_70b, size_label
+
+    cfg = preset("llama3-70b-q4_k_m")
+    specs = {s.name: s for s in tensor_specs(cfg)}
+    assert llm_type_70b(cfg)
+    for i in range(80):
+        more = use_more_bits(i, 80)
+        assert specs[f"blk.{i}.attn_v.weight"].qtype == ("Q6_K" if more else "Q5_K"), i
+        assert specs[f"blk.{i}.ffn_down.weight"].qtype == ("Q6_K" if more else "Q4_K"), i
+        assert specs[f"blk.{i}.attn_k.weight"].qtype == "Q4_K"
+    size, params = sum(s.n_bytes for s in specs.values()), sum(s.n_elements for s in specs.values())
+    assert (round(size / 2**30, 2), round(params / 1e9, 2), size_label(params, cfg)) == (39.59, 70.55, "70B")
+    mha = ModelConfig(**{**cfg.as_dict(), "n_kv_heads": 64})
+    assert not llm_type_70b(mha) and all(s.qtype != "Q5_K" for s in tensor_specs(mha))
+    assert not any(llm_type_70b(c) for c in PRESETS.values() if c is not cfg)
+
+
 def test_bad_configs_are_model_errors():
     base = preset("tiny")
     with pytest.raises(ModelError) as e:
@@ -131,14 +152,14 @@ def tiny():
     return synth_weights(preset("tiny"), SEED)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "F32"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "F32"])
 def test_synth_kernel_bytes_follow_the_host_hash(qtype):
     """Non-scale words are exactly the documented hash of (key, word index); independent of the grid."""
     from numba import cuda
 
     from kernels.synth import synth, tensor_key, word_hash_host
 
-    n_bytes = {"Q4_K": 144 * 3, "Q6_K": 210 * 3, "F32": 4 * 64}[qtype]
+    n_bytes = {"Q4_K": 144 * 3, "Q5_K": 176 * 3, "Q6_K": 210 * 3, "F32": 4 * 64}[qtype]
     key = tensor_key(SEED, 7)
     a = synth(cuda.device_array(n_bytes, np.uint8), qtype, key, blocks=1).copy_to_host()
     b = synth(cuda.device_array(n_bytes, np.uint8), qtype, key, blocks=3).copy_to_host()
@@ -146,6 +167,10 @@ def test_synth_kernel_bytes_follow_the_host_hash(qtype):
     if qtype == "Q4_K":
         words = a.view(np.uint64)
         assert int(words[5]) == word_hash_host(key, 5) and int(words[18 + 2]) == word_hash_host(key, 20)
+    elif qtype == "Q5_K":
+        words = a.view(np.uint64)
+        assert int(words[21]) == word_hash_host(key, 21) and int(words[22 + 2]) == word_hash_host(key, 24)
+        assert int(words[22]) != word_hash_host(key, 22)  # the second block's header word
     elif qtype == "Q6_K":
         words = a.view(np.uint16)
         assert int(words[3]) == word_hash_host(key, 3) & 0xFFFF
@@ -195,6 +220,27 @@ def test_synth_weights_are_valid_and_in_range(tiny):
             # no per-sub-block offsets: the 32-weight sub-block means carry ~1/32 of the variance, as if iid
             share = w.reshape(spec.od, -1, 32).mean(axis=2).var() / w.var()
             assert share < 0.06, f"{name}: sub-block means carry {share:.2f} of the variance"
+
+
+def test_synth_q5_k_is_valid_centred_and_of_the_target_std():
+    """Q5_K (a 70B's attn_v): gguf-py dequantizes the generated blocks to finite weights with the std
+    `synth_params` aims at, mean ~ 0 in every 32-weight sub-block (dmin = 15.5 d, mins equal to scales)."""
+    from gguf import GGMLQuantizationType, quants
+    from numba import cuda
+
+    from kernels.synth import synth, tensor_key
+    from minfer_cli.engine.weights import synth_params, target_std
+
+    spec = TensorSpec("blk.0.attn_v.weight", (8192, 64), "Q5_K")
+    raw = synth(cuda.device_array(spec.n_bytes, np.uint8), "Q5_K", tensor_key(SEED, 3), **synth_params(spec))
+    blocks = raw.copy_to_host().reshape(-1, 176)
+    d = blocks[:, 0:2].copy().view(np.float16).ravel()
+    dmin = blocks[:, 2:4].copy().view(np.float16).ravel()
+    assert np.all(dmin == (d.astype(np.float32) * np.float32(15.5)).astype(np.float16))
+    w = quants.dequantize(blocks.reshape(-1), GGMLQuantizationType.Q5_K).astype(np.float64)
+    std = target_std(spec)
+    assert np.all(np.isfinite(w)) and 0.8 * std < w.std() < 1.25 * std, f"std {w.std():.4g} vs {std:.4g} (seed {SEED})"
+    assert abs(w.mean()) < 0.05 * std and w.reshape(-1, 32).mean(axis=1).var() / w.var() < 0.06, f"seed {SEED}"
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tiny):
@@ -470,7 +516,7 @@ def test_synth_7b_on_gpu():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "F32"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "F32"])  # Q4_K's kernel writes Q5_K too
 def test_synth_kernels_compile_for_sm90(qtype):
     """Each generator builds for sm_90 with the argument types `kernels.synth.synth` launches it with, and its
     stores have the word width the format allows (Q6_K blocks are only 2-byte aligned)."""
@@ -480,7 +526,8 @@ def test_synth_kernels_compile_for_sm90(qtype):
 
     u64 = types.uint64
     kernel, sig, store = {
-        "Q4_K": (synth.synth_q4_k, (types.Array(u64, 1, "C"), types.int64, u64, u64, u64, types.float32), "u64"),
+        "Q4_K": (synth.synth_k_min, (types.Array(u64, 1, "C"), types.int64, u64, u64, u64, types.float32,
+                                     types.int64), "u64"),
         "Q6_K": (synth.synth_q6_k, (types.Array(types.uint16, 1, "C"), types.int64, u64, u64, u64), "u16"),
         "F32": (synth.synth_f32, (types.Array(types.float32, 1, "C"), types.int64, u64, types.float32,
                                   types.float32), "f32"),

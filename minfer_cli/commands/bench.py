@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import List, Optional
 
@@ -111,7 +112,7 @@ def bench(
 
     Example: minfer bench -p 2048 -n 128        minfer bench -p 0 -n 128 -d 0,4096,16384
     """
-    from minfer_cli.engine.bench import engine_options, run_pp, run_tg
+    from minfer_cli.engine.bench import check_fits_model, engine_options, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
     from minfer_cli.measure.device import require_timing_device
 
@@ -132,6 +133,7 @@ def bench(
     config = options.engine_config(arm)
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
+    from minfer_cli.engine.config import tensor_specs
     from minfer_cli.engine.weights import load_gguf, synth_weights
 
     model_config = options.gguf_config(model, f"-m {model}", "give a GGUF file, or leave -m out for the built-in "
@@ -144,6 +146,8 @@ def bench(
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()
+    weight_bytes = os.path.getsize(model) if model else sum(s.n_bytes for s in tensor_specs(model_config))
+    check_fits_model(model_config, weight_bytes, pp, tg, depths, engine_options(config))
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)

@@ -12,7 +12,7 @@ from minfer_cli.console import guard, json_text, out, progress
 from minfer_cli.engine.check import DEFAULT_TOLERANCE
 from minfer_cli.errors import UsageError
 
-PRESET_COLUMNS_DROPPED_FIRST = ("Q4_K/Q6_K/F32", "context", "arch", "vocab")
+PRESET_COLUMNS_DROPPED_FIRST = ("Q4_K/Q5_K/Q6_K/F32", "context", "arch", "vocab", "layers")
 """`model list` columns left out, in this order, while the table is wider than the terminal."""
 
 app = typer.Typer(name="model", help="Model presets and GGUF files.", no_args_is_help=True)
@@ -25,7 +25,7 @@ def list_presets() -> None:
     types, parameter count and size, computed from the shapes: nothing is generated and no GPU is needed.
 
     Columns: layers, hidden (d_model), ffn, heads (q/kv x head_dim), vocab, context (the KV-cache rows a preset
-    allows), params, size (GiB or MiB, llama-bench's "size") and the number of Q4_K / Q6_K / F32 tensors.
+    allows), params, size (GiB or MiB, llama-bench's "size") and the number of Q4_K / Q5_K / Q6_K / F32 tensors.
     """
     from minfer_cli.commands.ledger_common import fitted_table
     from minfer_cli.engine.config import size_label, tensor_specs
@@ -42,7 +42,7 @@ def list_presets() -> None:
             "context": str(c.context_length),
             "params": f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M",
             "size": f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB",
-            "Q4_K/Q6_K/F32": "/".join(str(sum(s.qtype == q for s in specs)) for q in ("Q4_K", "Q6_K", "F32")),
+            "Q4_K/Q5_K/Q6_K/F32": "/".join(str(sum(s.qtype == q for s in specs)) for q in ("Q4_K", "Q5_K", "Q6_K", "F32")),
         })
     names = list(rows[0])
     natural = {n: max(len(n), *(len(r[n]) for r in rows)) for n in names}

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from minfer_cli.engine.config import ModelConfig
 from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
@@ -217,17 +218,58 @@ def _used_bytes() -> int:
     return int(total - free)
 
 
+def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth: int = 0) -> int:
+    """Device bytes a prefill engine for prompts of up to ``max_tokens`` after ``depth`` cached tokens allocates
+    beyond the quantized weights (`minfer_cli.engine.forward.device_bytes`)."""
+    return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm)
+
+
+def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:
+    """Device bytes a generation of ``max_tokens`` after ``depth`` cached tokens allocates beyond the quantized
+    weights: the decode engine's (`minfer_cli.engine.decode.decode_device_bytes`) and, at a depth, the prefill
+    engine that fills its cache (whose KV rows the decode shares: counted once)."""
+    from minfer_cli.engine.decode import decode_device_bytes
+
+    context = depth + max_tokens
+    need = decode_device_bytes(c, context)
+    if depth:
+        need += device_bytes(c, min(depth, FILL_CHUNK), False, context=context) - kv_cache_bytes(c, context)
+    return need
+
+
+def _free_bytes() -> int:
+    from numba import cuda
+
+    return int(cuda.current_context().get_memory_info()[0])
+
+
+def check_fits_model(c: ModelConfig, weight_bytes: int, pp: list[int], tg: list[int], depths: list[int],
+                     options: EngineOptions, free: int | None = None) -> None:
+    """ModelError, before the weights are loaded or generated, when the weights (``weight_bytes``) and the largest
+    test's engine (`prefill_need`, `decode_need`; the tests run one after another) exceed the device's free memory
+    (``free``, bytes: the current device's by default)."""
+    tests = [(f"-p {max(pp)}", prefill_need(c, max(pp), options.prefill, max(depths)))] if pp else []
+    tests += [(f"-n {max(tg)}", decode_need(c, max(tg), max(depths)))] if tg else []
+    flag, need = max(tests, key=lambda t: t[1])
+    free = _free_bytes() if free is None else free
+    if weight_bytes + need > free:
+        at = f" after a depth of {max(depths)}" if max(depths) else ""
+        hint = (" (try --arm W16=0, which keeps no f16 weight copies)"
+                if flag.startswith("-p") and options.prefill.w16 else "")
+        raise ModelError(f"{c.name}: {flag}{at} needs {(weight_bytes + need) / 2**30:.1f} GiB of device memory "
+                         f"({weight_bytes / 2**30:.1f} GiB of weights and {need / 2**30:.1f} GiB for the engine); "
+                         f"{free / 2**30:.1f} GiB are free{hint}")
+
+
 def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions, depth: int = 0) -> None:
     """ModelError when a prompt (after ``depth`` cached tokens) is beyond the model's context or the engine would
     not fit in device memory."""
-    from numba import cuda
-
     c = weights.config
     if depth + max_tokens > c.context_length:
         at = f" after a depth of {depth}" if depth else ""
         raise ModelError(f"-p {max_tokens}{at} is beyond the model's context length {c.context_length}")
-    need = device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm)
-    free, _ = cuda.current_context().get_memory_info()
+    need = prefill_need(c, max_tokens, options, depth)
+    free = _free_bytes()
     if need > free:
         hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""
         raise ModelError(f"-p {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
@@ -299,19 +341,12 @@ def depth_filler(weights: ModelWeights, tokens, n: int) -> PrefillEngine:
 def check_fits_tg(weights: ModelWeights, max_tokens: int, depth: int = 0) -> None:
     """ModelError when a generation (after ``depth`` cached tokens) is beyond the model's context or its KV cache
     (and, at a depth, the prefill that fills it) would not fit in device memory."""
-    from numba import cuda
-
-    from minfer_cli.engine.decode import decode_device_bytes
-
     c = weights.config
-    context = depth + max_tokens
-    if context > c.context_length:
+    if depth + max_tokens > c.context_length:
         at = f" after a depth of {depth}" if depth else ""
         raise ModelError(f"-n {max_tokens}{at} is beyond the model's context length {c.context_length}")
-    need = decode_device_bytes(c, context)
-    if depth:  # the filling engine owns the cache the decode engine shares: count its KV rows once
-        need += device_bytes(c, min(depth, FILL_CHUNK), False, context=context) - kv_cache_bytes(c, context)
-    free, _ = cuda.current_context().get_memory_info()
+    need = decode_need(c, max_tokens, depth)
+    free = _free_bytes()
     if need > free:
         raise ModelError(f"-n {max_tokens} needs {need / 2**30:.1f} GiB of device memory beyond the weights; "
                          f"{free / 2**30:.1f} GiB are free")

@@ -194,11 +194,19 @@ def tensor_names(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def mix_type(name: str, shape: tuple[int, ...], n_layers: int, mix: str = "Q4_K_M", tied: bool = False) -> str:
-    """The type llama.cpp's ``llama_tensor_get_type`` gives tensor ``name`` under ``mix`` (only Q4_K_M):
-    vectors F32; ``output.weight`` Q6_K, and ``token_embd.weight`` too when the output is ``tied`` to it (the
-    quantizer gives a model without an output tensor's embedding the output's type); ``attn_v`` and ``ffn_down``
-    Q6_K in `use_more_bits` layers; every other matrix (an untied token_embd included) Q4_K. (llama.cpp's 70B and
+def llm_type_70b(config: "ModelConfig") -> bool:
+    """llama.cpp's ``LLM_TYPE_70B`` (src/llama-model.cpp ``load_hparams``): 80 layers, for llama only with grouped
+    KV heads (80 layers and n_head == n_head_kv is its 65B); the quantizer gives this type's attn_v more bits."""
+    return config.n_layers == 80 and (config.arch != "llama" or config.n_heads != config.n_kv_heads)
+
+
+def mix_type(name: str, shape: tuple[int, ...], n_layers: int, mix: str = "Q4_K_M", tied: bool = False,
+             type_70b: bool = False) -> str:
+    """The type llama.cpp's ``llama_tensor_get_type`` (src/llama-quant.cpp) gives tensor ``name`` under ``mix``
+    (only Q4_K_M): vectors F32; ``output.weight`` Q6_K, and ``token_embd.weight`` too when the output is ``tied``
+    to it (the quantizer gives a model without an output tensor's embedding the output's type); ``attn_v`` and
+    ``ffn_down`` Q6_K in `use_more_bits` layers; with ``type_70b`` (`llm_type_70b`: 8 query heads share each
+    attn_v) the other layers' attn_v Q5_K; every other matrix (an untied token_embd included) Q4_K. (llama.cpp's
     MoE special cases do not apply here.)"""
     if mix not in MIXES:
         raise ModelError(f"type mix {mix!r} is not supported; supported: {', '.join(MIXES)}")
@@ -209,6 +217,8 @@ def mix_type(name: str, shape: tuple[int, ...], n_layers: int, mix: str = "Q4_K_
     parts = name.split(".")
     if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down") and use_more_bits(int(parts[1]), n_layers):
         return "Q6_K"
+    if type_70b and parts[0] == "blk" and parts[2] == "attn_v":
+        return "Q5_K"
     return "Q4_K"
 
 
@@ -216,12 +226,13 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
     """Every tensor of ``config`` with its type under ``mix``, in file order (see `tensor_names`).
 
     Raises ModelError when a K-quant matrix's input dim is not a multiple of 256 (llama.cpp would fall back to
-    another type there; minfer's generators write only Q4_K, Q6_K and F32).
+    another type there; minfer's generators write only Q4_K, Q5_K, Q6_K and F32).
     """
     config.validate()
     specs = []
     for name, shape in tensor_names(config):
-        qtype = mix_type(name, shape, config.n_layers, mix, tied=config.tied_output)
+        qtype = mix_type(name, shape, config.n_layers, mix, tied=config.tied_output,
+                         type_70b=llm_type_70b(config))
         if qtype != "F32" and shape[0] % 256:
             raise ModelError(
                 f"tensor {name} has input dim {shape[0]}, not a multiple of 256, which {qtype} super-blocks need"
@@ -232,7 +243,8 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
 
 # llama.cpp names a model's size by its architecture's layer count and width (llm_type), not by rounding the
 # parameter count: Qwen2-7B has 7.62 B parameters and is "7B"; Llama-2-7B has 6.74 B and is "7B" too.
-KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B"}
+KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B",
+               ("llama", 80, 8192): "70B"}
 
 
 def size_label(n_params: int, config: "ModelConfig | None" = None) -> str:

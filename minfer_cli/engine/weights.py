@@ -11,7 +11,8 @@ through every layer of the forward pass:
   normalised input of rms 1 gives outputs of rms ~1, attention scores of std ~1, logits of std ~1). Q4_K:
   ``w = sc*(d*q - dmin)`` (`kernels.synth` sets each min equal to its scale, dmin = 7.5 d: zero mean in every
   sub-block) with random 6-bit sc and 4-bit q has std ~168.5 d; Q6_K: ``w = d*sc*(q-32)`` with random int8 sc
-  and 6-bit q has std ~1330 d.
+  and 6-bit q has std ~1330 d; Q5_K (llama.cpp gives it to a 70B's attn_v): Q4_K's form with 5-bit q and
+  dmin = 15.5 d, std ~337.2 d.
   d is drawn from [0.8, 1.2] x its target (f16, subnormal for the widest 7B matrices: valid and finite).
 * norm weights (F32): uniform in [0.9, 1.1]; biases (F32): uniform in [-0.1, 0.1].
 """
@@ -43,6 +44,8 @@ Progress = Optional[Callable[[str, float], None]]
 Q4_K_STD_PER_D = 168.5  # sqrt(E[sc^2] = 63*127/6) * sqrt(var q = 255/12)
 Q6_K_STD_PER_D = 1330.0  # sqrt(E[sc^2] ~ 2^16/12) * sqrt(E[(q-32)^2] = 341.5)
 Q4_K_DMIN_PER_D = 7.5
+Q5_K_STD_PER_D = 337.2  # sqrt(63*127/6) * sqrt(var q = 1023/12)
+Q5_K_DMIN_PER_D = 15.5
 D_JITTER = (0.8, 1.2)
 NORM_CENTER, NORM_SPREAD = 1.0, 0.1
 BIAS_CENTER, BIAS_SPREAD = 0.0, 0.1
@@ -132,10 +135,14 @@ def synth_params(spec: TensorSpec) -> dict:
     if spec.qtype == "Q4_K":
         d = std / Q4_K_STD_PER_D
         return {"d_range": (lo * d, hi * d), "dmin_ratio": Q4_K_DMIN_PER_D}
+    if spec.qtype == "Q5_K":
+        d = std / Q5_K_STD_PER_D
+        return {"d_range": (lo * d, hi * d), "dmin_ratio": Q5_K_DMIN_PER_D}
     if spec.qtype == "Q6_K":
         d = std / Q6_K_STD_PER_D
         return {"d_range": (lo * d, hi * d)}
-    raise ModelError(f"tensor {spec.name}: no generator for type {spec.qtype}; generated types: Q4_K, Q6_K, F32")
+    raise ModelError(f"tensor {spec.name}: no generator for type {spec.qtype}; generated types: Q4_K, Q5_K, Q6_K, "
+                     "F32")
 
 
 def target_std(spec: TensorSpec) -> float:
