@@ -41,10 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, types
 
+from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
 from kernels import gemm_cp_async, gemm_f16_config, gemm_tiles as tiles, gemm_tma
 from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, SplitPlan
 from kernels.jit import kernel
+from kernels.ptx.tma import device_address
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 
 BASELINE, MMA_SYNC_BEST = gemm_f16_config.BASELINE, gemm_f16_config.MMA_SYNC_BEST
@@ -69,6 +71,7 @@ class Geometry:
     warps_n: int  # warps along nt
     row: int  # shared tile row stride in f16 elements (KS for the swizzled mma_sync layout, KS+8 for wmma)
     smem_bytes: int
+    glu: bool = False  # the gate|up product with the SwiGLU epilogue (`gemm_f16_glu`)
 
     @property
     def threads(self) -> int:
@@ -125,8 +128,15 @@ def _invalid(cfg: dict) -> str | None:
     return None
 
 
-def geometry(config: dict | None) -> Geometry:
+def geometry(config: dict | None, glu: bool = False) -> Geometry:
+    """The `Geometry` of a knob dict (``glu``: `gemm_f16_glu`'s kernel). KernelConstraintError for a knob the
+    table refuses, or ``glu`` with a kernel other than STAGING=tma, EPI=staged, TM a multiple of 128."""
     cfg = resolve_config(config)
+    if glu and (cfg["STAGING"] != "tma" or cfg["EPI"] != "staged" or cfg["TM"] % 128):
+        raise KernelConstraintError(
+            f"gemm_f16_glu's SwiGLU epilogue reads the staged C tile of whole 64-column gate/up halves: it needs "
+            f"STAGING=tma, EPI=staged and TM=128 or 256 (got STAGING={cfg['STAGING']}, EPI={cfg['EPI']}, "
+            f"TM={cfg['TM']})")
     tm, tn, ks, stages = cfg["TM"], cfg["TN"], cfg["KS"], cfg["STAGES"]
     warps = 4 if tm * tn <= 64 * 128 else 8
     warps_n = 2
@@ -141,7 +151,7 @@ def geometry(config: dict | None) -> Geometry:
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
     return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, warps,
-                    warps_m, warps_n, row, smem)
+                    warps_m, warps_n, row, smem, bool(glu))
 
 
 def all_configs():
@@ -165,22 +175,29 @@ SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, 
                        types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1],
                        types.int64)
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
+SIGNATURE_GLU = types.void(types.float16[::1], types.float16[::1], types.uint32[::1], types.float32[:, ::1],
+                           types.int64, types.int64, types.int64, types.int64, types.int64, types.uint64[::1],
+                           types.uint64[::1], types.int64)
+"""`gemm_f16_glu`'s kernel: ``out`` is the f16 activation as flat uint32 words."""
+_CACHE_GLU = KernelCache("gemm_f16_glu", SIGNATURE_GLU)
 
 
-def kernel_ptx(config: dict | None, cc=(9, 0, "a")) -> str:
-    """PTX of the kernel for ``config`` (compiled with NVVM for ``cc``, sm_90a by default -- the target a CUDA
-    launch on an H200 compiles for, and the only one where MMA=wgmma exists; needs no GPU; not under the
-    simulator)."""
-    g = geometry(config)
-    ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE, cc=cc, launch_bounds=(g.threads,))
+def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False) -> str:
+    """PTX of the kernel for ``config`` (``glu``: `gemm_f16_glu`'s; compiled with NVVM for ``cc``, sm_90a by
+    default -- the target a CUDA launch on an H200 compiles for, and the only one where MMA=wgmma exists; needs no
+    GPU; not under the simulator)."""
+    g = geometry(config, glu)
+    ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE_GLU if glu else SIGNATURE, cc=cc, launch_bounds=(g.threads,))
     return ptx
 
 
-def build(config: dict | None = None) -> BuiltKernel:
-    """Compile (once per knob combination; cached) and return the kernel for ``config``. Refuses a combination
-    whose shared memory exceeds the device's opt-in limit; opts in above 48 KB (kernels/specialize.py)."""
-    g = geometry(config)
-    return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower TM/TN/KS/STAGES")
+def build(config: dict | None = None, glu: bool = False) -> BuiltKernel:
+    """Compile (once per knob combination; cached) and return the kernel for ``config`` (``glu``: `gemm_f16_glu`'s).
+    Refuses a combination whose shared memory exceeds the device's opt-in limit; opts in above 48 KB
+    (kernels/specialize.py)."""
+    g = geometry(config, glu)
+    return (_CACHE_GLU if glu else _CACHE).get(g, _make_kernel, g.smem_bytes, g.threads,
+                                               hint="lower TM/TN/KS/STAGES")
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:
@@ -365,6 +382,121 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
         return parts, plan.slices
     sum_parts(plan, parts, out, config, stream)
     return out.reshape(nt * od), 1
+
+
+def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
+    """Enqueue the gate/up product with its SwiGLU, ``act[nt, ffn] = silu(A · Bg^T) * (A · Bu^T)``, on ``stream``
+    and return act (f16): `gemm_f16` then `kernels.activation.swiglu` without C, whose f32 [nt, 2 ffn] would be
+    written and read again (4 bytes an element each way, against act's 2).
+
+    a: f16 [nt, id] as `gemm_f16`; b: the f16 gate|up weight [2 ffn, id] (gate rows 0 .. ffn - 1, then up);
+    out: optional C-contiguous f16 [nt, ffn] device array at a 16-byte aligned address (allocated when None);
+    config, partials: as `gemm_f16` (AUTOTILE picks TM; split-K plans as `gemm_f16`, the slices summed by a second
+    kernel that applies the SwiGLU). Each tile of TM columns multiplies gate rows m0 / 2 .. m0 / 2 + TM / 2 - 1 and
+    the same up rows (two boxes of one tensor map: `kernels.gemm_tma`), so its staged C tile holds each output's
+    gate and up values; the epilogue rounds ``silu_mul(g, u)`` (`kernels.activation`) to f16 as swiglu does. Every
+    C value is the one `gemm_f16` computes for that (row, weight row), so act equals `gemm_f16` + swiglu bit for
+    bit (tests check it).
+
+    Raises KernelConstraintError (one line) for what `gemm_f16` refuses, a kernel other than STAGING=tma,
+    EPI=staged and TM of 128 or 256, 2 ffn not a multiple of the launch's TM, or a wrong out.
+    """
+    nt, od, kdim = check_inputs(a, b)
+    config = launch_config(config, nt, od)
+    g = geometry(config, glu=True)
+    if od % g.tm:
+        raise KernelConstraintError(f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={g.tm}: every "
+                                    f"tile takes TM / 2 gate rows and the same up rows")
+    ffn = od // 2
+    if out is None:
+        out = cuda.device_array((nt, ffn), dtype=np.float16, stream=stream)
+    elif (tuple(out.shape) != (nt, ffn) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out)
+          or device_address(out) % 16):
+        raise KernelConstraintError(f"gemm_f16_glu: out must be a C-contiguous float16 [{nt}, {ffn}] array at a "
+                                    f"16-byte aligned address, got {out.dtype} {tuple(out.shape)}")
+    built = build(config, glu=True)
+    plan = split_plan(config, nt, od, kdim)
+    parts, target = split_target(plan, g, nt, od, _no_parts(), partials, stream)
+    amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm // 2)
+    words = out.view(np.uint32).reshape(nt * ffn // 2)
+    built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
+        a.reshape(nt * kdim), b.reshape(od * kdim), words, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap,
+        gemm_tma.c_vectors(target, target)
+    )
+    if plan.slices > 1 and plan.whole == 0:
+        n = nt * ffn
+        _sum_slices_glu[-(-n // 256), 256, stream](parts, out, nt, od, plan.slices, g.tm)
+    elif plan.slices > 1:
+        rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
+        n = rest * g.tn * g.tm // 2
+        _sum_tiles_glu[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od,
+                                                  plan.whole, plan.slices, g.tn, g.tm, g.group)
+    return out
+
+
+_NO_PARTS: list = []
+
+
+def _no_parts():
+    """The f32 [1, 4] placeholder for the split target of an unsplit `gemm_f16_glu` launch (never written)."""
+    if not _NO_PARTS:
+        _NO_PARTS.append(cuda.device_array((1, 4), dtype=np.float32))
+    return _NO_PARTS[0]
+
+
+@kernel
+def _sum_slices_glu(partials, act, nt, od, count, tm):
+    """`gemm_f16_glu` with every tile split: act[r, j] = silu_mul(gate, up) of the slice sums (slice order, as
+    `_sum_slices`) of partials (f32 flat [count * nt * od]: count [nt, od] slices in the GLU kernel's column order,
+    tile t's tm columns = gate of act columns t * tm / 2 .., then their up), into act (f16 [nt, od / 2])."""
+    i = cuda.grid(1)
+    half = tm // 2
+    w = od // 2
+    if i < nt * w:
+        r = i // w
+        j = i - r * w
+        t = j // half
+        base = r * od + t * tm + (j - t * half)
+        n = nt * od
+        gate = partials[base]
+        up = partials[base + half]
+        for s in range(1, count):
+            gate += partials[s * n + base]
+            up += partials[s * n + base + half]
+        act[r, j] = silu_mul(gate, up)
+
+
+@kernel
+def _sum_tiles_glu(parts, act, nt, od, whole, count, tn, tm, group):
+    """`gemm_f16_glu`'s compact partials (a plan with whole > 0; layout as `_sum_tiles`): tile ``whole + q``'s
+    slices summed in slice order, gate half and up half, and act[row, tile_m * tm / 2 + c] = silu_mul(gate, up)
+    within the tails. One thread an activation element of a split tile."""
+    i = cuda.grid(1)
+    half = tm // 2
+    per = tn * half
+    q = i // per
+    e = i - q * per
+    r = e // half
+    c = e - r * half
+    num_n = (nt + tn - 1) // tn
+    num_m = (od + tm - 1) // tm
+    pid = whole + q
+    if pid >= num_n * num_m:
+        return
+    in_group = group * num_n
+    first_m = (pid // in_group) * group
+    gsize = min(num_m - first_m, group)
+    local = pid % in_group
+    row = (local // gsize) * tn + r
+    col = (first_m + local % gsize) * half + c
+    if row < nt and col < od // 2:
+        base = q * count * tn + r
+        gate = parts[base, c]
+        up = parts[base, c + half]
+        for s in range(1, count):
+            gate += parts[base + s * tn, c]
+            up += parts[base + s * tn, c + half]
+        act[row, col] = silu_mul(gate, up)
 
 
 def _launch(a, b, out, config, stream, partials):

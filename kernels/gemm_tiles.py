@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from numba import cuda, float32, uint32, uint64
 
-from kernels.ptx import bar_sync, ld_shared_v4_f32, st_global_v4_f32, st_shared_v2_f32
+from kernels.activation import silu_mul
+from kernels.ptx import bar_sync, ld_shared_v4_f32, st_global_v4_f32, st_global_v4_u32, st_shared_v2_f32
 from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16, wgmma_wait_group
+from kernels.quant.bits import f16x2_bits
 
 if TYPE_CHECKING:
     from kernels.gemm_f16 import Geometry
@@ -102,15 +104,78 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     return store_tile
 
 
-def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool):
+def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
+    """``store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid)``: `c_tile_store` for a gate|up product whose C tile
+    holds gate columns in its first TM / 2 and the matching up columns in its second (`kernels.gemm_f16.gemm_f16_glu`
+    loads the B tile as two boxes: gate rows m0 / 2 .., up rows od / 2 + m0 / 2 ..). After the same staging of the
+    fragments (named barrier 1, f32 tile over the ring), each thread takes 8 consecutive outputs of a row: two 16-byte
+    reads of gate values, two of up values, ``silu(g) * u`` (`kernels.activation.silu_mul`, the expression of
+    `kernels.activation.swiglu`), rounded to f16 (nearest even, as swiglu's f16 store) and packed into one 16-byte
+    store of ``out`` (the f16 [nt, od / 2] activation as a flat uint32 array, od / 4 words a row; rows 16-byte
+    aligned: the launcher checks). Element (r, j) with n0 + r < nt and m0 / 2 + j < od / 2 lands at activation
+    column m0 / 2 + j. TM / 16 threads a row."""
+    S = TM + C_PAD
+    HALF = TM // 2
+    CH = HALF // 8  # 16-byte (8 x f16) output chunks a row
+    RPI = CONSUMERS // CH  # rows a pass
+    assert TM % 128 == 0 and CONSUMERS % CH == 0 and TN % RPI == 0
+
+    @cuda.jit(device=True, inline="always")
+    def store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid):
+        bar_sync(1, CONSUMERS)
+        for i in range(MI):
+            for h in range(2):
+                at = (rl + i * 64 + h * 8) * S + cl
+                for j in range(NJ):
+                    c = (i * NJ + j) * 4 + 2 * h
+                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
+        bar_sync(1, CONSUMERS)
+        cq = (tid % CH) * 8
+        col = m0 // 2 + cq
+        words = od // 4
+        for p in range(TN // RPI):
+            r = tid // CH + p * RPI
+            rowi = n0 + r
+            if rowi < nt and col < od // 2:
+                g0, g1, g2, g3 = ld_shared_v4_f32(cs, r * S + cq)
+                g4, g5, g6, g7 = ld_shared_v4_f32(cs, r * S + cq + 4)
+                u0, u1, u2, u3 = ld_shared_v4_f32(cs, r * S + HALF + cq)
+                u4, u5, u6, u7 = ld_shared_v4_f32(cs, r * S + HALF + cq + 4)
+                st_global_v4_u32(out, rowi * words + col // 2,
+                                 f16x2_bits(silu_mul(g0, u0), silu_mul(g1, u1)),
+                                 f16x2_bits(silu_mul(g2, u2), silu_mul(g3, u3)),
+                                 f16x2_bits(silu_mul(g4, u4), silu_mul(g5, u5)),
+                                 f16x2_bits(silu_mul(g6, u6), silu_mul(g7, u7)))
+
+    return store_glu
+
+
+def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool, GLU: bool = False):
     """``epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)``: the end of a
     warp-specialized consumer thread (`kernels.gemm_tma`, `kernels.gemm_fused`; ``tid`` < CONSUMERS): wait for its
     last wgmma batch, then store its MT64 x N / 8 m16n8 C fragments (warpgroup tile at row ``row0``, column
     ``col0``) to ``out``, or to the split-K target ``parts`` when the block's k range is one of ``nsl`` > 1 slices:
     with STAGED through the f32 C tile over the ring in the kernel's dynamic shared memory (`c_tile_store`), else
-    straight from the fragments (`c_fragment_store`)."""
+    straight from the fragments (`c_fragment_store`). GLU (with STAGED): ``out`` is the f16 activation as flat
+    uint32 words and an unsplit tile leaves as ``silu(gate) * up`` (`c_tile_store_glu`); split slices as f32."""
     store_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = c_fragment_store(MT64, N // 8, 64)
+    if GLU:
+        assert STAGED
+        store_glu = c_tile_store_glu(MT64, N // 8, TN, TM, CONSUMERS)
+
+        @cuda.jit(device=True, inline="always")
+        def epilogue_glu(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):
+            wgmma_wait_group(0)
+            lane = tid & 31
+            rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
+            cl = col0 + (lane & 3) * 2
+            if nsl > 1:
+                store_tile(cuda.shared.array(0, float32), parts, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
+            else:
+                store_glu(cuda.shared.array(0, float32), out, acc, rl, cl, n0, m0, nt, od, tid)
+
+        return epilogue_glu
 
     @cuda.jit(device=True, inline="always")
     def epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):

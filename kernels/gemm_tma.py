@@ -39,6 +39,10 @@ def make_kernel(g: Geometry):
     * Split-K plans as the cp.async path (`split_work`): a block's k range is its slice's.
     * Epilogue: EPI=staged, `c_tile_store` (C through an f32 tile over the ring, 16-byte row stores; the barriers
       sit after max(ring, C tile)); EPI=direct, `c_fragment_store`.
+    * ``g.glu`` (`kernels.gemm_f16.gemm_f16_glu`): B is a gate|up weight [od, id] (gate rows first) and tile m0 of
+      the od / TM tiles loads gate rows m0 / 2 .. and up rows od / 2 + m0 / 2 .. as its two TM / 2-row halves (two
+      boxes of a TM / 2-row tensor map, the same bytes a slot), so its C tile pairs every gate column with its up
+      column; an unsplit tile leaves as the f16 ``silu(gate) * up`` (`gemm_tiles.c_tile_store_glu`).
 
     Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
     warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
@@ -60,7 +64,9 @@ def make_kernel(g: Geometry):
     K16 = KS // 16
     M64_B = 64 * ROWB
     block_work = tiles.split_work(TN, TM, GROUP)
-    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED)
+    GLU = g.glu
+    HALF_E = TM // 2 * KS  # GLU: the up box's element offset in the B tile
+    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
@@ -89,7 +95,14 @@ def make_kernel(g: Geometry):
                     mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
                     k0 = (kt0 + i) * KS
                     cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars, FULL0 + s)
+                    if GLU:  # gate rows m0 / 2 .. and up rows od / 2 + m0 / 2 .. as the tile's two halves
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0 // 2, bars,
+                                                    FULL0 + s)
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS + HALF_E, bmap, 0, k0,
+                                                    od // 2 + m0 // 2, bars, FULL0 + s)
+                    else:
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars,
+                                                    FULL0 + s)
                     s += 1
                     if s == STAGES:
                         s = 0

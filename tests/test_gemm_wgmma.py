@@ -372,3 +372,110 @@ def test_wgmma_gpu_matches_torch(config, shape):
         loop = "pipe" if config.get("STAGES", G.DEFAULT["STAGES"]) >= 3 else "addr32"
         G.gemm_f16(cuda.to_device(a), cuda.to_device(b), ref, config=dict(config, STAGING="cp_async", LOOP=loop))
         assert np.array_equal(ref.copy_to_host(), got)
+
+
+# ---- gemm_f16_glu: the gate/up product with the SwiGLU in its epilogue ---------------------------------------
+
+
+def _glu_case(config, nt, ffn, id_, seed, partials=False):
+    """(fused act, gemm_f16 + swiglu act, float64 silu(g) * u) for random f16 a [nt, id] and gate|up b [2 ffn, id];
+    both outputs (and the split partials) poisoned with NaN first."""
+    from kernels.activation import swiglu
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = (rng.standard_normal((2 * ffn, id_)) * 0.5).astype(np.float16)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    extra = {}
+    if partials:
+        extra["partials"] = cuda.to_device(np.full(G.partials_elements(config, nt, 2 * ffn, id_), np.nan, np.float32))
+    act = cuda.to_device(np.full((nt, ffn), np.nan, np.float16))
+    G.gemm_f16_glu(da, db, act, config=config, **extra)
+    c = cuda.to_device(np.full((nt, 2 * ffn), np.nan, np.float32))
+    G.gemm_f16(da, db, c, config=config, **extra)
+    unfused = swiglu(c).copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    g, u = ref[:, :ffn], ref[:, ffn:]
+    return act.copy_to_host(), unfused, g / (1.0 + np.exp(-g)) * u
+
+
+GLU_CASES = [
+    ("128x64, 3 stages, nt tail, 3 tiles", dict(TMA, TM=128, TN=64, STAGES=3, AUTOTILE=0, SPLITK=1), (33, 192, 128)),
+    ("256x128 default tile, 2 tiles", dict(TMA, AUTOTILE=0, SPLITK=1), (20, 256, 64)),
+    ("every tile in 3 k slices", dict(TMA, TM=128, TN=64, STAGES=3, AUTOTILE=0, SPLITK=3), (33, 128, 640)),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,shape", [c[1:] for c in GLU_CASES], ids=[c[0] for c in GLU_CASES])
+def test_gemm_glu_simulator_is_gemm_and_swiglu_bit_for_bit(config, shape):
+    """Each tile's two boxes (gate rows, the same up rows) and the SwiGLU epilogue give exactly `gemm_f16` +
+    `swiglu` (the same C values, the same f32 expression, the same rounding to f16), every element written, and
+    float64's silu(g) * u within f16 rounding."""
+    fused, unfused, ref = _glu_case(config, *shape, seed=11, partials=config["SPLITK"] > 1)
+    assert not np.isnan(fused).any(), "some activations were never written"
+    assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@sim
+def test_gemm_glu_simulator_splits_the_last_wave(monkeypatch):
+    """SPLITK=0 (auto), a 2 x 3 grid on 4 SMs: the first wave's tiles leave through the SwiGLU epilogue, the last
+    wave's two in 2 k slices through compact partials and the GLU tile sum; the same bits as gemm_f16 + swiglu."""
+    from kernels.gemm_f16_config import SplitPlan
+
+    monkeypatch.setattr(G, "device_sms", lambda: 4)
+    monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
+    config = dict(TMA, TM=128, TN=64, STAGES=3, AUTOTILE=0, SPLITK=0)
+    assert G.split_plan(config, 70, 384, 256) == SplitPlan(4, 2)
+    fused, unfused, ref = _glu_case(config, 70, 192, 256, seed=12, partials=True)
+    assert not np.isnan(fused).any()
+    assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_gemm_glu_refusals():
+    """One line each, before any launch: a kernel without the staged TMA epilogue or with 64-wide tiles, 2 ffn not
+    a multiple of TM, an out of the wrong dtype or shape."""
+    a = cuda.to_device(np.zeros((8, 64), np.float16))
+    b = cuda.to_device(np.zeros((256, 64), np.float16))
+    for config, match in ((dict(TMA, EPI="direct"), "needs STAGING=tma, EPI=staged and TM=128 or 256"),
+                          (dict(G.DEFAULT, STAGING="cp_async"), "needs STAGING=tma"),
+                          (dict(TMA, TM=64, TN=64), "got STAGING=tma, EPI=staged, TM=64")):
+        with pytest.raises(KernelConstraintError, match=match):
+            G.gemm_f16_glu(a, b, config=config)
+    with pytest.raises(KernelConstraintError, match=r"b has 384 rows \(2 x ffn\), not a multiple of TM=256"):
+        G.gemm_f16_glu(a, cuda.to_device(np.zeros((384, 64), np.float16)), config=dict(TMA, AUTOTILE=0))
+    for out in (np.zeros((8, 128), np.float32), np.zeros((8, 64), np.float16)):
+        with pytest.raises(KernelConstraintError, match=r"out must be a C-contiguous float16 \[8, 128\]"):
+            G.gemm_f16_glu(a, b, cuda.to_device(out), config=dict(TMA, TM=128, TN=64, STAGES=3))
+
+
+@pytest.mark.compile
+def test_glu_ptx():
+    """The GLU kernel: two box copies a k tile, the staged tile read back in 16-byte pieces, the SwiGLU's exp, f16
+    pairs packed by cvt.rn.f16x2 and stored 16 bytes at a time; nothing in local memory, no spill."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = G.kernel_ptx(TMA, glu=True)
+    assert ptx.count("cp.async.bulk.tensor.2d") >= 3  # the A box and the gate and up boxes
+    for needle in ("ld.shared.v4.f32", "cvt.rn.f16x2.f32", "st.global.v4.u32", "ex2.approx", "barrier.sync.aligned"):
+        assert needle in ptx, needle
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    res = ptxas_resources(ptx)
+    assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(TMA, SPLITK=3), dict(TMA, TM=128, TN=64, STAGES=2)],
+                         ids=["default", "split3", "128x64"])
+@pytest.mark.parametrize("shape", [(2048, 18944, 3584), (128, 18944, 3584), (33, 128, 256)], ids=str)
+def test_gemm_glu_gpu_is_gemm_and_swiglu_bit_for_bit(config, shape):
+    """Qwen2-7B's gate/up at nt 2048 and 128 (AUTOTILE and the auto split at work) and a tail shape: the fused
+    activation equals gemm_f16 + swiglu bit for bit on the H200 (each C value does not depend on its column's place
+    in the tile), and float64 within f16 rounding."""
+    nt, ffn, id_ = shape
+    fused, unfused, ref = _glu_case(config, nt, ffn, id_, seed=13, partials=True)
+    assert not np.isnan(fused).any()
+    assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
