@@ -26,6 +26,15 @@ def numpy_gemm_split(a, b, out=None, *, config=None, stream=0, partials=None):
     return cuda.to_device(np.concatenate([p.reshape(-1) for p in parts]).astype(np.float32)), 2
 
 
+def numpy_gemm_glu(a, b, out=None, *, config=None, stream=0, partials=None):
+    """Stand-in for gemm_f16_glu in the simulator session: the numpy product of `numpy_gemm`, then silu(g) * u in
+    f32 rounded to f16 (b's rows: gate, then up)."""
+    c = a.copy_to_host().astype(np.float32) @ b.copy_to_host().astype(np.float32).T
+    g, u = np.split(c, 2, axis=1)
+    out.copy_to_device((g / (np.float32(1.0) + np.exp(-g)) * u).astype(np.float16))
+    return out
+
+
 def gguf_dequantize(raw, qtype, od, id, out=None, stream=0, tpb=None):
     """Stand-in for `kernels.quant.dequantize` in the simulator session: gguf's own dequantization, rounded to f16
     (what the kernel is tested to equal element for element), written into ``out``'s rows."""
@@ -63,6 +72,7 @@ def use_standins(monkeypatch) -> None:
     monkeypatch.setattr(kernels.quant, "dequantize", gguf_dequantize)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_split", numpy_gemm_split)
+    monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_glu", numpy_gemm_glu)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
 
 

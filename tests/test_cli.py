@@ -120,7 +120,7 @@ def test_without_w_the_arms_knobs_pick_the_workload():
          "arm A cannot run: GRAPHS acts on tg workloads only and tiny_pp16 is a pp workload; pick a tg one with -w "
          "(tg128, tiny_tg8, qwen2-1.5b_tg128, tg128_d4096, tg128_d16384, tiny_tg2_d8)"),
         (["ab", "bench", "-w", "tg128", "--arm", "W16=0", "--arm", "W16=1"], "W16 acts on pp workloads only"),
-        (["bench", "--arm", "GLU=1"], "unknown knob GLU for the engine (did you mean FUSE_GLU?)"),
+        (["bench", "--arm", "GLU=1"], "unknown knob GLU for the engine (did you mean PFUSE_GLU or FUSE_GLU?)"),
         (["bench", "--arm", "fuse_glu=1"], "(did you mean FUSE_GLU?)"),
         (["bench", "-n", "0", "--arm", "DEEP=0"], "no requested test reads: DEEP (tg: needs -n > 0)"),
         (["bench", "-p", "0", "--arm", "W16=0"], "no requested test reads: W16 (pp: needs -p > 0)"),
@@ -131,6 +131,10 @@ def test_without_w_the_arms_knobs_pick_the_workload():
          "arm B cannot run: FUSE_NORM_Q8=1 needs MMVQ=1"),
         (["bench", "--arm", "FUSE_NORM_Q8=1,MMVQ=0"], "FUSE_NORM_Q8=1 needs MMVQ=1"),
         (["bench", "--arm", "FUSE_ATTN_Q8=1,MMVQ=0"], "FUSE_ATTN_Q8=1 needs MMVQ=1"),
+        (["bench", "--arm", "PFUSE_GLU=1,EPI=direct"],
+         "PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
+         "EPI=staged and TM=128 or 256"),
+        (["bench", "-p", "512", "-n", "0", "--arm", "PFUSE_GLU=1,TM=64"], "PFUSE_GLU=1 runs the gate/up product"),
         (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
         (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
         (["calibrate", "gemm_f16", "--arm", "STAGING=cp_async,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),

@@ -33,8 +33,9 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
-                                    {"norm_wide": True, "fuse_add_norm": True}],
-                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1"])
+                                    {"norm_wide": True, "fuse_add_norm": True}, {"fuse_glu": True}],
+                         ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1",
+                              "PFUSE_GLU=1"])
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
@@ -43,7 +44,8 @@ def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     real kernel runs in the `gpu` tests. FUSE_ADD_NORM=1: the residual adds run in `add_rms_norm` (the GEMM stand-in
     hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows; PHEAD=gemv: the logits from the
     quantized output weight's mat-vec (no f16 copy of it); PNORM_WIDE=1: the norms (plain and fused) of this short
-    prompt with `kernels.norm.row_tpb` threads a row."""
+    prompt with `kernels.norm.row_tpb` threads a row; PFUSE_GLU=1: the activation straight from the gate/up product
+    (no f32 product buffer)."""
     use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 
@@ -180,12 +182,13 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}],
-                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1"])
+@pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"fuse_glu": True}],
+                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1"])
 def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
     additions in the same order as the slice sum, residual add and RMSNorm kernels; PFUSE_ROPE_KV=1 stores the same
-    f16 roundings of the same rotations as RoPE + KV append. So the same logits, at a split (7, 65 tokens) and an
+    f16 roundings of the same rotations as RoPE + KV append; PFUSE_GLU=1 the same f16 roundings of the same SwiGLU
+    of the same products (`kernels.gemm_f16.gemm_f16_glu`). So the same logits, at a split (7, 65 tokens) and an
     unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))

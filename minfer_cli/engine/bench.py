@@ -75,6 +75,10 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
                                                "the RoPE kernel; 0 copies them in a separate KV-append kernel (decode's "
                                                "FUSE_ROPE_KV, plus q)")]
+    knobs += [Knob("PFUSE_GLU", (0, 1), 0, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
+                                           "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
+                                           "[nt, 2 ffn] product written and read back); 0 the GEMM's f32 product, "
+                                           "then swiglu")]
     knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly", legacy=0)]
     knobs += [Knob("MMVQ", (0, 1), 1, "decode (tg): 1 quantizes mat-vec inputs to Q8_1 (int8, dp4a) for "
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs", legacy=0)]
@@ -138,6 +142,11 @@ def engine_conflict(config: Config) -> str | None:
         return "FUSE_ATTN_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
     from kernels import gemm_f16_config as table
 
+    if config.get("PFUSE_GLU") and (config.get("STAGING", table.DEFAULT["STAGING"]) != "tma"
+                                    or config.get("EPI", table.DEFAULT["EPI"]) != "staged"
+                                    or config.get("TM", table.DEFAULT["TM"]) % 128):
+        return ("PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
+                "EPI=staged and TM=128 or 256")
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}
@@ -161,7 +170,7 @@ def engine_options(config: Config) -> EngineOptions:
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
-                             norm_wide=bool(config.get("PNORM_WIDE", 1)))
+                             norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
@@ -221,7 +230,8 @@ def _used_bytes() -> int:
 def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth: int = 0) -> int:
     """Device bytes a prefill engine for prompts of up to ``max_tokens`` after ``depth`` cached tokens allocates
     beyond the quantized weights (`minfer_cli.engine.forward.device_bytes`)."""
-    return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm)
+    return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
+                        glu=options.fuse_glu)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -19,6 +19,8 @@ decode's f32-input mat-vec on the quantized weight (gemv: no f16 copy made, ~2.4
 Knob PFUSE_ROPE_KV: RoPE and the KV append as one kernel (`kernels.rope.rope` with kv_cache and q_out), which also
 writes the rotated q as f16 for attention (decode's FUSE_ROPE_KV, plus q). Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
 attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also sums the GEMM's split-K slices.
+Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
+GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`.
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -106,6 +108,9 @@ class PrefillEngine:
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
+        if options.fuse_glu and c.ffn % 128:
+            raise ModelError(f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each 256-column tile of the gate|up "
+                             f"product takes 128 gate rows and the same up rows); use PFUSE_GLU=0")
         self.layers: list[_Layer] = []
         for i in range(c.n_layers):
             b = f"blk.{i}."
@@ -159,7 +164,7 @@ class PrefillEngine:
         self.q16 = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.attn = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
-        self.gu = cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
+        self.gu = None if options.fuse_glu else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16 if options.head == "gemm" else np.float32,
                                       stream=s)
@@ -206,6 +211,12 @@ class PrefillEngine:
         from kernels.gemm_f16 import gemm_f16
 
         gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials)
+
+    def _gemm_glu(self, a, m: _Matrix, out) -> None:
+        from kernels.gemm_f16 import gemm_f16_glu
+
+        gemm_f16_glu(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream,
+                     partials=self.partials)
 
     def _gemm_parts(self, a, m: _Matrix):
         """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
@@ -328,7 +339,8 @@ class PrefillEngine:
         nt = int(ids.shape[0])
         pos = self.positions[start: start + nt]
         x, h, qkv, q16, attn = self.x[:nt], self.h[:nt], self.qkv[:nt], self.q16[:nt], self.attn[:nt]
-        proj, gu, act = self.proj[:nt], self.gu[:nt], self.act[:nt]
+        proj, act = self.proj[:nt], self.act[:nt]
+        gu = None if self.gu is None else self.gu[:nt]
         mark = self._mark
         if self.timeline is not None:
             self.timeline.begin()
@@ -376,8 +388,11 @@ class PrefillEngine:
                 mark("attn_output")
                 rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("ffn_norm")
-            self._gemm(h, layer.gate_up, gu)
-            swiglu(gu, out=act, stream=s)
+            if self.options.fuse_glu:
+                self._gemm_glu(h, layer.gate_up, act)
+            else:
+                self._gemm(h, layer.gate_up, gu)
+                swiglu(gu, out=act, stream=s)
             mark("ffn_gate_up")
             if fuse and following is not None:  # the add and the next layer's attn_norm, in this stage
                 parts, count = self._gemm_parts(act, layer.down)
@@ -427,14 +442,15 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 
 
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
-                 gemm: Optional[dict] = None) -> int:
+                 gemm: Optional[dict] = None, glu: bool = False) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
-    cache, activations, split-K partials for gemm knobs ``gemm``), so that a prompt that cannot fit is refused
-    before anything is allocated."""
+    cache, activations (``glu``: PFUSE_GLU, no f32 gate|up product), split-K partials for gemm knobs ``gemm``), so
+    that a prompt that cannot fit is refused before anything is allocated."""
     shapes = gemm_weight_shapes(c)
     weights = 2 * (sum(od * id for od, id in shapes) if w16 else max(od * id for od, id in shapes))
     kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
-    per_token = 4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + 4 * 2 * c.ffn + 2 * c.ffn
+    per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
+                 + 2 * c.ffn)
     partials = 4 * prefill_partials_capacity(gemm, max_tokens, max(od for od, _ in shapes))
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials
