@@ -270,6 +270,27 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
         assert policy.config(m, True, wide=True) == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1, xres=True), m
 
 
+def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
+    """AHEAD=4 (with PDL): every mat-vec kernel without the ring prefetches its warps' first 4 chunks before its
+    wait (`kernels.gemv.GemvConfig.lookahead`); DEEP's Q6_K ring keeps its own prologue (and its deep launch);
+    PDL=0 has no prologue, so AHEAD is not passed on."""
+    from kernels.gemv import GemvConfig, one_wave_min_blocks
+    from minfer_cli.engine import gemv_policy
+    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, GemvOperand, GemvPolicy
+
+    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
+    policy = GemvPolicy(DecodeOptions(graphs=False, ahead=4))
+    minb = one_wave_min_blocks(896, 132, 4)
+    q4 = policy.config(GemvOperand(None, "Q4_K", 3584, DEEP_COLS), True, wide=True)
+    assert q4 == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, min_blocks=minb, xres=True, lookahead=4)
+    q6 = policy.config(GemvOperand(None, "Q6_K", 3584, DEEP_COLS), True, wide=True)
+    assert q6 == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_DEEP["Q6_K"], pdl=1, min_blocks=minb, xres=True)
+    small = policy.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False)
+    assert small == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=4)
+    plain = GemvPolicy(DecodeOptions(graphs=False, ahead=4, pdl=False))
+    assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False).lookahead == 1
+
+
 def test_decode_refuses_what_does_not_fit(micro_weights):
     from minfer_cli.engine.decode import DecodeEngine
 
@@ -344,6 +365,10 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ATTN_Q8": "1"}, "e")).decode.fuse_attn_q8 is True
     assert knobs["FUSE_ATTN_Q8"].default == 0 and "FUSE_ATTN_Q8" in DECODE_KNOBS
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
+    assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
+    assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
+    assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
+        "AHEAD=2 is the prefetch before PDL's wait")
     default = engine_options(resolve_config(engine_knobs(), {}, "e")).decode
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
@@ -796,9 +821,10 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"fuse_qkv": True},
                                   {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False},
-                                  {"fuse_rope_kv": True}, {"fuse_attn_q8": True}, {"fuse_attn_q8": True, "xres": False}],
+                                  {"fuse_rope_kv": True}, {"fuse_attn_q8": True}, {"fuse_attn_q8": True, "xres": False},
+                                  {"ahead": 4}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "FUSE_QKV=1", "FUSE_QKV=1,FUSE_ADD=0",
-                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=1", "FUSE_ATTN_Q8=1,XRES=0"])
+                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=1", "FUSE_ATTN_Q8=1,XRES=0", "AHEAD=4"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
     FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks), FUSE_ROPE_KV=1 (RoPE writes the cache rows) and FUSE_ATTN_Q8=1
@@ -806,7 +832,8 @@ def test_fusion_knobs_give_bit_identical_logits(knob):
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
-    sums split alike): logits and tokens bit-identical over 8 graph-replayed steps."""
+    sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait: logits and
+    tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 

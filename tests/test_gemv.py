@@ -54,7 +54,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, stage=0, min_blocks=0,
-         fold=0, pdl=0, stream=0, xres=False):
+         fold=0, pdl=0, stream=0, xres=False, lookahead=1):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first (``xres``: compensated) and the reference is
     `experiments.gemv.reference_mmvq`."""
@@ -69,7 +69,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id, compensated=xres)) if mmvq else cuda.to_device(x)
     config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks, fold=fold,
-                        pdl=pdl, mmvq=mmvq, residual=residual is not None, xres=xres)
+                        pdl=pdl, mmvq=mmvq, residual=residual is not None, xres=xres, lookahead=lookahead)
     got = gemv_q(dev, name, od, id, xd, out, config=config, residual=res, stream=stream)
     assert got is out
     ref = reference_mmvq(raw, name, od, id, x, compensated=xres) if mmvq else _reference(raw, name, od, id, x)
@@ -118,6 +118,49 @@ def test_every_type_against_float64(name, rpb, wpr):
 @pytest.mark.parametrize("wpr", [1, 4])
 def test_knobs_do_not_change_the_result(rpb, wpr):
     _assert_close(*_run("Q4_K", 5, 1024, rpb=rpb, wpr=wpr))
+
+
+@pytest.mark.parametrize("name, od, id, rpb, wpr, mmvq, ahead", [
+    ("Q4_K", 5, 8192, 2, 1, True, 4), ("Q6_K", 3, 8192, 4, 2, False, 2), ("Q8_0", 3, 1696, 8, 1, True, 8)])
+def test_ahead_prefetches_each_warps_first_chunks_and_changes_no_number(monkeypatch, name, od, id, rpb, wpr, mmvq,
+                                                                        ahead):
+    """AHEAD (PDL=1, no ring): before its wait each warp asks L2 for its first AHEAD chunks of every row (chunks
+    warp, warp + WPR, ...): the 128-byte lines asked for cover chunks 0 .. AHEAD * WPR - 1 of every row (all of a
+    row that has fewer), every offset inside W; the numbers bit for bit those of AHEAD=1 and of PDL=0."""
+    from kernels.gemv import _IMPLS, codegen, launch
+
+    fmt = FORMATS[name]
+    asked = []
+    real = codegen.prefetch_l2
+
+    def recording(array, byte_offset):
+        real(array, byte_offset)
+        asked.append(int(byte_offset))
+
+    monkeypatch.setattr(codegen, "prefetch_l2", recording)
+    monkeypatch.setattr(launch, "_CACHE", {})
+    seed = int(np.random.default_rng().integers(2**63))
+    stream = cuda.stream()
+    runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, pdl=p, lookahead=a, stream=stream,
+                 rng=np.random.default_rng(seed)) for p, a in ((1, ahead), (1, 1), (0, 1))]
+    _assert_close(*runs[0])
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][0], runs[2][0])
+    row_bytes = fmt.row_bytes(id)
+    chunk = 32 // _IMPLS[name][2] * fmt.type_size
+    end = min(ahead * wpr * chunk, row_bytes)
+    need = {(r * row_bytes + b) // 128 for r in range(od) for b in range(end)}
+    assert not need - {a // 128 for a in asked}, "lines of the first AHEAD chunks were never prefetched"
+    assert end < row_bytes or ahead == 8, "the case should leave chunks unprefetched"
+
+
+def test_ahead_needs_pdl_and_no_ring():
+    for kw in ({"pdl": 0}, {"pdl": 1, "stage": 2}):
+        with pytest.raises(KernelConstraintError, match="lookahead=2 is PDL's prefetch before the wait"):
+            GemvConfig("Q6_K", lookahead=2, **kw)
+    with pytest.raises(KernelConstraintError, match="lookahead=3 is not supported; allowed: 1, 2, 4, 8"):
+        GemvConfig("Q4_K", pdl=1, lookahead=3)
+    assert GemvConfig.from_knobs({"TYPE": "Q4_K", "PDL": 1, "AHEAD": 4}).lookahead == 4
 
 
 @pytest.mark.parametrize("name, rpb, wpr, mmvq, stage", [("Q4_K", 4, 4, True, 0), ("Q6_K", 2, 2, True, 2),

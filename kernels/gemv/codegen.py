@@ -191,7 +191,8 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
-             f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}")
+             f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}"
+             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}")
     xargs = ("xq, xd, xsum, xr" if xres else "xq, xd, xsum") if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -199,7 +200,9 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     if stage:
         loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl)
     else:
-        first = _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, "warp") + ["    griddepcontrol_wait()"]
+        first = [line for j in range(config.lookahead)
+                 for line in _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, f"warp + {j * wpr}")]
+        first += ["    griddepcontrol_wait()"]
         loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr}):",
                           _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     src = _KERNEL_TEMPLATE.format(

@@ -27,6 +27,7 @@ WPR_VALUES = (1, 2, 4, 8)
 STAGE_VALUES = (0, 2, 3, 4)
 FOLD_VALUES = (0, 1)
 PDL_VALUES = (0, 1)
+AHEAD_VALUES = (1, 2, 4, 8)
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 STAGE_SMEM_LIMIT = 48 * 1024
 """Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
@@ -91,6 +92,13 @@ class GemvConfig:
     that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
     L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
     other than 0, hence 0 by default here (the decode engine launches with 1)."""
+    lookahead: int = _knob("AHEAD", AHEAD_VALUES, "PDL=1 without STAGE: each warp's first AHEAD chunks prefetched "
+                           "into L2 before the wait for the previous kernel (1: the first chunk)", 1)
+    """With PDL=1 and no ring: before `kernels.ptx.griddepcontrol_wait` each warp prefetches into L2 the chunks
+    its loop takes first, AHEAD of them (chunks warp, warp + WPR, ...: `_lookahead` each), so that while the
+    previous kernel finishes (a decode step's kernels are short and wait on each other) the memory system already
+    streams this one's weights. 1 by default (one chunk, the original PDL prologue); a CUDA block whose rows
+    span fewer chunks prefetches those."""
     glu: bool = _knob("GLU", (0, 1), "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's "
                       "FUSE_GLU)", False)
     """The two-weight SwiGLU kernel of `gemv_glu` (gate and up of one format and shape; no residual)."""
@@ -143,6 +151,10 @@ class GemvConfig:
             if not self.mmvq:
                 return ("fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), "
                         "not f32 x")
+        if self.lookahead > 1 and (not self.pdl or self.stage):
+            return (f"lookahead={self.lookahead} is PDL's prefetch before the wait (pdl=1) of a kernel without the ring "
+                    f"(stage=0; the ring starts its own copies there): got pdl={self.pdl}, stage={self.stage}; use "
+                    f"lookahead=1")
         if self.xres and not self.mmvq:
             return "xres=1 is a form of the Q8_1 x of the MMVQ kernel: it needs mmvq=1 (f32 x has no int8 rounding)"
         return None

@@ -38,7 +38,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV",
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
                 "FUSE_ATTN_Q8", "DEEP", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
@@ -107,6 +107,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
                                      "its output (the default: it shortens the step); 0 ordinary launches", legacy=0)]
+    knobs += [Knob("AHEAD", (1, 2, 4, 8), 1, "decode (tg, PDL=1): chunks of weight each mat-vec warp prefetches into "
+                                            "L2 before it waits for the previous kernel (kernels.gemv lookahead), "
+                                            "so the next mat-vec's weights stream while the current kernel ends; 1 "
+                                            "the first chunk. The Q6_K ring (DEEP) keeps its own")]
     knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 64, "decode (tg): decode-attention blocks per KV head along the "
                                                     "cache (4 warp partitions each; 64 the default: it tied 128 at "
                                                     "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
@@ -140,6 +144,8 @@ def engine_conflict(config: Config) -> str | None:
         return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
     if config.get("FUSE_ATTN_Q8") and not config.get("MMVQ"):
         return "FUSE_ATTN_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
+    if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
+        return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
     from kernels import gemm_f16_config as table
 
     if config.get("PFUSE_GLU") and (config.get("STAGING", table.DEFAULT["STAGING"]) != "tma"
@@ -177,7 +183,8 @@ def engine_options(config: Config) -> EngineOptions:
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 0)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
-                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)))
+                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 
 

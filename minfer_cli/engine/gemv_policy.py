@@ -48,7 +48,9 @@ def sm_count() -> int:
 
 class GemvPolicy:
     """The decode options' mat-vec choices. ``options``: mmvq (Q8_1 input for `kernels.gemv.MMVQ_TYPES`), xres
-    (compensated Q8_1), deep (`GEMV_MMVQ_DEEP` for long rows), pdl (every kernel a programmatic dependent launch).
+    (compensated Q8_1), deep (`GEMV_MMVQ_DEEP` for long rows), pdl (every kernel a programmatic dependent launch),
+    ahead (with pdl: chunks each warp prefetches into L2 before its wait, `kernels.gemv.GemvConfig.lookahead`; the
+    ring's launches keep their own prologue).
     rows_per_block / warps_per_row: override every shape's (None: the table's)."""
 
     def __init__(self, options: DecodeOptions, rows_per_block: Optional[int] = None,
@@ -56,6 +58,8 @@ class GemvPolicy:
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
         override["pdl"] = int(options.pdl)
+        if options.pdl and options.ahead > 1:
+            override["lookahead"] = int(options.ahead)
         self.options, self.override = options, override
         self._f32 = {**GEMV_F32, **override}
         self._mmvq = {**GEMV_MMVQ, **override}
@@ -78,6 +82,8 @@ class GemvPolicy:
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self.override}
+                if launch.get("stage"):  # the ring prefetches its own first chunks (AHEAD is the ring-less prologue's)
+                    launch.pop("lookahead", None)
                 grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, sm_count(), launch["warps_per_row"])
                 try:

@@ -60,8 +60,9 @@ class DecodeOptions:
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
-    (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
-    (`kernels.attention_decode.SPLITS_VALUES`)."""
+    (False). ahead (AHEAD, with pdl): chunks of weight each mat-vec warp prefetches into L2 before it waits for the
+    previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the first). attn_splits (ATTN_SPLITS): decode-attention
+    blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -74,6 +75,7 @@ class DecodeOptions:
     fuse_qkv: bool = False
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = False
+    ahead: int = 1
     attn_splits: int = 64
 
 
