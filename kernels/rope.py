@@ -23,6 +23,9 @@ every kernel that calls them, f32 or f64. The f64 work is per (token, pair), don
 
 One CUDA block per token, threads ``(tx, ty)``: tx walks the pairs, ty the heads (q's then k's); in ``neox``
 mode a warp's loads are 4-byte, consecutive (coalesced), in ``norm`` mode 8-byte pairs at consecutive addresses.
+`rope_angles` computes the same (cos, sin) for every (token, pair) once into device memory, one thread each; a
+`rope` given them (``angles``) reads its token's row instead of filling the shared table (a prefill's layers all
+rotate the same positions).
 
 Source: Su et al. 2021, "RoFormer" (arXiv:2104.09864); llama.cpp ``ggml/src/ggml-cuda/rope.cu``
 (``rope_norm``/``rope_neox``); fdlibm ``e_rem_pio2.c`` (pio2_1, pio2_1t).
@@ -87,17 +90,39 @@ def _rotate(x, t, h, i0, i1, cs, sn):
 
 
 @cuda.jit(device=True, inline="always")
+def _cos_sin(p, i, base, factors, hd):
+    """(cos, sin) of pair i at position p (f64), rounded to f32: the one angle computation of every RoPE kernel."""
+    theta = p * math.pow(base, float64(-2 * i) / float64(hd)) / float64(factors[i])
+    s64, c64 = sincos_f64(theta)
+    return float32(c64), float32(s64)
+
+
+@cuda.jit(device=True, inline="always")
 def _fill_table(table, p, base, factors, hd):
     """Row ``threadIdx.y == 0`` writes each pair's (cos, sin) at position p (f64) into the shared ``table``."""
     if cuda.threadIdx.y == 0:
         i = cuda.threadIdx.x
         while i < (hd >> 1):
-            theta = p * math.pow(base, float64(-2 * i) / float64(hd)) / float64(factors[i])
-            s64, c64 = sincos_f64(theta)
-            table[i, 0] = float32(c64)
-            table[i, 1] = float32(s64)
+            c, sn = _cos_sin(p, i, base, factors, hd)
+            table[i, 0] = c
+            table[i, 1] = sn
             i += cuda.blockDim.x
     cuda.syncthreads()
+
+
+@kernel
+def _angles(pos, base, factors, hd, out):
+    """out[t, i] = (cos, sin) of pair i at position pos[t] (`_cos_sin`); one thread a (token, pair), grid-stride."""
+    half = hd >> 1
+    n = pos.shape[0] * half
+    j = cuda.grid(1)
+    while j < n:
+        t = j // half
+        i = j - t * half
+        c, sn = _cos_sin(float64(pos[t]), i, base, factors, hd)
+        out[t, i, 0] = c
+        out[t, i, 1] = sn
+        j += cuda.gridsize(1)
 
 
 @cuda.jit(device=True, inline="always")
@@ -150,16 +175,31 @@ def _rope(q, k, pos, base, factors, interleaved):
     _rotate_token(q, k, t, table, interleaved, None, 0, None)
 
 
+@kernel
+def _rope_tab(q, k, angles, interleaved):
+    """`_rope` with every token's (cos, sin) read from ``angles`` (f32 [nt, hd/2, 2], `rope_angles`)."""
+    pdl_enter()
+    t = cuda.blockIdx.x
+    _rotate_token(q, k, t, angles[t], interleaved, None, 0, None)
+
+
 @cuda.jit(device=True, inline="always")
 def _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
     """Token blockIdx.x: its (cos, sin) table, the rotation (with the cache and q_out stores of `_rotate_token`),
     then its v rounded to f16 into v_cache row pos[t]."""
     t = cuda.blockIdx.x
+    table = cuda.shared.array((MAX_PAIRS, 2), float32)
+    _fill_table(table, float64(pos[t]), base, factors, q.shape[2])
+    _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out)
+
+
+@cuda.jit(device=True, inline="always")
+def _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out):
+    """Token t's rotation by ``table`` (its [hd/2, 2] (cos, sin)) with the cache and q_out stores of
+    `_rotate_token`, then its v rounded to f16 into v_cache row pos[t]."""
     nkv = k.shape[1]
     hd = q.shape[2]
     row = pos[t]
-    table = cuda.shared.array((MAX_PAIRS, 2), float32)
-    _fill_table(table, float64(row), base, factors, hd)
     _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out)
     j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     while j < nkv * hd:
@@ -182,6 +222,47 @@ def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q
     everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV)."""
     pdl_enter()
     _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out)
+
+
+@kernel
+def _rope_append_q_tab(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out):
+    """`_rope_append_q` with every token's (cos, sin) read from ``angles`` (`rope_angles`)."""
+    pdl_enter()
+    t = cuda.blockIdx.x
+    _append_rotated(q, k, v, pos, t, angles[t], interleaved, k_cache, v_cache, q_out)
+
+
+def rope_angles(pos, base: float, head_dim: int, factors=None, out=None, stream=0):
+    """Enqueue the (cos, sin) of every (token, pair) of ``pos`` and return them: f32 ``[nt, head_dim/2, 2]``, the
+    values `rope` computes inside its kernels (the same float64 angle, `sincos_f64`, rounded to f32), so a `rope`
+    given them as ``angles`` rotates bit for bit as without. A prefill computes them once for all its layers (every
+    layer rotates the same positions; knob PROPE_ANGLES) instead of once per layer and token block.
+
+    pos: contiguous int32 device array [nt] (0 <= pos < 1.6e6); base, factors: as `rope`; out: optional C-contiguous
+    f32 device array [nt, head_dim/2, 2] (allocated when None). Raises KernelConstraintError for what `rope` refuses
+    in these arguments, or a wrong out.
+    """
+    if not devicearray.is_cuda_ndarray(pos) or pos.dtype != np.int32 or pos.ndim != 1 or not pos.is_c_contiguous():
+        raise KernelConstraintError(f"pos must be a contiguous int32 device array [nt], got "
+                                    f"{getattr(pos, 'dtype', type(pos).__name__)} {tuple(getattr(pos, 'shape', ()))}")
+    hd = int(head_dim)
+    if hd < 2 or hd % 2 or hd > MAX_HEAD_DIM:
+        raise KernelConstraintError(f"head_dim={hd} must be even and between 2 and {MAX_HEAD_DIM}")
+    if not (isinstance(base, (int, float, np.floating)) and math.isfinite(base) and base > 0):
+        raise KernelConstraintError(f"base must be a positive finite number, got {base!r}")
+    factors = _check_factors(factors, hd)
+    nt = pos.shape[0]
+    if out is None:
+        out = cuda.device_array((nt, hd // 2, 2), dtype=np.float32, stream=stream)
+    elif not (devicearray.is_cuda_ndarray(out) and out.dtype == np.float32 and tuple(out.shape) == (nt, hd // 2, 2)
+              and out.is_c_contiguous()):
+        raise KernelConstraintError(f"out must be a C-contiguous float32 [{nt}, {hd // 2}, 2] device array, got "
+                                    f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    n = nt * (hd // 2)
+    if n:
+        launch_kernel(_angles, min(-(-n // 256), 1024), 256, stream, (pos, np.float64(base), factors, hd, out),
+                      pdl=False)
+    return out
 
 
 def block_shape(head_dim: int, n_heads_total: int) -> tuple[int, int]:
@@ -215,7 +296,7 @@ def _unit_factors(pairs: int):
 
 
 def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None, kv_cache=None,
-         q_out=None) -> None:
+         q_out=None, angles=None) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -234,6 +315,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     `kernels.kv_cache.kv_append` copies after a separate rope (decode's FUSE_ROPE_KV: one launch fewer a layer).
     q_out (with kv_cache): None, or a C-contiguous f16 device array ``[nt, n_heads * head_dim]`` that also gets each
     token's rotated q rounded to f16, kv_append's q_out (prefill's PFUSE_ROPE_KV: rope and kv_append in one launch).
+    angles: None, or `rope_angles` of these positions (f32 [nt, head_dim/2, 2]): the kernel reads each token's (cos,
+    sin) instead of computing them (bit-identical; with kv_cache only together with q_out).
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
     Not supported, and refused by name when a file is loaded: YaRN/linear scaling, partial rotation
@@ -264,13 +347,15 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         raise KernelConstraintError(f"base must be a positive finite number, got {base!r}")
     if mode not in MODES:
         raise KernelConstraintError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
-    if factors is None:
-        factors = _unit_factors(hd // 2)
-    elif not (devicearray.is_cuda_ndarray(factors) and factors.dtype == np.float32
-              and tuple(factors.shape) == (hd // 2,) and factors.is_c_contiguous()):
-        raise KernelConstraintError(f"factors must be a contiguous float32 device array of shape ({hd // 2},) "
-                                    f"(one per pair), got {getattr(factors, 'dtype', type(factors).__name__)} "
-                                    f"{tuple(getattr(factors, 'shape', ()))}")
+    factors = _check_factors(factors, hd)
+    if angles is not None and not (devicearray.is_cuda_ndarray(angles) and angles.dtype == np.float32
+                                   and tuple(angles.shape) == (nt, hd // 2, 2) and angles.is_c_contiguous()):
+        raise KernelConstraintError(f"angles must be a C-contiguous float32 [{nt}, {hd // 2}, 2] device array "
+                                    f"(rope_angles), got {getattr(angles, 'dtype', type(angles).__name__)} "
+                                    f"{tuple(getattr(angles, 'shape', ()))}")
+    if angles is not None and kv_cache is not None and q_out is None:
+        raise KernelConstraintError("angles serve rope alone or with kv_cache and q_out (the prefill's kernels); "
+                                    "pass q_out, or no angles")
     if kv_cache is not None:
         _check_kv_cache(k, kv_cache)
     if q_out is not None:
@@ -284,6 +369,15 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
                                         f"{tuple(getattr(q_out, 'shape', ()))}")
     if nt == 0 or nh + k.shape[1] == 0:
         return
+    if angles is not None:
+        shape = block_shape(hd, nh + k.shape[1])
+        if kv_cache is None:
+            launch_kernel(_rope_tab, nt, shape, stream, (q, k, angles, mode == "norm"), pdl=pdl)
+        else:
+            v, k_cache, v_cache = kv_cache
+            launch_kernel(_rope_append_q_tab, nt, shape, stream,
+                          (q, k, v, pos, angles, mode == "norm", k_cache, v_cache, q_out), pdl=pdl)
+        return
     args = (q, k, pos, np.float64(base), factors, mode == "norm")
     if kv_cache is None:
         launch_kernel(_rope, nt, block_shape(hd, nh + k.shape[1]), stream, args, pdl=pdl)
@@ -294,6 +388,18 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
             launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream, fused, pdl=pdl)
         else:
             launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out,), pdl=pdl)
+
+
+def _check_factors(factors, hd: int):
+    """``factors`` (a contiguous f32 device array [hd/2]) or, for None, ones; KernelConstraintError otherwise."""
+    if factors is None:
+        return _unit_factors(hd // 2)
+    if not (devicearray.is_cuda_ndarray(factors) and factors.dtype == np.float32
+            and tuple(factors.shape) == (hd // 2,) and factors.is_c_contiguous()):
+        raise KernelConstraintError(f"factors must be a contiguous float32 device array of shape ({hd // 2},) "
+                                    f"(one per pair), got {getattr(factors, 'dtype', type(factors).__name__)} "
+                                    f"{tuple(getattr(factors, 'shape', ()))}")
+    return factors
 
 
 def _check_kv_cache(k, kv_cache) -> None:

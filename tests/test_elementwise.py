@@ -217,6 +217,45 @@ def test_rope_divides_each_pairs_frequency_by_its_factor(mode):
     assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode)) > 0.1
 
 
+@pytest.mark.parametrize("mode", ["neox", "norm"])
+def test_rope_angles_computed_once_rotate_bit_for_bit_as_the_kernels_own(mode):
+    """`rope_angles` (PROPE_ANGLES) writes the (cos, sin) `rope` computes per block: against float64 within f32
+    rounding at large positions, and a `rope` given them rotates q and k bit for bit as without, alone (large
+    positions) and writing the f16 cache rows and q16 (scattered small positions); frequency factors, hd = 10."""
+    from kernels.rope import rope_angles
+
+    rng = _rng()
+    nh, nkv, hd = 3, 1, 10
+    factors = cuda.to_device(rng.uniform(0.5, 8.0, hd // 2).astype(np.float32))
+    for positions, kv in ((POSITIONS, False), (rng.permutation(16)[:5].astype(np.int32), True)):
+        nt = len(positions)
+        dpos = cuda.to_device(positions)
+        angles = rope_angles(dpos, 5e5, hd, factors=factors,
+                             out=cuda.to_device(np.full((nt, hd // 2, 2), np.nan, np.float32)))
+        theta = (positions[:, None].astype(np.float64) * 5e5 ** (-2 * np.arange(hd // 2) / hd)
+                 / factors.copy_to_host())
+        got = angles.copy_to_host()
+        assert np.abs(got[..., 0] - np.cos(theta)).max() < 1e-6 and np.abs(got[..., 1] - np.sin(theta)).max() < 1e-6
+        qkv = rng.standard_normal((nt, (nh + 2 * nkv) * hd)).astype(np.float32)
+        runs = []
+        for given in (None, angles):
+            d3 = cuda.to_device(qkv).reshape(nt, nh + 2 * nkv, hd)
+            kc, vc = (cuda.to_device(np.full((16, nkv * hd), np.nan, np.float16)) for _ in range(2))
+            q16 = cuda.to_device(np.full((nt, nh * hd), np.nan, np.float16))
+            cache = dict(kv_cache=(d3[:, nh + nkv:], kc, vc), q_out=q16) if kv else {}
+            rope(d3[:, :nh], d3[:, nh: nh + nkv], dpos, 5e5, mode, factors=factors, angles=given, **cache)
+            runs.append([x.copy_to_host() for x in (d3, kc, vc, q16)])
+        for x, y in zip(*runs):
+            np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+    views = (d3[:, :nh], d3[:, nh: nh + nkv])
+    with pytest.raises(KernelConstraintError, match=r"angles must be a C-contiguous float32 \[5, 5, 2\]"):
+        rope(*views, dpos, 5e5, mode, angles=cuda.to_device(np.zeros((5, 4, 2), np.float32)))
+    with pytest.raises(KernelConstraintError, match="angles serve rope alone or with kv_cache and q_out"):
+        rope(*views, dpos, 5e5, mode, kv_cache=(d3[:, nh + nkv:], kc, vc), angles=angles)
+    with pytest.raises(KernelConstraintError, match=r"out must be a C-contiguous float32 \[5, 5, 2\]"):
+        rope_angles(dpos, 5e5, hd, out=cuda.to_device(np.zeros((5, 5), np.float32)))
+
+
 def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
     rng = _rng()
     nt, nh, nkv, hd = 3, 2, 1, 8
@@ -482,6 +521,11 @@ def _compile_cases():
         "rope kv append q16": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
                                                         "int32[::1], float64, float32[::1], boolean, float16[:, ::1], "
                                                         "float16[:, ::1], float16[:, ::1]"),
+        "rope angles": (rope_mod._angles, "int32[::1], float64, float32[::1], int64, float32[:, :, ::1]"),
+        "rope angles given": (rope_mod._rope_tab, "float32[:, :, :], float32[:, :, :], float32[:, :, ::1], boolean"),
+        "rope kv append q16 angles given": (rope_mod._rope_append_q_tab, "float32[:, :, :], float32[:, :, :], "
+                                            "float32[:, :, :], int32[::1], float32[:, :, ::1], boolean, "
+                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1]"),
         "add rms_norm": (norm._add_rms_norm, f"{rows}, float32[::1], int64, float32[::1], float16[:, ::1], float32"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
         "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
@@ -500,7 +544,8 @@ def _compile_cases():
 
 COMPILE_NAMES = [
     "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
-    "rope kv append q16", "add rms_norm", "swiglu two arrays",
+    "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
+    "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",
 ]  # fmt: skip

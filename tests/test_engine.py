@@ -33,9 +33,10 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
-                                    {"norm_wide": True, "fuse_add_norm": True}, {"fuse_glu": True}],
+                                    {"norm_wide": True, "fuse_add_norm": True}, {"fuse_glu": True},
+                                    {"rope_angles": True}, {"rope_angles": True, "fuse_rope_kv": True}],
                          ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1",
-                              "PFUSE_GLU=1"])
+                              "PFUSE_GLU=1", "PROPE_ANGLES=1", "PROPE_ANGLES=1,PFUSE_ROPE_KV=1"])
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
@@ -45,7 +46,8 @@ def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     hands it two k slices); PFUSE_ROPE_KV=1: RoPE writes q16 and the cache rows; PHEAD=gemv: the logits from the
     quantized output weight's mat-vec (no f16 copy of it); PNORM_WIDE=1: the norms (plain and fused) of this short
     prompt with `kernels.norm.row_tpb` threads a row; PFUSE_GLU=1: the activation straight from the gate/up product
-    (no f32 product buffer)."""
+    (no f32 product buffer); PROPE_ANGLES=1: the (cos, sin) of the prompt's positions computed once, read by every
+    layer's RoPE (alone, or writing q16 and the cache rows)."""
     use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 
@@ -182,8 +184,9 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"fuse_glu": True}],
-                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1"])
+@pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"fuse_glu": True},
+                                    {"rope_angles": True}],
+                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1", "PROPE_ANGLES=1"])
 def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
     additions in the same order as the slice sum, residual add and RMSNorm kernels; PFUSE_ROPE_KV=1 stores the same

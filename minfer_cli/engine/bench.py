@@ -79,6 +79,9 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
                                            "[nt, 2 ffn] product written and read back); 0 the GEMM's f32 product, "
                                            "then swiglu")]
+    knobs += [Knob("PROPE_ANGLES", (0, 1), 0, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
+                                              "(kernels.rope.rope_angles) for all layers; 0 in every layer's RoPE "
+                                              "kernel (float64 angles per token and pair; the same values either way)")]
     knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly", legacy=0)]
     knobs += [Knob("MMVQ", (0, 1), 1, "decode (tg): 1 quantizes mat-vec inputs to Q8_1 (int8, dp4a) for "
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs", legacy=0)]
@@ -176,7 +179,8 @@ def engine_options(config: Config) -> EngineOptions:
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
-                             norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 0)))
+                             norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 0)),
+                             rope_angles=bool(config.get("PROPE_ANGLES", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),

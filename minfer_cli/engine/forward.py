@@ -19,6 +19,8 @@ decode's f32-input mat-vec on the quantized weight (gemv: no f16 copy made, ~2.4
 Knob PFUSE_ROPE_KV: RoPE and the KV append as one kernel (`kernels.rope.rope` with kv_cache and q_out), which also
 writes the rotated q as f16 for attention (decode's FUSE_ROPE_KV, plus q). Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
 attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also sums the GEMM's split-K slices.
+Knob PROPE_ANGLES: every token's RoPE (cos, sin) computed once before the layers (`kernels.rope.rope_angles`) and
+read by each layer's RoPE kernel, instead of each layer's kernel computing them (float64 angles) again.
 Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
 GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`.
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
@@ -170,6 +172,8 @@ class PrefillEngine:
                                       stream=s)
         self.logits = cuda.device_array((1, c.vocab), dtype=np.float32, stream=s)
         self.ids = cuda.device_array(nt, dtype=np.int32, stream=s)
+        self.angles = (cuda.device_array((nt, c.head_dim // 2, 2), dtype=np.float32, stream=s)
+                       if options.rope_angles else None)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
         capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices))
         if capacity:
@@ -332,7 +336,7 @@ class PrefillEngine:
         from kernels.kv_cache import kv_append
         from kernels.norm import DEFAULT_TPB, add_rms_norm, rms_norm, rows_tpb
         from kernels.residual import bias_add, residual_add
-        from kernels.rope import rope
+        from kernels.rope import rope, rope_angles
         from kernels.views import head_slice
 
         c, s = self.config, self.stream
@@ -350,6 +354,10 @@ class PrefillEngine:
             taps.append(x.copy_to_host(stream=s))
         heads = c.n_heads + 2 * c.n_kv_heads
         length = start + nt
+        angles = None
+        if self.angles is not None:  # PROPE_ANGLES: every layer rotates the same positions
+            angles = rope_angles(pos, c.rope_base, c.head_dim, factors=self.rope_factors, out=self.angles[:nt],
+                                 stream=s)
         fuse = self.options.fuse_add_norm
         tpb = rows_tpb(nt, c.hidden) if self.options.norm_wide else DEFAULT_TPB
         for i, layer in enumerate(self.layers):
@@ -366,9 +374,10 @@ class PrefillEngine:
             if self.options.fuse_rope_kv:  # one kernel writes the rotated q16 and the cache rows
                 rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors,
                      kv_cache=(head_slice(view, c.n_heads + c.n_kv_heads, heads), layer.k_cache, layer.v_cache),
-                     q_out=q16)
+                     q_out=q16, angles=angles)
             else:
-                rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors)
+                rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors,
+                     angles=angles)
                 kv_append(qkv, pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=q16, stream=s)
             mark("rope_kv")
             flash_attention(
@@ -451,6 +460,6 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
     per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
-                 + 2 * c.ffn)
+                 + 2 * c.ffn + 4 * c.head_dim)  # the last: PROPE_ANGLES's (cos, sin), counted always
     partials = 4 * prefill_partials_capacity(gemm, max_tokens, max(od for od, _ in shapes))
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials

@@ -29,7 +29,8 @@ class PrefillOptions:
     `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every length (False). fuse_glu
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
     (`kernels.gemm_f16.gemm_f16_glu`, True) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
-    (False)."""
+    (False). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
+    (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or computed in each layer's kernel (False)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -40,6 +41,7 @@ class PrefillOptions:
     head: str = "gemm"
     norm_wide: bool = True
     fuse_glu: bool = False
+    rope_angles: bool = False
 
 
 @dataclass(frozen=True)
