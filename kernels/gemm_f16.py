@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, types
+from numba.cuda.cudadrv import devicearray
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
@@ -134,7 +135,7 @@ def geometry(config: dict | None, glu: bool = False) -> Geometry:
     cfg = resolve_config(config)
     if glu and (cfg["STAGING"] != "tma" or cfg["EPI"] != "staged" or cfg["TM"] % 128):
         raise KernelConstraintError(
-            f"gemm_f16_glu's SwiGLU epilogue reads the staged C tile of whole 64-column gate/up halves: it needs "
+            f"gemm_f16_glu's SwiGLU epilogue reads the staged C tile's TM / 2-column gate and up halves: it needs "
             f"STAGING=tma, EPI=staged and TM=128 or 256 (got STAGING={cfg['STAGING']}, EPI={cfg['EPI']}, "
             f"TM={cfg['TM']})")
     tm, tn, ks, stages = cfg["TM"], cfg["TN"], cfg["KS"], cfg["STAGES"]
@@ -401,19 +402,27 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     Raises KernelConstraintError (one line) for what `gemm_f16` refuses, a kernel other than STAGING=tma,
     EPI=staged and TM of 128 or 256, 2 ffn not a multiple of the launch's TM, or a wrong out.
     """
+    for name, x in (("a", a), ("b", b), ("out", out)):
+        if x is not None and not devicearray.is_cuda_ndarray(x):
+            raise KernelConstraintError(f"gemm_f16_glu: {name} must be a CUDA device array (its tiles are TMA boxes), "
+                                        f"got {type(x).__name__}")
     nt, od, kdim = check_inputs(a, b)
+    tm = resolve_config(config)["TM"]  # AUTOTILE only narrows 256 to 128: a multiple of this TM fits either tile
+    if od % tm:
+        raise KernelConstraintError(f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={tm}: every "
+                                    f"tile takes TM / 2 gate rows and the same up rows; use TM=128 for a ffn that is "
+                                    f"a multiple of 64 only")
     config = launch_config(config, nt, od)
     g = geometry(config, glu=True)
-    if od % g.tm:
-        raise KernelConstraintError(f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={g.tm}: every "
-                                    f"tile takes TM / 2 gate rows and the same up rows")
     ffn = od // 2
     if out is None:
         out = cuda.device_array((nt, ffn), dtype=np.float16, stream=stream)
-    elif (tuple(out.shape) != (nt, ffn) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out)
-          or device_address(out) % 16):
-        raise KernelConstraintError(f"gemm_f16_glu: out must be a C-contiguous float16 [{nt}, {ffn}] array at a "
-                                    f"16-byte aligned address, got {out.dtype} {tuple(out.shape)}")
+    elif tuple(out.shape) != (nt, ffn) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
+        raise KernelConstraintError(f"gemm_f16_glu: out must be a C-contiguous float16 [{nt}, {ffn}] array, got "
+                                    f"{out.dtype} {tuple(out.shape)}")
+    elif device_address(out) % 16:
+        raise KernelConstraintError(f"gemm_f16_glu: out must start at a 16-byte aligned address (its rows are written "
+                                    f"16 bytes at a time), got address % 16 = {device_address(out) % 16}")
     built = build(config, glu=True)
     plan = split_plan(config, nt, od, kdim)
     parts, target = split_target(plan, g, nt, od, _no_parts(), partials, stream)

@@ -64,8 +64,9 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
     the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
     threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64),
-    element (r, c) with n0 + r < nt and m0 + c < od landing at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0: every element a 4-byte store (an ``out`` whose rows are not
-    16-byte aligned); else 16-byte stores except at the od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
+    element (r, c) with n0 + r < nt and m0 + c < od landing at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0:
+    every element a 4-byte store (an ``out`` whose rows are not 16-byte aligned); else 16-byte stores except at the
+    od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
     warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
     way."""
     S = TM + C_PAD

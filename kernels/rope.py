@@ -245,6 +245,8 @@ def rope_angles(pos, base: float, head_dim: int, factors=None, out=None, stream=
     if not devicearray.is_cuda_ndarray(pos) or pos.dtype != np.int32 or pos.ndim != 1 or not pos.is_c_contiguous():
         raise KernelConstraintError(f"pos must be a contiguous int32 device array [nt], got "
                                     f"{getattr(pos, 'dtype', type(pos).__name__)} {tuple(getattr(pos, 'shape', ()))}")
+    if not isinstance(head_dim, (int, np.integer)):
+        raise KernelConstraintError(f"head_dim must be an integer, got {head_dim!r}")
     hd = int(head_dim)
     if hd < 2 or hd % 2 or hd > MAX_HEAD_DIM:
         raise KernelConstraintError(f"head_dim={hd} must be even and between 2 and {MAX_HEAD_DIM}")
@@ -326,7 +328,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     Raises KernelConstraintError (a ValueError) for: a non-device array, a wrong dtype/rank, q/k with different
     nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
     non-positive base, a mode other than "neox"/"norm", factors not a contiguous f32 ``[head_dim/2]`` device
-    array, a kv_cache whose v or caches do not match k, or a q_out without a kv_cache or not f16 [nt, nh * hd].
+    array, a kv_cache whose v or caches do not match k, a q_out without a kv_cache or not f16 [nt, nh * hd], angles
+    not a C-contiguous f32 [nt, head_dim/2, 2] device array, or angles with a kv_cache but no q_out.
     """
     _check_qk(q, "q")
     _check_qk(k, "k")

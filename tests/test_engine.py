@@ -314,5 +314,9 @@ def test_a_model_that_cannot_fit_is_refused_before_its_weights_are_made():
     light = engine_options(dict(default, W16=0))
     check_fits_model(c, weights, [512, 2048], [128], [0], light, free=free)
     assert prefill_need(c, 2048, light.prefill) < 8 * 2**30 and decode_need(c, 128) < 2**30
+    with pytest.raises(ModelError, match=r"are free$"):  # weights alone over the free memory: W16=0 would not help
+        check_fits_model(c, weights, [512], [], [0], engine_options(default), free=weights // 2)
+    with pytest.raises(ValueError, match="needs a prompt"):
+        check_fits_model(c, weights, [], [], [0], light, free=free)
     with pytest.raises(ModelError, match=r"-n 2048 after a depth of 4096 needs .* are free$"):  # no W16 hint
         check_fits_model(c, weights, [], [2048], [4096], light, free=weights + decode_need(c, 2048, 4096) - 1)

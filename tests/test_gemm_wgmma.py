@@ -444,8 +444,15 @@ def test_gemm_glu_refusals():
                           (dict(TMA, TM=64, TN=64), "got STAGING=tma, EPI=staged, TM=64")):
         with pytest.raises(KernelConstraintError, match=match):
             G.gemm_f16_glu(a, b, config=config)
-    with pytest.raises(KernelConstraintError, match=r"b has 384 rows \(2 x ffn\), not a multiple of TM=256"):
-        G.gemm_f16_glu(a, cuda.to_device(np.zeros((384, 64), np.float16)), config=dict(TMA, AUTOTILE=0))
+    for nt in (8, 2048):  # whatever tile AUTOTILE would pick at this nt: the configured TM decides
+        with pytest.raises(KernelConstraintError, match=r"b has 384 rows \(2 x ffn\), not a multiple of TM=256"):
+            G.gemm_f16_glu(cuda.to_device(np.zeros((nt, 64), np.float16)), cuda.to_device(np.zeros((384, 64), np.float16)),
+                           config=TMA)
+    with pytest.raises(KernelConstraintError, match="b must be a CUDA device array"):
+        G.gemm_f16_glu(a, np.zeros((256, 64), np.float16))
+    flat = cuda.to_device(np.zeros(8 * 128 + 1, np.float16))
+    with pytest.raises(KernelConstraintError, match="out must start at a 16-byte aligned address"):
+        G.gemm_f16_glu(a, b, flat[1:].reshape(8, 128), config=dict(TMA, TM=128, TN=64, STAGES=3))
     for out in (np.zeros((8, 128), np.float32), np.zeros((8, 64), np.float16)):
         with pytest.raises(KernelConstraintError, match=r"out must be a C-contiguous float16 \[8, 128\]"):
             G.gemm_f16_glu(a, b, cuda.to_device(out), config=dict(TMA, TM=128, TN=64, STAGES=3))

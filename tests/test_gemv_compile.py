@@ -101,6 +101,7 @@ _FIELD_CHANGES = {
     "min_blocks": ({}, {"min_blocks": 4}),
     "fold": ({"qtype": "Q6_K", "mmvq": True}, {"qtype": "Q6_K", "mmvq": True, "fold": 1}),
     "pdl": ({}, {"pdl": 1}),
+    "lookahead": ({"pdl": 1}, {"pdl": 1, "lookahead": 2}),
     "glu": ({}, {"glu": True}),
     "mmvq": ({}, {"mmvq": True}),
     "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),

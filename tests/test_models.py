@@ -126,8 +126,9 @@ def test_70b_type_mix_size_and_params_as_llama_cpp_writes_them():
         assert specs[f"blk.{i}.attn_k.weight"].qtype == "Q4_K"
     size, params = sum(s.n_bytes for s in specs.values()), sum(s.n_elements for s in specs.values())
     assert (round(size / 2**30, 2), round(params / 1e9, 2), size_label(params, cfg)) == (39.59, 70.55, "70B")
-    mha = ModelConfig(**{**cfg.as_dict(), "n_kv_heads": 64})
+    mha = ModelConfig(**{**cfg.as_dict(), "n_kv_heads": 64, "ffn": 22016})  # LLaMA-1 65B's shape: llama.cpp's 65B
     assert not llm_type_70b(mha) and all(s.qtype != "Q5_K" for s in tensor_specs(mha))
+    assert size_label(sum(s.n_elements for s in tensor_specs(mha)), mha) != "70B"
     assert not any(llm_type_70b(c) for c in PRESETS.values() if c is not cfg)
 
 

@@ -18,6 +18,7 @@ runs first.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 import time
@@ -269,14 +270,19 @@ def check_fits_model(c: ModelConfig, weight_bytes: int, pp: list[int], tg: list[
     """ModelError, before the weights are loaded or generated, when the weights (``weight_bytes``) and the largest
     test's engine (`prefill_need`, `decode_need`; the tests run one after another) exceed the device's free memory
     (``free``, bytes: the current device's by default)."""
+    if not pp and not tg:
+        raise ValueError("check_fits_model needs a prompt (pp) or a generation (tg) length")
     tests = [(f"-p {max(pp)}", prefill_need(c, max(pp), options.prefill, max(depths)))] if pp else []
     tests += [(f"-n {max(tg)}", decode_need(c, max(tg), max(depths)))] if tg else []
     flag, need = max(tests, key=lambda t: t[1])
     free = _free_bytes() if free is None else free
     if weight_bytes + need > free:
         at = f" after a depth of {max(depths)}" if max(depths) else ""
-        hint = (" (try --arm W16=0, which keeps no f16 weight copies)"
-                if flag.startswith("-p") and options.prefill.w16 else "")
+        hint = ""
+        if flag.startswith("-p") and options.prefill.w16:  # name W16=0 only where it would fit
+            light = prefill_need(c, max(pp), dataclasses.replace(options.prefill, w16=False), max(depths))
+            if weight_bytes + max([light] + [n for f, n in tests if f.startswith("-n")]) <= free:
+                hint = " (try --arm W16=0, which keeps no f16 weight copies)"
         raise ModelError(f"{c.name}: {flag}{at} needs {(weight_bytes + need) / 2**30:.1f} GiB of device memory "
                          f"({weight_bytes / 2**30:.1f} GiB of weights and {need / 2**30:.1f} GiB for the engine); "
                          f"{free / 2**30:.1f} GiB are free{hint}")

@@ -244,7 +244,7 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
 # llama.cpp names a model's size by its architecture's layer count and width (llm_type), not by rounding the
 # parameter count: Qwen2-7B has 7.62 B parameters and is "7B"; Llama-2-7B has 6.74 B and is "7B" too.
 KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B",
-               ("llama", 80, 8192): "70B"}
+               ("llama", 80, 8192, 28672): "70B"}
 
 
 def size_label(n_params: int, config: "ModelConfig | None" = None) -> str:

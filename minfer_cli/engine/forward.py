@@ -111,8 +111,8 @@ class PrefillEngine:
             if spec.qtype not in SUPPORTED:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
         if options.fuse_glu and c.ffn % 128:
-            raise ModelError(f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each 256-column tile of the gate|up "
-                             f"product takes 128 gate rows and the same up rows); use PFUSE_GLU=0")
+            raise ModelError(f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each tile of the gate|up product, "
+                             f"up to 256 columns, takes TM / 2 gate rows and the same up rows); use PFUSE_GLU=0")
         self.layers: list[_Layer] = []
         for i in range(c.n_layers):
             b = f"blk.{i}."
