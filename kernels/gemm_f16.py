@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, types
-from numba.cuda.cudadrv import devicearray
 
 from kernels.activation import silu_mul
 from kernels.errors import KernelConstraintError
@@ -48,6 +47,7 @@ from kernels import gemm_cp_async, gemm_f16_config, gemm_tiles as tiles, gemm_tm
 from kernels.gemm_f16_config import DEFAULT, KNOBS, LAUNCH_DEFAULT, LAUNCH_KNOBS, SplitPlan
 from kernels.jit import kernel
 from kernels.ptx.tma import device_address
+from kernels.quant.dequant import _as_device_array
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 
 BASELINE, MMA_SYNC_BEST = gemm_f16_config.BASELINE, gemm_f16_config.MMA_SYNC_BEST
@@ -402,10 +402,8 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     Raises KernelConstraintError (one line) for what `gemm_f16` refuses, a kernel other than STAGING=tma,
     EPI=staged and TM of 128 or 256, 2 ffn not a multiple of the launch's TM, or a wrong out.
     """
-    for name, x in (("a", a), ("b", b), ("out", out)):
-        if x is not None and not devicearray.is_cuda_ndarray(x):
-            raise KernelConstraintError(f"gemm_f16_glu: {name} must be a CUDA device array (its tiles are TMA boxes), "
-                                        f"got {type(x).__name__}")
+    a, b = _as_device_array(a, "gemm_f16_glu: a"), _as_device_array(b, "gemm_f16_glu: b")
+    out = None if out is None else _as_device_array(out, "gemm_f16_glu: out")
     nt, od, kdim = check_inputs(a, b)
     tm = resolve_config(config)["TM"]  # AUTOTILE only narrows 256 to 128: a multiple of this TM fits either tile
     if od % tm:
