@@ -294,6 +294,20 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     assert np.isfinite(got).all() and _rel(got, want) < 1e-2
 
 
+def test_pfuse_glu_refuses_a_ffn_its_tiles_cannot_pair():
+    """PFUSE_GLU=1 needs ffn % 128 == 0 (every K-quant model has it: ffn_down's rows are whole 256-weight blocks; a
+    Q8_0 file may not): refused by name from the config alone, which `bench` checks before the weights are made
+    and `PrefillEngine` before it allocates."""
+    from minfer_cli.engine.config import ModelConfig
+    from minfer_cli.engine.forward import prefill_refusal
+
+    tiny = preset("tiny")
+    odd = ModelConfig(**{**tiny.as_dict(), "ffn": 544})
+    glu = PrefillOptions(pgraph=False, fuse_glu=True)
+    assert prefill_refusal(tiny, glu) is None and prefill_refusal(odd, PrefillOptions()) is None
+    assert prefill_refusal(odd, glu).startswith("PFUSE_GLU=1: ffn 544 is not a multiple of 128")
+
+
 def test_a_model_that_cannot_fit_is_refused_before_its_weights_are_made():
     """`bench`'s pre-load check: the 70B preset's 39.6 GiB of weights and its f16 copies (W16=1, ~131 GiB) do
     not fit an H200's ~139 GiB: one line naming the test, the sizes and W16=0; W16=0 (one matrix's scratch) fits,

@@ -110,9 +110,9 @@ class PrefillEngine:
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
-        if options.fuse_glu and c.ffn % 128:
-            raise ModelError(f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each tile of the gate|up product, "
-                             f"up to 256 columns, takes TM / 2 gate rows and the same up rows); use PFUSE_GLU=0")
+        problem = prefill_refusal(c, options)
+        if problem:
+            raise ModelError(problem)
         self.layers: list[_Layer] = []
         for i in range(c.n_layers):
             b = f"blk.{i}."
@@ -424,6 +424,15 @@ class PrefillEngine:
                    self.last.reshape(c.hidden), self.logits.reshape(c.vocab), stream=s)
         mark("output")
         return self.logits
+
+
+def prefill_refusal(c: ModelConfig, options: PrefillOptions) -> Optional[str]:
+    """Why `PrefillEngine` cannot run ``c`` with ``options``, in one sentence, or None (checked by `minfer bench`
+    before the weights are made or loaded): PFUSE_GLU with a ffn that is not a multiple of 128."""
+    if options.fuse_glu and c.ffn % 128:
+        return (f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each tile of the gate|up product, up to 256 "
+                f"columns, takes TM / 2 gate rows and the same up rows); use PFUSE_GLU=0")
+    return None
 
 
 def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
