@@ -302,30 +302,37 @@ def _sum_slices(partials, out, n, count):
         out[i] = v
 
 
+@cuda.jit(device=True, inline="always")
+def _split_cell(i, width, nt, od, whole, tn, tm, group):
+    """Thread ``i``'s cell of the split tiles, each ``tn`` rows x ``width`` cells: (q, r, c, row, tile_m) with q the
+    split tile's index after the ``whole`` ones (grouped program order of tn x tm tiles, ``group`` od tiles a group,
+    as the GEMM's), r and c the cell's row and column in it, row its C row; q = -1 past the grid."""
+    per = tn * width
+    q = i // per
+    e = i - q * per
+    r = e // width
+    c = e - r * width
+    num_n = (nt + tn - 1) // tn
+    num_m = (od + tm - 1) // tm
+    pid = whole + q
+    if pid >= num_n * num_m:
+        return -1, r, c, 0, 0
+    in_group = group * num_n
+    first_m = (pid // in_group) * group
+    gsize = min(num_m - first_m, group)
+    local = pid % in_group
+    return q, r, c, (local // gsize) * tn + r, first_m + local % gsize
+
+
 @kernel
 def _sum_tiles(parts, out, nt, od, whole, count, tn, tm, group):
     """The compact partials of a plan with whole > 0: C tile ``whole + q`` (grouped program order of tn x tm tiles,
     ``group`` od tiles a group, as the GEMM's) = the sum in slice order of partial tiles q * count .. q * count +
     count - 1 (rows of ``parts``, f32 [(tiles - whole) * count * tn, tm]); written to ``out`` (f32 [nt, od]) within
     its tails. One thread an element of a split tile."""
-    i = cuda.grid(1)
-    per = tn * tm
-    q = i // per
-    e = i - q * per
-    r = e // tm
-    c = e - r * tm
-    num_n = (nt + tn - 1) // tn
-    num_m = (od + tm - 1) // tm
-    pid = whole + q
-    if pid >= num_n * num_m:
-        return
-    in_group = group * num_n
-    first_m = (pid // in_group) * group
-    gsize = min(num_m - first_m, group)
-    local = pid % in_group
-    row = (local // gsize) * tn + r
-    col = (first_m + local % gsize) * tm + c
-    if row < nt and col < od:
+    q, r, c, row, tile_m = _split_cell(cuda.grid(1), tm, nt, od, whole, tn, tm, group)
+    col = tile_m * tm + c
+    if q >= 0 and row < nt and col < od:
         base = q * count * tn + r
         v = parts[base, c]
         for s in range(1, count):
@@ -478,25 +485,10 @@ def _sum_tiles_glu(parts, act, nt, od, whole, count, tn, tm, group):
     """`gemm_f16_glu`'s compact partials (a plan with whole > 0; layout as `_sum_tiles`): tile ``whole + q``'s
     slices summed in slice order, gate half and up half, and act[row, tile_m * tm / 2 + c] = silu_mul(gate, up)
     within the tails. One thread an activation element of a split tile."""
-    i = cuda.grid(1)
     half = tm // 2
-    per = tn * half
-    q = i // per
-    e = i - q * per
-    r = e // half
-    c = e - r * half
-    num_n = (nt + tn - 1) // tn
-    num_m = (od + tm - 1) // tm
-    pid = whole + q
-    if pid >= num_n * num_m:
-        return
-    in_group = group * num_n
-    first_m = (pid // in_group) * group
-    gsize = min(num_m - first_m, group)
-    local = pid % in_group
-    row = (local // gsize) * tn + r
-    col = (first_m + local % gsize) * half + c
-    if row < nt and col < od // 2:
+    q, r, c, row, tile_m = _split_cell(cuda.grid(1), half, nt, od, whole, tn, tm, group)
+    col = tile_m * half + c
+    if q >= 0 and row < nt and col < od // 2:
         base = q * count * tn + r
         gate = parts[base, c]
         up = parts[base, c + half]

@@ -57,6 +57,25 @@ def c_tile_bytes(tn: int, tm: int) -> int:
     return tn * (tm + C_PAD) * 4
 
 
+def _stage_fragments(MI: int, NJ: int, S: int, CONSUMERS: int):
+    """``stage(cs, acc, rl, cl)``: the CONSUMERS threads meet (named barrier 1: no wgmma batch still reads the ring),
+    each writes its MI x NJ m16n8 C fragments into the f32 tile ``cs`` of row stride S with 8-byte stores, and they
+    meet again (the tile is whole). The first half of `c_tile_store` and `c_tile_store_glu`."""
+
+    @cuda.jit(device=True, inline="always")
+    def stage(cs, acc, rl, cl):
+        bar_sync(1, CONSUMERS)
+        for i in range(MI):
+            for h in range(2):
+                at = (rl + i * 64 + h * 8) * S + cl
+                for j in range(NJ):
+                    c = (i * NJ + j) * 4 + 2 * h
+                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
+        bar_sync(1, CONSUMERS)
+
+    return stage
+
+
 def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
     epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
@@ -73,17 +92,11 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     CH = TM // 4  # 16-byte chunks a row
     RPI = CONSUMERS // CH  # rows a pass
     assert CONSUMERS % CH == 0 and TN % RPI == 0 and TM % 32 == 0
+    stage = _stage_fragments(MI, NJ, S, CONSUMERS)
 
     @cuda.jit(device=True, inline="always")
     def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
-        bar_sync(1, CONSUMERS)
-        for i in range(MI):
-            for h in range(2):
-                at = (rl + i * 64 + h * 8) * S + cl
-                for j in range(NJ):
-                    c = (i * NJ + j) * 4 + 2 * h
-                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
-        bar_sync(1, CONSUMERS)
+        stage(cs, acc, rl, cl)
         cq = (tid % CH) * 4
         col = m0 + cq
         for p in range(TN // RPI):
@@ -120,17 +133,11 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     CH = HALF // 8  # 16-byte (8 x f16) output chunks a row
     RPI = CONSUMERS // CH  # rows a pass
     assert TM % 128 == 0 and CONSUMERS % CH == 0 and TN % RPI == 0
+    stage = _stage_fragments(MI, NJ, S, CONSUMERS)
 
     @cuda.jit(device=True, inline="always")
     def store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid):
-        bar_sync(1, CONSUMERS)
-        for i in range(MI):
-            for h in range(2):
-                at = (rl + i * 64 + h * 8) * S + cl
-                for j in range(NJ):
-                    c = (i * NJ + j) * 4 + 2 * h
-                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
-        bar_sync(1, CONSUMERS)
+        stage(cs, acc, rl, cl)
         cq = (tid % CH) * 8
         col = m0 // 2 + cq
         words = od // 4
