@@ -1,9 +1,10 @@
-"""Experiment `attention`: causal prefill attention (FlashAttention-2 on tensor cores, head_dim 128, GQA).
+"""Experiment `attention`: causal prefill attention (FlashAttention-2 on tensor cores, head_dim 64/128/256, GQA).
 
 Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BQ, BK, STAGES) and IMPL (minfer's
-kernel or torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 tokens into
-an empty cache (28 query heads, 4 KV heads) and a tiny shape with tails for the CUDA simulator.
-Cost: causal FLOPs counted as half the dense ones, 4·nt²·n_heads·128 / 2 (two GEMMs of 2·nt·nt·128 each, half
+kernel or torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 and 8192 tokens into
+an empty cache (28 query heads, 4 KV heads, head_dim 128), Llama-3.2-1B's 2048 (32 / 8 heads, head_dim 64), and tiny
+shapes with tails for the CUDA simulator (head_dim 128 and 64).
+Cost: causal FLOPs counted as half the dense ones, 4·nt²·n_heads·D / 2 (two GEMMs of 2·nt·nt·D each, half
 the key/query pairs masked; the diagonal tiles' extra work is not counted). Fewest bytes: q, k, v read once and
 o written once, all f16. Ceiling: the f16 matrix rate.
 Reference: torch SDPA in f32 on the GPU (math on f32 copies of the same f16 inputs, K/V repeated per group) when
@@ -26,13 +27,13 @@ _DOCS = {
 }
 
 
-def _shape(nt: int, n_heads: int, n_kv_heads: int) -> dict[str, int]:
-    return {"nt": nt, "nt_kv": nt, "n_heads": n_heads, "n_kv_heads": n_kv_heads}
+def _shape(nt: int, n_heads: int, n_kv_heads: int, head_dim: int = 128) -> dict[str, int]:
+    return {"nt": nt, "nt_kv": nt, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
 
 
 class AttentionExperiment(Experiment):
     name = "attention"
-    purpose = "causal prefill flash attention (mma.sync, hd 128, GQA) vs torch SDPA and the f16 matrix-rate ceiling"
+    purpose = "causal prefill flash attention (mma.sync, hd 64/128/256, GQA) vs torch SDPA and the f16 matrix-rate ceiling"
     knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k]) for k, v in knob_table.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "torch_sdpa"), "minfer",
              "minfer's kernel, or torch.nn.functional.scaled_dot_product_attention (is_causal, GQA) as the vendor "
@@ -40,7 +41,11 @@ class AttentionExperiment(Experiment):
     )
     workloads = (
         Workload("qwen2_7b_pp2048", _shape(2048, 28, 4), "Qwen2-7B prefill, 2048 tokens, 28 query / 4 KV heads"),
+        Workload("qwen2_7b_pp8192", _shape(8192, 28, 4), "Qwen2-7B prefill, 8192 tokens, 28 query / 4 KV heads"),
+        Workload("llama3_2_1b_pp2048", _shape(2048, 32, 8, 64),
+                 "Llama-3.2-1B prefill, 2048 tokens, 32 query / 8 KV heads, head_dim 64"),
         Workload("tiny", _shape(33, 4, 2), "33 tokens (tails of every tile), 4 query / 2 KV heads, for the simulator"),
+        Workload("tiny_hd64", _shape(33, 4, 2, 64), "as tiny with head_dim 64, for the simulator"),
     )
     ceiling = "matrix"
 
@@ -49,22 +54,23 @@ class AttentionExperiment(Experiment):
 
     def input_set_bytes(self, workload: Workload) -> int:
         s = workload.shape
-        return 2 * 128 * (s["nt"] * s["n_heads"] + 2 * s["nt_kv"] * s["n_kv_heads"])
+        return 2 * s["head_dim"] * (s["nt"] * s["n_heads"] + 2 * s["nt_kv"] * s["n_kv_heads"])
 
     def make_input_set(self, workload: Workload, rng):
         from numba import cuda
 
         s = workload.shape
-        q = rng.standard_normal((s["nt"], s["n_heads"], 128), dtype=np.float32).astype(np.float16)
-        k = rng.standard_normal((s["nt_kv"], s["n_kv_heads"], 128), dtype=np.float32).astype(np.float16)
-        v = rng.standard_normal((s["nt_kv"], s["n_kv_heads"], 128), dtype=np.float32).astype(np.float16)
+        hd = s["head_dim"]
+        q = rng.standard_normal((s["nt"], s["n_heads"], hd), dtype=np.float32).astype(np.float16)
+        k = rng.standard_normal((s["nt_kv"], s["n_kv_heads"], hd), dtype=np.float32).astype(np.float16)
+        v = rng.standard_normal((s["nt_kv"], s["n_kv_heads"], hd), dtype=np.float32).astype(np.float16)
         return cuda.to_device(q), cuda.to_device(k), cuda.to_device(v)
 
     def make_output(self, workload: Workload):
         from numba import cuda
 
         s = workload.shape
-        return cuda.device_array((s["nt"], s["n_heads"], 128), dtype=np.float16)
+        return cuda.device_array((s["nt"], s["n_heads"], s["head_dim"]), dtype=np.float16)
 
     def _knobs(self, config) -> dict:
         return {k: config[k] for k in knob_table.KNOBS}
@@ -75,7 +81,7 @@ class AttentionExperiment(Experiment):
         from kernels import attention as kernel  # numba: imported when GPU work starts, not by `experiments list`
 
         cfg = self._knobs(config)
-        kernel.build(cfg)  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
+        kernel.build(cfg, head_dim=workload.shape["head_dim"])  # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
 
         def launch(inputs, output, stream):
             q, k, v = inputs
@@ -107,24 +113,24 @@ class AttentionExperiment(Experiment):
         return 1e-2
 
     def cost(self, workload: Workload, config=None) -> Cost:
-        """Causal: 4·nt²·n_heads·128 / 2 FLOPs (half of QK^T and PV); bytes: q, k, v read + o written (f16)."""
+        """Causal: 4·nt²·n_heads·D / 2 FLOPs (half of QK^T and PV); bytes: q, k, v read + o written (f16)."""
         s = workload.shape
-        nt, h, hk, ntk = s["nt"], s["n_heads"], s["n_kv_heads"], s["nt_kv"]
-        return Cost(flops=4.0 * nt * ntk * h * 128 / 2, bytes=2.0 * 128 * (2 * nt * h + 2 * ntk * hk))
+        nt, h, hk, ntk, hd = s["nt"], s["n_heads"], s["n_kv_heads"], s["nt_kv"], s["head_dim"]
+        return Cost(flops=4.0 * nt * ntk * h * hd / 2, bytes=2.0 * hd * (2 * nt * h + 2 * ntk * hk))
 
     def kernels(self, config, workload):
         if config.get("IMPL") == "torch_sdpa":
             return []
         from kernels import attention as kernel
 
-        built = kernel.build(self._knobs(config))
+        built = kernel.build(self._knobs(config), head_dim=workload.shape["head_dim"])
         g = built.geometry
-        return [KernelInstance(f"flash_attention[BQ={g.bq},BK={g.bk},STAGES={g.stages}]", built.kernel,
+        return [KernelInstance(f"flash_attention[BQ={g.bq},BK={g.bk},STAGES={g.stages},D={g.head_dim}]", built.kernel,
                                kernel.SIGNATURE, g.threads, g.smem_bytes)]
 
     def _torch_launch(self, workload: Workload):
         """The vendor arm: `scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)` on the harness's
-        stream over [1, H, nt, 128] views of the same f16 inputs (no copies; torch < 2.5 without enable_gqa gets K/V
+        stream over [1, H, nt, D] views of the same f16 inputs (no copies; torch < 2.5 without enable_gqa gets K/V
         repeated per group once per input set, outside the timed launches). SDPA allocates its own output, so the
         result is kept for `check` rather than copied into our buffer (a copy would add ~2·nt·H·256 bytes of
         traffic to torch's time). Torch views are made on the first launch of each input set (the correctness gate
@@ -167,7 +173,7 @@ class AttentionExperiment(Experiment):
 
 
 def _reference(q, k, v) -> np.ndarray:
-    """float64 host array [nt, H, 128]: causal attention (bottom-right aligned: query i at position
+    """float64 host array [nt, H, D]: causal attention (bottom-right aligned: query i at position
     i + nt_kv - nt) of the same f16 device inputs, torch f32 on the GPU when available, else numpy float64."""
     nt, h, d = q.shape
     ntk, hk, _ = k.shape

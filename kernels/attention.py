@@ -1,17 +1,20 @@
-"""Prefill attention on tensor cores: causal FlashAttention-2 for head_dim 128, GQA, f16 in/out, f32 softmax.
+"""Prefill attention on tensor cores: causal FlashAttention-2, head_dim D in `HEAD_DIMS` (64, 128, 256), GQA, f16
+in/out, f32 softmax.
 
-``O[i, h, :] = softmax_j(Q[i, h, :] · K[j, h // G, :] / sqrt(128), j <= i + (nt_kv - nt)) · V[j, h // G, :]``
-with q f16 ``[nt, n_heads, 128]``, k/v f16 ``[nt_kv, n_kv_heads, 128]`` (the KV cache; nt_kv > nt when a prefix is
-already cached), G = n_heads // n_kv_heads, O f16 ``[nt, n_heads, 128]``.
+``O[i, h, :] = softmax_j(Q[i, h, :] · K[j, h // G, :] / sqrt(D), j <= i + (nt_kv - nt)) · V[j, h // G, :]``
+with q f16 ``[nt, n_heads, D]``, k/v f16 ``[nt_kv, n_kv_heads, D]`` (the KV cache; nt_kv > nt when a prefix is
+already cached), G = n_heads // n_kv_heads, O f16 ``[nt, n_heads, D]``. D is a shape, not a knob: one kernel is
+compiled per (knobs, causal, D).
 
 One thread block takes BQ query rows of one head (BQ/16 warps, 16 rows each) and walks the key tiles of BK keys
 up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
 
 * Q tile -> shared memory (cp.async) -> `ldmatrix.x4` A fragments, kept in registers for the whole loop;
 * K/V tiles -> a STAGES-deep shared ring by `cp.async.cg` (src-size 0 zero-fills keys past nt_kv), rows
-  XOR-swizzled (16-byte chunk ^ (row & 7): 256-byte rows would otherwise put all 8 ldmatrix rows in one bank);
+  XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would otherwise put all 8 ldmatrix rows
+  in one bank; D/8 chunks a row, a power of two >= 8, so the XOR stays inside the row);
 * S = Q·K^T with `mma.sync.m16n8k16` (K fragments by non-transposed `ldmatrix`: K rows are mma's "col" B);
-* online softmax in f32 in the log2 domain (scores scaled by log2(e)/sqrt(128), `ex2`), running max m and
+* online softmax in f32 in the log2 domain (scores scaled by log2(e)/sqrt(D), `ex2`), running max m and
   per-lane partial row sums l (reduced over the 4 lanes of a row only at the end), accumulator rescaled by
   exp2(m_old - m_new); masked scores are -inf and m starts at -1e30 (finite), so no inf - inf ever occurs;
 * P converted to f16 in registers: the m16n8 C fragments of two adjacent key n8 tiles are exactly the m16k16 A
@@ -36,7 +39,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from kernels.errors import KernelConstraintError
-from kernels.attention_config import DEFAULT, HEAD_DIM, KNOBS
+from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, head_dim_refusal
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -59,6 +62,7 @@ class Geometry:
     bk: int
     stages: int
     causal: bool
+    head_dim: int
     warps: int
     smem_bytes: int
 
@@ -84,11 +88,16 @@ def resolve_config(config: dict | None) -> dict:
     return cfg
 
 
-def geometry(config: dict | None, causal: bool = True) -> Geometry:
+def geometry(config: dict | None, causal: bool = True, head_dim: int = 128) -> Geometry:
+    """The kernel's shape for ``config``'s knobs, the causal flag and ``head_dim`` (one of HEAD_DIMS; else
+    KernelConstraintError): Q tile + STAGES K/V tiles of f16 rows in shared memory."""
     cfg = resolve_config(config)
+    why = head_dim_refusal(head_dim)
+    if why:
+        raise KernelConstraintError(f"flash_attention: {why}")
     bq, bk, stages = cfg["BQ"], cfg["BK"], cfg["STAGES"]
-    smem = 2 * HEAD_DIM * (bq + 2 * stages * bk)
-    return Geometry(bq, bk, stages, bool(causal), bq // 16, smem)
+    smem = 2 * head_dim * (bq + 2 * stages * bk)
+    return Geometry(bq, bk, stages, bool(causal), int(head_dim), bq // 16, smem)
 
 
 def all_configs():
@@ -99,7 +108,12 @@ def all_configs():
 
 def _make_kernel(g: Geometry):
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
-    D = HEAD_DIM
+    D = g.head_dim
+    DCH = D // 8  # 16-byte chunks of a row (a power of two >= 8)
+    CSH = DCH.bit_length() - 1  # log2(DCH): chunk c of a tile is row c >> CSH, chunk c & (DCH - 1)
+    CM = DCH - 1
+    KS16 = D // 16  # k16 steps of Q·K^T
+    QF_N = KS16 * 4  # u32 Q A-fragment registers per lane
     THREADS = g.threads
     NK8 = BK // 8  # n8 tiles of S per warp
     NK16 = BK // 16  # k16 steps of P·V
@@ -109,9 +123,9 @@ def _make_kernel(g: Geometry):
     STAGE = 2 * SKV
     O_N = ND8 * 4  # f32 O accumulators per lane
     S_N = NK8 * 4  # f32 S (then P) values per lane
-    Q_CH = BQ * 16 // THREADS  # 16-byte chunks per thread of the Q tile (= 8)
-    KV_CH = BK * 16 // THREADS  # ... of one K (or V) tile
-    OUT_CH = 16 * 16 // 32  # 16-byte output chunks per lane (16 rows x 16 chunks per warp)
+    Q_CH = BQ * DCH // THREADS  # 16-byte chunks per thread of the Q tile (= DCH / 2)
+    KV_CH = BK * DCH // THREADS  # ... of one K (or V) tile (all powers of two: exact)
+    OUT_CH = 16 * DCH // 32  # 16-byte output chunks per lane (16 rows x DCH chunks per warp)
     SC = float32(math.log2(math.e) / math.sqrt(D))
     NEG_INF = float32(-np.inf)
     M_INIT = float32(-1e30)
@@ -143,8 +157,8 @@ def _make_kernel(g: Geometry):
         # ---- prologue: Q tile (and K/V tile 0 when STAGES == 2) ------------------------------------------
         for rep in range(Q_CH):
             c = tid + rep * THREADS
-            r = c >> 4
-            ch = c & 15
+            r = c >> CSH
+            ch = c & CM
             qi = q0 + r
             ok = qi < nt
             gidx = qi * qs + h * D + ch * 8 if ok else 0
@@ -153,8 +167,8 @@ def _make_kernel(g: Geometry):
         if STAGES == 2:
             for rep in range(KV_CH):
                 c = tid + rep * THREADS
-                r = c >> 4
-                ch = c & 15
+                r = c >> CSH
+                ch = c & CM
                 ok = r < nt_kv
                 gidx = r * ks + hk * D + ch * 8 if ok else 0
                 sidx = SQ + r * D + ((ch ^ (r & 7)) << 3)
@@ -164,8 +178,8 @@ def _make_kernel(g: Geometry):
         cp_async_wait_group(PRO_WAIT)
         cuda.syncthreads()
 
-        qf = cuda.local.array(32, uint32)  # A fragments of the warp's 16 x 128 Q rows: 8 k16 steps x 4
-        for kk in range(8):
+        qf = cuda.local.array(QF_N, uint32)  # A fragments of the warp's 16 x D Q rows: D/16 k16 steps x 4
+        for kk in range(KS16):
             r = warp * 16 + (lane & 15)
             ch = kk * 2 + (lane >> 4)
             a0, a1, a2, a3 = ldmatrix_x4(smem, r * D + ((ch ^ (r & 7)) << 3))
@@ -194,8 +208,8 @@ def _make_kernel(g: Geometry):
                 base = SQ + (jn % STAGES) * STAGE
                 for rep in range(KV_CH):
                     c = tid + rep * THREADS
-                    r = c >> 4
-                    ch = c & 15
+                    r = c >> CSH
+                    ch = c & CM
                     kj = jn * BK + r
                     ok = kj < nt_kv
                     gidx = kj * ks + hk * D + ch * 8 if ok else 0
@@ -213,7 +227,7 @@ def _make_kernel(g: Geometry):
             # ---- S = Q · K^T (16 x BK per warp) ----------------------------------------------------------
             for x in range(S_N):
                 s[x] = ZERO
-            for kk in range(8):
+            for kk in range(KS16):
                 for jj in range(NK16):
                     r = jj * 16 + (lane & 7) + ((lane >> 4) << 3)
                     ch = kk * 2 + ((lane >> 3) & 1)
@@ -307,8 +321,8 @@ def _make_kernel(g: Geometry):
         syncwarp()
         for e in range(OUT_CH):
             c = lane + e * 32
-            rr = c >> 4
-            ch = c & 15
+            rr = c >> CSH
+            ch = c & CM
             r = warp * 16 + rr
             qi = q0 + r
             if qi < nt:
@@ -325,32 +339,38 @@ SIGNATURE = types.void(
 _CACHE = KernelCache("flash_attention", SIGNATURE)
 
 
-def kernel_ptx(config: dict | None, causal: bool = True, cc=(9, 0)) -> str:
-    """PTX of the kernel for ``config`` (NVVM for ``cc``; needs no GPU; not under the simulator)."""
-    g = geometry(config, causal)
+def kernel_ptx(config: dict | None, causal: bool = True, cc=(9, 0), head_dim: int = 128) -> str:
+    """PTX of the kernel for ``config`` and ``head_dim`` (NVVM for ``cc``; needs no GPU; not under the simulator)."""
+    g = geometry(config, causal, head_dim)
     ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE, cc=cc, launch_bounds=(g.threads,))
     return ptx
 
 
-def build(config: dict | None = None, causal: bool = True) -> BuiltKernel:
-    """Compile (once per knob combination and causal flag; cached) and return the kernel; opts in above 48 KB."""
-    g = geometry(config, causal)
+def build(config: dict | None = None, causal: bool = True, head_dim: int = 128) -> BuiltKernel:
+    """Compile (once per knob combination, causal flag and head_dim; cached) and return the kernel; opts in above
+    48 KB of shared memory."""
+    g = geometry(config, causal, head_dim)
     return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower BQ/BK/STAGES")
 
 
-def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int, int]:
-    """Validate the operands; return (nt, nt_kv, n_heads, n_kv_heads). One-line KernelConstraintError."""
+def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int, int, int]:
+    """Validate the operands; return (nt, nt_kv, n_heads, n_kv_heads, head_dim). One-line KernelConstraintError."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 3:
-            raise KernelConstraintError(f"flash_attention: {name} must be a 3-D f16 device array [tokens, heads, 128], got ndim {getattr(x, 'ndim', None)}")
+            raise KernelConstraintError(f"flash_attention: {name} must be a 3-D f16 device array [tokens, heads, "
+                                        f"head_dim], got ndim {getattr(x, 'ndim', None)}")
         if np.dtype(x.dtype) != np.float16:
             raise KernelConstraintError(f"flash_attention: {name} must be float16, got {x.dtype}")
         if not is_contiguous(x):
             raise KernelConstraintError(f"flash_attention: {name} must be C-contiguous, got strides {x.strides}")
-        if x.shape[2] != HEAD_DIM:
-            raise KernelConstraintError(f"flash_attention: head_dim must be {HEAD_DIM}, got {name} with head_dim {x.shape[2]}")
-    nt, n_heads, _ = q.shape
+    nt, n_heads, hd = q.shape
     nt_kv, n_kv_heads, _ = k.shape
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[2] != hd:
+            raise KernelConstraintError(f"flash_attention: q has head_dim {hd} but {name} has {x.shape[2]}")
+    why = head_dim_refusal(hd)
+    if why:
+        raise KernelConstraintError(f"flash_attention: {why}")
     if tuple(v.shape) != tuple(k.shape):
         raise KernelConstraintError(f"flash_attention: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     if nt == 0 or nt_kv == 0 or n_heads == 0 or n_kv_heads == 0:
@@ -360,38 +380,39 @@ def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int,
     if causal and nt_kv < nt:
         raise KernelConstraintError(f"flash_attention: causal needs nt_kv >= nt (the queries are the last nt cached positions), got nt={nt}, nt_kv={nt_kv}")
     if out is not None:
-        if tuple(out.shape) != (nt, n_heads, HEAD_DIM) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
+        if tuple(out.shape) != (nt, n_heads, hd) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
             raise KernelConstraintError(
-                f"flash_attention: out must be a C-contiguous float16 [{nt}, {n_heads}, {HEAD_DIM}] array, got {out.dtype} {tuple(out.shape)}"
+                f"flash_attention: out must be a C-contiguous float16 [{nt}, {n_heads}, {hd}] array, got {out.dtype} {tuple(out.shape)}"
             )
-    return nt, nt_kv, n_heads, n_kv_heads
+    return nt, nt_kv, n_heads, n_kv_heads, hd
 
 
 def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | None = None, stream=0):
-    """Enqueue attention ``O = softmax(Q·K^T / sqrt(128) + mask) · V`` on ``stream`` and return O.
+    """Enqueue attention ``O = softmax(Q·K^T / sqrt(D) + mask) · V`` on ``stream`` and return O.
 
-    q: f16 device array [nt, n_heads, 128] (row-major). k, v: f16 device arrays [nt_kv, n_kv_heads, 128] (the f16
-    KV cache, positions 0..nt_kv-1). Query row i sits at position i + (nt_kv - nt) (a cached prefix of
-    nt_kv - nt tokens precedes it); with ``causal`` it attends keys j <= i + (nt_kv - nt), else every key.
-    GQA: query head h reads KV head h // (n_heads // n_kv_heads). out: optional f16 [nt, n_heads, 128]; allocated
-    when None. Products on the tensor cores (mma.sync m16n8k16, f16 operands, f32 accumulation); softmax in f32;
-    P rounded to f16 for P·V (relative error ~1e-3 vs float64).
+    q: f16 device array [nt, n_heads, D] (row-major), D = head_dim, one of HEAD_DIMS (64, 128, 256). k, v: f16 device
+    arrays [nt_kv, n_kv_heads, D] (the f16 KV cache, positions 0..nt_kv-1). Query row i sits at position
+    i + (nt_kv - nt) (a cached prefix of nt_kv - nt tokens precedes it); with ``causal`` it attends keys
+    j <= i + (nt_kv - nt), else every key. GQA: query head h reads KV head h // (n_heads // n_kv_heads). out:
+    optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, f16
+    operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3 vs float64).
     config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2).
 
-    Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous; head_dim == 128; k and v the
-    same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16 [nt, n_heads, 128]. nt and nt_kv
-    may be any size >= 1 (tails zero-filled by cp.async src-size 0, masked, and not written).
+    Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous with one head_dim in
+    HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16
+    [nt, n_heads, D]. nt and nt_kv may be any size >= 1 (tails zero-filled by cp.async src-size 0, masked, and
+    not written).
 
     Algorithm: FlashAttention-2 (Dao 2023) forward; fragment layouts from the PTX ISA (see the module docstring).
     """
-    nt, nt_kv, n_heads, n_kv_heads = check_inputs(q, k, v, out, causal)
-    built = build(config, causal)
+    nt, nt_kv, n_heads, n_kv_heads, hd = check_inputs(q, k, v, out, causal)
+    built = build(config, causal, hd)
     g = built.geometry
     if out is None:
-        out = cuda.device_array((nt, n_heads, HEAD_DIM), dtype=np.float16, stream=stream)
-    out32 = out.reshape(nt * n_heads * HEAD_DIM).view(np.uint32)
+        out = cuda.device_array((nt, n_heads, hd), dtype=np.float16, stream=stream)
+    out32 = out.reshape(nt * n_heads * hd).view(np.uint32)
     built.kernel[g.grid(nt, n_heads), g.threads, stream, g.smem_bytes](
-        q.reshape(nt * n_heads * HEAD_DIM), k.reshape(nt_kv * n_kv_heads * HEAD_DIM),
-        v.reshape(nt_kv * n_kv_heads * HEAD_DIM), out32, nt, nt_kv, n_heads, n_kv_heads, nt_kv - nt,
+        q.reshape(nt * n_heads * hd), k.reshape(nt_kv * n_kv_heads * hd),
+        v.reshape(nt_kv * n_kv_heads * hd), out32, nt, nt_kv, n_heads, n_kv_heads, nt_kv - nt,
     )
     return out

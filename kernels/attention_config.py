@@ -1,11 +1,22 @@
-"""The knob table of `kernels.attention` (allowed values and defaults) and its head dimension, in a module without
+"""The knob table of `kernels.attention` (allowed values and defaults) and the head dims both attention kernels run, in a module without
 numba so that `minfer experiments list` and the engine's knob table read it without importing the kernel.
 `kernels.attention` re-exports every name here.
 """
 
 from __future__ import annotations
 
-HEAD_DIM = 128
+HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+"""The head dims both attention kernels (and so the engine) run: 64 (Llama-3.2-1B, Qwen2-0.5B, TinyLlama, SmolLM),
+128 (most 7-70B models), 256. Each is a power of two of 16-byte chunks per f16 row, which the prefill kernel's XOR
+swizzle and the decode kernel's lanes-per-row split need; 80 and 96 (Phi, StableLM) are not among them."""
+
+
+def head_dim_refusal(head_dim) -> str | None:
+    """None when both attention kernels run ``head_dim``, else the one-line reason (names the supported dims)."""
+    if head_dim in HEAD_DIMS:
+        return None
+    return f"head_dim {head_dim}: the attention kernels run head_dim {', '.join(map(str, HEAD_DIMS))} only"
+
 
 KNOBS: dict[str, tuple] = {
     "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)

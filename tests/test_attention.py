@@ -19,11 +19,11 @@ from kernels.ptx import SIMULATOR
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 
 
-def _qkv(nt, nt_kv, h, hk, seed=0):
+def _qkv(nt, nt_kv, h, hk, seed=0, hd=128):
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((nt, h, 128)).astype(np.float16)
-    k = rng.standard_normal((nt_kv, hk, 128)).astype(np.float16)
-    v = rng.standard_normal((nt_kv, hk, 128)).astype(np.float16)
+    q = rng.standard_normal((nt, h, hd)).astype(np.float16)
+    k = rng.standard_normal((nt_kv, hk, hd)).astype(np.float16)
+    v = rng.standard_normal((nt_kv, hk, hd)).astype(np.float16)
     return q, k, v
 
 
@@ -31,9 +31,9 @@ def _rel(got, ref) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def _prefill(config, nt, nt_kv, h, hk, causal=True, seed=0):
-    q, k, v = _qkv(nt, nt_kv, h, hk, seed)
-    out = cuda.to_device(np.full((nt, h, 128), np.nan, np.float16))  # poisoned: every row must be written
+def _prefill(config, nt, nt_kv, h, hk, hd=128, causal=True, seed=None):
+    q, k, v = _qkv(nt, nt_kv, h, hk, seed, hd)
+    out = cuda.to_device(np.full((nt, h, hd), np.nan, np.float16))  # poisoned: every row must be written
     A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal=causal, config=config)
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all(), "some outputs were never written (or NaN)"
@@ -50,6 +50,9 @@ SIM_CASES = [
     ("nt=70: 2 q tiles, 2 k tiles, tails", D, (70, 70, 2, 1)),
     ("prefix: nt=9 after 31 cached, BK=32", dict(D, BK=32), (9, 40, 2, 1)),
     ("BQ=128 (8 warps), nt=20", dict(D, BQ=128), (20, 20, 1, 1)),
+    ("head_dim 64: nt=37, GQA 4/2, BK=32", dict(D, BK=32), (37, 37, 4, 2, 64)),
+    ("head_dim 64: prefix, nt=9 after 60 cached", D, (9, 69, 2, 1, 64)),
+    ("head_dim 256: nt=19, GQA 2/1, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (19, 19, 2, 1, 256)),
 ]
 
 
@@ -62,18 +65,19 @@ def test_prefill_simulator_matches_float64(config, shape):
 @sim
 def test_prefill_non_causal():
     assert _prefill(dict(D, BK=32), 5, 37, 2, 1, causal=False) < 1e-2
+    assert _prefill(dict(D, BK=32), 5, 37, 2, 1, hd=64, causal=False) < 1e-2
 
 
 # ---- simulator: decode numbers ------------------------------------------------------------------------------
 
 
-def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1):
+def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None):
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((h, 128)).astype(q_dtype)
-    k = rng.standard_normal((l_max, hk, 128)).astype(np.float16)
-    v = rng.standard_normal((l_max, hk, 128)).astype(np.float16)
-    out = cuda.to_device(np.full((h, 128), np.nan, np.float32))
-    ws_ml, ws_acc = DEC.decode_workspace(h, splits)
+    q = rng.standard_normal((h, hd)).astype(q_dtype)
+    k = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
+    v = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
+    out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
+    ws_ml, ws_acc = DEC.decode_workspace(h, splits, head_dim=hd)
     for ws in (ws_ml, ws_acc):
         ws.copy_to_device(np.full(ws.shape, np.nan, np.float32))
     DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
@@ -85,40 +89,45 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, seed=1):
 
 
 @sim
-@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype", [
-    (1, 16, 4, 2, 2, np.float32),
-    (7, 16, 4, 2, 2, np.float16),
-    (37, 48, 6, 2, 1, np.float16),
-    (29, 32, 7, 1, 1, np.float32),
-    (300, 320, 2, 1, 16, np.float32),
+@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype,hd", [
+    (1, 16, 4, 2, 2, np.float32, 128),
+    (7, 16, 4, 2, 2, np.float16, 128),
+    (37, 48, 6, 2, 1, np.float16, 128),
+    (29, 32, 7, 1, 1, np.float32, 128),
+    (300, 320, 2, 1, 16, np.float32, 128),
+    (37, 48, 8, 2, 1, np.float32, 64),
+    (3, 8, 4, 1, 2, np.float16, 64),
+    (29, 32, 4, 2, 1, np.float32, 256),
 ], ids=["L=1: 1 of 8 partitions", "L=7 f16 q: 7 of 8", "L=37 G=3 f16 q: 10 rows a warp",
-        "L=29 G=7: a half-warp and a row slot idle", "L=300: 64 partitions, 5 rows a warp"])
-def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype):
+        "L=29 G=7: a half-warp and a row slot idle", "L=300: 64 partitions, 5 rows a warp",
+        "head_dim 64, L=37 G=4: quarter-warp rows, 10 rows a warp", "head_dim 64, L=3 f16 q: 3 of 8 partitions",
+        "head_dim 256, L=29 G=2: whole-warp rows, 8 rows a warp"])
+def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
     """Against float64, the workspace NaN-poisoned. Partitions past L (`used_partitions`) leave warps and whole blocks
-    idle; partition lengths that are not a multiple of four rows leave a half-warp's row slots masked; a block row
-    or a masked slot read stale would show."""
+    idle; partition lengths that are not a multiple of a warp's row slots (8 rows an iteration at any head_dim) leave
+    slots masked; a block row or a masked slot read stale would show."""
     assert DEC.used_partitions(L, 4 * splits) == min(4 * splits, L)
-    assert _decode(L, l_max, h, hk, splits, q_dtype) < 1e-4
+    assert _decode(L, l_max, h, hk, splits, q_dtype, hd) < 1e-4
 
 
 @sim
-@pytest.mark.parametrize("compensated", [False, True])
-def test_decode_q8_blocks_equal_a_separate_quantization(compensated):
+@pytest.mark.parametrize("compensated,hd", [(False, 128), (True, 128), (True, 64)])
+def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd):
     """FUSE_ATTN_Q8's combine: the Q8_1 blocks (q, d, s and, compensated, r) it writes beside out equal
     `quantize_q8_1(out)`'s bit for bit (the blocks are NaN/garbage-poisoned before)."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
     h, hk, L = 4, 2, 7
-    q = cuda.to_device(rng.standard_normal((h, 128)).astype(np.float32))
-    k, v = (cuda.to_device(rng.standard_normal((8, hk, 128)).astype(np.float16)) for _ in range(2))
-    out = cuda.to_device(np.full((h, 128), np.nan, np.float32))
-    fused, separate = q8_blocks(h * 128, compensated=compensated), q8_blocks(h * 128, compensated=compensated)
+    q = cuda.to_device(rng.standard_normal((h, hd)).astype(np.float32))
+    k, v = (cuda.to_device(rng.standard_normal((8, hk, hd)).astype(np.float16)) for _ in range(2))
+    out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
+    fused, separate = q8_blocks(h * hd, compensated=compensated), q8_blocks(h * hd, compensated=compensated)
     for blocks in (fused, separate):
         for a in (blocks.q, blocks.d, blocks.s) + ((blocks.r,) if compensated else ()):
             a.copy_to_device(np.full(a.shape, 0x55 if a.dtype == np.int8 else np.nan, a.dtype))
     DEC.decode_attention(q, k, v, cuda.to_device(np.array([L], np.int32)), out, splits=1, q8=fused)
-    quantize_q8_1(out.reshape(h * 128), separate)
+    quantize_q8_1(out.reshape(h * hd), separate)
     for field in ("q", "d", "s") + (("r",) if compensated else ()):
         got, want = getattr(fused, field).copy_to_host(), getattr(separate, field).copy_to_host()
         assert np.isfinite(want.astype(np.float64)).all()
@@ -131,7 +140,8 @@ def test_decode_q8_blocks_equal_a_separate_quantization(compensated):
 
 @sim
 @pytest.mark.parametrize("q_shape,kv_shape,dtype,match", [
-    ((4, 2, 64), (4, 2, 64), np.float16, "head_dim must be 128"),
+    ((4, 2, 80), (4, 2, 80), np.float16, "head_dim 80: the attention kernels run head_dim 64, 128, 256 only"),
+    ((4, 2, 64), (4, 2, 128), np.float16, "q has head_dim 64 but k has 128"),
     ((4, 3, 128), (4, 2, 128), np.float16, "multiple of n_kv_heads"),
     ((4, 2, 128), (4, 2, 128), np.float32, "must be float16"),
     ((8, 2, 128), (4, 2, 128), np.float16, "nt_kv >= nt"),
@@ -145,7 +155,9 @@ def test_prefill_bad_inputs_are_refused(q_shape, kv_shape, dtype, match):
 
 @sim
 @pytest.mark.parametrize("q_shape,q_dtype,kv_shape,match", [
-    ((4, 64), np.float32, (8, 2, 64), "head_dim must be 128"),
+    ((4, 96), np.float32, (8, 2, 96), "head_dim 96: the attention kernels run head_dim 64, 128, 256 only"),
+    ((4, 64), np.float32, (8, 2, 128), "q has head_dim 64 but k_cache has 128"),
+    ((18, 256), np.float32, (8, 2, 256), "group n_heads / n_kv_heads = 9 is above the supported 8 \\(at head_dim 256\\)"),
     ((3, 128), np.float32, (8, 2, 128), "multiple of n_kv_heads"),
     ((4, 128), np.float64, (8, 2, 128), "float32/float16"),
     ((34, 128), np.float32, (8, 2, 128), "group n_heads / n_kv_heads = 17 is above the supported 16"),
@@ -192,7 +204,10 @@ def test_geometry_follows_the_knobs():
     assert A.geometry(dict(D, BQ=128)).threads == 256 and A.geometry(dict(D, BQ=128)).grid(2048, 28) == (28, 16)
     assert A.geometry(dict(D, STAGES=1)).smem_bytes < g.smem_bytes
     assert A.geometry(dict(D, BK=32)).smem_bytes < g.smem_bytes
-    assert max(A.geometry(c).smem_bytes for c in A.all_configs()) <= H200_SMEM_OPTIN
+    assert max(A.geometry(c, head_dim=hd).smem_bytes for c in A.all_configs() for hd in A.HEAD_DIMS) <= H200_SMEM_OPTIN
+    assert A.geometry(D, head_dim=64).smem_bytes * 2 == g.smem_bytes
+    with pytest.raises(KernelConstraintError, match="head_dim 96: the attention kernels run head_dim 64, 128, 256"):
+        A.geometry(D, head_dim=96)
 
 
 def test_experiment_cost_and_workloads():
@@ -203,6 +218,8 @@ def test_experiment_cost_and_workloads():
     c = exp.cost(w, exp.default_config())
     assert c.flops == 4 * 2048 * 2048 * 28 * 128 / 2
     assert c.bytes == 2 * 128 * (2 * 2048 * 28 + 2 * 2048 * 4)
+    small = exp.cost(exp.workload("llama3_2_1b_pp2048"))
+    assert small.flops == 4 * 2048 * 2048 * 32 * 64 / 2 and small.bytes == 2 * 64 * (2 * 2048 * 32 + 2 * 2048 * 8)
     assert {k.name for k in exp.knobs} == {"BQ", "BK", "STAGES", "IMPL"}
 
 
@@ -212,10 +229,10 @@ COMBOS = [(cfg, causal) for cfg in A.all_configs() for causal in (True, False)]
 _PTX: dict = {}
 
 
-def _ptx(cfg, causal=True) -> str:
-    key = (tuple(sorted(A.resolve_config(cfg).items())), causal)
+def _ptx(cfg, causal=True, hd=128) -> str:
+    key = (tuple(sorted(A.resolve_config(cfg).items())), causal, hd)
     if key not in _PTX:
-        _PTX[key] = A.kernel_ptx(cfg, causal)
+        _PTX[key] = A.kernel_ptx(cfg, causal, head_dim=hd)
     return _PTX[key]
 
 
@@ -231,6 +248,24 @@ def test_prefill_compiles(cfg, causal):
     assert ".f64" not in ptx, "double-precision arithmetic crept into the kernel"
     # S = Q·K^T and O += P·V: (BK/16) * 8 * 2 mma each per tile, fully unrolled
     assert ptx.count("mma.sync.aligned") == 2 * (cfg["BK"] // 16) * 8 * 2
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("cfg", [D, dict(D, BQ=128, BK=32)], ids=["default", "BQ=128 BK=32"])
+def test_prefill_compiles_at_other_head_dims(cfg, hd):
+    """head_dim 64 and 256: D/16 k16 steps of Q·K^T and D/8 n8 tiles of O, fully unrolled; ptxas (nvJitLink) keeps
+    64's fragments in registers. At 256 the O accumulators alone are 128 f32 a lane, so only that it assembles is
+    checked (its spill bytes are reported by `minfer kernels`, not asserted)."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = _ptx(cfg, True, hd)
+    assert ptx.count("mma.sync.aligned") == 2 * (cfg["BK"] // 16) * (hd // 16) * 2
+    assert ".f64" not in ptx
+    got = ptxas_resources(ptx)
+    if hd == 64:
+        assert ".local" not in ptx and got["spill_bytes"] == 0, got
+    assert _ptx(cfg, True, hd) != _ptx(cfg, True, 128)
 
 
 @pytest.mark.compile
@@ -265,6 +300,22 @@ def test_decode_compiles(group, q_dtype):
     assert "shfl.sync.bfly.b32" in partial and "ex2.approx" in partial and "ex2.approx" in combine
     assert ".local" not in partial and ".local" not in combine
     assert ".f64" not in partial and ".f64" not in combine
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("group,hd", [(4, 64), (DEC.max_group(64), 64), (2, 256), (DEC.max_group(256), 256)],
+                         ids=["G=4 hd=64 (Llama-3.2-1B)", "largest G at hd=64", "G=2 hd=256", "largest G at hd=256"])
+def test_decode_compiles_at_other_head_dims(group, hd):
+    """Quarter-warp (64) and whole-warp (256) rows: the shuffle tree and the lane-group joins compile; the
+    shared-memory join fits the static 48 KiB at the largest group; G = 4 at 64 stays in registers."""
+    from ptx_assembly import ptxas_resources
+
+    partial, combine = DEC.kernel_ptx(group, head_dim=hd)
+    assert "ld.global.v4.b32" in partial and "bar.sync" in partial and "ex2.approx" in combine
+    got = ptxas_resources(partial)
+    if group <= 4:
+        assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
+    assert ptxas_resources(combine)["spill_bytes"] == 0
 
 
 @pytest.mark.compile
@@ -305,6 +356,18 @@ def test_prefill_gpu_matches_torch(config, nt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hd,h,hk", [(64, 32, 8), (256, 8, 4)], ids=["hd64 Llama-3.2-1B heads", "hd256"])
+@pytest.mark.parametrize("nt", [33, 2055])
+def test_prefill_gpu_matches_torch_at_other_head_dims(hd, h, hk, nt):
+    pytest.importorskip("torch")
+    q, k, v = _qkv(nt, nt, h, hk, seed=5, hd=hd)
+    out = cuda.to_device(np.full((nt, h, hd), np.nan, np.float16))
+    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out)
+    got = out.copy_to_host().astype(np.float64)
+    assert np.isfinite(got).all() and _rel(got, _torch_sdpa(q, k, v)) < 1e-2
+
+
+@pytest.mark.gpu
 def test_prefill_gpu_prefix_matches_float64():
     q, k, v = _qkv(100, 612, 28, 4, seed=4)
     out = cuda.to_device(np.full((100, 28, 128), np.nan, np.float16))
@@ -313,32 +376,36 @@ def test_prefill_gpu_prefix_matches_float64():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("L, splits", [(1, 128), (3, 128), (4097, 128), (4352, 128), (4097, 32), (517, 1), (4352, 64)])
-def test_decode_gpu_matches_torch(L, splits):
+@pytest.mark.parametrize("L, splits, hd, h, hk", [
+    (1, 128, 128, 28, 4), (3, 128, 128, 28, 4), (4097, 128, 128, 28, 4), (4352, 128, 128, 28, 4),
+    (4097, 32, 128, 28, 4), (517, 1, 128, 28, 4), (4352, 64, 128, 28, 4),
+    (4097, 64, 64, 32, 8), (3, 64, 64, 32, 8), (4097, 64, 256, 16, 2)])
+def test_decode_gpu_matches_torch(L, splits, hd, h, hk):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     l_max = 4352
-    q = rng.standard_normal((28, 128)).astype(np.float32)
-    k = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
-    v = rng.standard_normal((l_max, 4, 128)).astype(np.float16)
-    out = cuda.to_device(np.full((28, 128), np.nan, np.float32))
+    q = rng.standard_normal((h, hd)).astype(np.float32)
+    k = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
+    v = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
+    out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
     DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
                          cuda.to_device(np.array([L], np.int32)), out, splits=splits)
-    tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, 28, 1, 128]
-    tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
-    tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(7, 1)
+    tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, h, 1, hd]
+    tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)
+    tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)
     ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)[0, :, 0].double().cpu().numpy()
     assert _rel(out.copy_to_host().astype(np.float64), ref) < 1e-4
 
 
 @sim
-def test_decode_experiment_tiny_round_trip():
-    """The `attention_decode` experiment's own path (inputs, poison, prepare, launch, check) on its `tiny` workload;
+@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64"])
+def test_decode_experiment_tiny_round_trip(workload):
+    """The `attention_decode` experiment's own path (inputs, poison, prepare, launch, check) on its tiny workloads;
     its check sees a wrong output (one head's row shifted)."""
     from experiments.attention_decode import AttentionDecodeExperiment
 
     exp = AttentionDecodeExperiment()
-    w = exp.workload("tiny")
+    w = exp.workload(workload)
     config = exp.config("SPLITS=16")
     inputs = exp.make_input_set(w, np.random.default_rng())
     output = exp.make_output(w)
@@ -351,16 +418,18 @@ def test_decode_experiment_tiny_round_trip():
     output.copy_to_device(good)
     assert exp.check(config, w, inputs, output) > 1e-2
     assert [k.threads for k in exp.kernels(config, w)] == [128, 256]
-    assert exp.cost(w).bytes == 2 * 2 * 37 * 1 * 128 + 2 * 4 * 3 * 128
+    hd, h = w.shape["head_dim"], w.shape["n_heads"]
+    assert exp.cost(w).bytes == 2 * 2 * 37 * 1 * hd + 2 * 4 * h * hd
 
 
 @sim
-def test_experiment_tiny_round_trip():
-    """The experiment's own path (inputs, poison, prepare, launch, check) on its `tiny` workload."""
+@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64"])
+def test_experiment_tiny_round_trip(workload):
+    """The experiment's own path (inputs, poison, prepare, launch, check) on its tiny workloads."""
     from experiments.attention import AttentionExperiment
 
     exp = AttentionExperiment()
-    w = exp.workload("tiny")
+    w = exp.workload(workload)
     config = exp.config("BK=32")
     inputs = exp.make_input_set(w, np.random.default_rng(2))
     output = exp.make_output(w)
@@ -369,4 +438,4 @@ def test_experiment_tiny_round_trip():
     exp.prepare(config, w)(inputs, output, 0)
     assert exp.check(config, w, inputs, output) < exp.tolerance(config, w)
     (inst,) = exp.kernels(config, w)
-    assert inst.threads == 128 and inst.dynamic_smem == A.geometry(dict(D, BK=32)).smem_bytes
+    assert inst.threads == 128 and inst.dynamic_smem == A.geometry(dict(D, BK=32), head_dim=w.shape["head_dim"]).smem_bytes

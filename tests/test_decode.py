@@ -194,6 +194,29 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
     np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 2, 3])
 
 
+def test_head_dim_64_decode_matches_the_reference():
+    """Llama-3.2-1B's head_dim 64 through the whole eager decode engine: 32 RoPE pairs ("norm" pairing, a tied
+    output), quarter-warp cache rows in decode attention (4 rows a warp at once, 4 query heads a KV head), the f16
+    cache rows of both steps; logits of 2 steps against the float64 forward."""
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.reference import Reference
+    from minfer_cli.engine.weights import synth_weights
+
+    rng = np.random.default_rng()
+    config = dataclasses.replace(preset("tiny-llama"), name="micro-hd64", n_layers=1, ffn=256, vocab=256, n_heads=4,
+                                 n_kv_heads=1, head_dim=64)
+    weights = synth_weights(config, int(rng.integers(0, 2**31)))
+    engine = DecodeEngine(weights, 4, EAGER, splits=1, rows_per_block=8, warps_per_row=1)
+    first = int(rng.integers(0, config.vocab))
+    engine.start(first, 0)
+    seq = [first]
+    for i in range(2):
+        engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
+        got = engine.step().copy_to_host()
+        assert _rel(got, Reference(weights).forward(seq, last_only=True)) < 1e-2, f"step {i}"
+        seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
+
+
 def test_mmvq_decode_logits_match_the_reference(micro_weights):
     """MMVQ=1, XRES=0 (plain Q8_1 mat-vec inputs, dp4a): 1 eager step, logits against the float64 forward within 5e-2, the
     bench's tg tolerance (the int8 rounding of each mat-vec input, ~0.5% a product), and not exact (the knob
@@ -522,19 +545,23 @@ def _assert_greedy(tokens, got, want, max_ties: int = 4):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+rope_freqs"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+rope_freqs", "tiny-llama+hd64"])
 def test_greedy_tokens_match_the_reference_for_32_steps(name):
     """32 greedy tokens from an empty cache and 16 after a 6-token prefill on the shared cache, against the float64
     `Reference.forward` of the engine's own sequence (`_assert_greedy`). ``+rope_freqs``: a Llama 3.1-style
-    `rope_freqs` tensor of factors in [1, 8] (the reference divides each pair's frequency by its factor)."""
+    `rope_freqs` tensor of factors in [1, 8] (the reference divides each pair's frequency by its factor).
+    ``+hd64``: Llama-3.2-1B's head_dim 64 (4 query heads on 1 KV head) through prefill and decode attention."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.forward import PrefillEngine
     from minfer_cli.engine.reference import Reference
     from minfer_cli.engine.weights import synth_weights
 
     rng = np.random.default_rng()
-    base, _, scaled = name.partition("+")
-    config = dataclasses.replace(preset(base), rope_freqs=bool(scaled))
+    base, _, variant = name.partition("+")
+    scaled = variant == "rope_freqs"
+    config = dataclasses.replace(preset(base), rope_freqs=scaled)
+    if variant == "hd64":
+        config = dataclasses.replace(config, n_heads=4, n_kv_heads=1, head_dim=64)
     weights = synth_weights(config, int(rng.integers(0, 2**31)))
     if scaled:
         factors = rng.uniform(1.0, 8.0, size=config.head_dim // 2).astype(np.float32)

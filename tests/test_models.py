@@ -59,7 +59,8 @@ def test_use_more_bits_matches_llama_cpp_for_28_layers():
                                                               30, 31]
 
 
-@pytest.mark.parametrize("name, size", [("qwen2-1.5b-q4_k_m", "1.5B"), ("llama3.2-3b-q4_k_m", "3B")])
+@pytest.mark.parametrize("name, size", [("qwen2-1.5b-q4_k_m", "1.5B"), ("llama3.2-3b-q4_k_m", "3B"),
+                                        ("llama3.2-1b-q4_k_m", "1B")])
 def test_a_tied_embedding_takes_the_outputs_type(name, size):
     """llama.cpp's quantizer gives a model without output.weight an embedding of the output's type (Q6_K)."""
     from minfer_cli.engine.config import size_label

@@ -146,8 +146,8 @@ def check(weights: "ModelWeights", options: "EngineOptions", prompt: int = 32, s
     streaming float64 reference over the same sequence; compare them (see the module docstring).
 
     Raises ModelError for a model the engine cannot run (the message names why) and ValueError for prompt < 1 or
-    steps < 0. A model whose decode the engine cannot run (head_dim other than 128) is compared at the prefill
-    only, and ``decode_skipped`` says why.
+    steps < 0. A model whose decode the engine cannot run (a GQA group above the decode kernel's limit, a tensor
+    type the mat-vecs do not cover) is compared at the prefill only, and ``decode_skipped`` says why.
     """
     import numpy as np
     from numba import cuda

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kernels.attention_config import head_dim_refusal
 from minfer_cli.engine.errors import ModelError
 
 ARCHITECTURES = ("llama", "qwen2")
@@ -92,7 +93,8 @@ class ModelConfig:
         return asdict(self)
 
     def validate(self) -> "ModelConfig":
-        """Return self; raise ModelError (one sentence) for an unsupported architecture or inconsistent dims."""
+        """Return self; raise ModelError (one sentence) for an unsupported architecture, inconsistent dims or a head_dim
+        the attention kernels do not run (`kernels.attention_config.HEAD_DIMS`)."""
         if self.arch not in ARCHITECTURES:
             raise ModelError(f"architecture {self.arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
         if self.rope_style not in ("neox", "norm"):
@@ -102,8 +104,9 @@ class ModelConfig:
                 raise ModelError(f"{key}={getattr(self, key)} must be positive")
         if self.n_heads % self.n_kv_heads:
             raise ModelError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ModelError(f"head_dim={self.head_dim} must be even for RoPE")
+        why = head_dim_refusal(self.head_dim)
+        if why:
+            raise ModelError(why)
         return self
 
 
@@ -243,7 +246,7 @@ def tensor_specs(config: ModelConfig, mix: str = "Q4_K_M") -> list[TensorSpec]:
 
 # llama.cpp names a model's size by its architecture's layer count and width (llm_type), not by rounding the
 # parameter count: Qwen2-7B has 7.62 B parameters and is "7B"; Llama-2-7B has 6.74 B and is "7B" too.
-KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B",
+KNOWN_SIZES = {("qwen2", 28, 3584): "7B", ("qwen2", 28, 1536): "1.5B", ("llama", 16, 2048, 8192): "1B", ("llama", 28, 3072, 8192): "3B", ("llama", 32, 4096, 11008): "7B", ("llama", 32, 4096, 14336): "8B",
                ("llama", 80, 8192, 28672): "70B"}
 
 

@@ -101,8 +101,8 @@ class DecodeEngine:
     attention, attn_output, ffn_norm, ffn_gate_up, ffn_down per layer; output, sample), inside the graph too.
 
     Use: ``start(token, position)`` then ``generate(n)`` (graph replay when ``graphs``) or ``step()`` (always
-    eager). Raises ModelError for a model the kernels cannot run (head_dim != 128, a tensor type the GEMV does not
-    cover) and for steps past the cache.
+    eager). Raises ModelError for a model the kernels cannot run (a GQA group above `attention_decode.max_group`, a
+    tensor type the GEMV does not cover) and for steps past the cache.
     """
 
     def __init__(self, weights: ModelWeights, context: Optional[int] = None, options: DecodeOptions = DecodeOptions(),
@@ -111,7 +111,7 @@ class DecodeEngine:
         from numba import cuda
 
         from kernels.argmax import argmax_workspace, default_blocks
-        from kernels.attention_decode import HEAD_DIM, MAX_GROUP, SPLITS_VALUES, decode_workspace
+        from kernels.attention_decode import SPLITS_VALUES, decode_workspace, max_group
         from kernels.decode_state import STATE_SIZE
         from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
@@ -119,11 +119,10 @@ class DecodeEngine:
         c: ModelConfig = weights.config
         if prefill is not None and prefill.weights is not weights:
             raise ModelError("DecodeEngine(prefill=...) must be given the prefill engine's own weights")
-        if c.head_dim != HEAD_DIM:
-            raise ModelError(f"head_dim {c.head_dim}: decode attention supports head_dim {HEAD_DIM} only")
-        if c.n_heads // c.n_kv_heads > MAX_GROUP:
+        if c.n_heads // c.n_kv_heads > max_group(c.head_dim):
             raise ModelError(f"GQA group {c.n_heads // c.n_kv_heads} (n_heads {c.n_heads} / n_kv_heads "
-                             f"{c.n_kv_heads}): decode attention supports groups up to {MAX_GROUP}")
+                             f"{c.n_kv_heads}): decode attention supports groups up to {max_group(c.head_dim)} "
+                             f"at head_dim {c.head_dim}")
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in GEMV_TYPES:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; gemv_q supports: {', '.join(GEMV_TYPES)}")
@@ -170,7 +169,7 @@ class DecodeEngine:
         self.act = cuda.device_array((1, c.ffn), dtype=np.float32, stream=s)
         self.logits = cuda.device_array(c.vocab, dtype=np.float32, stream=s)
         self._sum = cuda.device_array((1, c.hidden), dtype=np.float32, stream=s)  # FUSE_ADD=0: a mat-vec's output
-        self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s)
+        self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s, head_dim=c.head_dim)
         self.argmax_blocks = default_blocks(c.vocab)
         self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
         self._q8_hidden, self._q8_attn, self._q8_ffn = (self._q8(n) for n in (c.hidden, c.q_dim, c.ffn))

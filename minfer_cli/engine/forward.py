@@ -84,7 +84,7 @@ class PrefillEngine:
 
     Construction does every allocation and, with W16, every dequantization: nothing is allocated in `prefill`.
     Raises ModelError for a model the kernels cannot run (a tensor type the dequant kernels do not cover, stacked
-    tensors of different input dims); flash attention refuses head_dim != 128 at the first prefill. Callers check
+    tensors of different input dims; a head_dim the attention kernels do not run is refused by the config). Callers check
     the memory plan first (`device_bytes`, `minfer_cli.engine.bench.check_fits`).
     """
 

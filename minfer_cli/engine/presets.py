@@ -6,7 +6,9 @@ Llama-2-7B: 32 layers, 4096, 11008, 32/32 heads, vocab 32000, theta 1e4, eps 1e-
 layers, 4096, 14336, 32/8 heads, vocab 128256, theta 5e5, eps 1e-5; Llama-3.1-8B: the same shapes, context 131072 and a ``rope_freqs``
 tensor; Qwen2-1.5B: 28 layers, 1536, 8960, 12/2
 heads, vocab 151936, theta 1e6, eps 1e-6, QKV bias, tied embedding; Llama-3.2-3B: 28 layers, 3072, 8192, 24/8
-heads, vocab 128256, theta 5e5, eps 1e-5, tied embedding, a ``rope_freqs`` tensor; Meta-Llama-3-70B: 80 layers,
+heads, vocab 128256, theta 5e5, eps 1e-5, tied embedding, a ``rope_freqs`` tensor; Llama-3.2-1B: 16 layers, 2048,
+8192, 32/8 heads of head_dim 64, vocab 128256, theta 5e5, eps 1e-5, tied embedding, a ``rope_freqs`` tensor;
+Meta-Llama-3-70B: 80 layers,
 8192, 28672, 64/8 heads, vocab 128256, theta 5e5, eps 1e-5). A tied embedding is Q6_K, as llama.cpp's quantizer
 writes it, and a 70B's attn_v Q5_K where Q4_K_M gives it no Q6_K (`config.mix_type`). ``tiny`` and ``tiny-llama`` are
 simulator-sized (every matrix input dim a multiple of 256, as the K-quants need); ``tiny-llama`` covers the
@@ -58,6 +60,10 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     "llama3.2-3b-q4_k_m": _llama(
         "llama3.2-3b-q4_k_m", n_layers=28, hidden=3072, ffn=8192, n_heads=24, n_kv_heads=8, head_dim=128,
+        vocab=128256, rope_base=5e5, rms_eps=1e-5, context_length=131072, tied_output=True, rope_freqs=True,
+    ),
+    "llama3.2-1b-q4_k_m": _llama(
+        "llama3.2-1b-q4_k_m", n_layers=16, hidden=2048, ffn=8192, n_heads=32, n_kv_heads=8, head_dim=64,
         vocab=128256, rope_base=5e5, rms_eps=1e-5, context_length=131072, tied_output=True, rope_freqs=True,
     ),
     "tiny": _qwen2(
