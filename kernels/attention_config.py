@@ -6,7 +6,7 @@ numba so that `minfer experiments list` and the engine's knob table read it with
 from __future__ import annotations
 
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
-"""The head dims both attention kernels (and so the engine) run: 64 (Llama-3.2-1B, Qwen2-0.5B, TinyLlama, SmolLM),
+"""The head dims both attention kernels (and so the engine) run: 64 (Llama-3.2-1B, TinyLlama-1.1B, Qwen2-0.5B),
 128 (most 7-70B models), 256. Each is a power of two of 16-byte chunks per f16 row, which the prefill kernel's XOR
 swizzle and the decode kernel's lanes-per-row split need; 80 and 96 (Phi, StableLM) are not among them."""
 
