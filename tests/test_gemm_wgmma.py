@@ -152,6 +152,67 @@ def test_wgmma_simulator_scale_d_zero_ignores_c():
     _check_one_product("swizzle64", 0)
 
 
+@cuda.jit
+def _k_wgmma_rs(img, afrag, b_off, c, out, scale):
+    smem = cuda.shared.array(_IMG, types.uint8, alignment=_ALIGN)
+    tid = cuda.threadIdx.x
+    for i in range(tid, _IMG, 128):
+        smem[i] = img[i]
+    acc = cuda.local.array(N_HALF, float32)
+    for i in range(N_HALF):
+        acc[i] = c[tid * (N_HALF) + i]
+    W.fence_proxy_async_shared()
+    cuda.syncthreads()
+    db = W.wgmma_desc(smem, b_off, 16, 512, W.SWIZZLE_64B)
+    W.wgmma_fence()
+    W.wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, afrag[tid * 4], afrag[tid * 4 + 1], afrag[tid * 4 + 2],
+                                afrag[tid * 4 + 3], db, scale, N_TEST)
+    W.wgmma_commit_group()
+    W.wgmma_wait_group(0)
+    for i in range(N_HALF):
+        out[tid * (N_HALF) + i] = acc[i]
+
+
+def _a_fragments(a):
+    """[128, 4] uint32: each thread's f16x2 A registers of a [64, 16] A, per the PTX ISA's register fragment table
+    for wgmma's A (a warp's 16 rows as mma.m16n8k16's A fragment), written out here independently."""
+    words = np.zeros((128, 4), np.uint32)
+    bits = a.astype(np.float16).view(np.uint16).astype(np.uint32)
+    for tw in range(128):
+        w, lane = tw // 32, tw % 32
+        g, t = lane // 4, lane % 4
+        for i, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+            r, k = 16 * w + g + dr, 2 * t + dk
+            words[tw, i] = bits[r, k] | (bits[r, k + 1] << 16)
+    return words
+
+
+def _check_one_rs_product(scale: int):
+    rng = np.random.default_rng()
+    a = rng.standard_normal((64, 16)).astype(np.float16)
+    b = rng.standard_normal((N_TEST, 16)).astype(np.float16)
+    c = rng.standard_normal((128, N_TEST // 2)).astype(np.float32)
+    img = np.zeros(_IMG, np.uint8)
+    ib = _place_gemm_tile(np.concatenate([b, np.zeros((N_TEST, 16), np.float16)], 1), 32)
+    img[4096 : 4096 + ib.size] = ib
+    out = cuda.to_device(np.full(128 * (N_TEST // 2), np.nan, np.float32))
+    _k_wgmma_rs[1, 128](cuda.to_device(img), cuda.to_device(_a_fragments(a).reshape(-1)), 4096,
+                        cuda.to_device(c.reshape(-1)), out, scale)
+    got = _d_from_fragments(out.copy_to_host().reshape(128, N_TEST // 2), N_TEST)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    if scale:
+        ref += _d_from_fragments(c, N_TEST)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+
+
+@sim
+@pytest.mark.parametrize("scale", [1, 0])
+def test_wgmma_register_a_simulator_numbers(scale):
+    """The register-A form: A from the threads' fragments (written out independently above), B through a 64-byte
+    swizzled descriptor; a transposed or misplaced fragment word would move rows or k columns of A."""
+    _check_one_rs_product(scale)
+
+
 @sim
 def test_wgmma_simulator_catches_a_wrong_sbo():
     with pytest.raises(AssertionError):  # core matrices placed 384 B apart, the descriptor says 256
@@ -332,6 +393,17 @@ def test_wgmma_helper_kernel_ptx():
     assert "wgmma.wait_group.sync.aligned 0;" in ptx and "fence.proxy.async.shared::cta" in ptx
 
 
+@pytest.mark.compile
+def test_wgmma_register_a_kernel_assembles():
+    """ptxas (nvJitLink, sm_90a) accepts the register-A wgmma's operand list."""
+    from ptx_assembly import assemble
+
+    sig = (types.uint8[::1], types.uint32[::1], types.int64, types.float32[::1], types.float32[::1], types.int64)
+    ptx, _ = cuda.compile_ptx(_k_wgmma_rs.py_func, types.void(*sig), cc=(9, 0, "a"))
+    assert f"wgmma.mma_async.sync.aligned.m64n{N_TEST}k16.f32.f16.f16" in ptx
+    assert len(assemble(ptx)) > 0
+
+
 # ---- gpu ------------------------------------------------------------------------------------------------------
 
 
@@ -340,6 +412,8 @@ def test_wgmma_helper_kernel_ptx():
 def test_wgmma_gpu_numbers(layout):
     _check_one_product(layout, 1)
     _check_one_product(layout, 0)
+    _check_one_rs_product(1)
+    _check_one_rs_product(0)
 
 
 def _torch_rel(a, b, out) -> float:

@@ -93,6 +93,7 @@ from kernels.ptx.wgmma import (
     wgmma_desc,
     wgmma_fence,
     wgmma_m64nNk16_f32_f16,
+    wgmma_m64nNk16_f32_f16_rs,
     wgmma_wait_group,
 )
 from kernels.ptx.wmma import (
@@ -172,6 +173,7 @@ __all__ = [
     "wgmma_desc",
     "wgmma_fence",
     "wgmma_m64nNk16_f32_f16",
+    "wgmma_m64nNk16_f32_f16_rs",
     "wgmma_wait_group",
     "wmma_load_a_f16",
     "wmma_load_b_f16",

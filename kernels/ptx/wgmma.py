@@ -1,6 +1,6 @@
-"""Hopper warpgroup MMA helpers (sm_90a only): `wgmma.mma_async` with both operands in shared memory, its
-shared-memory matrix descriptor, and the fences / group commits it needs. Same pattern as the rest of kernels.ptx:
-a stub per instruction naming its PTX ISA section, an `@intrinsic` emitting `llvmlite.ir.InlineAsm`, and beside it
+"""Hopper warpgroup MMA helpers (sm_90a only): `wgmma.mma_async` with both operands in shared memory or A in
+registers (`wgmma_m64nNk16_f32_f16_rs`), its shared-memory matrix descriptor, and the fences / group commits it
+needs. Same pattern as the rest of kernels.ptx: a stub per instruction naming its PTX ISA section, an `@intrinsic` emitting `llvmlite.ir.InlineAsm`, and beside it
 a CUDA-simulator form of the same semantics.
 
 Instruction (PTX ISA §9.7.15.5 "wgmma.mma_async"):
@@ -188,8 +188,31 @@ if SIMULATOR:
         for s in slots:
             if (s[2], s[3], s[5]) != (da, db, n):
                 raise RuntimeError("wgmma: the threads of a warpgroup passed different descriptors or shapes")
-        a = _operand(smem, da, 64)
-        b = _operand(smem, db, n)
+        return _wgmma_result(slots, _operand(smem, da, 64), _operand(smem, db, n), scale_d, n)
+
+    def _a_from_registers(slots):
+        """A [64 x 16] float64 from each thread's four f16x2 registers (the mma.m16n8k16 A fragment of its warp's
+        16 rows: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); low half the lower k)."""
+        a = np.zeros((64, 16), np.float64)
+        for tw, s in enumerate(slots):
+            w, lane = tw >> 5, tw & 31
+            g, t = lane >> 2, lane & 3
+            for i, word in enumerate(s[2]):
+                r = 16 * w + g + 8 * (i & 1)
+                k = 2 * t + 8 * (i >> 1)
+                pair = np.array([int(word) & 0xFFFFFFFF], np.uint32).view(np.float16)
+                a[r, k], a[r, k + 1] = float(pair[0]), float(pair[1])
+        return a
+
+    def _wgmma_rs_op(slots):
+        smem, _, _, db, scale_d, n = slots[0]
+        for s in slots:
+            if (s[3], s[5]) != (db, n):
+                raise RuntimeError("wgmma: the threads of a warpgroup passed different descriptors or shapes")
+        return _wgmma_result(slots, _a_from_registers(slots), _operand(smem, db, n), scale_d, n)
+
+    def _wgmma_result(slots, a, b, scale_d, n):
+        """Each thread's new accumulators: D = A · B^T (+ the C its registers hold when ``scale_d``)."""
         c = np.zeros((64, n), np.float64)
         if scale_d:
             for tw, s in enumerate(slots):
@@ -220,6 +243,19 @@ if SIMULATOR:
         base = int(acc_base)
         regs = [float(acc[base + i]) for i in range(n // 2)]
         res = _warpgroup_exchange(_wgmma_op, (smem, regs, int(desc_a), int(desc_b), bool(scale_d), n))
+        for i in range(n // 2):
+            acc[base + i] = res[i]
+
+    def wgmma_m64nNk16_f32_f16_rs(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n):
+        """Simulator form of the register-A `wgmma.mma_async` (see the compiled form): the warpgroup's 128 threads
+        rendezvous with their A fragments; acc[acc_base : acc_base + n/2] updated in place."""
+        n = int(n)
+        if n not in WGMMA_N:
+            raise ValueError(f"wgmma m64nNk16: N must be a multiple of 8 in 8..256, got {n}")
+        base = int(acc_base)
+        regs = [float(acc[base + i]) for i in range(n // 2)]
+        words = (int(a0), int(a1), int(a2), int(a3))
+        res = _warpgroup_exchange(_wgmma_rs_op, (smem, regs, words, int(desc_b), bool(scale_d), n))
         for i in range(n // 2):
             acc[base + i] = res[i]
 
@@ -265,6 +301,55 @@ else:
             cons = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)] + ["~{memory}"])
             f32 = ir.FloatType()
             res = _asm(builder, ir.LiteralStructType([f32] * regs), [da, db, sd, *accs], text, cons, True)
+            for i, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+
+    @_intrinsic(target="cuda", prefer_literal=True)
+    def wgmma_m64nNk16_f32_f16_rs(typingctx, smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n):
+        """`wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16 {d..}, {a0, a1, a2, a3}, b-desc, p, 1, 1, 0` (PTX ISA
+        §9.7.15.5, the register-A form): D[64 x n] = A[64 x 16] · B[n x 16]^T (+ D when ``scale_d`` != 0), A from
+        the warpgroup's registers, B K-major in shared memory (descriptor from `wgmma_desc`). Each warp holds its
+        16 rows of A as the mma.m16n8k16 A fragment (§9.7.15.5.1.1 "Register Fragments"; lane l, g = l >> 2,
+        t = l & 3: a0 = A[g, 2t..2t+1], a1 = A[g+8, 2t..], a2 = A[g, 2t+8..], a3 = A[g+8, 2t+8..], f16x2 uint32
+        words, low half the lower k), so a C fragment of a previous product, packed to f16 in pairs, is an A
+        fragment (FlashAttention's P·V). Accumulators, ``n``, ``smem`` and ordering as `wgmma_m64nNk16_f32_f16`;
+        the A registers may be reused once the batch is waited for."""
+        from numba.cuda.core.errors import NumbaTypeError
+
+        _check_1d_array("wgmma_m64nNk16_f32_f16_rs smem", smem, acc_base)
+        if not (isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32):
+            raise NumbaTypeError(f"wgmma_m64nNk16_f32_f16_rs needs a 1-D float32 accumulator array, got {acc}")
+        _check_scalars("wgmma_m64nNk16_f32_f16_rs a0..a3, descriptor, scale_d", (a0, a1, a2, a3, desc_b, scale_d),
+                       types.Integer, 6)
+        if not isinstance(n, types.IntegerLiteral) or int(n.literal_value) not in WGMMA_N:
+            raise NumbaTypeError(f"wgmma_m64nNk16_f32_f16_rs: n must be a compile-time multiple of 8 in 8..256, got {n}")
+        nn = int(n.literal_value)
+        regs = nn // 2
+        sig = types.void(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n)
+
+        def codegen(context, builder, sig, args):
+            struct = context.make_array(sig.args[1])(context, builder, value=args[1])
+            base = context.cast(builder, args[2], sig.args[2], types.int64)
+            ptrs = [builder.gep(struct.data, [builder.add(base, ir.Constant(ir.IntType(64), i))]) for i in range(regs)]
+            accs = [builder.load(p) for p in ptrs]
+            words = [context.cast(builder, args[3 + i], sig.args[3 + i], types.uint32) for i in range(4)]
+            db = context.cast(builder, args[7], sig.args[7], types.uint64)
+            sd = context.cast(builder, args[8], sig.args[8], types.uint32)
+            dlist = ", ".join(f"${i}" for i in range(regs))
+            alist = ", ".join(f"${regs + i}" for i in range(4))
+            text = (
+                "{ .reg .pred p; "
+                f"setp.ne.b32 p, ${regs + 5}, 0; "
+                f"wgmma.mma_async.sync.aligned.m64n{nn}k16.f32.f16.f16 {{{dlist}}}, {{{alist}}}, ${regs + 4}, p, 1, 1, 0; "
+                "}"
+            )
+            cons = ",".join(["=f"] * regs + ["r", "r", "r", "r", "l", "r"] + [str(i) for i in range(regs)] + ["~{memory}"])
+            f32 = ir.FloatType()
+            res = _asm(builder, ir.LiteralStructType([f32] * regs), [*words, db, sd, *accs], text, cons, True)
             for i, p in enumerate(ptrs):
                 builder.store(builder.extract_value(res, i), p)
             return context.get_dummy_value()
