@@ -1,6 +1,6 @@
 """Experiment `attention`: causal prefill attention (FlashAttention-2 on tensor cores, head_dim 64/128/256, GQA).
 
-Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BQ, BK, STAGES) and IMPL (minfer's
+Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BQ, BK, STAGES, MMA) and IMPL (minfer's
 kernel or torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 and 8192 tokens into
 an empty cache (28 query heads, 4 KV heads, head_dim 128), Llama-3.2-1B's 2048 (32 / 8 heads, head_dim 64), and tiny
 shapes with tails for the CUDA simulator (head_dim 128 and 64).
@@ -24,6 +24,9 @@ _DOCS = {
     "BQ": "query rows per block (BQ/16 warps of 16 rows, each holding its Q fragments in registers)",
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
     "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile",
+    "MMA": "the products: mma_sync (per-warp mma.sync m16n8k16, FlashAttention-2) or wgmma (per-warpgroup "
+           "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and a transposed V tile, as "
+           "FlashAttention-3 issues them; needs BK=64)",
 }
 
 
@@ -75,6 +78,12 @@ class AttentionExperiment(Experiment):
     def _knobs(self, config) -> dict:
         return {k: config[k] for k in knob_table.KNOBS}
 
+    def refuse(self, config, workload):
+        """A knob combination the kernel cannot compile (`attention_config.combination_refusal`); torch never."""
+        if config.get("IMPL") == "torch_sdpa":
+            return None
+        return knob_table.combination_refusal(self._knobs(config))
+
     def prepare(self, config, workload):
         if config.get("IMPL") == "torch_sdpa":
             return self._torch_launch(workload)
@@ -125,7 +134,8 @@ class AttentionExperiment(Experiment):
 
         built = kernel.build(self._knobs(config), head_dim=workload.shape["head_dim"])
         g = built.geometry
-        return [KernelInstance(f"flash_attention[BQ={g.bq},BK={g.bk},STAGES={g.stages},D={g.head_dim}]", built.kernel,
+        return [KernelInstance(f"flash_attention[BQ={g.bq},BK={g.bk},STAGES={g.stages},MMA={g.mma},D={g.head_dim}]",
+                               built.kernel,
                                kernel.SIGNATURE, g.threads, g.smem_bytes)]
 
     def _torch_launch(self, workload: Workload):

@@ -22,11 +22,17 @@ up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
 * epilogue O / l -> f16 staged through the (by then unused) swizzled Q tile, written with 16-byte stores, rows
   past nt skipped.
 
+MMA=wgmma (`_make_kernel_wgmma`) keeps this loop and issues both products on Hopper's warpgroup MMA instead, as
+FlashAttention-3 does (S = Q·K^T with both operands from shared memory, O += P·V with P from registers and a
+transposed V tile); not yet FA3's producer warp, TMA loads or the softmax overlapped with the other warpgroup's
+products.
+
 Program order: grid (heads, q tiles), heads fastest (the G query heads of a KV head read the same K/V tiles
 from L2), the heaviest (last) causal q tiles of every head launch first (longest job first: a short tail).
 
-Sources: FlashAttention-2 (Tri Dao, 2023, arXiv:2307.08691); PTX ISA 9.x "Matrix Fragments for mma.m16n8k16 with
-floating point type", "ldmatrix", "cp.async", "shfl.sync".
+Sources: FlashAttention-2 (Tri Dao, 2023, arXiv:2307.08691); FlashAttention-3 (Shah, Bikshandi, Zhang,
+Thakkar, Ramani, Dao, 2024, arXiv:2407.08608); PTX ISA 9.x "wgmma.mma_async", "Matrix Fragments for
+mma.m16n8k16 with floating point type", "ldmatrix", "cp.async", "shfl.sync".
 """
 
 from __future__ import annotations
@@ -36,10 +42,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
-from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, head_dim_refusal
+from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, combination_refusal, head_dim_refusal
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -54,6 +60,16 @@ from kernels.ptx import (
     st_global_v4_u32,
     syncwarp,
 )
+from kernels.ptx.wgmma import (
+    SWIZZLE_128B,
+    fence_proxy_async_shared,
+    wgmma_commit_group,
+    wgmma_desc,
+    wgmma_fence,
+    wgmma_m64nNk16_f32_f16,
+    wgmma_m64nNk16_f32_f16_rs,
+    wgmma_wait_group,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,7 @@ class Geometry:
     stages: int
     causal: bool
     head_dim: int
+    mma: str
     warps: int
     smem_bytes: int
 
@@ -75,7 +92,8 @@ class Geometry:
 
 
 def resolve_config(config: dict | None) -> dict:
-    """DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value ("64" accepted for 64)."""
+    """DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value ("64" accepted for 64) or a
+    combination that cannot compile (`combination_refusal`)."""
     cfg = dict(DEFAULT)
     for key, value in (config or {}).items():
         if key not in KNOBS:
@@ -85,28 +103,130 @@ def resolve_config(config: dict | None) -> dict:
             allowed = ", ".join(map(str, KNOBS[key]))
             raise KernelConstraintError(f"flash_attention {key}={value!r} is not allowed; allowed: {allowed}")
         cfg[key] = match[0]
+    why = combination_refusal(cfg)
+    if why:
+        raise KernelConstraintError(why)
     return cfg
 
 
 def geometry(config: dict | None, causal: bool = True, head_dim: int = 128) -> Geometry:
     """The kernel's shape for ``config``'s knobs, the causal flag and ``head_dim`` (one of HEAD_DIMS; else
-    KernelConstraintError): Q tile + STAGES K/V tiles of f16 rows in shared memory."""
+    KernelConstraintError): Q tile + STAGES K/V tiles of f16 rows in shared memory (MMA=wgmma: and the transposed
+    V tile)."""
     cfg = resolve_config(config)
     why = head_dim_refusal(head_dim)
     if why:
         raise KernelConstraintError(f"flash_attention: {why}")
     bq, bk, stages = cfg["BQ"], cfg["BK"], cfg["STAGES"]
-    smem = 2 * head_dim * (bq + 2 * stages * bk)
-    return Geometry(bq, bk, stages, bool(causal), int(head_dim), bq // 16, smem)
+    smem = 2 * head_dim * (bq + 2 * stages * bk + (bk if cfg["MMA"] == "wgmma" else 0))
+    return Geometry(bq, bk, stages, bool(causal), int(head_dim), cfg["MMA"], bq // 16, smem)
 
 
 def all_configs():
+    """Every knob setting that compiles (the product of KNOBS less `combination_refusal`'s)."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
-        yield dict(zip(keys, values))
+        cfg = dict(zip(keys, values))
+        if combination_refusal(cfg) is None:
+            yield cfg
+
+
+def _tile_steps(g: Geometry):
+    """(mask, softmax, store_out): the device functions both kernels share, for a warp's 16 query rows (lane l holds
+    rows g = l >> 2 and g + 8 of the S and O C fragments, columns 2t, 2t + 1 of each n8 tile, t = l & 3).
+
+    * ``mask(s, k0, q0, row_lo, nt_kv, offset)``: scores of keys past nt_kv or (causal) past the row's position to
+      -inf, only on tiles that cross the diagonal or the end of the keys;
+    * ``softmax(s, o, ml)``: the online softmax of one key tile in the log2 domain (scores scaled by
+      log2(e)/sqrt(D)): running max ``ml[0:2]`` and per-lane partial sums ``ml[2:4]`` of rows g, g+8, O rescaled by
+      exp2(m_old - m_new), ``s`` replaced by P;
+    * ``store_out(smem, smem32, out32, o, ml, r0, lane, q0, nt, qs, h)``: O / l to f16, staged in the warp's rows
+      r0 .. r0 + 15 of the (XOR-swizzled, D-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt
+      skipped."""
+    BK, CAUSAL, D = g.bk, g.causal, g.head_dim
+    NK8 = BK // 8
+    ND8 = D // 8
+    DCH = D // 8
+    CSH = DCH.bit_length() - 1
+    CM = DCH - 1
+    OUT_CH = 16 * DCH // 32
+    SC = float32(math.log2(math.e) / math.sqrt(D))
+    NEG_INF = float32(-np.inf)
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def mask(s, k0, q0, row_lo, nt_kv, offset):
+        lane = cuda.threadIdx.x & 31
+        tc = (lane & 3) * 2
+        if k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset):
+            for t8 in range(NK8):
+                for e in range(4):
+                    kj = k0 + t8 * 8 + tc + (e & 1)
+                    lim = nt_kv - 1
+                    if CAUSAL:
+                        lim = min(lim, row_lo + (e >> 1) * 8 + offset)
+                    if kj > lim:
+                        s[t8 * 4 + e] = NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def softmax(s, o, ml):
+        for hh in range(2):
+            mx = NEG_INF
+            for t8 in range(NK8):
+                mx = max(mx, max(s[t8 * 4 + 2 * hh], s[t8 * 4 + 2 * hh + 1]))
+            mx = max(mx, shfl_xor_f32(mx, 1))
+            mx = max(mx, shfl_xor_f32(mx, 2))
+            m_old = ml[hh]
+            m_new = max(m_old, mx * SC)
+            alpha = math.exp2(m_old - m_new)
+            ml[hh] = m_new
+            rs = ZERO
+            for t8 in range(NK8):
+                for e in range(2):
+                    x = t8 * 4 + 2 * hh + e
+                    p = math.exp2(s[x] * SC - m_new)
+                    s[x] = p
+                    rs += p
+            ml[2 + hh] = ml[2 + hh] * alpha + rs
+            for dn in range(ND8):
+                o[dn * 4 + 2 * hh] *= alpha
+                o[dn * 4 + 2 * hh + 1] *= alpha
+
+    @cuda.jit(device=True, inline="always")
+    def store_out(smem32, out32, o, ml, r0, q0, nt, qs, h):
+        lane = cuda.threadIdx.x & 31
+        gr = lane >> 2
+        tc = (lane & 3) * 2
+        for hh in range(2):
+            l = ml[2 + hh]
+            l += shfl_xor_f32(l, 1)
+            l += shfl_xor_f32(l, 2)
+            inv = ONE / l if l > ZERO else ZERO
+            r = r0 + gr + hh * 8
+            for dn in range(ND8):
+                x = dn * 4 + 2 * hh
+                smem32[(r * D + ((dn ^ (r & 7)) << 3) + tc) >> 1] = pack_f16x2(o[x] * inv, o[x + 1] * inv)
+        syncwarp()
+        for e in range(OUT_CH):
+            c = lane + e * 32
+            rr = c >> CSH
+            ch = c & CM
+            r = r0 + rr
+            qi = q0 + r
+            if qi < nt:
+                si = (r * D + ((ch ^ (r & 7)) << 3)) >> 1
+                st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2],
+                                 smem32[si + 3])
+
+    return mask, softmax, store_out
 
 
 def _make_kernel(g: Geometry):
+    return _make_kernel_wgmma(g) if g.mma == "wgmma" else _make_kernel_mma_sync(g)
+
+
+def _make_kernel_mma_sync(g: Geometry):
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
     DCH = D // 8  # 16-byte chunks of a row (a power of two >= 8)
@@ -115,24 +235,20 @@ def _make_kernel(g: Geometry):
     KS16 = D // 16  # k16 steps of Q·K^T
     QF_N = KS16 * 4  # u32 Q A-fragment registers per lane
     THREADS = g.threads
-    NK8 = BK // 8  # n8 tiles of S per warp
     NK16 = BK // 16  # k16 steps of P·V
     ND8 = D // 8  # n8 tiles of O
     SQ = BQ * D  # Q tile elements
     SKV = BK * D  # one K (or V) tile
     STAGE = 2 * SKV
     O_N = ND8 * 4  # f32 O accumulators per lane
-    S_N = NK8 * 4  # f32 S (then P) values per lane
+    S_N = BK // 2  # f32 S (then P) values per lane
     Q_CH = BQ * DCH // THREADS  # 16-byte chunks per thread of the Q tile (= DCH / 2)
     KV_CH = BK * DCH // THREADS  # ... of one K (or V) tile (all powers of two: exact)
-    OUT_CH = 16 * DCH // 32  # 16-byte output chunks per lane (16 rows x DCH chunks per warp)
-    SC = float32(math.log2(math.e) / math.sqrt(D))
-    NEG_INF = float32(-np.inf)
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
-    ONE = float32(1.0)
     SMEM_ALIGN = None if SIMULATOR else 128
     PRO_WAIT = STAGES - 1  # after the prologue (Q [+ K/V tile 0]): Q has landed
+    mask, softmax, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -141,7 +257,6 @@ def _make_kernel(g: Geometry):
         lane = tid & 31
         warp = tid >> 5
         gr = lane >> 2
-        tc = (lane & 3) * 2
         h = cuda.blockIdx.x  # heads fastest: the G heads of one KV head share its K/V tiles through L2
         qt = cuda.gridDim.y - 1 - cuda.blockIdx.y  # heaviest causal q tiles first (longest-job-first)
         hk = h // (n_heads // n_kv_heads)
@@ -248,39 +363,8 @@ def _make_kernel(g: Geometry):
                     s[c + 6] = d2
                     s[c + 7] = d3
 
-            # ---- mask (only tiles that cross the diagonal or the end of the keys) ------------------------
-            if k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset):
-                for t8 in range(NK8):
-                    for e in range(4):
-                        kj = k0 + t8 * 8 + tc + (e & 1)
-                        lim = nt_kv - 1
-                        if CAUSAL:
-                            lim = min(lim, row_lo + (e >> 1) * 8 + offset)
-                        if kj > lim:
-                            s[t8 * 4 + e] = NEG_INF
-
-            # ---- online softmax (log2 domain), rows g and g+8 ---------------------------------------------
-            for hh in range(2):
-                mx = NEG_INF
-                for t8 in range(NK8):
-                    mx = max(mx, max(s[t8 * 4 + 2 * hh], s[t8 * 4 + 2 * hh + 1]))
-                mx = max(mx, shfl_xor_f32(mx, 1))
-                mx = max(mx, shfl_xor_f32(mx, 2))
-                m_old = ml[hh]
-                m_new = max(m_old, mx * SC)
-                alpha = math.exp2(m_old - m_new)
-                ml[hh] = m_new
-                rs = ZERO
-                for t8 in range(NK8):
-                    for e in range(2):
-                        x = t8 * 4 + 2 * hh + e
-                        p = math.exp2(s[x] * SC - m_new)
-                        s[x] = p
-                        rs += p
-                ml[2 + hh] = ml[2 + hh] * alpha + rs
-                for dn in range(ND8):
-                    o[dn * 4 + 2 * hh] *= alpha
-                    o[dn * 4 + 2 * hh + 1] *= alpha
+            mask(s, k0, q0, row_lo, nt_kv, offset)
+            softmax(s, o, ml)
 
             # ---- O += P · V (P: f16 A fragments straight from the S C-fragments) -------------------------
             for kk in range(NK16):
@@ -309,25 +393,181 @@ def _make_kernel(g: Geometry):
         cp_async_wait_group(0)
 
         # ---- epilogue: O / l -> f16, staged in the warp's own rows of the Q tile, 16-byte stores ---------
-        for hh in range(2):
-            l = ml[2 + hh]
-            l += shfl_xor_f32(l, 1)
-            l += shfl_xor_f32(l, 2)
-            inv = ONE / l if l > ZERO else ZERO
-            r = warp * 16 + gr + hh * 8
-            for dn in range(ND8):
-                x = dn * 4 + 2 * hh
-                smem32[(r * D + ((dn ^ (r & 7)) << 3) + tc) >> 1] = pack_f16x2(o[x] * inv, o[x + 1] * inv)
-        syncwarp()
-        for e in range(OUT_CH):
-            c = lane + e * 32
-            rr = c >> CSH
+        store_out(smem32, out32, o, ml, warp * 16, q0, nt, qs, h)
+
+    return attn_kernel
+
+
+def _make_kernel_wgmma(g: Geometry):
+    """MMA=wgmma: the same FlashAttention-2 loop (cp.async ring, online softmax, P as f16 A fragments) with both
+    products on the Hopper warpgroup MMA (PTX ISA §9.7.15 "wgmma"), as FlashAttention-3 (Shah et al. 2024) issues
+    them: each warpgroup (4 warps, 64 query rows) computes S = Q·K^T with one m64nBKk16 a k16 step, both operands
+    from shared memory through descriptors, and O += P·V with one m64nDk16 a k16 step of keys, P from registers
+    (`wgmma_m64nNk16_f32_f16_rs`: the S C fragments packed to f16 are its A fragments), V^T by descriptor. The
+    per-warp fragments of S and O are mma.sync's, so the mask, softmax and epilogue are the mma_sync kernel's.
+
+    Shared memory, 1024-byte aligned, every operand in the canonical K-major layout with the 128-byte swizzle
+    (`kernels.ptx.wgmma` module docstring): the Q tile and each K tile as D/64 column blocks of [rows x 128 B]
+    (row r's 16-byte chunk c at chunk c ^ (r & 7); a k16 step's descriptor starts 32 bytes on, a column block
+    later every 4 steps; SBO = 1024), each V tile row-major with the mma_sync kernel's swizzle, and one V^T tile
+    [D x BK = 64 keys] written from it every key tile: each warp reads 16 x 16 blocks with `ldmatrix.x4.trans`
+    (a lane gets two keys of one d, exactly a 4-byte V^T word) and stores them, conflict-free, into the swizzled
+    rows. `fence.proxy.async` by every thread before the barrier that publishes K_j, Q and V^T_j to the wgmma
+    (async) proxy. BK = 64 only (a V^T row of keys is one 128-byte swizzle row)."""
+    BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
+    D = g.head_dim
+    DCH = D // 8
+    CSH = DCH.bit_length() - 1
+    CM = DCH - 1
+    KS16 = D // 16  # k16 steps of Q·K^T
+    NK16 = BK // 16  # k16 steps of P·V
+    THREADS = g.threads
+    WARPS = g.warps
+    SQB = BQ * D * 2  # bytes: the Q tile
+    SKVB = BK * D * 2  # one K (or V) tile
+    STB = 2 * SKVB
+    VTB = SQB + STAGES * STB  # the V^T tile
+    QBLK = BQ * 128  # bytes of one 64-column block of the Q tile
+    KBLK = BK * 128  # ... of a K tile
+    O_N = D // 2  # f32 O accumulators per lane (m64nDk16: D / 2)
+    S_N = BK // 2
+    Q_CH = BQ * DCH // THREADS
+    KV_CH = BK * DCH // THREADS
+    TASKS = NK16 * (D // 16)  # 16 x 16 V blocks a key tile
+    SBO = 1024
+    LBO = 16  # unused by swizzled K-major operands whose k16 step stays inside a 128-byte row
+    M_INIT = float32(-1e30)
+    ZERO = float32(0.0)
+    SMEM_ALIGN = None if SIMULATOR else 1024
+    PRO_WAIT = STAGES - 1
+    mask, softmax, store_out = _tile_steps(g)
+
+    def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        smem32 = cuda.shared.array(0, types.uint32, alignment=SMEM_ALIGN)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        wg = tid >> 7
+        gr = lane >> 2
+        tq = lane & 3
+        h = cuda.blockIdx.x
+        qt = cuda.gridDim.y - 1 - cuda.blockIdx.y
+        hk = h // (n_heads // n_kv_heads)
+        q0 = qt * BQ
+        if CAUSAL:
+            kend = min(nt_kv, q0 + BQ + offset)
+        else:
+            kend = nt_kv
+        ntiles = (kend + BK - 1) // BK
+        qs = n_heads * D
+        ks = n_kv_heads * D
+
+        # ---- prologue: Q (canonical layout) and, with STAGES == 2, K/V tile 0 ------------------------------
+        for rep in range(Q_CH):
+            c = tid + rep * THREADS
+            r = c >> CSH
             ch = c & CM
-            r = warp * 16 + rr
             qi = q0 + r
-            if qi < nt:
-                si = (r * D + ((ch ^ (r & 7)) << 3)) >> 1
-                st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2], smem32[si + 3])
+            ok = qi < nt
+            gidx = qi * qs + h * D + ch * 8 if ok else 0
+            cp_async_16(smem, ((ch >> 3) * QBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, q, gidx, 16 if ok else 0)
+        cp_async_commit_group()
+        if STAGES == 2:
+            for rep in range(KV_CH):
+                c = tid + rep * THREADS
+                r = c >> CSH
+                ch = c & CM
+                ok = r < nt_kv
+                gidx = r * ks + hk * D + ch * 8 if ok else 0
+                cp_async_16(smem, (SQB + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, k, gidx,
+                            16 if ok else 0)
+                cp_async_16(smem, (SQB + SKVB) // 2 + r * D + ((ch ^ (r & 7)) << 3), v, gidx, 16 if ok else 0)
+            cp_async_commit_group()
+        cp_async_wait_group(PRO_WAIT)
+
+        o = cuda.local.array(O_N, float32)
+        s = cuda.local.array(S_N, float32)
+        ml = cuda.local.array(4, float32)
+        for x in range(O_N):
+            o[x] = ZERO
+        ml[0] = M_INIT
+        ml[1] = M_INIT
+        ml[2] = ZERO
+        ml[3] = ZERO
+        row_lo = q0 + warp * 16 + gr
+        desc_q = wgmma_desc(smem, wg * 64 * 128, LBO, SBO, SWIZZLE_128B)
+        desc_k = wgmma_desc(smem, SQB, LBO, SBO, SWIZZLE_128B)
+        desc_vt = wgmma_desc(smem, VTB, LBO, SBO, SWIZZLE_128B)
+
+        for j in range(ntiles):
+            if STAGES == 2:
+                cp_async_wait_group(0)
+                cuda.syncthreads()  # tile j landed; every warpgroup is done with tile j-1's slot and V^T
+            jn = j + STAGES - 1
+            if jn < ntiles:
+                base = SQB + (jn % STAGES) * STB
+                for rep in range(KV_CH):
+                    c = tid + rep * THREADS
+                    r = c >> CSH
+                    ch = c & CM
+                    kj = jn * BK + r
+                    ok = kj < nt_kv
+                    gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                    cp_async_16(smem, (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, k, gidx,
+                                16 if ok else 0)
+                    cp_async_16(smem, (base + SKVB) // 2 + r * D + ((ch ^ (r & 7)) << 3), v, gidx, 16 if ok else 0)
+            cp_async_commit_group()
+            if STAGES == 1:
+                cp_async_wait_group(0)
+                cuda.syncthreads()
+            kbase = SQB + (j % STAGES) * STB
+            vb = (kbase + SKVB) // 2  # the row-major V tile (elements)
+            k0 = j * BK
+
+            # ---- V^T: 16 x 16 blocks of V through ldmatrix.trans into the swizzled [D x 64] rows -----------
+            for task in range(warp, TASKS, WARPS):
+                kk = task % NK16
+                dc = task // NK16
+                r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
+                ch = dc * 2 + (lane >> 4)
+                b0, b1, b2, b3 = ldmatrix_x4_trans(smem, vb + r * D + ((ch ^ (r & 7)) << 3))
+                d_lo = dc * 16 + gr
+                key = kk * 16 + 2 * tq
+                smem32[(VTB + d_lo * 128 + ((((key >> 3)) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b0
+                smem32[(VTB + d_lo * 128 + ((((key + 8) >> 3) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b1
+                smem32[(VTB + (d_lo + 8) * 128 + ((((key >> 3)) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b2
+                smem32[(VTB + (d_lo + 8) * 128 + ((((key + 8) >> 3) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b3
+            fence_proxy_async_shared()  # this thread's cp.async bytes (Q, K_j) and V^T words -> the wgmma proxy
+            cuda.syncthreads()
+
+            # ---- S = Q · K^T: one m64nBKk16 a k16 step -------------------------------------------------------
+            wgmma_fence()
+            for kq in range(KS16):
+                step = uint64(((kq >> 2) * QBLK + (kq & 3) * 32) >> 4)
+                kstep = uint64(((j % STAGES) * STB + (kq >> 2) * KBLK + (kq & 3) * 32) >> 4)
+                wgmma_m64nNk16_f32_f16(smem, s, 0, desc_q + step, desc_k + kstep, uint32(1 if kq > 0 else 0), BK)
+            wgmma_commit_group()
+            wgmma_wait_group(0)
+
+            mask(s, k0, q0, row_lo, nt_kv, offset)
+            softmax(s, o, ml)
+
+            # ---- O += P · V: one m64nDk16 a k16 step of keys, P from registers ------------------------------
+            wgmma_fence()
+            for kk in range(NK16):
+                c = kk * 8
+                wgmma_m64nNk16_f32_f16_rs(smem, o, 0, pack_f16x2(s[c], s[c + 1]), pack_f16x2(s[c + 2], s[c + 3]),
+                                          pack_f16x2(s[c + 4], s[c + 5]), pack_f16x2(s[c + 6], s[c + 7]),
+                                          desc_vt + uint64(kk * 2), uint32(1), D)
+            wgmma_commit_group()
+            wgmma_wait_group(0)
+            if STAGES == 1:
+                cuda.syncthreads()
+        cp_async_wait_group(0)
+        cuda.syncthreads()  # every warpgroup's last wgmma has read Q before the epilogue stages O over it
+
+        store_out(smem32, out32, o, ml, warp * 16, q0, nt, qs, h)
 
     return attn_kernel
 
@@ -396,7 +636,8 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     j <= i + (nt_kv - nt), else every key. GQA: query head h reads KV head h // (n_heads // n_kv_heads). out:
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, f16
     operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3 vs float64).
-    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2).
+    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
+    (mma_sync, or wgmma: Hopper warpgroup MMA, needs BK=64 and an sm_90a device).
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous with one head_dim in
     HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16

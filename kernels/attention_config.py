@@ -22,5 +22,15 @@ KNOBS: dict[str, tuple] = {
     "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
     "BK": (32, 64),  # keys per K/V tile
     "STAGES": (1, 2),  # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
+    "MMA": ("mma_sync", "wgmma"),  # the products: per-warp mma.sync (FA2), or per-warpgroup wgmma (Hopper, FA3's)
 }
-DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2}
+DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "mma_sync"}
+
+
+def combination_refusal(config: dict, prefix: str = "") -> str | None:
+    """Why a full knob setting (every KNOBS key) cannot compile, in one sentence naming the knobs with ``prefix``
+    (the engine's FA_), or None."""
+    if config["MMA"] == "wgmma" and config["BK"] != 64:
+        return (f"flash_attention {prefix}MMA=wgmma needs {prefix}BK=64 (a key tile is one 128-byte swizzled row of "
+                f"the transposed V tile), got {prefix}BK={config['BK']}")
+    return None

@@ -53,6 +53,10 @@ SIM_CASES = [
     ("head_dim 64: nt=37, GQA 4/2, BK=32", dict(D, BK=32), (37, 37, 4, 2, 64)),
     ("head_dim 64: prefix, nt=9 after 60 cached", D, (9, 69, 2, 1, 64)),
     ("head_dim 256: nt=19, GQA 2/1, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (19, 19, 2, 1, 256)),
+    ("wgmma: nt=70, GQA 2/1: 2 q tiles, 2 k tiles, tails", dict(D, MMA="wgmma"), (70, 70, 2, 1)),
+    ("wgmma BQ=128 (2 warpgroups), STAGES=1, nt=20", dict(D, MMA="wgmma", BQ=128, STAGES=1), (20, 20, 1, 1)),
+    ("wgmma head_dim 64: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 64)),
+    ("wgmma head_dim 256: nt=17", dict(D, MMA="wgmma"), (17, 17, 1, 1, 256)),
 ]
 
 
@@ -220,12 +224,13 @@ def test_experiment_cost_and_workloads():
     assert c.bytes == 2 * 128 * (2 * 2048 * 28 + 2 * 2048 * 4)
     small = exp.cost(exp.workload("llama3_2_1b_pp2048"))
     assert small.flops == 4 * 2048 * 2048 * 32 * 64 / 2 and small.bytes == 2 * 64 * (2 * 2048 * 32 + 2 * 2048 * 8)
-    assert {k.name for k in exp.knobs} == {"BQ", "BK", "STAGES", "IMPL"}
+    assert {k.name for k in exp.knobs} == {"BQ", "BK", "STAGES", "MMA", "IMPL"}
 
 
 # ---- compile: every knob combination, the right instructions, no local memory ------------------------------
 
-COMBOS = [(cfg, causal) for cfg in A.all_configs() for causal in (True, False)]
+COMBOS = [(cfg, causal) for cfg in A.all_configs() if cfg["MMA"] == "mma_sync" for causal in (True, False)]
+WGMMA_COMBOS = [cfg for cfg in A.all_configs() if cfg["MMA"] == "wgmma"]
 _PTX: dict = {}
 
 
@@ -248,6 +253,26 @@ def test_prefill_compiles(cfg, causal):
     assert ".f64" not in ptx, "double-precision arithmetic crept into the kernel"
     # S = Q·K^T and O += P·V: (BK/16) * 8 * 2 mma each per tile, fully unrolled
     assert ptx.count("mma.sync.aligned") == 2 * (cfg["BK"] // 16) * 8 * 2
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", WGMMA_COMBOS, ids=[f"BQ={c['BQ']} STAGES={c['STAGES']}" for c in WGMMA_COMBOS])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
+    """MMA=wgmma: D/16 shared-A wgmma (S = Q·K^T, m64n64) and BK/16 register-A wgmma (O += P·V, m64nD) a key
+    tile, the V^T tile written through ldmatrix.trans, the proxy fence; ptxas (nvJitLink, sm_90a) assembles it with
+    no spills at head_dim 64 and 128, in at most 255 registers a thread."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") >= hd // 16
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{hd}k16.f32.f16.f16") >= 64 // 16
+    for needle in ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "fence.proxy.async.shared::cta",
+                   "wgmma.wait_group.sync.aligned 0;", "cp.async.cg.shared.global"):
+        assert needle in ptx, needle
+    assert "mma.sync.aligned" not in ptx and ".f64" not in ptx
+    got = ptxas_resources(ptx)
+    assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
 
 
 @pytest.mark.compile
@@ -343,7 +368,9 @@ def _torch_sdpa(q, k, v):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [D, dict(D, BQ=128), dict(D, BK=32, STAGES=1)], ids=["default", "BQ=128", "BK=32 S=1"])
+@pytest.mark.parametrize("config", [D, dict(D, BQ=128), dict(D, BK=32, STAGES=1), dict(D, MMA="wgmma"),
+                                    dict(D, MMA="wgmma", BQ=128), dict(D, MMA="wgmma", STAGES=1)],
+                         ids=["default", "BQ=128", "BK=32 S=1", "wgmma", "wgmma BQ=128", "wgmma S=1"])
 @pytest.mark.parametrize("nt", [1, 33, 2048, 2055])
 def test_prefill_gpu_matches_torch(config, nt):
     pytest.importorskip("torch")
@@ -356,13 +383,14 @@ def test_prefill_gpu_matches_torch(config, nt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
 @pytest.mark.parametrize("hd,h,hk", [(64, 32, 8), (256, 8, 4)], ids=["hd64 Llama-3.2-1B heads", "hd256"])
 @pytest.mark.parametrize("nt", [33, 2055])
-def test_prefill_gpu_matches_torch_at_other_head_dims(hd, h, hk, nt):
+def test_prefill_gpu_matches_torch_at_other_head_dims(hd, h, hk, nt, mma):
     pytest.importorskip("torch")
     q, k, v = _qkv(nt, nt, h, hk, seed=5, hd=hd)
     out = cuda.to_device(np.full((nt, h, hd), np.nan, np.float16))
-    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out)
+    A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, config=dict(D, MMA=mma))
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all() and _rel(got, _torch_sdpa(q, k, v)) < 1e-2
 
