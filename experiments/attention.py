@@ -25,8 +25,8 @@ _DOCS = {
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
     "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile",
     "MMA": "the products: mma_sync (per-warp mma.sync m16n8k16, FlashAttention-2) or wgmma (per-warpgroup "
-           "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and a transposed V tile, as "
-           "FlashAttention-3 issues them; needs BK=64)",
+           "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and V read MN-major, as "
+           "FlashAttention-3 issues them)",
 }
 
 
@@ -77,12 +77,6 @@ class AttentionExperiment(Experiment):
 
     def _knobs(self, config) -> dict:
         return {k: config[k] for k in knob_table.KNOBS}
-
-    def refuse(self, config, workload):
-        """A knob combination the kernel cannot compile (`attention_config.combination_refusal`); torch never."""
-        if config.get("IMPL") == "torch_sdpa":
-            return None
-        return knob_table.combination_refusal(self._knobs(config))
 
     def prepare(self, config, workload):
         if config.get("IMPL") == "torch_sdpa":

@@ -23,9 +23,9 @@ up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
   past nt skipped.
 
 MMA=wgmma (`_make_kernel_wgmma`) keeps this loop and issues both products on Hopper's warpgroup MMA instead, as
-FlashAttention-3 does (S = Q·K^T with both operands from shared memory, O += P·V with P from registers and a
-transposed V tile); not yet FA3's producer warp, TMA loads or the softmax overlapped with the other warpgroup's
-products.
+FlashAttention-3 does (S = Q·K^T with both operands from shared memory, O += P·V with P from registers and
+V read by the instruction's transposed-B path); not yet FA3's producer warp, TMA loads or the softmax overlapped
+with the other warpgroup's products.
 
 Program order: grid (heads, q tiles), heads fastest (the G query heads of a KV head read the same K/V tiles
 from L2), the heaviest (last) causal q tiles of every head launch first (longest job first: a short tail).
@@ -45,7 +45,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
-from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, combination_refusal, head_dim_refusal
+from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, head_dim_refusal
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -92,8 +92,7 @@ class Geometry:
 
 
 def resolve_config(config: dict | None) -> dict:
-    """DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value ("64" accepted for 64) or a
-    combination that cannot compile (`combination_refusal`)."""
+    """DEFAULT overridden by ``config``; KernelConstraintError on an unknown knob or value ("64" accepted for 64)."""
     cfg = dict(DEFAULT)
     for key, value in (config or {}).items():
         if key not in KNOBS:
@@ -103,32 +102,26 @@ def resolve_config(config: dict | None) -> dict:
             allowed = ", ".join(map(str, KNOBS[key]))
             raise KernelConstraintError(f"flash_attention {key}={value!r} is not allowed; allowed: {allowed}")
         cfg[key] = match[0]
-    why = combination_refusal(cfg)
-    if why:
-        raise KernelConstraintError(why)
     return cfg
 
 
 def geometry(config: dict | None, causal: bool = True, head_dim: int = 128) -> Geometry:
     """The kernel's shape for ``config``'s knobs, the causal flag and ``head_dim`` (one of HEAD_DIMS; else
-    KernelConstraintError): Q tile + STAGES K/V tiles of f16 rows in shared memory (MMA=wgmma: and the transposed
-    V tile)."""
+    KernelConstraintError): Q tile + STAGES K/V tiles of f16 rows in shared memory."""
     cfg = resolve_config(config)
     why = head_dim_refusal(head_dim)
     if why:
         raise KernelConstraintError(f"flash_attention: {why}")
     bq, bk, stages = cfg["BQ"], cfg["BK"], cfg["STAGES"]
-    smem = 2 * head_dim * (bq + 2 * stages * bk + (bk if cfg["MMA"] == "wgmma" else 0))
+    smem = 2 * head_dim * (bq + 2 * stages * bk)
     return Geometry(bq, bk, stages, bool(causal), int(head_dim), cfg["MMA"], bq // 16, smem)
 
 
 def all_configs():
-    """Every knob setting that compiles (the product of KNOBS less `combination_refusal`'s)."""
+    """Every knob setting (the product of KNOBS: each compiles)."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
-        cfg = dict(zip(keys, values))
-        if combination_refusal(cfg) is None:
-            yield cfg
+        yield dict(zip(keys, values))
 
 
 def _tile_steps(g: Geometry):
@@ -403,17 +396,17 @@ def _make_kernel_wgmma(g: Geometry):
     products on the Hopper warpgroup MMA (PTX ISA §9.7.15 "wgmma"), as FlashAttention-3 (Shah et al. 2024) issues
     them: each warpgroup (4 warps, 64 query rows) computes S = Q·K^T with one m64nBKk16 a k16 step, both operands
     from shared memory through descriptors, and O += P·V with one m64nDk16 a k16 step of keys, P from registers
-    (`wgmma_m64nNk16_f32_f16_rs`: the S C fragments packed to f16 are its A fragments), V^T by descriptor. The
-    per-warp fragments of S and O are mma.sync's, so the mask, softmax and epilogue are the mma_sync kernel's.
+    (`wgmma_m64nNk16_f32_f16_rs`: the S C fragments packed to f16 are its A fragments) and V read MN-major (the
+    instruction's transposed B: no copy of V^T is made). The per-warp fragments of S and O are mma.sync's, so the
+    mask, softmax and epilogue are the mma_sync kernel's.
 
-    Shared memory, 1024-byte aligned, every operand in the canonical K-major layout with the 128-byte swizzle
-    (`kernels.ptx.wgmma` module docstring): the Q tile and each K tile as D/64 column blocks of [rows x 128 B]
-    (row r's 16-byte chunk c at chunk c ^ (r & 7); a k16 step's descriptor starts 32 bytes on, a column block
-    later every 4 steps; SBO = 1024), each V tile row-major with the mma_sync kernel's swizzle, and one V^T tile
-    [D x BK = 64 keys] written from it every key tile: each warp reads 16 x 16 blocks with `ldmatrix.x4.trans`
-    (a lane gets two keys of one d, exactly a 4-byte V^T word) and stores them, conflict-free, into the swizzled
-    rows. `fence.proxy.async` by every thread before the barrier that publishes K_j, Q and V^T_j to the wgmma
-    (async) proxy. BK = 64 only (a V^T row of keys is one 128-byte swizzle row)."""
+    Shared memory, 1024-byte aligned, Q, K and V tiles all in one layout: D/64 column blocks of [rows x 128 B], row
+    r's 16-byte chunk c at chunk c ^ (r & 7) (the 128-byte swizzle). For Q and K it is the canonical K-major layout
+    (a k16 step's descriptor starts 32 bytes on, a column block later every 4 steps; SBO = 1024 between 8-row
+    groups); for V, whose rows are keys (the k of P·V) and columns d (its n), it is the canonical MN-major layout
+    (`kernels.ptx.wgmma.operand_byte_offsets`: LBO = the column-block stride between 64-d blocks, SBO = 1024
+    between 8-key groups, a k16 step 2048 bytes on). Every thread issues `fence.proxy.async` after its cp.async
+    bytes land and before the barrier that publishes the tile to the wgmma (async) proxy."""
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
     DCH = D // 8
@@ -422,24 +415,20 @@ def _make_kernel_wgmma(g: Geometry):
     KS16 = D // 16  # k16 steps of Q·K^T
     NK16 = BK // 16  # k16 steps of P·V
     THREADS = g.threads
-    WARPS = g.warps
     SQB = BQ * D * 2  # bytes: the Q tile
     SKVB = BK * D * 2  # one K (or V) tile
     STB = 2 * SKVB
-    VTB = SQB + STAGES * STB  # the V^T tile
     QBLK = BQ * 128  # bytes of one 64-column block of the Q tile
-    KBLK = BK * 128  # ... of a K tile
+    KBLK = BK * 128  # ... of a K or V tile
     O_N = D // 2  # f32 O accumulators per lane (m64nDk16: D / 2)
     S_N = BK // 2
     Q_CH = BQ * DCH // THREADS
     KV_CH = BK * DCH // THREADS
-    TASKS = NK16 * (D // 16)  # 16 x 16 V blocks a key tile
     SBO = 1024
     LBO = 16  # unused by swizzled K-major operands whose k16 step stays inside a 128-byte row
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 1024
-    PRO_WAIT = STAGES - 1
     mask, softmax, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
@@ -450,7 +439,6 @@ def _make_kernel_wgmma(g: Geometry):
         warp = tid >> 5
         wg = tid >> 7
         gr = lane >> 2
-        tq = lane & 3
         h = cuda.blockIdx.x
         qt = cuda.gridDim.y - 1 - cuda.blockIdx.y
         hk = h // (n_heads // n_kv_heads)
@@ -463,7 +451,7 @@ def _make_kernel_wgmma(g: Geometry):
         qs = n_heads * D
         ks = n_kv_heads * D
 
-        # ---- prologue: Q (canonical layout) and, with STAGES == 2, K/V tile 0 ------------------------------
+        # ---- prologue: Q and, with STAGES == 2, K/V tile 0 (the one swizzled column-block layout) -----------
         for rep in range(Q_CH):
             c = tid + rep * THREADS
             r = c >> CSH
@@ -480,11 +468,10 @@ def _make_kernel_wgmma(g: Geometry):
                 ch = c & CM
                 ok = r < nt_kv
                 gidx = r * ks + hk * D + ch * 8 if ok else 0
-                cp_async_16(smem, (SQB + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, k, gidx,
-                            16 if ok else 0)
-                cp_async_16(smem, (SQB + SKVB) // 2 + r * D + ((ch ^ (r & 7)) << 3), v, gidx, 16 if ok else 0)
+                at = (SQB + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
+                cp_async_16(smem, at, k, gidx, 16 if ok else 0)
+                cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
-        cp_async_wait_group(PRO_WAIT)
 
         o = cuda.local.array(O_N, float32)
         s = cuda.local.array(S_N, float32)
@@ -498,12 +485,13 @@ def _make_kernel_wgmma(g: Geometry):
         row_lo = q0 + warp * 16 + gr
         desc_q = wgmma_desc(smem, wg * 64 * 128, LBO, SBO, SWIZZLE_128B)
         desc_k = wgmma_desc(smem, SQB, LBO, SBO, SWIZZLE_128B)
-        desc_vt = wgmma_desc(smem, VTB, LBO, SBO, SWIZZLE_128B)
+        desc_v = wgmma_desc(smem, SQB + SKVB, KBLK, SBO, SWIZZLE_128B)  # MN-major: LBO = the 64-d block stride
 
         for j in range(ntiles):
             if STAGES == 2:
                 cp_async_wait_group(0)
-                cuda.syncthreads()  # tile j landed; every warpgroup is done with tile j-1's slot and V^T
+                fence_proxy_async_shared()  # this thread's landed cp.async bytes (Q, K_j, V_j) -> the wgmma proxy
+                cuda.syncthreads()  # tile j visible; every warpgroup's products on tile j-1's slot are done
             jn = j + STAGES - 1
             if jn < ntiles:
                 base = SQB + (jn % STAGES) * STB
@@ -514,52 +502,37 @@ def _make_kernel_wgmma(g: Geometry):
                     kj = jn * BK + r
                     ok = kj < nt_kv
                     gidx = kj * ks + hk * D + ch * 8 if ok else 0
-                    cp_async_16(smem, (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, k, gidx,
-                                16 if ok else 0)
-                    cp_async_16(smem, (base + SKVB) // 2 + r * D + ((ch ^ (r & 7)) << 3), v, gidx, 16 if ok else 0)
+                    at = (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
+                    cp_async_16(smem, at, k, gidx, 16 if ok else 0)
+                    cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
             if STAGES == 1:
                 cp_async_wait_group(0)
+                fence_proxy_async_shared()
                 cuda.syncthreads()
-            kbase = SQB + (j % STAGES) * STB
-            vb = (kbase + SKVB) // 2  # the row-major V tile (elements)
+            slot = uint64(((j % STAGES) * STB) >> 4)
             k0 = j * BK
-
-            # ---- V^T: 16 x 16 blocks of V through ldmatrix.trans into the swizzled [D x 64] rows -----------
-            for task in range(warp, TASKS, WARPS):
-                kk = task % NK16
-                dc = task // NK16
-                r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
-                ch = dc * 2 + (lane >> 4)
-                b0, b1, b2, b3 = ldmatrix_x4_trans(smem, vb + r * D + ((ch ^ (r & 7)) << 3))
-                d_lo = dc * 16 + gr
-                key = kk * 16 + 2 * tq
-                smem32[(VTB + d_lo * 128 + ((((key >> 3)) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b0
-                smem32[(VTB + d_lo * 128 + ((((key + 8) >> 3) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b1
-                smem32[(VTB + (d_lo + 8) * 128 + ((((key >> 3)) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b2
-                smem32[(VTB + (d_lo + 8) * 128 + ((((key + 8) >> 3) ^ (d_lo & 7)) << 4) + (key & 7) * 2) >> 2] = b3
-            fence_proxy_async_shared()  # this thread's cp.async bytes (Q, K_j) and V^T words -> the wgmma proxy
-            cuda.syncthreads()
 
             # ---- S = Q · K^T: one m64nBKk16 a k16 step -------------------------------------------------------
             wgmma_fence()
             for kq in range(KS16):
-                step = uint64(((kq >> 2) * QBLK + (kq & 3) * 32) >> 4)
-                kstep = uint64(((j % STAGES) * STB + (kq >> 2) * KBLK + (kq & 3) * 32) >> 4)
-                wgmma_m64nNk16_f32_f16(smem, s, 0, desc_q + step, desc_k + kstep, uint32(1 if kq > 0 else 0), BK)
+                step_q = uint64(((kq >> 2) * QBLK + (kq & 3) * 32) >> 4)
+                step_k = uint64(((kq >> 2) * KBLK + (kq & 3) * 32) >> 4)
+                wgmma_m64nNk16_f32_f16(smem, s, 0, desc_q + step_q, desc_k + slot + step_k, uint32(1 if kq > 0 else 0),
+                                       BK)
             wgmma_commit_group()
             wgmma_wait_group(0)
 
             mask(s, k0, q0, row_lo, nt_kv, offset)
             softmax(s, o, ml)
 
-            # ---- O += P · V: one m64nDk16 a k16 step of keys, P from registers ------------------------------
+            # ---- O += P · V: one m64nDk16 a k16 step of keys, P from registers, V MN-major -----------------
             wgmma_fence()
             for kk in range(NK16):
                 c = kk * 8
                 wgmma_m64nNk16_f32_f16_rs(smem, o, 0, pack_f16x2(s[c], s[c + 1]), pack_f16x2(s[c + 2], s[c + 3]),
                                           pack_f16x2(s[c + 4], s[c + 5]), pack_f16x2(s[c + 6], s[c + 7]),
-                                          desc_vt + uint64(kk * 2), uint32(1), D)
+                                          desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
             wgmma_commit_group()
             wgmma_wait_group(0)
             if STAGES == 1:
@@ -637,7 +610,7 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, f16
     operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3 vs float64).
     config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
-    (mma_sync, or wgmma: Hopper warpgroup MMA, needs BK=64 and an sm_90a device).
+    (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous with one head_dim in
     HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16

@@ -26,11 +26,3 @@ KNOBS: dict[str, tuple] = {
 }
 DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "mma_sync"}
 
-
-def combination_refusal(config: dict, prefix: str = "") -> str | None:
-    """Why a full knob setting (every KNOBS key) cannot compile, in one sentence naming the knobs with ``prefix``
-    (the engine's FA_), or None."""
-    if config["MMA"] == "wgmma" and config["BK"] != 64:
-        return (f"flash_attention {prefix}MMA=wgmma needs {prefix}BK=64 (a key tile is one 128-byte swizzled row of "
-                f"the transposed V tile), got {prefix}BK={config['BK']}")
-    return None

@@ -57,6 +57,7 @@ SIM_CASES = [
     ("wgmma BQ=128 (2 warpgroups), STAGES=1, nt=20", dict(D, MMA="wgmma", BQ=128, STAGES=1), (20, 20, 1, 1)),
     ("wgmma head_dim 64: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 64)),
     ("wgmma head_dim 256: nt=17", dict(D, MMA="wgmma"), (17, 17, 1, 1, 256)),
+    ("wgmma BK=32: prefix, nt=9 after 40 cached", dict(D, MMA="wgmma", BK=32), (9, 49, 2, 1)),
 ]
 
 
@@ -231,6 +232,7 @@ def test_experiment_cost_and_workloads():
 
 COMBOS = [(cfg, causal) for cfg in A.all_configs() if cfg["MMA"] == "mma_sync" for causal in (True, False)]
 WGMMA_COMBOS = [cfg for cfg in A.all_configs() if cfg["MMA"] == "wgmma"]
+_WG_IDS = [f"BQ={c['BQ']} BK={c['BK']} STAGES={c['STAGES']}" for c in WGMMA_COMBOS]
 _PTX: dict = {}
 
 
@@ -256,21 +258,25 @@ def test_prefill_compiles(cfg, causal):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg", WGMMA_COMBOS, ids=[f"BQ={c['BQ']} STAGES={c['STAGES']}" for c in WGMMA_COMBOS])
+@pytest.mark.parametrize("cfg", WGMMA_COMBOS, ids=_WG_IDS)
 @pytest.mark.parametrize("hd", [64, 128])
 def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
-    """MMA=wgmma: D/16 shared-A wgmma (S = Q·K^T, m64n64) and BK/16 register-A wgmma (O += P·V, m64nD) a key
-    tile, the V^T tile written through ldmatrix.trans, the proxy fence; ptxas (nvJitLink, sm_90a) assembles it with
-    no spills at head_dim 64 and 128, in at most 255 registers a thread."""
+    """MMA=wgmma: D/16 shared-A wgmma (S = Q·K^T, m64nBK) and BK/16 register-A wgmma with the MN-major V (O += P·V,
+    m64nD, transposed B) a key tile, the proxy fence; ptxas (nvJitLink, sm_90a) assembles it with no spills at
+    head_dim 64 and 128."""
     from ptx_assembly import ptxas_resources
 
     ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") >= hd // 16
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{hd}k16.f32.f16.f16") >= 64 // 16
-    for needle in ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "fence.proxy.async.shared::cta",
-                   "wgmma.wait_group.sync.aligned 0;", "cp.async.cg.shared.global"):
+    bk = cfg["BK"]
+    shape = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.f16.f16"
+    if bk == hd:
+        assert ptx.count(shape.format(bk)) == hd // 16 + bk // 16
+    else:
+        assert ptx.count(shape.format(bk)) == hd // 16 and ptx.count(shape.format(hd)) == bk // 16
+    assert ptx.count(", p, 1, 1, 1;") == bk // 16  # the register-A products read V MN-major
+    for needle in ("fence.proxy.async.shared::cta", "wgmma.wait_group.sync.aligned 0;", "cp.async.cg.shared.global"):
         assert needle in ptx, needle
-    assert "mma.sync.aligned" not in ptx and ".f64" not in ptx
+    assert "mma.sync.aligned" not in ptx and "ldmatrix" not in ptx and ".f64" not in ptx
     got = ptxas_resources(ptx)
     assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
 

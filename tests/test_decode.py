@@ -399,8 +399,6 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert "SPLITK=2 needs MMA=wgmma" in engine_conflict(
         resolve_config(engine_knobs(), {"SPLITK": "2", "MMA": "mma_sync"}, "e"))  # the GEMM's rules, before loading
-    assert "FA_MMA=wgmma needs FA_BK=64" in engine_conflict(
-        resolve_config(engine_knobs(), {"FA_MMA": "wgmma", "FA_BK": "32"}, "e"))  # flash attention's, too
     wg = resolve_config(engine_knobs(), {"FA_MMA": "wgmma"}, "e")
     assert engine_conflict(wg) is None and engine_options(wg).prefill.attention["MMA"] == "wgmma"
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False

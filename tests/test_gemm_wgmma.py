@@ -152,25 +152,34 @@ def test_wgmma_simulator_scale_d_zero_ignores_c():
     _check_one_product("swizzle64", 0)
 
 
-@cuda.jit
-def _k_wgmma_rs(img, afrag, b_off, c, out, scale):
-    smem = cuda.shared.array(_IMG, types.uint8, alignment=_ALIGN)
-    tid = cuda.threadIdx.x
-    for i in range(tid, _IMG, 128):
-        smem[i] = img[i]
-    acc = cuda.local.array(N_HALF, float32)
-    for i in range(N_HALF):
-        acc[i] = c[tid * (N_HALF) + i]
-    W.fence_proxy_async_shared()
-    cuda.syncthreads()
-    db = W.wgmma_desc(smem, b_off, 16, 512, W.SWIZZLE_64B)
-    W.wgmma_fence()
-    W.wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, afrag[tid * 4], afrag[tid * 4 + 1], afrag[tid * 4 + 2],
-                                afrag[tid * 4 + 3], db, scale, N_TEST)
-    W.wgmma_commit_group()
-    W.wgmma_wait_group(0)
-    for i in range(N_HALF):
-        out[tid * (N_HALF) + i] = acc[i]
+def _rs_kernel(trans_b: int):
+    """The register-A product's test kernel: B K-major (64-byte swizzle, SBO 512) or, ``trans_b``, MN-major
+    (128-byte swizzle, SBO 1024 between 8-row k groups, LBO 8192 between 64-element n blocks)."""
+    mode, lbo, sbo = (W.SWIZZLE_128B, 8192, 1024) if trans_b else (W.SWIZZLE_64B, 16, 512)
+
+    def k_wgmma_rs(img, afrag, b_off, c, out, scale):
+        smem = cuda.shared.array(_IMG, types.uint8, alignment=_ALIGN)
+        tid = cuda.threadIdx.x
+        for i in range(tid, _IMG, 128):
+            smem[i] = img[i]
+        acc = cuda.local.array(N_HALF, float32)
+        for i in range(N_HALF):
+            acc[i] = c[tid * (N_HALF) + i]
+        W.fence_proxy_async_shared()
+        cuda.syncthreads()
+        db = W.wgmma_desc(smem, b_off, lbo, sbo, mode)
+        W.wgmma_fence()
+        W.wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, afrag[tid * 4], afrag[tid * 4 + 1], afrag[tid * 4 + 2],
+                                    afrag[tid * 4 + 3], db, scale, N_TEST, trans_b)
+        W.wgmma_commit_group()
+        W.wgmma_wait_group(0)
+        for i in range(N_HALF):
+            out[tid * (N_HALF) + i] = acc[i]
+
+    return k_wgmma_rs
+
+
+_K_RS = {t: cuda.jit(_rs_kernel(t)) for t in (0, 1)}
 
 
 def _a_fragments(a):
@@ -187,17 +196,35 @@ def _a_fragments(a):
     return words
 
 
-def _check_one_rs_product(scale: int):
+def _place_mn_major(b):
+    """Byte image (placed 1024-aligned) of B [n, 16] stored MN-major with the 128-byte swizzle: k row
+    (k % 8) of 8-row group k // 8 at (k % 8) * 128 + (k // 8) * 1024, element n at 2n in it, 16-byte chunks XORed
+    with the row (CUTLASS's Layout_MN_SW128_Atom: 64 f16 along MN x 8 along K, Swizzle<3,4,3>), written out here
+    independently; n < 64."""
+    img = np.zeros(2048, np.uint8)
+    bits = b.astype(np.float16).view(np.uint8).reshape(b.shape[0], 16, 2)
+    for n in range(b.shape[0]):
+        for k in range(16):
+            row = (k // 8) * 1024 + (k % 8) * 128
+            chunk = ((2 * n) // 16) ^ (k % 8)
+            img[row + chunk * 16 + (2 * n) % 16: row + chunk * 16 + (2 * n) % 16 + 2] = bits[n, k]
+    return img
+
+
+def _check_one_rs_product(scale: int, trans_b: int = 0):
     rng = np.random.default_rng()
     a = rng.standard_normal((64, 16)).astype(np.float16)
     b = rng.standard_normal((N_TEST, 16)).astype(np.float16)
     c = rng.standard_normal((128, N_TEST // 2)).astype(np.float32)
     img = np.zeros(_IMG, np.uint8)
-    ib = _place_gemm_tile(np.concatenate([b, np.zeros((N_TEST, 16), np.float16)], 1), 32)
+    if trans_b:
+        ib = _place_mn_major(b)
+    else:
+        ib = _place_gemm_tile(np.concatenate([b, np.zeros((N_TEST, 16), np.float16)], 1), 32)
     img[4096 : 4096 + ib.size] = ib
     out = cuda.to_device(np.full(128 * (N_TEST // 2), np.nan, np.float32))
-    _k_wgmma_rs[1, 128](cuda.to_device(img), cuda.to_device(_a_fragments(a).reshape(-1)), 4096,
-                        cuda.to_device(c.reshape(-1)), out, scale)
+    _K_RS[trans_b][1, 128](cuda.to_device(img), cuda.to_device(_a_fragments(a).reshape(-1)), 4096,
+                           cuda.to_device(c.reshape(-1)), out, scale)
     got = _d_from_fragments(out.copy_to_host().reshape(128, N_TEST // 2), N_TEST)
     ref = a.astype(np.float64) @ b.astype(np.float64).T
     if scale:
@@ -206,11 +233,12 @@ def _check_one_rs_product(scale: int):
 
 
 @sim
-@pytest.mark.parametrize("scale", [1, 0])
-def test_wgmma_register_a_simulator_numbers(scale):
-    """The register-A form: A from the threads' fragments (written out independently above), B through a 64-byte
-    swizzled descriptor; a transposed or misplaced fragment word would move rows or k columns of A."""
-    _check_one_rs_product(scale)
+@pytest.mark.parametrize("scale,trans_b", [(1, 0), (0, 0), (1, 1)])
+def test_wgmma_register_a_simulator_numbers(scale, trans_b):
+    """The register-A form: A from the threads' fragments (written out independently above), B through a K-major
+    64-byte swizzled descriptor or an MN-major 128-byte one; a transposed or misplaced fragment word would move
+    rows or k columns of A."""
+    _check_one_rs_product(scale, trans_b)
 
 
 @sim
@@ -399,9 +427,10 @@ def test_wgmma_register_a_kernel_assembles():
     from ptx_assembly import assemble
 
     sig = (types.uint8[::1], types.uint32[::1], types.int64, types.float32[::1], types.float32[::1], types.int64)
-    ptx, _ = cuda.compile_ptx(_k_wgmma_rs.py_func, types.void(*sig), cc=(9, 0, "a"))
-    assert f"wgmma.mma_async.sync.aligned.m64n{N_TEST}k16.f32.f16.f16" in ptx
-    assert len(assemble(ptx)) > 0
+    for trans_b in (0, 1):
+        ptx, _ = cuda.compile_ptx(_rs_kernel(trans_b), types.void(*sig), cc=(9, 0, "a"))
+        assert f"wgmma.mma_async.sync.aligned.m64n{N_TEST}k16.f32.f16.f16" in ptx and f", p, 1, 1, {trans_b};" in ptx
+        assert len(assemble(ptx)) > 0
 
 
 # ---- gpu ------------------------------------------------------------------------------------------------------
@@ -414,6 +443,7 @@ def test_wgmma_gpu_numbers(layout):
     _check_one_product(layout, 0)
     _check_one_rs_product(1)
     _check_one_rs_product(0)
+    _check_one_rs_product(1, trans_b=1)
 
 
 def _torch_rel(a, b, out) -> float:

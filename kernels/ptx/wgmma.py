@@ -33,6 +33,12 @@ element (row r, k) relative to the descriptor's start address S:
   address, so a tile must start at a multiple of 8 * W bytes (the kernels declare their dynamic shared memory
   1024-byte aligned) and the k16 step inside a row is just ``S + 32 * kq``.
 
+MN-major B (the register-A form's ``trans_b`` = 1, imm-trans-b): element (n, k) stored along n, which makes a
+row-major [k, n] tile B without a transpose. Modelled for the 128-byte swizzle: CUTLASS's canonical
+``Swizzle<3,4,3> o ((8,8,m),(8,k)):((1,8,LBO),(64,SBO))`` in f16 elements (cute/atom/mma_traits_sm90_gmma.hpp,
+make_gmma_desc<Major::MN>): 64 consecutive n in one 128-byte row, such 64-n blocks LBO apart, k rows 128 bytes apart,
+8-row k groups SBO apart, the same address XOR.
+
 Ordering (§9.7.15.6-9): `wgmma_fence()` before the first wgmma of a batch (and after any other access to the
 accumulator registers); `wgmma_commit_group()` closes a batch; `wgmma_wait_group(N)` waits until at most N batches
 are pending (accumulators may be read, and the shared tiles of the finished batches reused, only after it).
@@ -74,9 +80,13 @@ def desc_value(address: int, lbo: int, sbo: int, swizzle: int) -> int:
             | ((swizzle & 3) << 62))
 
 
-def operand_byte_offsets(desc: int, rows: int):
-    """Byte addresses (``rows`` x 16 int array) of the K-major operand elements (r, k), k < 16, that descriptor
-    ``desc`` names; the layout rules of the module docstring. Raises ValueError on a base offset (not modelled)."""
+def operand_byte_offsets(desc: int, rows: int, mn_major: bool = False):
+    """Byte addresses (``rows`` x 16 int array) of the operand elements (r, k), k < 16, that descriptor ``desc``
+    names; the K-major layout rules of the module docstring, or with ``mn_major`` the MN-major (transposed) layout
+    of the 128-byte swizzle, CUTLASS's canonical ``Swizzle<3,4,3> o ((8,8,m),(8,k)):((1,8,LBO),(64,SBO))`` in f16
+    elements: r's 64-element blocks LBO bytes apart, inside one a 128-byte row along r; k's rows 128 bytes apart,
+    its 8-row groups SBO apart; the same XOR of address bits 4-6 with bits 7-9. Raises ValueError on a base offset or
+    an MN-major operand without the 128-byte swizzle (neither modelled)."""
     import numpy as np
 
     desc = int(desc)
@@ -89,6 +99,11 @@ def operand_byte_offsets(desc: int, rows: int):
         raise ValueError(f"wgmma descriptor base offset {base_offset} is not modelled by the simulator")
     r = np.arange(rows)[:, None]
     k = np.arange(16)[None, :]
+    if mn_major:
+        if mode != SWIZZLE_128B:
+            raise ValueError("an MN-major wgmma operand is modelled with the 128-byte swizzle only")
+        a = start + (r % 64) * 2 + (r // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo
+        return a ^ (((a >> 7) & 7) << 4)
     if mode == SWIZZLE_NONE:
         return start + (r // 8) * sbo + (r % 8) * 16 + (k // 8) * lbo + (k % 8) * 2
     width = SWIZZLE_BYTES[mode]
@@ -174,9 +189,9 @@ if SIMULATOR:
                 group = groups[thread.thread_id // 128] = _GroupExchange(128)
         return group.run(thread.thread_id % 128, op, value)
 
-    def _operand(smem, desc, rows):
+    def _operand(smem, desc, rows, mn_major=False):
         flat = _ndarray(smem).reshape(-1).view(np.uint8)
-        addr = operand_byte_offsets(desc, rows)
+        addr = operand_byte_offsets(desc, rows, mn_major)
         if addr.min() < 0 or addr.max() + 2 > flat.size:
             raise IndexError(f"wgmma descriptor {int(desc):#x} reads outside the shared array ({flat.size} bytes)")
         lo = flat[addr].astype(np.uint16)
@@ -205,11 +220,11 @@ if SIMULATOR:
         return a
 
     def _wgmma_rs_op(slots):
-        smem, _, _, db, scale_d, n = slots[0]
+        smem, _, _, db, scale_d, n, trans_b = slots[0]
         for s in slots:
-            if (s[3], s[5]) != (db, n):
+            if (s[3], s[5], s[6]) != (db, n, trans_b):
                 raise RuntimeError("wgmma: the threads of a warpgroup passed different descriptors or shapes")
-        return _wgmma_result(slots, _a_from_registers(slots), _operand(smem, db, n), scale_d, n)
+        return _wgmma_result(slots, _a_from_registers(slots), _operand(smem, db, n, bool(trans_b)), scale_d, n)
 
     def _wgmma_result(slots, a, b, scale_d, n):
         """Each thread's new accumulators: D = A · B^T (+ the C its registers hold when ``scale_d``)."""
@@ -246,7 +261,7 @@ if SIMULATOR:
         for i in range(n // 2):
             acc[base + i] = res[i]
 
-    def wgmma_m64nNk16_f32_f16_rs(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n):
+    def wgmma_m64nNk16_f32_f16_rs(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n, trans_b):
         """Simulator form of the register-A `wgmma.mma_async` (see the compiled form): the warpgroup's 128 threads
         rendezvous with their A fragments; acc[acc_base : acc_base + n/2] updated in place."""
         n = int(n)
@@ -255,7 +270,7 @@ if SIMULATOR:
         base = int(acc_base)
         regs = [float(acc[base + i]) for i in range(n // 2)]
         words = (int(a0), int(a1), int(a2), int(a3))
-        res = _warpgroup_exchange(_wgmma_rs_op, (smem, regs, words, int(desc_b), bool(scale_d), n))
+        res = _warpgroup_exchange(_wgmma_rs_op, (smem, regs, words, int(desc_b), bool(scale_d), n, int(trans_b)))
         for i in range(n // 2):
             acc[base + i] = res[i]
 
@@ -309,10 +324,12 @@ else:
 
 
     @_intrinsic(target="cuda", prefer_literal=True)
-    def wgmma_m64nNk16_f32_f16_rs(typingctx, smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n):
-        """`wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16 {d..}, {a0, a1, a2, a3}, b-desc, p, 1, 1, 0` (PTX ISA
-        §9.7.15.5, the register-A form): D[64 x n] = A[64 x 16] · B[n x 16]^T (+ D when ``scale_d`` != 0), A from
-        the warpgroup's registers, B K-major in shared memory (descriptor from `wgmma_desc`). Each warp holds its
+    def wgmma_m64nNk16_f32_f16_rs(typingctx, smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n, trans_b):
+        """`wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16 {d..}, {a0, a1, a2, a3}, b-desc, p, 1, 1, trans_b`
+        (PTX ISA §9.7.15.5, the register-A form): D[64 x n] = A[64 x 16] · B[n x 16]^T (+ D when ``scale_d`` != 0),
+        A from the warpgroup's registers, B in shared memory (descriptor from `wgmma_desc`): K-major with
+        ``trans_b`` 0, MN-major with 1 (element (n, k) stored along n: `operand_byte_offsets`' mn_major layout, so a
+        row-major [k, n] tile such as attention's V is B without a transpose; compile-time 0 or 1). Each warp holds its
         16 rows of A as the mma.m16n8k16 A fragment (§9.7.15.5.1.1 "Register Fragments"; lane l, g = l >> 2,
         t = l & 3: a0 = A[g, 2t..2t+1], a1 = A[g+8, 2t..], a2 = A[g, 2t+8..], a3 = A[g+8, 2t+8..], f16x2 uint32
         words, low half the lower k), so a C fragment of a previous product, packed to f16 in pairs, is an A
@@ -327,9 +344,12 @@ else:
                        types.Integer, 6)
         if not isinstance(n, types.IntegerLiteral) or int(n.literal_value) not in WGMMA_N:
             raise NumbaTypeError(f"wgmma_m64nNk16_f32_f16_rs: n must be a compile-time multiple of 8 in 8..256, got {n}")
+        if not isinstance(trans_b, types.IntegerLiteral) or int(trans_b.literal_value) not in (0, 1):
+            raise NumbaTypeError(f"wgmma_m64nNk16_f32_f16_rs: trans_b must be a compile-time 0 or 1, got {trans_b}")
         nn = int(n.literal_value)
+        tb = int(trans_b.literal_value)
         regs = nn // 2
-        sig = types.void(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n)
+        sig = types.void(smem, acc, acc_base, a0, a1, a2, a3, desc_b, scale_d, n, trans_b)
 
         def codegen(context, builder, sig, args):
             struct = context.make_array(sig.args[1])(context, builder, value=args[1])
@@ -344,7 +364,7 @@ else:
             text = (
                 "{ .reg .pred p; "
                 f"setp.ne.b32 p, ${regs + 5}, 0; "
-                f"wgmma.mma_async.sync.aligned.m64n{nn}k16.f32.f16.f16 {{{dlist}}}, {{{alist}}}, ${regs + 4}, p, 1, 1, 0; "
+                f"wgmma.mma_async.sync.aligned.m64n{nn}k16.f32.f16.f16 {{{dlist}}}, {{{alist}}}, ${regs + 4}, p, 1, 1, {tb}; "
                 "}"
             )
             cons = ",".join(["=f"] * regs + ["r", "r", "r", "r", "l", "r"] + [str(i) for i in range(regs)] + ["~{memory}"])

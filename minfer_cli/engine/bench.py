@@ -150,13 +150,8 @@ def engine_conflict(config: Config) -> str | None:
         return "FUSE_ATTN_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
     if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
         return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
-    from kernels import attention_config, gemm_f16_config as table
+    from kernels import gemm_f16_config as table
 
-    attention = {**attention_config.DEFAULT,
-                 **{k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}}
-    why = attention_config.combination_refusal(attention, FA_PREFIX)
-    if why:
-        return why
     if config.get("PFUSE_GLU") and (config.get("STAGING", table.DEFAULT["STAGING"]) != "tma"
                                     or config.get("EPI", table.DEFAULT["EPI"]) != "staged"
                                     or config.get("TM", table.DEFAULT["TM"]) % 128):
