@@ -29,9 +29,9 @@ from kernels.errors import KernelConstraintError
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct", "AUTOTILE": 0}
+_LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct", "AUTOTILE": 0, "NOCALL": 0}
 """Knobs added after the first records, and the value that reproduces the kernel before them (the v1 main loop; no
-split-K; C stored straight from the fragments; the tile as configured)."""
+split-K; C stored straight from the fragments; the tile as configured; 64-bit index divisions)."""
 _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
@@ -47,6 +47,9 @@ _DOCS = {
             "addr32 = wait for each k tile's wgmma batch; pipe = keep one batch in flight (STAGES >= 3)",
     "EPI": "how C leaves the registers of the STAGING=tma kernels: staged = through an f32 tile in shared memory, "
            "16-byte row stores; direct = each thread's fragments, 4 bytes a store (the other kernels: always direct)",
+    "NOCALL": "MMA=wgmma: 1 = no subroutine call in the kernel (index divisions in uint32, the GLU epilogue's "
+              "division div.approx), so ptxas keeps the wgmma asynchronous; 0 = 64-bit divisions, and ptxas "
+              "serializes every wgmma (its warning C7509)",
     "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
                 "kernels.gemm_f16.launch_config); 0: the tile as configured",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
@@ -170,8 +173,9 @@ class GemmF16Experiment(Experiment):
         return None
 
     def effective(self, config, workload=None):
-        """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 for a
-        kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there); EPI as direct
+        """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 and
+        NOCALL as 0 for a kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there;
+        only they have wgmma for ptxas to serialize); EPI as direct
         for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (IMPL=fused,
         STAGING other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
         AUTOTILE=1 runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
@@ -183,6 +187,7 @@ class GemmF16Experiment(Experiment):
             eff["EPI"] = "direct"
         if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
             eff["SPLITK"] = 1
+            eff["NOCALL"] = 0
         if (config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma"
                 or config.get("TM", _DEFAULT["TM"]) != 256):
             eff["AUTOTILE"] = 0

@@ -26,6 +26,7 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.views import column_slice
 from kernels.jit import kernel
+from kernels.ptx import div_approx_f32
 
 DEFAULT_TPB = 256
 OUT_DTYPES = (np.float16, np.float32)
@@ -39,6 +40,14 @@ def silu_mul(g, u):
     -0 for g < -88.72 (f32's exp is inf there); exp's argument is capped at `SILU_EXP_CAP` so that the simulator's
     float64 ``math.exp`` gives the same inf instead of raising OverflowError."""
     return g / (float32(1.0) + math.exp(min(-g, float32(SILU_EXP_CAP)))) * u
+
+
+@cuda.jit(device=True, inline="always")
+def silu_mul_approx(g, u):
+    """`silu_mul` with its division as `div.approx.f32` (~2 ulp; 0 where 1 + exp(-g) passes 2^126, i.e. g < -87.3,
+    where silu is below 1e-36): no IEEE division, whose subroutine call would make ptxas serialize the wgmma of a
+    kernel it is inlined in (gemm_f16_glu with NOCALL=1)."""
+    return div_approx_f32(g, float32(1.0) + math.exp(min(-g, float32(SILU_EXP_CAP)))) * u
 
 
 @kernel

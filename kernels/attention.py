@@ -50,6 +50,7 @@ from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
     cp_async_16,
+    div_approx_f32,
     cp_async_commit_group,
     cp_async_wait_group,
     ldmatrix_x4,
@@ -133,10 +134,12 @@ def _tile_steps(g: Geometry):
     * ``softmax(s, o, ml)``: the online softmax of one key tile in the log2 domain (scores scaled by
       log2(e)/sqrt(D)): running max ``ml[0:2]`` and per-lane partial sums ``ml[2:4]`` of rows g, g+8, O rescaled by
       exp2(m_old - m_new), ``s`` replaced by P;
-    * ``store_out(smem, smem32, out32, o, ml, r0, lane, q0, nt, qs, h)``: O / l to f16, staged in the warp's rows
-      r0 .. r0 + 15 of the (XOR-swizzled, D-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt
-      skipped."""
+    * ``store_out(smem32, out32, o, ml, r0, q0, nt, qs, h)``: O / l to f16, staged in the warp's rows r0 .. r0 + 15
+      of the (XOR-swizzled, D-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt skipped. 1 / l
+      is an IEEE division in the mma_sync kernel and `div.approx` in the wgmma one (an IEEE division's subroutine
+      call would serialize its wgmma: see `_make_kernel_wgmma`)."""
     BK, CAUSAL, D = g.bk, g.causal, g.head_dim
+    APPROX = g.mma == "wgmma"
     NK8 = BK // 8
     ND8 = D // 8
     DCH = D // 8
@@ -195,7 +198,10 @@ def _tile_steps(g: Geometry):
             l = ml[2 + hh]
             l += shfl_xor_f32(l, 1)
             l += shfl_xor_f32(l, 2)
-            inv = ONE / l if l > ZERO else ZERO
+            if APPROX:
+                inv = div_approx_f32(ONE, l) if l > ZERO else ZERO
+            else:
+                inv = ONE / l if l > ZERO else ZERO
             r = r0 + gr + hh * 8
             for dn in range(ND8):
                 x = dn * 4 + 2 * hh
@@ -406,7 +412,12 @@ def _make_kernel_wgmma(g: Geometry):
     groups); for V, whose rows are keys (the k of P·V) and columns d (its n), it is the canonical MN-major layout
     (`kernels.ptx.wgmma.operand_byte_offsets`: LBO = the column-block stride between 64-d blocks, SBO = 1024
     between 8-key groups, a k16 step 2048 bytes on). Every thread issues `fence.proxy.async` after its cp.async
-    bytes land and before the barrier that publishes the tile to the wgmma (async) proxy."""
+    bytes land and before the barrier that publishes the tile to the wgmma (async) proxy.
+
+    No subroutine call anywhere in the kernel: ptxas lowers a 64-bit integer division and an IEEE float division
+    (rcp.rn / div.rn) to calls, and a call in the function makes it serialize every wgmma (its C7509 warning,
+    "wgmma.mma_async instructions are serialized due to the presence of Extern calls"). So the GQA head index
+    divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent."""
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
     DCH = D // 8
@@ -441,7 +452,7 @@ def _make_kernel_wgmma(g: Geometry):
         gr = lane >> 2
         h = cuda.blockIdx.x
         qt = cuda.gridDim.y - 1 - cuda.blockIdx.y
-        hk = h // (n_heads // n_kv_heads)
+        hk = uint32(h) // (uint32(n_heads) // uint32(n_kv_heads))  # 32-bit: see below
         q0 = qt * BQ
         if CAUSAL:
             kend = min(nt_kv, q0 + BQ + offset)

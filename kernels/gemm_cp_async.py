@@ -525,7 +525,8 @@ def _wgmma(g: Geometry):
     P = STAGES - 1 - D  # k tiles the copies run ahead
     WAIT = P - 1
     M64_B = 64 * ROWB  # bytes between the m64 slices of a warpgroup's A rows
-    block_work = tiles.split_work(TN, TM, GROUP)
+    block_work = tiles.split_work(TN, TM, GROUP, g.nocall)
+    k_range = tiles.k_range(KS, g.nocall)
     store_c = tiles.c_fragment_store(MT64, N // 8, 64)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
@@ -553,9 +554,7 @@ def _wgmma(g: Geometry):
 
         # This block's k tiles: kt0 .. kt0 + ktiles - 1 of the (kdim / KS)-tile range, split as evenly as integers
         # allow (the host keeps the slice count <= k tiles).
-        ktotal = (kdim + KS - 1) // KS
-        kt0 = (ktotal * sl) // nsl
-        ktiles = (ktotal * (sl + 1)) // nsl - kt0
+        kt0, ktiles = k_range(kdim, sl, nsl)
         woff = uint32(0)
         rslot = uint32(0)
         for it in range(ktiles + P):

@@ -67,6 +67,7 @@ class Geometry:
     group: int
     loop: str
     epi: str
+    nocall: bool  # MMA=wgmma: no subroutine call (32-bit index division), so ptxas keeps the wgmma asynchronous
     warps: int
     warps_m: int  # warps along od
     warps_n: int  # warps along nt
@@ -151,18 +152,21 @@ def geometry(config: dict | None, glu: bool = False) -> Geometry:
         smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring (or the C tile)
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
-    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, warps,
+    nocall = bool(cfg["NOCALL"]) and cfg["MMA"] == "wgmma"  # the other kernels issue no wgmma to serialize
+    return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, nocall, warps,
                     warps_m, warps_n, row, smem, bool(glu))
 
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
     addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 54 MMA=wgmma +
-    tma ones (KS=64, LOOP=pipe) with each EPI: 936 (EPI=direct for the others: their EPI=staged is the same kernel)."""
+    tma ones (KS=64, LOOP=pipe) with each EPI: 936 (EPI=direct for the others: their EPI=staged is the same kernel);
+    the 288 MMA=wgmma ones also with NOCALL=1: 1224."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))
-        if _invalid(cfg) or (cfg["EPI"] == "staged" and cfg["STAGING"] != "tma"):
+        if (_invalid(cfg) or (cfg["EPI"] == "staged" and cfg["STAGING"] != "tma")
+                or (cfg["NOCALL"] and cfg["MMA"] != "wgmma")):
             continue
         yield cfg
 

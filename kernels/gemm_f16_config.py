@@ -37,6 +37,11 @@ KNOBS: dict[str, tuple] = {
     # write the fragments into an f32 tile over the drained ring and copy it out a row at a time, 16 bytes a
     # thread (kernels.gemm_tiles.c_tile_store).
     "EPI": ("staged", "direct"),
+    # MMA=wgmma kernels only. 1: no subroutine call in the kernel, so ptxas keeps its wgmma asynchronous: the tile
+    # and k-slice index divisions in uint32 (a div.s64 / rem.s64 is a call) and gemm_f16_glu's SwiGLU division as
+    # div.approx (an IEEE division is a call). 0: 64-bit index divisions, and ptxas warns C7509 ("wgmma.mma_async
+    # instructions are serialized due to the presence of Extern calls"): it waits for each wgmma before the next.
+    "NOCALL": (0, 1),
 }
 # Launch knob (not compiled in: one kernel serves every value). SPLITK: k slices per C tile, each a CUDA block
 # that multiplies one contiguous range of k tiles and writes f32 partials to a workspace; a second kernel adds the
@@ -99,13 +104,13 @@ def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
 
 
 BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1,
-                  "LOOP": "v1", "EPI": "direct"}
+                  "LOOP": "v1", "EPI": "direct", "NOCALL": 0}
 # The fastest measured on the H200 (DEFAULT: wgmma, 2 warpgroups of m64n256k16 on a 128 x 256 tile, k step 64 with
 # the 128-byte swizzle, a 4-stage ring filled by a TMA producer warp, grouped order 8, one wgmma batch in flight, C
 # staged through shared memory) and
 # the fastest mma_sync arm (MMA_SYNC_BEST), the A/B baseline the wgmma work is judged against; figures in the ledger
 # and baselines/gemm-notes.yaml.
 DEFAULT: dict = {"MMA": "wgmma", "TM": 256, "TN": 128, "KS": 64, "STAGES": 4, "STAGING": "tma", "GROUP": 8,
-                 "LOOP": "pipe", "EPI": "staged"}
+                 "LOOP": "pipe", "EPI": "staged", "NOCALL": 0}
 MMA_SYNC_BEST: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async",
-                       "GROUP": 8, "LOOP": "pipe", "EPI": "direct"}
+                       "GROUP": 8, "LOOP": "pipe", "EPI": "direct", "NOCALL": 0}

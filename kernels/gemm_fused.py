@@ -196,7 +196,8 @@ def _make_kernel(fg: FusedGeometry):
     K16 = KS // 16
     M64_B = 64 * ROWB
     BLOCK = BLOCK_BYTES[fg.qtype]
-    block_work = gemm_tiles.split_work(TN, TM, GROUP)
+    block_work = gemm_tiles.split_work(TN, TM, GROUP, g.nocall)
+    k_range = gemm_tiles.k_range(KS, g.nocall)
     assert gemm_tiles.c_tile_bytes(TN, TM) <= STAGES * STAGE_B  # the staged C tile fits the f16 ring (STAGES >= 3)
     STAGED = g.epi == "staged"
     epilogue = gemm_tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED)
@@ -248,9 +249,7 @@ def _make_kernel(fg: FusedGeometry):
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
         n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
-        ktotal = (kdim + KS - 1) // KS
-        kt0 = (ktotal * sl) // nsl
-        ktiles = (ktotal * (sl + 1)) // nsl - kt0
+        kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             for s in range(STAGES):
                 mbarrier_init(bars, FULL0 + s, 1)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, int64, uint32, uint64
 
-from kernels.activation import silu_mul
+from kernels.activation import silu_mul, silu_mul_approx
 from kernels.ptx import bar_sync, ld_shared_v4_f32, st_global_v4_f32, st_global_v4_u32, st_shared_v2_f32
 from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16, wgmma_wait_group
 from kernels.quant.bits import f16x2_bits
@@ -118,7 +118,7 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     return store_tile
 
 
-def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
+def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX: bool = False):
     """``store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid)``: `c_tile_store` for a gate|up product whose C tile
     holds gate columns in its first TM / 2 and the matching up columns in its second (`kernels.gemm_f16.gemm_f16_glu`
     loads the B tile as two boxes: gate rows m0 / 2 .., up rows od / 2 + m0 / 2 ..). After the same staging of the
@@ -127,13 +127,14 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
     `kernels.activation.swiglu`), rounded to f16 (nearest even, as swiglu's f16 store) and packed into one 16-byte
     store of ``out`` (the f16 [nt, od / 2] activation as a flat uint32 array, od / 4 words a row; rows 16-byte
     aligned: the launcher checks). Element (r, j) with n0 + r < nt and m0 / 2 + j < od / 2 lands at activation
-    column m0 / 2 + j. TM / 16 threads a row."""
+    column m0 / 2 + j. TM / 16 threads a row. APPROX (NOCALL=1): `silu_mul_approx` (no IEEE division)."""
     S = TM + C_PAD
     HALF = TM // 2
     CH = HALF // 8  # 16-byte (8 x f16) output chunks a row
     RPI = CONSUMERS // CH  # rows a pass
     assert TM % 128 == 0 and CONSUMERS % CH == 0 and TN % RPI == 0
     stage = _stage_fragments(MI, NJ, S, CONSUMERS)
+    act = silu_mul_approx if APPROX else silu_mul
 
     @cuda.jit(device=True, inline="always")
     def store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid):
@@ -150,27 +151,29 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int):
                 u0, u1, u2, u3 = ld_shared_v4_f32(cs, r * S + HALF + cq)
                 u4, u5, u6, u7 = ld_shared_v4_f32(cs, r * S + HALF + cq + 4)
                 st_global_v4_u32(out, rowi * words + col // 2,
-                                 f16x2_bits(silu_mul(g0, u0), silu_mul(g1, u1)),
-                                 f16x2_bits(silu_mul(g2, u2), silu_mul(g3, u3)),
-                                 f16x2_bits(silu_mul(g4, u4), silu_mul(g5, u5)),
-                                 f16x2_bits(silu_mul(g6, u6), silu_mul(g7, u7)))
+                                 f16x2_bits(act(g0, u0), act(g1, u1)),
+                                 f16x2_bits(act(g2, u2), act(g3, u3)),
+                                 f16x2_bits(act(g4, u4), act(g5, u5)),
+                                 f16x2_bits(act(g6, u6), act(g7, u7)))
 
     return store_glu
 
 
-def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool, GLU: bool = False):
+def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool, GLU: bool = False,
+                      NOCALL: bool = False):
     """``epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)``: the end of a
     warp-specialized consumer thread (`kernels.gemm_tma`, `kernels.gemm_fused`; ``tid`` < CONSUMERS): wait for its
     last wgmma batch, then store its MT64 x N / 8 m16n8 C fragments (warpgroup tile at row ``row0``, column
     ``col0``) to ``out``, or to the split-K target ``parts`` when the block's k range is one of ``nsl`` > 1 slices:
     with STAGED through the f32 C tile over the ring in the kernel's dynamic shared memory (`c_tile_store`), else
     straight from the fragments (`c_fragment_store`). GLU (with STAGED): ``out`` is the f16 activation as flat
-    uint32 words and an unsplit tile leaves as ``silu(gate) * up`` (`c_tile_store_glu`); split slices as f32."""
+    uint32 words and an unsplit tile leaves as ``silu(gate) * up`` (`c_tile_store_glu`, its division div.approx
+    with NOCALL); split slices as f32."""
     store_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = c_fragment_store(MT64, N // 8, 64)
     if GLU:
         assert STAGED
-        store_glu = c_tile_store_glu(MT64, N // 8, TN, TM, CONSUMERS)
+        store_glu = c_tile_store_glu(MT64, N // 8, TN, TM, CONSUMERS, NOCALL)
 
         @cuda.jit(device=True, inline="always")
         def epilogue_glu(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):
@@ -200,22 +203,66 @@ def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGE
     return epilogue
 
 
-def program_order(TN: int, TM: int, GROUP: int):
+def index_division(U32: bool):
+    """``(div, mod)``: floor division and remainder of non-negative integer indices below 2^32, returned as int64.
+    U32 (the gemm knob NOCALL): computed in uint32 (div.u32 / rem.u32, short inline sequences). Otherwise Python's
+    int64 ``//`` and ``%``, which NVVM lowers with a div.s64 / rem.s64 slow path: ptxas makes those subroutine
+    calls, and a call in a kernel makes it serialize every wgmma (warning C7509)."""
+    if U32:
+
+        @cuda.jit(device=True, inline="always")
+        def div(a, b):
+            return int64(uint32(a) // uint32(b))
+
+        @cuda.jit(device=True, inline="always")
+        def mod(a, b):
+            return int64(uint32(a) % uint32(b))
+
+    else:
+
+        @cuda.jit(device=True, inline="always")
+        def div(a, b):
+            return a // b
+
+        @cuda.jit(device=True, inline="always")
+        def mod(a, b):
+            return a % b
+
+    return div, mod
+
+
+def program_order(TN: int, TM: int, GROUP: int, U32: bool = False):
     """``tile_origin(pid, nt, od) -> (n0, m0)``, the first nt row and od column of C tile ``pid`` in grouped
     program order: GROUP od tiles per group, od-fastest inside a group (GROUP=1: nt-fastest). Triton tutorial 03
-    ("L2 cache optimizations")."""
+    ("L2 cache optimizations"). U32: the divisions in uint32 (`index_division`)."""
+    div, mod = index_division(U32)
 
     @cuda.jit(device=True, inline="always")
     def tile_origin(pid, nt, od):
         num_n = (nt + TN - 1) // TN
         num_m = (od + TM - 1) // TM
         in_group = GROUP * num_n
-        first_m = (pid // in_group) * GROUP
+        first_m = div(pid, in_group) * GROUP
         gsize = min(num_m - first_m, GROUP)
-        local = pid % in_group
-        return (local // gsize) * TN, (first_m + local % gsize) * TM
+        local = mod(pid, in_group)
+        return div(local, gsize) * TN, (first_m + mod(local, gsize)) * TM
 
     return tile_origin
+
+
+def k_range(KS: int, U32: bool = False):
+    """``k_range(kdim, sl, nsl) -> (kt0, ktiles)``: the k tiles of slice ``sl`` of ``nsl`` over ``kdim`` (KS-wide
+    tiles, ceil(kdim / KS) in all, split as evenly as integers allow; the host keeps nsl <= the tile count). U32:
+    the divisions in uint32 (`index_division`)."""
+    div, _ = index_division(U32)
+
+    @cuda.jit(device=True, inline="always")
+    def k_range_(kdim, sl, nsl):
+        ktotal = (kdim + KS - 1) // KS
+        kt0 = div(ktotal * sl, nsl)
+        return kt0, div(ktotal * (sl + 1), nsl) - kt0
+
+    return k_range_
 
 
 def ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
@@ -238,21 +285,23 @@ def ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
     return ktile_mma
 
 
-def split_work(TN: int, TM: int, GROUP: int):
+def split_work(TN: int, TM: int, GROUP: int, U32: bool = False):
     """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
     `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
     written to C: roff = coff = 0); block whole + q * count + sl takes k slice sl of tile whole + q (nsl = count),
     written to the partials: with whole == 0 (every tile split) at rows sl * nt .. of [count * nt, od] (roff = sl *
     nt), else as compact partial tile q * count + sl of [(tiles - whole) * count * TN, TM] (roff, coff move the
-    tile's rows and columns there; see `c_fragment_store`). (n0, m0): the tile's first nt row and od column."""
-    tile_origin = program_order(TN, TM, GROUP)
+    tile's rows and columns there; see `c_fragment_store`). (n0, m0): the tile's first nt row and od column. U32:
+    the divisions in uint32 (`index_division`)."""
+    tile_origin = program_order(TN, TM, GROUP, U32)
+    div, _ = index_division(U32)
 
     @cuda.jit(device=True, inline="always")
     def block_work(pid, nt, od, whole, count):
         if pid < whole:
             n0, m0 = tile_origin(pid, nt, od)
             return n0, m0, 0, 1, 0, 0
-        q = (pid - whole) // count
+        q = div(pid - whole, count)
         sl = pid - whole - q * count
         n0, m0 = tile_origin(whole + q, nt, od)
         if count == 1:

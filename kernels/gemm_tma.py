@@ -63,10 +63,11 @@ def make_kernel(g: Geometry):
     CONSUMER_WARPS = g.warps
     K16 = KS // 16
     M64_B = 64 * ROWB
-    block_work = tiles.split_work(TN, TM, GROUP)
+    block_work = tiles.split_work(TN, TM, GROUP, g.nocall)
+    k_range = tiles.k_range(KS, g.nocall)
     GLU = g.glu
     HALF_E = TM // 2 * KS  # GLU: the up box's element offset in the B tile
-    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU)
+    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU, g.nocall)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
@@ -75,9 +76,7 @@ def make_kernel(g: Geometry):
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
         n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
-        ktotal = (kdim + KS - 1) // KS
-        kt0 = (ktotal * sl) // nsl
-        ktiles = (ktotal * (sl + 1)) // nsl - kt0
+        kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             for s in range(STAGES):
                 mbarrier_init(bars, FULL0 + s, 1)

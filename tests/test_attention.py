@@ -263,7 +263,7 @@ def test_prefill_compiles(cfg, causal):
 def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
     """MMA=wgmma: D/16 shared-A wgmma (S = Q·K^T, m64nBK) and BK/16 register-A wgmma with the MN-major V (O += P·V,
     m64nD, transposed B) a key tile, the proxy fence; ptxas (nvJitLink, sm_90a) assembles it with no spills at
-    head_dim 64 and 128."""
+    head_dim 64 and 128 and without serializing the wgmma (no C7509 warning)."""
     from ptx_assembly import ptxas_resources
 
     ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
@@ -279,6 +279,7 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
     assert "mma.sync.aligned" not in ptx and "ldmatrix" not in ptx and ".f64" not in ptx
     got = ptxas_resources(ptx)
     assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
+    assert not got["wgmma_serialized"], "a call in the kernel (64-bit or IEEE division?) serializes its wgmma"
 
 
 @pytest.mark.compile

@@ -354,13 +354,12 @@ def test_timeline_marks_every_stage_of_a_step(micro_weights, monkeypatch):
         ("ffn_norm", n), ("ffn_gate_up", n), ("ffn_down", n), ("output", 1), ("sample", 1)]
 
 
-def test_decode_refuses_a_head_dim_other_than_128_and_a_group_above_16():
+def test_a_head_dim_outside_the_kernels_and_a_group_above_16_are_refused():
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 
-    weights = synth_weights(dataclasses.replace(_micro(), head_dim=64, n_heads=4, n_kv_heads=2), 1)
-    with pytest.raises(ModelError, match="head_dim 64"):
-        DecodeEngine(weights, 4, EAGER)
+    with pytest.raises(ModelError, match="head_dim 96: the attention kernels run head_dim 64, 128, 256 only"):
+        dataclasses.replace(_micro(), head_dim=96, n_heads=4, n_kv_heads=2).validate()
     weights = synth_weights(dataclasses.replace(_micro(), n_heads=18, n_kv_heads=1), 1)  # q_dim 2304: 9 super-blocks
     with pytest.raises(ModelError, match=r"GQA group 18 \(n_heads 18 / n_kv_heads 1\): decode attention supports "
                                          "groups up to 16"):

@@ -282,11 +282,12 @@ TMA = dict(G.DEFAULT, STAGING="tma")
 
 
 @sim
-def test_gemm_tma_simulator_split_k_matches_float64():
+@pytest.mark.parametrize("nocall", [0, 1])
+def test_gemm_tma_simulator_split_k_matches_float64(nocall):
     """STAGING=tma with every tile in 3 uneven k slices (each producer starts at its slice's k tile): poisoned C and
-    partials, float64 within 1e-3."""
+    partials, float64 within 1e-3; NOCALL=1 divides the slice and tile indices in uint32."""
     nt, od, id_ = 33, 70, 640
-    config = dict(TMA, TM=64, TN=64, SPLITK=3)
+    config = dict(TMA, TM=64, TN=64, SPLITK=3, NOCALL=nocall)
     rng = np.random.default_rng(5)
     a = rng.standard_normal((nt, id_)).astype(np.float16)
     b = rng.standard_normal((od, id_)).astype(np.float16)
@@ -422,6 +423,30 @@ def test_wgmma_helper_kernel_ptx():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("kernel", ["tma", "tma-glu", "tma-direct", "cp_async", "fused"])
+def test_nocall_keeps_every_wgmma_kernel_asynchronous(kernel):
+    """ptxas (nvJitLink, sm_90a): with NOCALL=0 the kernels' 64-bit index divisions (and gemm_f16_glu's IEEE
+    division) are subroutine calls and ptxas serializes their wgmma (warning C7509); with NOCALL=1 it does not, and
+    nothing spills. If the NOCALL=0 half ever stops holding, the knob has nothing left to do."""
+    from ptx_assembly import ptxas_resources
+
+    from kernels import gemm_fused
+
+    base = {"tma": G.DEFAULT, "tma-glu": G.DEFAULT, "tma-direct": dict(G.DEFAULT, EPI="direct", TM=128),
+            "cp_async": WG, "fused": G.DEFAULT}[kernel]
+
+    def ptx(nocall):
+        cfg = dict(base, NOCALL=nocall)
+        if kernel == "fused":
+            return gemm_fused.kernel_ptx(cfg, "Q4_K")
+        return G.kernel_ptx(cfg, glu=kernel == "tma-glu")
+
+    assert ptxas_resources(ptx(0))["wgmma_serialized"]
+    got = ptxas_resources(ptx(1))
+    assert not got["wgmma_serialized"] and got["spill_bytes"] == 0, got
+
+
+@pytest.mark.compile
 def test_wgmma_register_a_kernel_assembles():
     """ptxas (nvJitLink, sm_90a) accepts the register-A wgmma's operand list."""
     from ptx_assembly import assemble
@@ -519,6 +544,19 @@ def test_gemm_glu_simulator_is_gemm_and_swiglu_bit_for_bit(config, shape):
     fused, unfused, ref = _glu_case(config, *shape, seed=11, partials=config["SPLITK"] > 1)
     assert not np.isnan(fused).any(), "some activations were never written"
     assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@sim
+def test_gemm_glu_nocall_simulator_matches_gemm_and_swiglu():
+    """NOCALL=1: the SwiGLU epilogue divides with div.approx (exact f32 division in the simulator) and the indices in
+    uint32; the activations equal gemm_f16 + swiglu's to f16 rounding (one f16 ulp: the simulator's IEEE division
+    is float64 before its f16 rounding) and float64's silu(g) * u within 2e-3."""
+    config = dict(TMA, TM=128, TN=64, STAGES=3, AUTOTILE=0, SPLITK=1, NOCALL=1)
+    fused, unfused, ref = _glu_case(config, 33, 192, 128, seed=13)
+    assert not np.isnan(fused).any()
+    ulp = np.abs(fused.view(np.int16).astype(np.int64) - unfused.view(np.int16).astype(np.int64))
+    assert ulp.max() <= 1
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 

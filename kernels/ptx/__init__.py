@@ -29,7 +29,7 @@ Source: PTX ISA 9.x (https://docs.nvidia.com/cuda/parallel-thread-execution/).
 from __future__ import annotations
 
 from kernels.ptx._base import SIMULATOR, _check_1d_array, _check_scalars
-from kernels.ptx.arith import dp4a_s32, fma_f16x2, prmt_b32, sub_f16x2
+from kernels.ptx.arith import div_approx_f32, dp4a_s32, fma_f16x2, prmt_b32, sub_f16x2
 from kernels.ptx.async_copy import (
     CP_ASYNC_POISON,
     cp_async_16,
@@ -131,6 +131,7 @@ __all__ = [
     "cp_async_commit_group",
     "cp_async_wait_group",
     "desc_value",
+    "div_approx_f32",
     "dp4a_s32",
     "fence_proxy_async_shared",
     "fma_f16x2",

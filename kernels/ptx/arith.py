@@ -1,6 +1,7 @@
 """Register arithmetic: `dp4a` (four int8 products summed into an int32 in one instruction), the inner step of the
 quantized mat-vec (int8 activations x 4/6/8-bit weights); `prmt` (byte permute) and the packed-f16 `sub`/`fma`
-that turn 4-bit codes into f16 weights two at a time (the fused-dequantization GEMM's producer).
+that turn 4-bit codes into f16 weights two at a time (the fused-dequantization GEMM's producer); `div.approx`
+(a float division without the subroutine call ptxas gives an IEEE one).
 
 An ``f16x2`` value is a uint32 (`kernels.ptx._base`: the lower element in bits 0..15)."""
 
@@ -48,6 +49,10 @@ if SIMULATOR:
         is exact; the sum of it and an f16 is exact unless their exponents differ by more than ~30)."""
         return _pack(_halves(a) * _halves(b) + _halves(c))
 
+    def div_approx_f32(x, y):
+        """Simulator form of `div.approx.f32`: x / y in float32 (the instruction's ~2-ulp error is not modelled)."""
+        return np.float32(np.float32(x) / np.float32(y))
+
     def dp4a_s32(a, b, c):
         """Simulator form of `dp4a.s32.s32 d, a, b, c`: ``c`` plus the dot product of the four signed bytes of
         ``a`` with those of ``b``, wrapped to int32 like the instruction's 32-bit result."""
@@ -57,6 +62,21 @@ if SIMULATOR:
         return np.int32(r - (1 << 32) if r >= 1 << 31 else r)
 
 else:
+
+    @intrinsic
+    def div_approx_f32(typingctx, x, y):
+        """`div.approx.f32 d, x, y` (PTX ISA §9.7.3.8 "div"): x / y to about 2 ulp, for |y| in [2^-126, 2^126]
+        (0 beyond). Unlike an IEEE division (div.rn.f32, or the rcp.rn.f32 that x / y and 1 / y lower to), which
+        ptxas expands with a subroutine call for its slow path, it is a short inline sequence: a function with a
+        call in it makes ptxas serialize every wgmma (warning C7509), so the wgmma kernels divide with this."""
+        _check_scalars("div_approx_f32", (x, y), types.Float, 2)
+        sig = types.float32(x, y)
+
+        def codegen(context, builder, sig, args):
+            v = [context.cast(builder, a, t, types.float32) for a, t in zip(args, sig.args)]
+            return _asm(builder, ir.FloatType(), v, "div.approx.f32 $0, $1, $2;", "=f,f,f", False)
+
+        return sig, codegen
 
     @intrinsic
     def dp4a_s32(typingctx, a, b, c):

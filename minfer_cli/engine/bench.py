@@ -120,7 +120,7 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                     "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
                    legacy=32)]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)",
-                   legacy="direct" if k == "EPI" else None)  # records before EPI stored C from the fragments
+                   legacy={"EPI": "direct", "NOCALL": 0}.get(k))  # what records from before the knob ran
               for k, v in gemm_f16.KNOBS.items()]
     knobs += [Knob("SPLITK", tuple(gemm_f16.LAUNCH_KNOBS["SPLITK"]), gemm_f16.LAUNCH_DEFAULT["SPLITK"],
                    "prefill (pp): gemm_f16 k slices per C tile (MMA=wgmma), partials summed in slice order by a second "
