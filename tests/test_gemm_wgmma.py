@@ -482,8 +482,10 @@ def _torch_rel(a, b, out) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [G.DEFAULT, WG, dict(WG, LOOP="addr32"), dict(WG, TM=128, TN=128),
                                     dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32"), TMA,
-                                    dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3)],
-                         ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3"])
+                                    dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3), dict(G.DEFAULT, NOCALL=1),
+                                    dict(TMA, SPLITK=3, NOCALL=1), dict(WG, NOCALL=1)],
+                         ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3",
+                              "nocall", "nocall-split3", "nocall-ks32"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_wgmma_gpu_matches_torch(config, shape):
     pytest.importorskip("torch")
@@ -613,6 +615,19 @@ def test_glu_ptx():
     assert "ld.local" not in ptx and "st.local" not in ptx
     res = ptxas_resources(ptx)
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2048, 18944, 3584), (33, 128, 256)], ids=str)
+def test_gemm_glu_nocall_gpu_matches_gemm_and_swiglu(shape):
+    """NOCALL=1's div.approx SwiGLU against gemm_f16 + swiglu (IEEE division) on the H200: at most one f16 ulp apart
+    (div.approx is within 2 f32 ulp), float64 within f16 rounding."""
+    nt, ffn, id_ = shape
+    fused, unfused, ref = _glu_case(dict(G.DEFAULT, NOCALL=1), nt, ffn, id_, seed=14, partials=True)
+    assert not np.isnan(fused).any()
+    ulp = np.abs(fused.view(np.int16).astype(np.int64) - unfused.view(np.int16).astype(np.int64))
+    assert ulp.max() <= 1
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu
