@@ -246,7 +246,7 @@ def _make_kernel_mma_sync(g: Geometry):
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 128
-    PRO_WAIT = STAGES - 1  # after the prologue (Q [+ K/V tile 0]): Q has landed
+    PRO_WAIT = STAGES - 1  # after the prologue (Q, K/V tiles 0 .. STAGES-2): Q has landed
     mask, softmax, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
@@ -278,14 +278,15 @@ def _make_kernel_mma_sync(g: Geometry):
             gidx = qi * qs + h * D + ch * 8 if ok else 0
             cp_async_16(smem, r * D + ((ch ^ (r & 7)) << 3), q, gidx, 16 if ok else 0)
         cp_async_commit_group()
-        if STAGES == 2:
+        for t in range(STAGES - 1):  # K/V tiles 0 .. STAGES-2, one commit group each
             for rep in range(KV_CH):
                 c = tid + rep * THREADS
                 r = c >> CSH
                 ch = c & CM
-                ok = r < nt_kv
-                gidx = r * ks + hk * D + ch * 8 if ok else 0
-                sidx = SQ + r * D + ((ch ^ (r & 7)) << 3)
+                kj = t * BK + r
+                ok = kj < nt_kv
+                gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                sidx = SQ + t * STAGE + r * D + ((ch ^ (r & 7)) << 3)
                 cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
                 cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
@@ -314,8 +315,8 @@ def _make_kernel_mma_sync(g: Geometry):
         row_lo = q0 + warp * 16 + gr  # this lane's two query rows: row_lo, row_lo + 8
 
         for j in range(ntiles):
-            if STAGES == 2:
-                cp_async_wait_group(0)
+            if STAGES >= 2:
+                cp_async_wait_group(STAGES - 2)  # tile j has landed (the later STAGES-2 may still be in flight)
                 cuda.syncthreads()  # tile j visible; every warp is done with tile j-1's slot
             jn = j + STAGES - 1
             if jn < ntiles:
@@ -417,7 +418,12 @@ def _make_kernel_wgmma(g: Geometry):
     No subroutine call anywhere in the kernel: ptxas lowers a 64-bit integer division and an IEEE float division
     (rcp.rn / div.rn) to calls, and a call in the function makes it serialize every wgmma (its C7509 warning,
     "wgmma.mma_async instructions are serialized due to the presence of Extern calls"). So the GQA head index
-    divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent."""
+    divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent.
+
+    STAGES=3 (FlashAttention-3's intra-warpgroup pipelining, its Algorithm 2): the ring holds tiles j, j+1 and the
+    copies of j+2, so while a warpgroup's softmax of tile j runs on the FMA/SFU units, the S = Q·K_{j+1}^T of the
+    next tile is already on the tensor cores (issued before the softmax, waited with P·V_j after it); S lives in two
+    register arrays that swap roles tile by tile. STAGES=1|2: S_j, softmax, P·V_j in turn."""
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
     DCH = D // 8
@@ -437,10 +443,69 @@ def _make_kernel_wgmma(g: Geometry):
     KV_CH = BK * DCH // THREADS
     SBO = 1024
     LBO = 16  # unused by swizzled K-major operands whose k16 step stays inside a 128-byte row
+    PIPE = STAGES == 3
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 1024
     mask, softmax, store_out = _tile_steps(g)
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(smem, k, v, t, tid, nt_kv, ks, hk):
+        """cp.async of key tile t's K and V rows into ring slot t % STAGES (rows past nt_kv zero-filled)."""
+        base = SQB + (t % STAGES) * STB
+        for rep in range(KV_CH):
+            c = tid + rep * THREADS
+            r = c >> CSH
+            ch = c & CM
+            kj = t * BK + r
+            ok = kj < nt_kv
+            gidx = kj * ks + hk * D + ch * 8 if ok else 0
+            at = (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
+            cp_async_16(smem, at, k, gidx, 16 if ok else 0)
+            cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
+
+    @cuda.jit(device=True, inline="always")
+    def issue_s(smem, s, desc_q, desc_k, t):
+        """S = Q · K_t^T: one m64nBKk16 a k16 step on the tile in slot t % STAGES, committed, not waited."""
+        slot = uint64(((t % STAGES) * STB) >> 4)
+        wgmma_fence()
+        for kq in range(KS16):
+            step_q = uint64(((kq >> 2) * QBLK + (kq & 3) * 32) >> 4)
+            step_k = uint64(((kq >> 2) * KBLK + (kq & 3) * 32) >> 4)
+            wgmma_m64nNk16_f32_f16(smem, s, 0, desc_q + step_q, desc_k + slot + step_k, uint32(1 if kq > 0 else 0),
+                                   BK)
+        wgmma_commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def issue_pv(smem, o, s, desc_v, t):
+        """O += P · V_t: one m64nDk16 a k16 step of keys, P packed from ``s`` (registers), V MN-major; committed."""
+        slot = uint64(((t % STAGES) * STB) >> 4)
+        wgmma_fence()
+        for kk in range(NK16):
+            c = kk * 8
+            wgmma_m64nNk16_f32_f16_rs(smem, o, 0, pack_f16x2(s[c], s[c + 1]), pack_f16x2(s[c + 2], s[c + 3]),
+                                      pack_f16x2(s[c + 4], s[c + 5]), pack_f16x2(s[c + 6], s[c + 7]),
+                                      desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
+        wgmma_commit_group()
+
+    @cuda.jit(device=True, inline="always")
+    def pipe_step(smem, k, v, s_cur, s_nxt, o, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0, row_lo,
+                  offset):
+        """STAGES=3, key tile j, S_j already in ``s_cur``: publish tile j+1, start the copies of j+2, issue
+        S_{j+1} into ``s_nxt``, mask and softmax S_j while it runs, then P·V_j; wait for both."""
+        if j + 1 < ntiles:
+            cp_async_wait_group(0)  # tile j+1 (the one group in flight) has landed
+            fence_proxy_async_shared()
+            cuda.syncthreads()  # visible; every warpgroup is done with tile j-1, whose slot j+2 now takes
+        if j + 2 < ntiles:
+            load_tile(smem, k, v, j + 2, tid, nt_kv, ks, hk)
+        cp_async_commit_group()
+        if j + 1 < ntiles:
+            issue_s(smem, s_nxt, desc_q, desc_k, j + 1)
+        mask(s_cur, j * BK, q0, row_lo, nt_kv, offset)
+        softmax(s_cur, o, ml)
+        issue_pv(smem, o, s_cur, desc_v, j)
+        wgmma_wait_group(0)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -452,7 +517,7 @@ def _make_kernel_wgmma(g: Geometry):
         gr = lane >> 2
         h = cuda.blockIdx.x
         qt = cuda.gridDim.y - 1 - cuda.blockIdx.y
-        hk = uint32(h) // (uint32(n_heads) // uint32(n_kv_heads))  # 32-bit: see below
+        hk = uint32(h) // (uint32(n_heads) // uint32(n_kv_heads))  # 32-bit: no subroutine call (see above)
         q0 = qt * BQ
         if CAUSAL:
             kend = min(nt_kv, q0 + BQ + offset)
@@ -462,7 +527,7 @@ def _make_kernel_wgmma(g: Geometry):
         qs = n_heads * D
         ks = n_kv_heads * D
 
-        # ---- prologue: Q and, with STAGES == 2, K/V tile 0 (the one swizzled column-block layout) -----------
+        # ---- prologue: Q, then tiles 0 .. STAGES-2 (one commit group each; the one swizzled layout) ---------
         for rep in range(Q_CH):
             c = tid + rep * THREADS
             r = c >> CSH
@@ -472,16 +537,9 @@ def _make_kernel_wgmma(g: Geometry):
             gidx = qi * qs + h * D + ch * 8 if ok else 0
             cp_async_16(smem, ((ch >> 3) * QBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, q, gidx, 16 if ok else 0)
         cp_async_commit_group()
-        if STAGES == 2:
-            for rep in range(KV_CH):
-                c = tid + rep * THREADS
-                r = c >> CSH
-                ch = c & CM
-                ok = r < nt_kv
-                gidx = r * ks + hk * D + ch * 8 if ok else 0
-                at = (SQB + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
-                cp_async_16(smem, at, k, gidx, 16 if ok else 0)
-                cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
+        for t in range(STAGES - 1):
+            if t < ntiles:
+                load_tile(smem, k, v, t, tid, nt_kv, ks, hk)
             cp_async_commit_group()
 
         o = cuda.local.array(O_N, float32)
@@ -498,56 +556,41 @@ def _make_kernel_wgmma(g: Geometry):
         desc_k = wgmma_desc(smem, SQB, LBO, SBO, SWIZZLE_128B)
         desc_v = wgmma_desc(smem, SQB + SKVB, KBLK, SBO, SWIZZLE_128B)  # MN-major: LBO = the 64-d block stride
 
-        for j in range(ntiles):
-            if STAGES == 2:
-                cp_async_wait_group(0)
+        if PIPE:
+            s2 = cuda.local.array(S_N, float32)
+            cp_async_wait_group(1)  # Q and tile 0 have landed (tile 1 may be in flight)
+            fence_proxy_async_shared()
+            cuda.syncthreads()
+            issue_s(smem, s, desc_q, desc_k, 0)
+            wgmma_wait_group(0)
+            j = 0
+            while j < ntiles:  # two tiles an iteration: s and s2 swap roles
+                pipe_step(smem, k, v, s, s2, o, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0, row_lo,
+                          offset)
+                if j + 1 < ntiles:
+                    pipe_step(smem, k, v, s2, s, o, ml, j + 1, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
+                              row_lo, offset)
+                j += 2
+        else:
+            for j in range(ntiles):
+                if STAGES == 1:
+                    load_tile(smem, k, v, j, tid, nt_kv, ks, hk)
+                    cp_async_commit_group()
+                cp_async_wait_group(0)  # tile j (and Q) have landed
                 fence_proxy_async_shared()  # this thread's landed cp.async bytes (Q, K_j, V_j) -> the wgmma proxy
                 cuda.syncthreads()  # tile j visible; every warpgroup's products on tile j-1's slot are done
-            jn = j + STAGES - 1
-            if jn < ntiles:
-                base = SQB + (jn % STAGES) * STB
-                for rep in range(KV_CH):
-                    c = tid + rep * THREADS
-                    r = c >> CSH
-                    ch = c & CM
-                    kj = jn * BK + r
-                    ok = kj < nt_kv
-                    gidx = kj * ks + hk * D + ch * 8 if ok else 0
-                    at = (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
-                    cp_async_16(smem, at, k, gidx, 16 if ok else 0)
-                    cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
-            cp_async_commit_group()
-            if STAGES == 1:
-                cp_async_wait_group(0)
-                fence_proxy_async_shared()
-                cuda.syncthreads()
-            slot = uint64(((j % STAGES) * STB) >> 4)
-            k0 = j * BK
-
-            # ---- S = Q · K^T: one m64nBKk16 a k16 step -------------------------------------------------------
-            wgmma_fence()
-            for kq in range(KS16):
-                step_q = uint64(((kq >> 2) * QBLK + (kq & 3) * 32) >> 4)
-                step_k = uint64(((kq >> 2) * KBLK + (kq & 3) * 32) >> 4)
-                wgmma_m64nNk16_f32_f16(smem, s, 0, desc_q + step_q, desc_k + slot + step_k, uint32(1 if kq > 0 else 0),
-                                       BK)
-            wgmma_commit_group()
-            wgmma_wait_group(0)
-
-            mask(s, k0, q0, row_lo, nt_kv, offset)
-            softmax(s, o, ml)
-
-            # ---- O += P · V: one m64nDk16 a k16 step of keys, P from registers, V MN-major -----------------
-            wgmma_fence()
-            for kk in range(NK16):
-                c = kk * 8
-                wgmma_m64nNk16_f32_f16_rs(smem, o, 0, pack_f16x2(s[c], s[c + 1]), pack_f16x2(s[c + 2], s[c + 3]),
-                                          pack_f16x2(s[c + 4], s[c + 5]), pack_f16x2(s[c + 6], s[c + 7]),
-                                          desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
-            wgmma_commit_group()
-            wgmma_wait_group(0)
-            if STAGES == 1:
-                cuda.syncthreads()
+                if STAGES == 2:
+                    if j + 1 < ntiles:
+                        load_tile(smem, k, v, j + 1, tid, nt_kv, ks, hk)
+                    cp_async_commit_group()
+                issue_s(smem, s, desc_q, desc_k, j)
+                wgmma_wait_group(0)
+                mask(s, j * BK, q0, row_lo, nt_kv, offset)
+                softmax(s, o, ml)
+                issue_pv(smem, o, s, desc_v, j)
+                wgmma_wait_group(0)
+                if STAGES == 1:
+                    cuda.syncthreads()  # every warpgroup is done with the slot before tile j+1 overwrites it
         cp_async_wait_group(0)
         cuda.syncthreads()  # every warpgroup's last wgmma has read Q before the epilogue stages O over it
 
@@ -620,7 +663,7 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     j <= i + (nt_kv - nt), else every key. GQA: query head h reads KV head h // (n_heads // n_kv_heads). out:
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, f16
     operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3 vs float64).
-    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
+    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2/3), MMA
     (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous with one head_dim in
