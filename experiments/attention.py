@@ -23,7 +23,8 @@ from minfer_cli.knobs import Knob
 _DOCS = {
     "BQ": "query rows per block (BQ/16 warps of 16 rows, each holding its Q fragments in registers)",
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
-    "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile",
+    "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile, 3 = two "
+              "tiles ahead (MMA=wgmma: the next tile's S on the tensor cores during this tile's softmax)",
     "MMA": "the products: mma_sync (per-warp mma.sync m16n8k16, FlashAttention-2) or wgmma (per-warpgroup "
            "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and V read MN-major, as "
            "FlashAttention-3 issues them)",
@@ -36,7 +37,8 @@ def _shape(nt: int, n_heads: int, n_kv_heads: int, head_dim: int = 128) -> dict[
 
 class AttentionExperiment(Experiment):
     name = "attention"
-    purpose = "causal prefill flash attention (mma.sync, hd 64/128/256, GQA) vs torch SDPA and the f16 matrix-rate ceiling"
+    purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/128/256, GQA) vs torch SDPA and the f16 "
+               "matrix-rate ceiling")
     knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k]) for k, v in knob_table.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "torch_sdpa"), "minfer",
              "minfer's kernel, or torch.nn.functional.scaled_dot_product_attention (is_causal, GQA) as the vendor "

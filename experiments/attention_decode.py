@@ -122,7 +122,8 @@ class AttentionDecodeExperiment(Experiment):
         return [
             KernelInstance(f"decode_attention_partial[SPLITS={config['SPLITS']},D={s['head_dim']}]", partial,
                            kernel.partial_signature(np.float32), kernel.WARPS * 32),
-            KernelInstance("decode_attention_combine", combine, kernel.COMBINE_SIGNATURE, kernel.COMBINE_WARPS * 32),
+            KernelInstance(f"decode_attention_combine[D={s['head_dim']}]", combine, kernel.COMBINE_SIGNATURE,
+                           kernel.COMBINE_WARPS * 32),
         ]
 
 

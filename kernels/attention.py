@@ -126,8 +126,9 @@ def all_configs():
 
 
 def _tile_steps(g: Geometry):
-    """(mask, softmax, store_out): the device functions both kernels share, for a warp's 16 query rows (lane l holds
-    rows g = l >> 2 and g + 8 of the S and O C fragments, columns 2t, 2t + 1 of each n8 tile, t = l & 3).
+    """(mask, softmax, softmax_pack, store_out): the device functions of the two kernels, for a warp's 16 query rows
+    (lane l holds rows g = l >> 2 and g + 8 of the S and O C fragments, columns 2t, 2t + 1 of each n8 tile, t = l & 3);
+    mask and softmax are the mma_sync kernel's, softmax_pack (both in one, P into A words) the wgmma kernel's.
 
     * ``mask(s, k0, q0, row_lo, nt_kv, offset)``: scores of keys past nt_kv or (causal) past the row's position to
       -inf, only on tiles that cross the diagonal or the end of the keys;
@@ -190,6 +191,48 @@ def _tile_steps(g: Geometry):
                 o[dn * 4 + 2 * hh + 1] *= alpha
 
     @cuda.jit(device=True, inline="always")
+    def softmax_pack(s, o, ml, p, k0, q0, row_lo, nt_kv, offset):
+        """`mask` + `softmax` (the same operations, the same values) that leave ``s`` unwritten and put P, packed
+        to f16 pairs, in ``p`` (word 2 t8 + hh: row g + 8 hh, columns 2t, 2t+1 of n8 tile t8: the register-A
+        fragment). The wgmma kernel's: ptxas serializes every wgmma if other instructions define a wgmma's
+        accumulator registers (S's) inside a pipeline stage (its warning C7515). A masked score is a select
+        against the row's last key (no branch: NVVM then unrolls the loops and keeps ``s`` in registers)."""
+        tc = (cuda.threadIdx.x & 3) * 2
+        edge = k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset)
+        for hh in range(2):
+            lim = nt_kv - 1  # the row's last key (every key of the tile when it crosses neither edge)
+            if CAUSAL:
+                lim = min(lim, row_lo + hh * 8 + offset)
+            if not edge:
+                lim = k0 + BK
+            mx = NEG_INF
+            for t8 in range(NK8):
+                kj = k0 + t8 * 8 + tc
+                v0 = s[t8 * 4 + 2 * hh] if kj <= lim else NEG_INF
+                v1 = s[t8 * 4 + 2 * hh + 1] if kj + 1 <= lim else NEG_INF
+                mx = max(mx, max(v0, v1))
+            mx = max(mx, shfl_xor_f32(mx, 1))
+            mx = max(mx, shfl_xor_f32(mx, 2))
+            m_old = ml[hh]
+            m_new = max(m_old, mx * SC)
+            alpha = math.exp2(m_old - m_new)
+            ml[hh] = m_new
+            rs = ZERO
+            for t8 in range(NK8):
+                kj = k0 + t8 * 8 + tc
+                v0 = s[t8 * 4 + 2 * hh] if kj <= lim else NEG_INF
+                v1 = s[t8 * 4 + 2 * hh + 1] if kj + 1 <= lim else NEG_INF
+                p0 = math.exp2(v0 * SC - m_new)
+                p1 = math.exp2(v1 * SC - m_new)
+                rs += p0
+                rs += p1
+                p[t8 * 2 + hh] = pack_f16x2(p0, p1)
+            ml[2 + hh] = ml[2 + hh] * alpha + rs
+            for dn in range(ND8):
+                o[dn * 4 + 2 * hh] *= alpha
+                o[dn * 4 + 2 * hh + 1] *= alpha
+
+    @cuda.jit(device=True, inline="always")
     def store_out(smem32, out32, o, ml, r0, q0, nt, qs, h):
         lane = cuda.threadIdx.x & 31
         gr = lane >> 2
@@ -218,7 +261,7 @@ def _tile_steps(g: Geometry):
                 st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2],
                                  smem32[si + 3])
 
-    return mask, softmax, store_out
+    return mask, softmax, softmax_pack, store_out
 
 
 def _make_kernel(g: Geometry):
@@ -247,7 +290,8 @@ def _make_kernel_mma_sync(g: Geometry):
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 128
     PRO_WAIT = STAGES - 1  # after the prologue (Q, K/V tiles 0 .. STAGES-2): Q has landed
-    mask, softmax, store_out = _tile_steps(g)
+    LOOP_WAIT = max(STAGES - 2, 0)  # at the top of key tile j: its group has landed
+    mask, softmax, _, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -316,7 +360,7 @@ def _make_kernel_mma_sync(g: Geometry):
 
         for j in range(ntiles):
             if STAGES >= 2:
-                cp_async_wait_group(STAGES - 2)  # tile j has landed (the later STAGES-2 may still be in flight)
+                cp_async_wait_group(LOOP_WAIT)  # tile j has landed (the later STAGES-2 may still be in flight)
                 cuda.syncthreads()  # tile j visible; every warp is done with tile j-1's slot
             jn = j + STAGES - 1
             if jn < ntiles:
@@ -439,6 +483,7 @@ def _make_kernel_wgmma(g: Geometry):
     KBLK = BK * 128  # ... of a K or V tile
     O_N = D // 2  # f32 O accumulators per lane (m64nDk16: D / 2)
     S_N = BK // 2
+    P_N = BK // 4  # f16x2 A words of P per lane
     Q_CH = BQ * DCH // THREADS
     KV_CH = BK * DCH // THREADS
     SBO = 1024
@@ -447,7 +492,7 @@ def _make_kernel_wgmma(g: Geometry):
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 1024
-    mask, softmax, store_out = _tile_steps(g)
+    _, _, softmax_pack, store_out = _tile_steps(g)
 
     @cuda.jit(device=True, inline="always")
     def load_tile(smem, k, v, t, tid, nt_kv, ks, hk):
@@ -477,20 +522,20 @@ def _make_kernel_wgmma(g: Geometry):
         wgmma_commit_group()
 
     @cuda.jit(device=True, inline="always")
-    def issue_pv(smem, o, s, desc_v, t):
-        """O += P · V_t: one m64nDk16 a k16 step of keys, P packed from ``s`` (registers), V MN-major; committed."""
+    def issue_pv(smem, o, p, desc_v, t):
+        """O += P · V_t: one m64nDk16 a k16 step of keys, P from the A words ``p`` (`softmax_pack`, written before
+        the wgmma.fence, as the PTX ISA asks), V MN-major; committed."""
         slot = uint64(((t % STAGES) * STB) >> 4)
         wgmma_fence()
         for kk in range(NK16):
-            c = kk * 8
-            wgmma_m64nNk16_f32_f16_rs(smem, o, 0, pack_f16x2(s[c], s[c + 1]), pack_f16x2(s[c + 2], s[c + 3]),
-                                      pack_f16x2(s[c + 4], s[c + 5]), pack_f16x2(s[c + 6], s[c + 7]),
+            c = kk * 4
+            wgmma_m64nNk16_f32_f16_rs(smem, o, 0, p[c], p[c + 1], p[c + 2], p[c + 3],
                                       desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
         wgmma_commit_group()
 
     @cuda.jit(device=True, inline="always")
-    def pipe_step(smem, k, v, s_cur, s_nxt, o, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0, row_lo,
-                  offset):
+    def pipe_step(smem, k, v, s_cur, s_nxt, o, p, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
+                  row_lo, offset):
         """STAGES=3, key tile j, S_j already in ``s_cur``: publish tile j+1, start the copies of j+2, issue
         S_{j+1} into ``s_nxt``, mask and softmax S_j while it runs, then P·V_j; wait for both."""
         if j + 1 < ntiles:
@@ -502,9 +547,8 @@ def _make_kernel_wgmma(g: Geometry):
         cp_async_commit_group()
         if j + 1 < ntiles:
             issue_s(smem, s_nxt, desc_q, desc_k, j + 1)
-        mask(s_cur, j * BK, q0, row_lo, nt_kv, offset)
-        softmax(s_cur, o, ml)
-        issue_pv(smem, o, s_cur, desc_v, j)
+        softmax_pack(s_cur, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
+        issue_pv(smem, o, p, desc_v, j)
         wgmma_wait_group(0)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
@@ -544,6 +588,7 @@ def _make_kernel_wgmma(g: Geometry):
 
         o = cuda.local.array(O_N, float32)
         s = cuda.local.array(S_N, float32)
+        p = cuda.local.array(P_N, uint32)
         ml = cuda.local.array(4, float32)
         for x in range(O_N):
             o[x] = ZERO
@@ -565,11 +610,11 @@ def _make_kernel_wgmma(g: Geometry):
             wgmma_wait_group(0)
             j = 0
             while j < ntiles:  # two tiles an iteration: s and s2 swap roles
-                pipe_step(smem, k, v, s, s2, o, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0, row_lo,
-                          offset)
+                pipe_step(smem, k, v, s, s2, o, p, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
+                          row_lo, offset)
                 if j + 1 < ntiles:
-                    pipe_step(smem, k, v, s2, s, o, ml, j + 1, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
-                              row_lo, offset)
+                    pipe_step(smem, k, v, s2, s, o, p, ml, j + 1, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v,
+                              q0, row_lo, offset)
                 j += 2
         else:
             for j in range(ntiles):
@@ -585,9 +630,8 @@ def _make_kernel_wgmma(g: Geometry):
                     cp_async_commit_group()
                 issue_s(smem, s, desc_q, desc_k, j)
                 wgmma_wait_group(0)
-                mask(s, j * BK, q0, row_lo, nt_kv, offset)
-                softmax(s, o, ml)
-                issue_pv(smem, o, s, desc_v, j)
+                softmax_pack(s, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
+                issue_pv(smem, o, p, desc_v, j)
                 wgmma_wait_group(0)
                 if STAGES == 1:
                     cuda.syncthreads()  # every warpgroup is done with the slot before tile j+1 overwrites it
@@ -651,6 +695,11 @@ def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int,
             raise KernelConstraintError(
                 f"flash_attention: out must be a C-contiguous float16 [{nt}, {n_heads}, {hd}] array, got {out.dtype} {tuple(out.shape)}"
             )
+    if not SIMULATOR:
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if x is not None and x.device_ctypes_pointer.value % 16:
+                raise KernelConstraintError(f"flash_attention: {name} must start 16-byte aligned (its rows are copied "
+                                            f"16 bytes at a time); a view starting mid-row is not")
     return nt, nt_kv, n_heads, n_kv_heads, hd
 
 
@@ -661,13 +710,14 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     arrays [nt_kv, n_kv_heads, D] (the f16 KV cache, positions 0..nt_kv-1). Query row i sits at position
     i + (nt_kv - nt) (a cached prefix of nt_kv - nt tokens precedes it); with ``causal`` it attends keys
     j <= i + (nt_kv - nt), else every key. GQA: query head h reads KV head h // (n_heads // n_kv_heads). out:
-    optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, f16
-    operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3 vs float64).
+    optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, or wgmma
+    with MMA=wgmma; f16 operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3
+    vs float64).
     config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2/3), MMA
     (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
 
-    Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous with one head_dim in
-    HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16
+    Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous, 16-byte aligned, with one
+    head_dim in HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16
     [nt, n_heads, D]. nt and nt_kv may be any size >= 1 (tails zero-filled by cp.async src-size 0, masked, and
     not written).
 

@@ -60,8 +60,8 @@ def max_group(head_dim: int) -> int:
     shared accumulators)."""
     return min(MAX_GROUP, MAX_GROUP * 128 // int(head_dim))
 KEYS_IN_FLIGHT = 2
-"""Cache rows a half-warp loads before it computes (four would leave G=7's accumulators in local memory: NVVM keeps
-the larger loops rolled)."""
+"""Cache rows a lane group (D/8 lanes, one row) loads before it computes (four would leave G=7's accumulators in
+local memory at D=128: NVVM keeps the larger loops rolled)."""
 
 
 def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:

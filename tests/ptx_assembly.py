@@ -16,8 +16,9 @@ def assemble(ptx: str, arch: str = "sm_90a") -> bytes:
 def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
     """What ptxas reports for the (single) kernel of ``ptx``: ``registers`` a thread, ``spill_bytes`` (stores +
     loads), ``local_bytes`` (stack frame), ``shared_bytes`` (static) and ``wgmma_serialized``: whether ptxas warned
-    C7509, "wgmma.mma_async instructions are serialized" (it then waits for each wgmma before the next: a call in
-    the function, e.g. a 64-bit integer or IEEE float division, is enough)."""
+    "wgmma.mma_async instructions are serialized" for any reason (it then waits for each wgmma before the next: a
+    call in the function, e.g. a 64-bit integer or IEEE float division, is enough (C7509); so are registers a
+    wgmma reads written inside its pipeline stage, or too few registers)."""
     log = _link(ptx, arch, verbose=True)[1]
     regs = re.findall(r"[Uu]sed (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
@@ -27,7 +28,7 @@ def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
         raise AssertionError(f"ptxas printed no register count: {log[-400:]}")
     return {"registers": int(regs[-1]), "spill_bytes": sum(map(int, spills[-1])) if spills else 0,
             "local_bytes": int(stack[-1]) if stack else 0, "shared_bytes": int(smem[-1]) if smem else 0,
-            "wgmma_serialized": "C7509" in log}
+            "wgmma_serialized": "instructions are serialized" in log}
 
 
 def _link(ptx: str, arch: str, verbose: bool) -> tuple[bytes, str]:

@@ -114,8 +114,8 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None):
         "head_dim 256, L=29 G=2: whole-warp rows, 8 rows a warp"])
 def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
     """Against float64, the workspace NaN-poisoned. Partitions past L (`used_partitions`) leave warps and whole blocks
-    idle; partition lengths that are not a multiple of a warp's row slots (8 rows an iteration at any head_dim) leave
-    slots masked; a block row or a masked slot read stale would show."""
+    idle; partition lengths that are not a multiple of a warp's row slots (8, 4 or 2 rows an iteration at head_dim
+    64, 128, 256) leave slots masked; a block row or a masked slot read stale would show."""
     assert DEC.used_partitions(L, 4 * splits) == min(4 * splits, L)
     assert _decode(L, l_max, h, hk, splits, q_dtype, hd) < 1e-4
 

@@ -152,34 +152,38 @@ def test_wgmma_simulator_scale_d_zero_ignores_c():
     _check_one_product("swizzle64", 0)
 
 
-def _rs_kernel(trans_b: int):
-    """The register-A product's test kernel: B K-major (64-byte swizzle, SBO 512) or, ``trans_b``, MN-major
-    (128-byte swizzle, SBO 1024 between 8-row k groups, LBO 8192 between 64-element n blocks)."""
+_IMG_RS = 17408  # B from byte 1024: up to two 8192-byte MN-major blocks
+
+
+def _rs_kernel(trans_b: int, n: int = N_TEST):
+    """The register-A product's test kernel for D [64 x n]: B K-major (64-byte swizzle, SBO 512) or, ``trans_b``,
+    MN-major (128-byte swizzle, SBO 1024 between 8-row k groups, LBO 8192 between 64-element n blocks)."""
     mode, lbo, sbo = (W.SWIZZLE_128B, 8192, 1024) if trans_b else (W.SWIZZLE_64B, 16, 512)
+    half = n // 2
 
     def k_wgmma_rs(img, afrag, b_off, c, out, scale):
-        smem = cuda.shared.array(_IMG, types.uint8, alignment=_ALIGN)
+        smem = cuda.shared.array(_IMG_RS, types.uint8, alignment=_ALIGN)
         tid = cuda.threadIdx.x
-        for i in range(tid, _IMG, 128):
+        for i in range(tid, _IMG_RS, 128):
             smem[i] = img[i]
-        acc = cuda.local.array(N_HALF, float32)
-        for i in range(N_HALF):
-            acc[i] = c[tid * (N_HALF) + i]
+        acc = cuda.local.array(half, float32)
+        for i in range(half):
+            acc[i] = c[tid * half + i]
         W.fence_proxy_async_shared()
         cuda.syncthreads()
         db = W.wgmma_desc(smem, b_off, lbo, sbo, mode)
         W.wgmma_fence()
         W.wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, afrag[tid * 4], afrag[tid * 4 + 1], afrag[tid * 4 + 2],
-                                    afrag[tid * 4 + 3], db, scale, N_TEST, trans_b)
+                                    afrag[tid * 4 + 3], db, scale, n, trans_b)
         W.wgmma_commit_group()
         W.wgmma_wait_group(0)
-        for i in range(N_HALF):
-            out[tid * (N_HALF) + i] = acc[i]
+        for i in range(half):
+            out[tid * half + i] = acc[i]
 
     return k_wgmma_rs
 
 
-_K_RS = {t: cuda.jit(_rs_kernel(t)) for t in (0, 1)}
+_K_RS = {(t, n): cuda.jit(_rs_kernel(t, n)) for t, n in ((0, N_TEST), (1, N_TEST), (1, 128))}
 
 
 def _a_fragments(a):
@@ -197,48 +201,49 @@ def _a_fragments(a):
 
 
 def _place_mn_major(b):
-    """Byte image (placed 1024-aligned) of B [n, 16] stored MN-major with the 128-byte swizzle: k row
-    (k % 8) of 8-row group k // 8 at (k % 8) * 128 + (k // 8) * 1024, element n at 2n in it, 16-byte chunks XORed
-    with the row (CUTLASS's Layout_MN_SW128_Atom: 64 f16 along MN x 8 along K, Swizzle<3,4,3>), written out here
-    independently; n < 64."""
-    img = np.zeros(2048, np.uint8)
+    """Byte image (placed 1024-aligned) of B [n, 16] stored MN-major with the 128-byte swizzle: element n's block
+    of 64 at (n // 64) * 8192 (the LBO), in it k row (k % 8) of 8-row group k // 8 at (k % 8) * 128 + (k // 8) *
+    1024, element n % 64 at 2 (n % 64) in it, 16-byte chunks XORed with the row (CUTLASS's Layout_MN_SW128_Atom:
+    64 f16 along MN x 8 along K, Swizzle<3,4,3>), written out here independently."""
+    img = np.zeros(8192 * ((b.shape[0] + 63) // 64), np.uint8)
     bits = b.astype(np.float16).view(np.uint8).reshape(b.shape[0], 16, 2)
     for n in range(b.shape[0]):
         for k in range(16):
-            row = (k // 8) * 1024 + (k % 8) * 128
-            chunk = ((2 * n) // 16) ^ (k % 8)
-            img[row + chunk * 16 + (2 * n) % 16: row + chunk * 16 + (2 * n) % 16 + 2] = bits[n, k]
+            row = (n // 64) * 8192 + (k // 8) * 1024 + (k % 8) * 128
+            m = n % 64
+            chunk = ((2 * m) // 16) ^ (k % 8)
+            img[row + chunk * 16 + (2 * m) % 16: row + chunk * 16 + (2 * m) % 16 + 2] = bits[n, k]
     return img
 
 
-def _check_one_rs_product(scale: int, trans_b: int = 0):
+def _check_one_rs_product(scale: int, trans_b: int = 0, n: int = N_TEST):
     rng = np.random.default_rng()
     a = rng.standard_normal((64, 16)).astype(np.float16)
-    b = rng.standard_normal((N_TEST, 16)).astype(np.float16)
-    c = rng.standard_normal((128, N_TEST // 2)).astype(np.float32)
-    img = np.zeros(_IMG, np.uint8)
+    b = rng.standard_normal((n, 16)).astype(np.float16)
+    c = rng.standard_normal((128, n // 2)).astype(np.float32)
+    img = np.zeros(_IMG_RS, np.uint8)
     if trans_b:
         ib = _place_mn_major(b)
     else:
-        ib = _place_gemm_tile(np.concatenate([b, np.zeros((N_TEST, 16), np.float16)], 1), 32)
-    img[4096 : 4096 + ib.size] = ib
-    out = cuda.to_device(np.full(128 * (N_TEST // 2), np.nan, np.float32))
-    _K_RS[trans_b][1, 128](cuda.to_device(img), cuda.to_device(_a_fragments(a).reshape(-1)), 4096,
-                           cuda.to_device(c.reshape(-1)), out, scale)
-    got = _d_from_fragments(out.copy_to_host().reshape(128, N_TEST // 2), N_TEST)
+        ib = _place_gemm_tile(np.concatenate([b, np.zeros((n, 16), np.float16)], 1), 32)
+    img[1024 : 1024 + ib.size] = ib
+    out = cuda.to_device(np.full(128 * (n // 2), np.nan, np.float32))
+    _K_RS[(trans_b, n)][1, 128](cuda.to_device(img), cuda.to_device(_a_fragments(a).reshape(-1)), 1024,
+                                cuda.to_device(c.reshape(-1)), out, scale)
+    got = _d_from_fragments(out.copy_to_host().reshape(128, n // 2), n)
     ref = a.astype(np.float64) @ b.astype(np.float64).T
     if scale:
-        ref += _d_from_fragments(c, N_TEST)
+        ref += _d_from_fragments(c, n)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
 
 
 @sim
-@pytest.mark.parametrize("scale,trans_b", [(1, 0), (0, 0), (1, 1)])
-def test_wgmma_register_a_simulator_numbers(scale, trans_b):
+@pytest.mark.parametrize("scale,trans_b,n", [(1, 0, N_TEST), (0, 0, N_TEST), (1, 1, N_TEST), (1, 1, 128)])
+def test_wgmma_register_a_simulator_numbers(scale, trans_b, n):
     """The register-A form: A from the threads' fragments (written out independently above), B through a K-major
-    64-byte swizzled descriptor or an MN-major 128-byte one; a transposed or misplaced fragment word would move
-    rows or k columns of A."""
-    _check_one_rs_product(scale, trans_b)
+    64-byte swizzled descriptor or an MN-major 128-byte one (n = 128: two 64-element blocks, LBO apart); a
+    transposed or misplaced fragment word would move rows or k columns of A."""
+    _check_one_rs_product(scale, trans_b, n)
 
 
 @sim
@@ -469,6 +474,7 @@ def test_wgmma_gpu_numbers(layout):
     _check_one_rs_product(1)
     _check_one_rs_product(0)
     _check_one_rs_product(1, trans_b=1)
+    _check_one_rs_product(1, trans_b=1, n=128)
 
 
 def _torch_rel(a, b, out) -> float:

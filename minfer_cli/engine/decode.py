@@ -8,7 +8,7 @@ holds the token to process, its position and the attention length pos + 1. One s
                 qkv[q | k | v] = gemv_q(Wq|Wk|Wv, h) (+ bias)        f32 [q_dim + 2 kv_dim]  (3 GEMVs, bias fused)
                 rope(q, k at state.pos)                              in place
                 K/V cache row state.pos = kv_append(qkv)             f16
-                a = decode_attention(q, K, V, state.length)          f32 [n_heads, 128]  (flash-decoding)
+                a = decode_attention(q, K, V, state.length)          f32 [n_heads, head_dim]  (flash-decoding)
                 x = gemv_q(Wo, a) + x                                (residual fused in the GEMV epilogue)
                 h = rms_norm(x, ffn_norm);  gu[gate | up] = gemv_q(Wgate, h) | gemv_q(Wup, h)   f32 [2 ffn]
                 x = gemv_q(Wdown, swiglu(gu)) + x
