@@ -32,24 +32,9 @@ def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
 
 
 def _link(ptx: str, arch: str, verbose: bool) -> tuple[bytes, str]:
-    from cuda.bindings import nvjitlink
+    from minfer_cli.measure.resources import assemble_ptx
 
-    text = "\n".join(f".target {arch}" if line.startswith(".target ") else line for line in ptx.splitlines())
-    data = text.encode()
-    options = [f"-arch={arch}"] + (["-verbose", "-Xptxas=-v"] if verbose else [])
-    handle = nvjitlink.create(len(options), options)
     try:
-        try:
-            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
-            nvjitlink.complete(handle)
-        except Exception as exc:
-            log = bytearray(nvjitlink.get_error_log_size(handle))
-            nvjitlink.get_error_log(handle, log)
-            raise AssertionError(f"ptxas refused the PTX for {arch}: {log.decode(errors='replace').strip()}") from exc
-        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, cubin)
-        log = bytearray(nvjitlink.get_info_log_size(handle))
-        nvjitlink.get_info_log(handle, log)
-        return bytes(cubin), log.decode(errors="replace")
-    finally:
-        nvjitlink.destroy(handle)
+        return assemble_ptx(ptx, arch, verbose)
+    except RuntimeError as exc:
+        raise AssertionError(str(exc)) from None

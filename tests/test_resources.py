@@ -1,4 +1,5 @@
-"""Compiled kernel resources (GPU): no instance of any experiment's default configuration spills to local memory."""
+"""Compiled kernel resources (GPU): no instance of any experiment's default configuration spills to local memory;
+(`compile`, no GPU) the wgmma column's reading of ptxas's report."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def test_copy_kernel_resources_are_read():
         (inst,) = exp.kernels({"VEC": vec}, exp.default_workload)
         r = resources(inst)
         assert 0 < r.regs <= 255 and r.threads == 256
+
+
+@pytest.mark.compile
+def test_wgmma_state_reads_ptxas_serialization():
+    """`minfer kernels`' wgmma column: the default GEMM with NOCALL=0 is serialized (C7509), with NOCALL=1 async,
+    and a kernel without wgmma has no entry."""
+    from kernels import gemm_f16 as G
+    from minfer_cli.measure.resources import assemble_ptx, wgmma_state
+
+    for config, want in ((G.DEFAULT, "serialized (C7509)"), (dict(G.DEFAULT, NOCALL=1), "async"),
+                         (G.MMA_SYNC_BEST, "")):
+        ptx = G.kernel_ptx(config)
+        assert wgmma_state(ptx, assemble_ptx(ptx, "sm_90a")[1]) == want, config

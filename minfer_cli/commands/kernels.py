@@ -20,7 +20,9 @@ def kernels(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (the form baselines/ snapshots use)."),
 ) -> None:
     """Compile kernel instances and list registers per thread, static and dynamic shared memory, local memory per
-    thread (spills) and resident blocks per SM. A local-memory figure above 0 is flagged: it means spills.
+    thread (spills), resident blocks per SM, and for wgmma kernels whether ptxas keeps their wgmma asynchronous. A
+    local-memory figure above 0 is flagged: it means spills; so is "serialized" (ptxas waits for every wgmma before
+    the next, e.g. because of a 64-bit integer division in the kernel: its warning code is shown).
 
     Example: minfer kernels copy VEC=1,2,4
     """
@@ -51,13 +53,17 @@ def kernels(
         print(json.dumps(rows, indent=1))
         return
     t = Table(title="compiled kernels", title_justify="left")
-    for col in ("experiment", "kernel", "threads", "regs", "static smem B", "dynamic smem B", "local B", "blocks/SM"):
-        t.add_column(col, justify="left" if col in ("experiment", "kernel") else "right")
+    for col in ("experiment", "kernel", "threads", "regs", "static smem B", "dynamic smem B", "local B", "blocks/SM",
+                "wgmma"):
+        t.add_column(col, justify="left" if col in ("experiment", "kernel", "wgmma") else "right")
     for r in rows:
         if "error" in r:
-            t.add_row(r["experiment"], r["name"], "[magenta]INVALID[/]", r["error"], "", "", "", "")
+            t.add_row(r["experiment"], r["name"], "[magenta]INVALID[/]", r["error"], "", "", "", "", "")
             continue
         local = f"[bold red]{r['local_mem']} (spills)[/]" if r["local_mem"] else "0"
+        wgmma = r["wgmma"] or "-"
+        if wgmma.startswith("serialized"):
+            wgmma = f"[bold red]{wgmma}[/]"
         t.add_row(r["experiment"], r["name"], str(r["threads"]), str(r["regs"]), str(r["static_smem"]),
-                  str(r["dynamic_smem"]), local, str(r["blocks_per_sm"]))
+                  str(r["dynamic_smem"]), local, str(r["blocks_per_sm"]), wgmma)
     out.print(t)
