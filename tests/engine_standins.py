@@ -1,4 +1,5 @@
-"""numpy stand-ins for the tensor-core GEMM, flash attention and the weight dequantization, for engine tests in the
+"""numpy stand-ins for the tensor-core GEMMs (f16 and fused-dequantization), flash attention and the weight
+dequantization, for engine tests in the
 CUDA simulator (which needs tens of minutes for the real kernels at model shapes; each kernel is tested alone in the
 simulator — dequantization of every type against gguf's in tests/test_dequant.py — and the whole engine with every
 real kernel runs in the `gpu` tests)."""
@@ -35,6 +36,27 @@ def numpy_gemm_glu(a, b, out=None, *, config=None, stream=0, partials=None):
     return out
 
 
+def _fused_weight(segments, qtype, kdim):
+    """gguf's dequantization of `gemm_fused`'s stacked segments, rounded to f16 as a device array [od, id]."""
+    from numba import cuda
+
+    rows = []
+    for raw, od in segments:
+        out = cuda.device_array((od, kdim), dtype=np.float16)
+        rows.append(gguf_dequantize(raw, qtype, od, kdim, out=out).copy_to_host())
+    return cuda.to_device(np.concatenate(rows))
+
+
+def numpy_gemm_fused(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
+    """Stand-in for gemm_fused in the simulator session: `numpy_gemm` on gguf's dequantization of the segments."""
+    return numpy_gemm(a, _fused_weight(segments, qtype, a.shape[1]), out)
+
+
+def numpy_gemm_fused_split(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
+    """Stand-in for gemm_fused_split: `numpy_gemm_split` on gguf's dequantization of the segments."""
+    return numpy_gemm_split(a, _fused_weight(segments, qtype, a.shape[1]), out)
+
+
 def gguf_dequantize(raw, qtype, od, id, out=None, stream=0, tpb=None):
     """Stand-in for `kernels.quant.dequantize` in the simulator session: gguf's own dequantization, rounded to f16
     (what the kernel is tested to equal element for element), written into ``out``'s rows."""
@@ -67,12 +89,15 @@ def use_standins(monkeypatch) -> None:
     """Route the engine's GEMM, flash attention and prefill dequantization to the stand-ins for one test."""
     import kernels.attention
     import kernels.gemm_f16
+    import kernels.gemm_fused
     import kernels.quant
 
     monkeypatch.setattr(kernels.quant, "dequantize", gguf_dequantize)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_split", numpy_gemm_split)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_glu", numpy_gemm_glu)
+    monkeypatch.setattr(kernels.gemm_fused, "gemm_fused", numpy_gemm_fused)
+    monkeypatch.setattr(kernels.gemm_fused, "gemm_fused_split", numpy_gemm_fused_split)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
 
 

@@ -204,6 +204,64 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     plain.close()
 
 
+@pytest.mark.parametrize("w16", [True, False], ids=["W16=1", "W16=0"])
+def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
+    """PFUSED=1: exactly the matrices whose stacked tensors are all Q4_K go to `kernels.gemm_fused` (no f16 copy,
+    no scratch for them), the rest as W16 says, and the logits equal PFUSED=0's (the stand-ins dequantize both ways
+    with gguf: the routing is what is tested here; the fused kernel's numbers are tests/test_gemm_fused.py's and
+    the GPU test's). FUSE_ADD_NORM=1 covers the split form."""
+    use_standins(monkeypatch)
+    rng = np.random.default_rng()
+    weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
+    base = dataclasses.replace(SMALL_TILES, w16=w16, fuse_add_norm=True)
+    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True))
+    plain = PrefillEngine(weights, 6, base)
+    matrices = [m for layer in fused.layers for m in (layer.qkv, layer.attn_output, layer.gate_up, layer.down)]
+    all_q4k = [all(weights.spec(n).qtype == "Q4_K" for n in m.parts) for m in matrices]
+    assert any(all_q4k) and not all(all_q4k)  # the tiny preset has both kinds (a Q6_K attn_v or ffn_down)
+    for m, q4k in zip(matrices, all_q4k):
+        assert (m.fused == "Q4_K") == q4k and (m.f16 is not None) == (w16 and not q4k), m.parts
+    assert fused.output.fused is None  # the tied/own output weight is Q6_K
+    ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
+    np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+
+
+def test_pfused_and_pfuse_glu_are_refused_together():
+    from minfer_cli.engine.errors import ModelError
+
+    with pytest.raises(ModelError, match="PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM"):
+        PrefillEngine(synth_weights(preset("tiny"), 1), 4, dataclasses.replace(SMALL_TILES, fuse_glu=True, fused=True))
+
+
+def test_pfused_knob_conflicts_are_named_before_loading():
+    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
+    from minfer_cli.knobs import resolve_config
+
+    knobs = engine_knobs()
+    assert engine_options(resolve_config(knobs, {"PFUSED": "1"}, "e")).prefill.fused is True
+    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1"}, "e")) is None
+    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")).startswith(
+        "PFUSE_GLU=1 with PFUSED=1")
+    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e"))
+    assert why.startswith("PFUSED=1: ") and "STAGING" in why
+
+
+@pytest.mark.gpu
+def test_pfused_logits_follow_the_f16_path():
+    """PFUSED=1 on the GPU (the real `kernels.gemm_fused` for every all-Q4_K matrix): logits within 1e-2 of
+    W16=1's, at a split (65) and an unsplit (300) prompt length."""
+    rng = np.random.default_rng()
+    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
+    fused = PrefillEngine(weights, 300, PrefillOptions(fused=True, w16=False), context=400)
+    plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
+    for nt in (65, 300):
+        ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
+        got, want = fused.prefill(ids).copy_to_host()[0], plain.prefill(ids).copy_to_host()[0]
+        assert _rel(got.astype(np.float64), want.astype(np.float64)) < 1e-2
+    fused.close()
+    plain.close()
+
+
 def test_an_unknown_prefill_head_is_refused_by_name():
     from minfer_cli.engine.errors import ModelError
 

@@ -80,6 +80,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
                                            "[nt, 2 ffn] product written and read back); 0 the GEMM's f32 product, "
                                            "then swiglu")]
+    knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
+                                        "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
+                                        "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
+                                        "matrix as W16 says")]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 0, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers; 0 in every layer's RoPE "
                                               "kernel (float64 angles per token and pair; the same values either way)")]
@@ -157,9 +161,20 @@ def engine_conflict(config: Config) -> str | None:
                                     or config.get("TM", table.DEFAULT["TM"]) % 128):
         return ("PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
                 "EPI=staged and TM=128 or 256")
+    if config.get("PFUSE_GLU") and config.get("PFUSED"):
+        return ("PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM that multiplies a Q4_K gate|up has no "
+                "SwiGLU epilogue; use one of them")
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}
+    if config.get("PFUSED"):  # the fused kernel is the STAGING=tma one: its own knob rules
+        from kernels.errors import KernelConstraintError
+        from kernels.gemm_fused import fused_geometry
+
+        try:
+            fused_geometry(gemm, "Q4_K")
+        except KernelConstraintError as e:
+            return f"PFUSED=1: {e}"
     if any(v != defaults[k] for k, v in gemm.items()):  # the GEMM's own rules (e.g. SPLITK > 1 needs MMA=wgmma)
         from kernels.errors import KernelConstraintError
         from kernels.gemm_f16 import resolve_config
@@ -181,7 +196,7 @@ def engine_options(config: Config) -> EngineOptions:
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 0)),
-                             rope_angles=bool(config.get("PROPE_ANGLES", 0)))
+                             rope_angles=bool(config.get("PROPE_ANGLES", 0)), fused=bool(config.get("PFUSED", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),

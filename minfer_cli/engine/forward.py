@@ -49,12 +49,14 @@ Progress = Optional[Callable[[str, float], None]]
 
 @dataclass
 class _Matrix:
-    """A weight as the GEMM sees it: GGUF tensors stacked along od (q|k|v, gate|up), f16 [od, id] when built."""
+    """A weight as the GEMM sees it: GGUF tensors stacked along od (q|k|v, gate|up), f16 [od, id] when built;
+    ``fused``: the format `kernels.gemm_fused` multiplies it in straight from its quantized bytes (PFUSED), or None."""
 
     parts: list
     od: int
     id: int
     f16: object = None
+    fused: Optional[str] = None
 
 
 @dataclass
@@ -145,15 +147,19 @@ class PrefillEngine:
         if options.head == "gemm":  # PHEAD=gemv multiplies the quantized output weight: no f16 copy of it
             matrices.append(self.output)
         s = self.stream
+        if options.fused:
+            for m in matrices:
+                m.fused = self._fused_format(m)
+        copied = [m for m in matrices if m.fused is None]  # the matrices the f16 GEMM multiplies
+        self.scratch = None
         if options.w16:
-            for n, m in enumerate(matrices):
+            for n, m in enumerate(copied):
                 if progress:
-                    progress("f16 weights (W16=1)", n / len(matrices))
+                    progress("f16 weights (W16=1)", n / len(copied))
                 m.f16 = cuda.device_array((m.od, m.id), dtype=np.float16, stream=s)
                 self._dequantize(m, m.f16)
-            self.scratch = None
-        else:
-            largest = max(matrices, key=lambda m: m.od * m.id)
+        elif copied:
+            largest = max(copied, key=lambda m: m.od * m.id)
             self.scratch = cuda.device_array(largest.od * largest.id, dtype=np.float16, stream=s)
         width = c.q_dim + 2 * c.kv_dim
         nt = self.max_tokens
@@ -194,6 +200,22 @@ class PrefillEngine:
             raise ModelError(f"tensors {', '.join(names)} differ in input dim ({[s.id for s in specs]}); they must match")
         return _Matrix(parts=names, od=sum(s.od for s in specs), id=specs[0].id)
 
+    def _fused_format(self, m: _Matrix) -> Optional[str]:
+        """The format `kernels.gemm_fused` multiplies ``m`` in (PFUSED), or None: every part of one format it reads,
+        at most its segment count, each later part starting on a box of rows."""
+        from kernels.gemm_fused import BOX_ROWS, FUSED_TYPES, MAX_SEGMENTS
+
+        specs = [self.weights.spec(n) for n in m.parts]
+        formats = {s.qtype for s in specs}
+        if len(formats) != 1 or specs[0].qtype not in FUSED_TYPES or len(specs) > MAX_SEGMENTS:
+            return None
+        if any(sum(s.od for s in specs[:i]) % BOX_ROWS for i in range(1, len(specs))):
+            return None
+        return specs[0].qtype
+
+    def _segments(self, m: _Matrix) -> list:
+        return [(self.weights.device(n), self.weights.spec(n).od) for n in m.parts]
+
     def _dequantize(self, m: _Matrix, out) -> None:
         from kernels.quant import dequantize
 
@@ -212,6 +234,12 @@ class PrefillEngine:
         return out
 
     def _gemm(self, a, m: _Matrix, out) -> None:
+        if m.fused is not None:
+            from kernels.gemm_fused import gemm_fused
+
+            gemm_fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
+                       partials=self.partials)
+            return
         from kernels.gemm_f16 import gemm_f16
 
         gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials)
@@ -225,6 +253,11 @@ class PrefillEngine:
     def _gemm_parts(self, a, m: _Matrix):
         """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
         into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
+        if m.fused is not None:
+            from kernels.gemm_fused import gemm_fused_split
+
+            return gemm_fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.gemm,
+                                    stream=self.stream, partials=self.partials)
         from kernels.gemm_f16 import gemm_f16_split
 
         return gemm_f16_split(a, self._weight_f16(m), self.proj[: a.shape[0]], config=self.options.gemm,
@@ -428,10 +461,13 @@ class PrefillEngine:
 
 def prefill_refusal(c: ModelConfig, options: PrefillOptions) -> Optional[str]:
     """Why `PrefillEngine` cannot run ``c`` with ``options``, in one sentence, or None (checked by `minfer bench`
-    before the weights are made or loaded): PFUSE_GLU with a ffn that is not a multiple of 128."""
+    before the weights are made or loaded): PFUSE_GLU with a ffn that is not a multiple of 128, or with PFUSED."""
     if options.fuse_glu and c.ffn % 128:
         return (f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each tile of the gate|up product, up to 256 "
                 f"columns, takes TM / 2 gate rows and the same up rows); use PFUSE_GLU=0")
+    if options.fuse_glu and options.fused:
+        return ("PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM that multiplies a Q4_K gate|up has no "
+                "SwiGLU epilogue; use one of them")
     return None
 
 
