@@ -88,7 +88,7 @@ def bench(
                               "by an untimed prefill of random tokens."),
     reps: int = typer.Option(5, "--repetitions", "-r", min=1, max=1000, help="Repetitions of each test (mean ± stddev)."),
     fmt: str = typer.Option("md", "--output", "-o", help="Output format: md, csv, json, jsonl."),
-    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, PGRAPH, PHEAD, PFUSE_ROPE_KV, PNORM_WIDE, GRAPHS, MMVQ, XRES, FUSE_*, DEEP, PDL, ATTN_SPLITS, gemm tile knobs, SPLITK, FA_* attention knobs; `minfer experiments show bench`), given once."),
+    arm: Optional[List[str]] = typer.Option(None, "--arm", "-a", help="Engine knobs K=V[,K=V...] (W16, PFUSED, PGRAPH, PHEAD, PFUSE_*, PNORM_WIDE, PROPE_ANGLES, GRAPHS, MMVQ, XRES, FUSE_*, DEEP, PDL, AHEAD, ATTN_SPLITS, gemm knobs incl. NOCALL, SPLITK, AUTOTILE, FA_* attention knobs; `minfer experiments show bench`), given once."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthesised weights and the prompt tokens."),
     breakdown: bool = typer.Option(False, "--breakdown", help="After each test, run it again with CUDA events between "
                                    "the forward's stages and print each stage's GPU µs (a token for tg, a prefill "
