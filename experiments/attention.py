@@ -20,11 +20,12 @@ from kernels import attention_config as knob_table
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
+_LEGACY = {"MMA": "mma_sync"}
+"""Knobs added after the first records, and the value that reproduces the kernel before them (mma.sync products)."""
 _DOCS = {
     "BQ": "query rows per block (BQ/16 warps of 16 rows, each holding its Q fragments in registers)",
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
-    "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile, 3 = two "
-              "tiles ahead (MMA=wgmma: the next tile's S on the tensor cores during this tile's softmax)",
+    "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile",
     "MMA": "the products: mma_sync (per-warp mma.sync m16n8k16, FlashAttention-2) or wgmma (per-warpgroup "
            "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and V read MN-major, as "
            "FlashAttention-3 issues them)",
@@ -39,7 +40,8 @@ class AttentionExperiment(Experiment):
     name = "attention"
     purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/128/256, GQA) vs torch SDPA and the f16 "
                "matrix-rate ceiling")
-    knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k]) for k, v in knob_table.KNOBS.items()) + (
+    knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], _LEGACY.get(k))
+                  for k, v in knob_table.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "torch_sdpa"), "minfer",
              "minfer's kernel, or torch.nn.functional.scaled_dot_product_attention (is_causal, GQA) as the vendor "
              "arm; tile knobs do not apply to torch_sdpa"),

@@ -462,12 +462,7 @@ def _make_kernel_wgmma(g: Geometry):
     No subroutine call anywhere in the kernel: ptxas lowers a 64-bit integer division and an IEEE float division
     (rcp.rn / div.rn) to calls, and a call in the function makes it serialize every wgmma (its C7509 warning,
     "wgmma.mma_async instructions are serialized due to the presence of Extern calls"). So the GQA head index
-    divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent.
-
-    STAGES=3 (FlashAttention-3's intra-warpgroup pipelining, its Algorithm 2): the ring holds tiles j, j+1 and the
-    copies of j+2, so while a warpgroup's softmax of tile j runs on the FMA/SFU units, the S = Q·K_{j+1}^T of the
-    next tile is already on the tensor cores (issued before the softmax, waited with P·V_j after it); S lives in two
-    register arrays that swap roles tile by tile. STAGES=1|2: S_j, softmax, P·V_j in turn."""
+    divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent."""
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
     DCH = D // 8
@@ -488,7 +483,6 @@ def _make_kernel_wgmma(g: Geometry):
     KV_CH = BK * DCH // THREADS
     SBO = 1024
     LBO = 16  # unused by swizzled K-major operands whose k16 step stays inside a 128-byte row
-    PIPE = STAGES == 3
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 1024
@@ -532,24 +526,6 @@ def _make_kernel_wgmma(g: Geometry):
             wgmma_m64nNk16_f32_f16_rs(smem, o, 0, p[c], p[c + 1], p[c + 2], p[c + 3],
                                       desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
         wgmma_commit_group()
-
-    @cuda.jit(device=True, inline="always")
-    def pipe_step(smem, k, v, s_cur, s_nxt, o, p, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
-                  row_lo, offset):
-        """STAGES=3, key tile j, S_j already in ``s_cur``: publish tile j+1, start the copies of j+2, issue
-        S_{j+1} into ``s_nxt``, mask and softmax S_j while it runs, then P·V_j; wait for both."""
-        if j + 1 < ntiles:
-            cp_async_wait_group(0)  # tile j+1 (the one group in flight) has landed
-            fence_proxy_async_shared()
-            cuda.syncthreads()  # visible; every warpgroup is done with tile j-1, whose slot j+2 now takes
-        if j + 2 < ntiles:
-            load_tile(smem, k, v, j + 2, tid, nt_kv, ks, hk)
-        cp_async_commit_group()
-        if j + 1 < ntiles:
-            issue_s(smem, s_nxt, desc_q, desc_k, j + 1)
-        softmax_pack(s_cur, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
-        issue_pv(smem, o, p, desc_v, j)
-        wgmma_wait_group(0)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -601,40 +577,24 @@ def _make_kernel_wgmma(g: Geometry):
         desc_k = wgmma_desc(smem, SQB, LBO, SBO, SWIZZLE_128B)
         desc_v = wgmma_desc(smem, SQB + SKVB, KBLK, SBO, SWIZZLE_128B)  # MN-major: LBO = the 64-d block stride
 
-        if PIPE:
-            s2 = cuda.local.array(S_N, float32)
-            cp_async_wait_group(1)  # Q and tile 0 have landed (tile 1 may be in flight)
-            fence_proxy_async_shared()
-            cuda.syncthreads()
-            issue_s(smem, s, desc_q, desc_k, 0)
-            wgmma_wait_group(0)
-            j = 0
-            while j < ntiles:  # two tiles an iteration: s and s2 swap roles
-                pipe_step(smem, k, v, s, s2, o, p, ml, j, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v, q0,
-                          row_lo, offset)
+        for j in range(ntiles):
+            if STAGES == 1:
+                load_tile(smem, k, v, j, tid, nt_kv, ks, hk)
+                cp_async_commit_group()
+            cp_async_wait_group(0)  # tile j (and Q) have landed
+            fence_proxy_async_shared()  # this thread's landed cp.async bytes (Q, K_j, V_j) -> the wgmma proxy
+            cuda.syncthreads()  # tile j visible; every warpgroup's products on tile j-1's slot are done
+            if STAGES == 2:
                 if j + 1 < ntiles:
-                    pipe_step(smem, k, v, s2, s, o, p, ml, j + 1, ntiles, tid, nt_kv, ks, hk, desc_q, desc_k, desc_v,
-                              q0, row_lo, offset)
-                j += 2
-        else:
-            for j in range(ntiles):
-                if STAGES == 1:
-                    load_tile(smem, k, v, j, tid, nt_kv, ks, hk)
-                    cp_async_commit_group()
-                cp_async_wait_group(0)  # tile j (and Q) have landed
-                fence_proxy_async_shared()  # this thread's landed cp.async bytes (Q, K_j, V_j) -> the wgmma proxy
-                cuda.syncthreads()  # tile j visible; every warpgroup's products on tile j-1's slot are done
-                if STAGES == 2:
-                    if j + 1 < ntiles:
-                        load_tile(smem, k, v, j + 1, tid, nt_kv, ks, hk)
-                    cp_async_commit_group()
-                issue_s(smem, s, desc_q, desc_k, j)
-                wgmma_wait_group(0)
-                softmax_pack(s, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
-                issue_pv(smem, o, p, desc_v, j)
-                wgmma_wait_group(0)
-                if STAGES == 1:
-                    cuda.syncthreads()  # every warpgroup is done with the slot before tile j+1 overwrites it
+                    load_tile(smem, k, v, j + 1, tid, nt_kv, ks, hk)
+                cp_async_commit_group()
+            issue_s(smem, s, desc_q, desc_k, j)
+            wgmma_wait_group(0)
+            softmax_pack(s, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
+            issue_pv(smem, o, p, desc_v, j)
+            wgmma_wait_group(0)
+            if STAGES == 1:
+                cuda.syncthreads()  # every warpgroup is done with the slot before tile j+1 overwrites it
         cp_async_wait_group(0)
         cuda.syncthreads()  # every warpgroup's last wgmma has read Q before the epilogue stages O over it
 
@@ -713,7 +673,7 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, or wgmma
     with MMA=wgmma; f16 operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3
     vs float64).
-    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2/3), MMA
+    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
     (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous, 16-byte aligned, with one

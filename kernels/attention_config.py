@@ -21,10 +21,9 @@ def head_dim_refusal(head_dim) -> str | None:
 KNOBS: dict[str, tuple] = {
     "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
     "BK": (32, 64),  # keys per K/V tile
-    # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes; 3 = tiles j+1 and j+2 in
-    # the ring (MMA=wgmma: S of tile j+1 on the tensor cores during tile j's softmax, FlashAttention-3's pipelining)
-    "STAGES": (1, 2, 3),
+    # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
+    "STAGES": (1, 2),
     "MMA": ("mma_sync", "wgmma"),  # the products: per-warp mma.sync (FA2), or per-warpgroup wgmma (Hopper, FA3's)
 }
-DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "mma_sync"}
+DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "wgmma"}
 

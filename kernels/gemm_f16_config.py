@@ -111,6 +111,6 @@ BASELINE: dict = {"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, 
 # the fastest mma_sync arm (MMA_SYNC_BEST), the A/B baseline the wgmma work is judged against; figures in the ledger
 # and baselines/gemm-notes.yaml.
 DEFAULT: dict = {"MMA": "wgmma", "TM": 256, "TN": 128, "KS": 64, "STAGES": 4, "STAGING": "tma", "GROUP": 8,
-                 "LOOP": "pipe", "EPI": "staged", "NOCALL": 0}
+                 "LOOP": "pipe", "EPI": "staged", "NOCALL": 1}
 MMA_SYNC_BEST: dict = {"MMA": "mma_sync", "TM": 256, "TN": 128, "KS": 32, "STAGES": 3, "STAGING": "cp_async",
                        "GROUP": 8, "LOOP": "pipe", "EPI": "direct", "NOCALL": 0}

@@ -44,25 +44,25 @@ def _prefill(config, nt, nt_kv, h, hk, hd=128, causal=True, seed=None):
 # The simulator runs ~1 µs per thread-op and every mma is a 32-thread rendezvous: shapes are tiny, heads few.
 
 D = A.DEFAULT
+MS = dict(D, MMA="mma_sync")  # the FlashAttention-2 kernel (mma.sync), the default's predecessor
 SIM_CASES = [
-    ("nt=1, GQA 2/1", D, (1, 1, 2, 1)),  # GQA 4/2's head mapping: the nt=17 case
-    ("nt=17, GQA 4/2, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (17, 17, 4, 2)),
-    ("nt=70: 2 q tiles, 2 k tiles, tails", D, (70, 70, 2, 1)),
-    ("prefix: nt=9 after 31 cached, BK=32", dict(D, BK=32), (9, 40, 2, 1)),
-    ("BQ=128 (8 warps), nt=20", dict(D, BQ=128), (20, 20, 1, 1)),
-    ("head_dim 64: nt=37, GQA 4/2, BK=32", dict(D, BK=32), (37, 37, 4, 2, 64)),
-    ("head_dim 64: prefix, nt=9 after 60 cached", D, (9, 69, 2, 1, 64)),
-    ("head_dim 256: nt=19, GQA 2/1, BK=32, STAGES=1", dict(D, BK=32, STAGES=1), (19, 19, 2, 1, 256)),
+    ("nt=1, GQA 2/1", MS, (1, 1, 2, 1)),  # GQA 4/2's head mapping: the nt=17 case
+    ("nt=17, GQA 4/2, BK=32, STAGES=1", dict(MS, BK=32, STAGES=1), (17, 17, 4, 2)),
+    ("nt=70: 2 q tiles, 2 k tiles, tails", MS, (70, 70, 2, 1)),
+    ("prefix: nt=9 after 31 cached, BK=32", dict(MS, BK=32), (9, 40, 2, 1)),
+    ("BQ=128 (8 warps), nt=20", dict(MS, BQ=128), (20, 20, 1, 1)),
+    ("head_dim 64: nt=37, GQA 4/2, BK=32", dict(MS, BK=32), (37, 37, 4, 2, 64)),
+    ("head_dim 64: prefix, nt=9 after 60 cached", MS, (9, 69, 2, 1, 64)),
+    ("head_dim 256: nt=19, GQA 2/1, BK=32, STAGES=1", dict(MS, BK=32, STAGES=1), (19, 19, 2, 1, 256)),
     ("wgmma: nt=70, GQA 2/1: 2 q tiles, 2 k tiles, tails", dict(D, MMA="wgmma"), (70, 70, 2, 1)),
     ("wgmma BQ=128 (2 warpgroups), STAGES=1, nt=20", dict(D, MMA="wgmma", BQ=128, STAGES=1), (20, 20, 1, 1)),
     ("wgmma head_dim 64: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 64)),
     ("wgmma head_dim 256: nt=17", dict(D, MMA="wgmma"), (17, 17, 1, 1, 256)),
     ("wgmma BK=32: prefix, nt=9 after 40 cached", dict(D, MMA="wgmma", BK=32), (9, 49, 2, 1)),
-    ("wgmma STAGES=3 (pipelined): nt=150, 3 q tiles, 3 k tiles", dict(D, MMA="wgmma", STAGES=3), (150, 150, 1, 1)),
-    ("wgmma STAGES=3 BQ=128 BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", STAGES=3, BQ=128, BK=32),
+    ("wgmma: nt=150, 3 q tiles, 3 k tiles", dict(D, MMA="wgmma"), (150, 150, 1, 1)),
+    ("wgmma BQ=128 BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", BQ=128, BK=32),
      (40, 100, 2, 1, 64)),
-    ("wgmma STAGES=3: one key tile (nt=5)", dict(D, MMA="wgmma", STAGES=3), (5, 5, 1, 1)),
-    ("STAGES=3 (mma_sync ring of 3): nt=150", dict(D, STAGES=3, BK=32), (150, 150, 1, 1)),
+    ("wgmma: one key tile (nt=5)", dict(D, MMA="wgmma"), (5, 5, 1, 1)),
 ]
 
 
@@ -214,9 +214,7 @@ def test_geometry_follows_the_knobs():
     assert A.geometry(dict(D, BQ=128)).threads == 256 and A.geometry(dict(D, BQ=128)).grid(2048, 28) == (28, 16)
     assert A.geometry(dict(D, STAGES=1)).smem_bytes < g.smem_bytes
     assert A.geometry(dict(D, BK=32)).smem_bytes < g.smem_bytes
-    assert max(A.geometry(c, head_dim=hd).smem_bytes for c in A.all_configs() for hd in (64, 128)) <= H200_SMEM_OPTIN
-    big = A.geometry(dict(D, BQ=128, STAGES=3), head_dim=256).smem_bytes  # the one too large: refused at build
-    assert big > H200_SMEM_OPTIN and A.geometry(dict(D, STAGES=3), head_dim=256).smem_bytes <= H200_SMEM_OPTIN
+    assert max(A.geometry(c, head_dim=hd).smem_bytes for c in A.all_configs() for hd in A.HEAD_DIMS) <= H200_SMEM_OPTIN
     assert A.geometry(D, head_dim=64).smem_bytes * 2 == g.smem_bytes
     with pytest.raises(KernelConstraintError, match="head_dim 96: the attention kernels run head_dim 64, 128, 256"):
         A.geometry(D, head_dim=96)
@@ -275,13 +273,12 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
 
     ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
     bk = cfg["BK"]
-    n_s, n_pv = (3, 2) if cfg["STAGES"] == 3 else (1, 1)  # STAGES=3: S issued in the prologue and 2 unrolled steps
     shape = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.f16.f16"
     if bk == hd:
-        assert ptx.count(shape.format(bk)) == n_s * hd // 16 + n_pv * bk // 16
+        assert ptx.count(shape.format(bk)) == hd // 16 + bk // 16
     else:
-        assert ptx.count(shape.format(bk)) == n_s * hd // 16 and ptx.count(shape.format(hd)) == n_pv * bk // 16
-    assert ptx.count(", p, 1, 1, 1;") == n_pv * bk // 16  # the register-A products read V MN-major
+        assert ptx.count(shape.format(bk)) == hd // 16 and ptx.count(shape.format(hd)) == bk // 16
+    assert ptx.count(", p, 1, 1, 1;") == bk // 16  # the register-A products read V MN-major
     for needle in ("fence.proxy.async.shared::cta", "wgmma.wait_group.sync.aligned 0;", "cp.async.cg.shared.global"):
         assert needle in ptx, needle
     assert "mma.sync.aligned" not in ptx and "ldmatrix" not in ptx and ".f64" not in ptx
@@ -292,7 +289,7 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("hd", [64, 256])
-@pytest.mark.parametrize("cfg", [D, dict(D, BQ=128, BK=32)], ids=["default", "BQ=128 BK=32"])
+@pytest.mark.parametrize("cfg", [MS, dict(MS, BQ=128, BK=32)], ids=["mma_sync", "mma_sync BQ=128 BK=32"])
 def test_prefill_compiles_at_other_head_dims(cfg, hd):
     """head_dim 64 and 256: D/16 k16 steps of Q·K^T and D/8 n8 tiles of O, fully unrolled; ptxas (nvJitLink) keeps
     64's fragments in registers. At 256 the O accumulators alone are 128 f32 a lane, so only that it assembles is
@@ -383,11 +380,11 @@ def _torch_sdpa(q, k, v):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [D, dict(D, BQ=128), dict(D, BK=32, STAGES=1), dict(D, STAGES=3),
-                                    dict(D, MMA="wgmma"), dict(D, MMA="wgmma", BQ=128), dict(D, MMA="wgmma", STAGES=1),
-                                    dict(D, MMA="wgmma", STAGES=3), dict(D, MMA="wgmma", STAGES=3, BQ=128)],
-                         ids=["default", "BQ=128", "BK=32 S=1", "S=3", "wgmma", "wgmma BQ=128", "wgmma S=1",
-                              "wgmma S=3", "wgmma S=3 BQ=128"])
+@pytest.mark.parametrize("config", [MS, dict(MS, BQ=128), dict(MS, BK=32, STAGES=1), dict(D, MMA="wgmma"),
+                                    dict(D, MMA="wgmma", BQ=128), dict(D, MMA="wgmma", STAGES=1),
+                                    dict(D, MMA="wgmma", BK=32)],
+                         ids=["mma_sync", "mma_sync BQ=128", "mma_sync BK=32 S=1", "wgmma", "wgmma BQ=128",
+                              "wgmma S=1", "wgmma BK=32"])
 @pytest.mark.parametrize("nt", [1, 33, 2048, 2055])
 def test_prefill_gpu_matches_torch(config, nt):
     pytest.importorskip("torch")

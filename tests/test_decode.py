@@ -398,8 +398,10 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert default.deep is True and default.pdl is True and engine_conflict(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")) is None
     assert "SPLITK=2 needs MMA=wgmma" in engine_conflict(
         resolve_config(engine_knobs(), {"SPLITK": "2", "MMA": "mma_sync"}, "e"))  # the GEMM's rules, before loading
-    wg = resolve_config(engine_knobs(), {"FA_MMA": "wgmma"}, "e")
-    assert engine_conflict(wg) is None and engine_options(wg).prefill.attention["MMA"] == "wgmma"
+    ms = resolve_config(engine_knobs(), {"FA_MMA": "mma_sync"}, "e")
+    assert engine_conflict(ms) is None and engine_options(ms).prefill.attention["MMA"] == "mma_sync"
+    assert knobs["FA_MMA"].default == "wgmma" and knobs["FA_MMA"].legacy == "mma_sync"
+    assert knobs["NOCALL"].default == 1 and knobs["NOCALL"].legacy == 0
     assert engine_options(resolve_config(engine_knobs(), {"GRAPHS": "0"}, "e")).decode.graphs is False
     assert engine_options(resolve_config(engine_knobs(), {"MMVQ": "0"}, "e")).decode.mmvq is False
     from kernels.attention_decode import DEFAULT_SPLITS, SPLITS_VALUES

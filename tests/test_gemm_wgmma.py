@@ -489,10 +489,10 @@ def _torch_rel(a, b, out) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [G.DEFAULT, WG, dict(WG, LOOP="addr32"), dict(WG, TM=128, TN=128),
                                     dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32"), TMA,
-                                    dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3), dict(G.DEFAULT, NOCALL=1),
+                                    dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3), dict(G.DEFAULT, NOCALL=0),
                                     dict(TMA, SPLITK=3, NOCALL=1), dict(WG, NOCALL=1)],
                          ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3",
-                              "nocall", "nocall-split3", "nocall-ks32"])
+                              "default-nocall0", "nocall-split3", "nocall-ks32"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_wgmma_gpu_matches_torch(config, shape):
     pytest.importorskip("torch")

@@ -39,7 +39,7 @@ def test_wgmma_state_reads_ptxas_serialization():
     from kernels import gemm_f16 as G
     from minfer_cli.measure.resources import assemble_ptx, wgmma_state
 
-    for config, want in ((G.DEFAULT, "serialized (C7509)"), (dict(G.DEFAULT, NOCALL=1), "async"),
+    for config, want in ((dict(G.DEFAULT, NOCALL=0), "serialized (C7509)"), (G.DEFAULT, "async"),
                          (G.MMA_SYNC_BEST, "")):
         ptx = G.kernel_ptx(config)
         assert wgmma_state(ptx, assemble_ptx(ptx, "sm_90a")[1]) == want, config

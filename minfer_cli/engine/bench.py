@@ -135,7 +135,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "prefill (pp): 1 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
                    "(e.g. 2.2 waves) with 128-wide tiles (the default); 0 the configured tile everywhere",
                    legacy=0)]
-    knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}")
+    knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
+                   legacy={"MMA": "mma_sync"}.get(k))  # what records from before the knob ran
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
 
