@@ -366,6 +366,33 @@ def test_pfuse_glu_refuses_a_ffn_its_tiles_cannot_pair():
     assert prefill_refusal(odd, glu).startswith("PFUSE_GLU=1: ffn 544 is not a multiple of 128")
 
 
+def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
+    """PFUSED's pre-load plan: the all-Q4_K matrices (gemm_fused's) get no f16 copy with W16=1, counted from the
+    preset's tensor types independently of `fused_format`; so the 70B fits an H200 with W16=1,PFUSED=1 where W16=1
+    alone is refused. `gemm_weight_parts` stacks exactly the tensors of `gemm_weight_shapes`."""
+    from minfer_cli.engine.bench import check_fits_model, engine_options, engine_knobs, prefill_need
+    from minfer_cli.engine.config import tensor_specs
+    from minfer_cli.engine.errors import ModelError
+    from minfer_cli.engine.forward import gemm_weight_parts, gemm_weight_shapes
+
+    c = preset("llama3-70b-q4_k_m")
+    specs = {s.name: s for s in tensor_specs(c)}
+    for names, (od, id_) in zip(gemm_weight_parts(c), gemm_weight_shapes(c), strict=True):
+        assert sum(specs[n].od for n in names) == od and {specs[n].id for n in names} == {id_}, names
+    fused_elems = sum(od * id_ for names, (od, id_) in zip(gemm_weight_parts(c), gemm_weight_shapes(c))
+                      if all(specs[n].qtype == "Q4_K" for n in names))
+    assert 0 < fused_elems < sum(od * id_ for od, id_ in gemm_weight_shapes(c))  # a Q4_K_M mix: some of each
+    default = {k.name: k.default for k in engine_knobs()}
+    pfused = engine_options(dict(default, PFUSED=1)).prefill
+    assert prefill_need(c, 512, pfused) - prefill_need(c, 512, pfused, specs=specs) == 2 * fused_elems
+    assert prefill_need(c, 512, engine_options(default).prefill, specs=specs) == prefill_need(c, 512, pfused)
+    weights, free = sum(s.n_bytes for s in specs.values()), 139 * 2**30
+    check_fits_model(c, weights, [512, 2048], [128], [0], engine_options(dict(default, PFUSED=1)), free=free,
+                     specs=specs)
+    with pytest.raises(ModelError, match="try --arm W16=0"):
+        check_fits_model(c, weights, [512], [], [0], engine_options(default), free=free, specs=specs)
+
+
 def test_a_model_that_cannot_fit_is_refused_before_its_weights_are_made():
     """`bench`'s pre-load check: the 70B preset's 39.6 GiB of weights and its f16 copies (W16=1, ~131 GiB) do
     not fit an H200's ~139 GiB: one line naming the test, the sizes and W16=0; W16=0 (one matrix's scratch) fits,

@@ -137,8 +137,11 @@ def bench(
     from minfer_cli.engine.forward import prefill_refusal
     from minfer_cli.engine.weights import load_gguf, synth_weights
 
-    model_config = options.gguf_config(model, f"-m {model}", "give a GGUF file, or leave -m out for the built-in "
-                                       "preset") if model else config_preset  # the whole file checked, no GPU yet
+    if model:  # the whole file checked, no GPU yet
+        model_config, specs = options.gguf_model(model, f"-m {model}", "give a GGUF file, or leave -m out for the "
+                                                 "built-in preset")
+    else:
+        model_config, specs = config_preset, tensor_specs(config_preset)
     longest = max(pp + tg)
     if max(depths) + longest > model_config.context_length:
         flag = '-p' if max(pp or [0]) >= max(tg or [0]) else '-n'
@@ -147,10 +150,11 @@ def bench(
     if record:
         options.check_ledger_writable(ledger)
     require_timing_device()
-    weight_bytes = os.path.getsize(model) if model else sum(s.n_bytes for s in tensor_specs(model_config))
+    weight_bytes = os.path.getsize(model) if model else sum(s.n_bytes for s in specs)
     if pp and (problem := prefill_refusal(model_config, engine_options(config).prefill)):
         raise UsageError(problem)
-    check_fits_model(model_config, weight_bytes, pp, tg, depths, engine_options(config))
+    check_fits_model(model_config, weight_bytes, pp, tg, depths, engine_options(config),
+                     specs={s.name: s for s in specs})
 
     with progress("bench") as report:
         weights = load_gguf(model, progress=report) if model else synth_weights(config_preset, seed, progress=report)

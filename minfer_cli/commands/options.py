@@ -140,9 +140,14 @@ def engine_config(arm: Optional[list[str]]) -> dict:
 
 
 def gguf_config(model, named: str, instead: str):
-    """The ModelConfig of GGUF file ``model``, the whole file checked on the host (`inspect_gguf`) with a progress
-    line while its metadata is read (a huge metadata section takes a while). UsageError, naming it as ``named`` and
-    suggesting ``instead``, when the path is not a regular file."""
+    """The ModelConfig of GGUF file ``model`` (`gguf_model`)."""
+    return gguf_model(model, named, instead)[0]
+
+
+def gguf_model(model, named: str, instead: str):
+    """(ModelConfig, [TensorSpec of every weight tensor]) of GGUF file ``model``, the whole file checked on the host
+    (`inspect_gguf`) with a progress line while its metadata is read (a huge metadata section takes a while).
+    UsageError, naming it as ``named`` and suggesting ``instead``, when the path is not a regular file."""
     from pathlib import Path
 
     from minfer_cli.console import progress
@@ -155,4 +160,5 @@ def gguf_config(model, named: str, instead: str):
         raise UsageError(f"{named}: {what} ({instead})")
     with progress(f"reading {path.name}") as report:
         report("metadata and tensor list", 0.0)
-        return inspect_gguf(path)[0].config
+        weights, tensors = inspect_gguf(path)
+        return weights.config, [spec for spec, _ in tensors]

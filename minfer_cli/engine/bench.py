@@ -23,11 +23,11 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
-from minfer_cli.engine.config import ModelConfig
+from minfer_cli.engine.config import ModelConfig, TensorSpec
 from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
@@ -255,11 +255,14 @@ def _used_bytes() -> int:
     return int(total - free)
 
 
-def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth: int = 0) -> int:
+def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth: int = 0,
+                 specs: Optional[Mapping[str, TensorSpec]] = None) -> int:
     """Device bytes a prefill engine for prompts of up to ``max_tokens`` after ``depth`` cached tokens allocates
-    beyond the quantized weights (`minfer_cli.engine.forward.device_bytes`)."""
+    beyond the quantized weights (`minfer_cli.engine.forward.device_bytes`). ``specs``: the weight tensors by name,
+    which PFUSED's plan needs (the matrices it multiplies from quantized bytes get no f16 copy); without them every
+    matrix is counted as copied."""
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
-                        glu=options.fuse_glu)
+                        glu=options.fuse_glu, fused=specs if options.fused else None)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:
@@ -282,13 +285,14 @@ def _free_bytes() -> int:
 
 
 def check_fits_model(c: ModelConfig, weight_bytes: int, pp: list[int], tg: list[int], depths: list[int],
-                     options: EngineOptions, free: int | None = None) -> None:
+                     options: EngineOptions, free: int | None = None,
+                     specs: Optional[Mapping[str, TensorSpec]] = None) -> None:
     """ModelError, before the weights are loaded or generated, when the weights (``weight_bytes``) and the largest
-    test's engine (`prefill_need`, `decode_need`; the tests run one after another) exceed the device's free memory
-    (``free``, bytes: the current device's by default)."""
+    test's engine (`prefill_need` with the weight tensors ``specs`` by name, `decode_need`; the tests run one after
+    another) exceed the device's free memory (``free``, bytes: the current device's by default)."""
     if not pp and not tg:
         raise ValueError("check_fits_model needs a prompt (pp) or a generation (tg) length")
-    tests = [(f"-p {max(pp)}", prefill_need(c, max(pp), options.prefill, max(depths)))] if pp else []
+    tests = [(f"-p {max(pp)}", prefill_need(c, max(pp), options.prefill, max(depths), specs))] if pp else []
     tests += [(f"-n {max(tg)}", decode_need(c, max(tg), max(depths)))] if tg else []
     flag, need = max(tests, key=lambda t: t[1])
     free = _free_bytes() if free is None else free
@@ -296,7 +300,7 @@ def check_fits_model(c: ModelConfig, weight_bytes: int, pp: list[int], tg: list[
         at = f" after a depth of {max(depths)}" if max(depths) else ""
         hint = ""
         if flag.startswith("-p") and options.prefill.w16:  # name W16=0 only where it would fit
-            light = prefill_need(c, max(pp), dataclasses.replace(options.prefill, w16=False), max(depths))
+            light = prefill_need(c, max(pp), dataclasses.replace(options.prefill, w16=False), max(depths), specs)
             if weight_bytes + max([light] + [n for f, n in tests if f.startswith("-n")]) <= free:
                 hint = " (try --arm W16=0, which keeps no f16 weight copies)"
         raise ModelError(f"{c.name}: {flag}{at} needs {(weight_bytes + need) / 2**30:.1f} GiB of device memory "
@@ -311,7 +315,7 @@ def check_fits(weights: ModelWeights, max_tokens: int, options: PrefillOptions, 
     if depth + max_tokens > c.context_length:
         at = f" after a depth of {depth}" if depth else ""
         raise ModelError(f"-p {max_tokens}{at} is beyond the model's context length {c.context_length}")
-    need = prefill_need(c, max_tokens, options, depth)
+    need = prefill_need(c, max_tokens, options, depth, {name: spec for name, (spec, _) in weights.tensors.items()})
     free = _free_bytes()
     if need > free:
         hint = " (try --arm W16=0, which keeps no f16 weight copies)" if options.w16 else ""

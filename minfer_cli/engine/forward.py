@@ -36,11 +36,11 @@ llm_build_llama / llm_build_qwen2 (pre-norm, SwiGLU, RoPE NEOX for qwen2 and NOR
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
-from minfer_cli.engine.config import ModelConfig
+from minfer_cli.engine.config import ModelConfig, TensorSpec
 from minfer_cli.engine.options import PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 
@@ -116,6 +116,7 @@ class PrefillEngine:
         if problem:
             raise ModelError(problem)
         self.layers: list[_Layer] = []
+        parts = gemm_weight_parts(c)
         for i in range(c.n_layers):
             b = f"blk.{i}."
             bias = None
@@ -123,17 +124,18 @@ class PrefillEngine:
                 bias = cuda.to_device(np.concatenate([
                     weights.device(b + p + ".bias").copy_to_host().view(np.float32) for p in ("attn_q", "attn_k", "attn_v")
                 ]))
+            qkv, attn_output, gate_up, down = parts[4 * i: 4 * i + 4]
             self.layers.append(_Layer(
                 attn_norm=_f32(weights, b + "attn_norm.weight"),
                 ffn_norm=_f32(weights, b + "ffn_norm.weight"),
-                qkv=self._matrix([b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]),
+                qkv=self._matrix(qkv),
                 qkv_bias=bias,
-                attn_output=self._matrix([b + "attn_output.weight"]),
-                gate_up=self._matrix([b + "ffn_gate.weight", b + "ffn_up.weight"]),
-                down=self._matrix([b + "ffn_down.weight"]),
+                attn_output=self._matrix(attn_output),
+                gate_up=self._matrix(gate_up),
+                down=self._matrix(down),
             ))
         self.output_norm = _f32(weights, "output_norm.weight")
-        self.output = self._matrix(["token_embd.weight" if c.tied_output else "output.weight"])
+        self.output = self._matrix(parts[-1])
         if options.head not in ("gemm", "gemv"):
             raise ModelError(f"prefill head {options.head!r}: must be 'gemm' or 'gemv' (PHEAD)")
         if options.head == "gemv":
@@ -201,17 +203,8 @@ class PrefillEngine:
         return _Matrix(parts=names, od=sum(s.od for s in specs), id=specs[0].id)
 
     def _fused_format(self, m: _Matrix) -> Optional[str]:
-        """The format `kernels.gemm_fused` multiplies ``m`` in (PFUSED), or None: every part of one format it reads,
-        at most its segment count, each later part starting on a box of rows."""
-        from kernels.gemm_fused import BOX_ROWS, FUSED_TYPES, MAX_SEGMENTS
-
         specs = [self.weights.spec(n) for n in m.parts]
-        formats = {s.qtype for s in specs}
-        if len(formats) != 1 or specs[0].qtype not in FUSED_TYPES or len(specs) > MAX_SEGMENTS:
-            return None
-        if any(sum(s.od for s in specs[:i]) % BOX_ROWS for i in range(1, len(specs))):
-            return None
-        return specs[0].qtype
+        return fused_format([(s.qtype, s.od) for s in specs])
 
     def _segments(self, m: _Matrix) -> list:
         return [(self.weights.device(n), self.weights.spec(n).od) for n in m.parts]
@@ -477,6 +470,31 @@ def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
     return per_layer * c.n_layers + [(c.vocab, c.hidden)]
 
 
+def gemm_weight_parts(c: ModelConfig) -> list[list[str]]:
+    """The GGUF tensors stacked along od into each matrix of `gemm_weight_shapes` (same order): per layer
+    [attn_q, attn_k, attn_v], [attn_output], [ffn_gate, ffn_up], [ffn_down]; then the output (token_embd if tied)."""
+    parts = []
+    for i in range(c.n_layers):
+        b = f"blk.{i}."
+        parts += [[b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"], [b + "attn_output.weight"],
+                  [b + "ffn_gate.weight", b + "ffn_up.weight"], [b + "ffn_down.weight"]]
+    return parts + [["token_embd.weight" if c.tied_output else "output.weight"]]
+
+
+def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
+    """The format `kernels.gemm_fused` multiplies a matrix in under PFUSED, from the (GGUF type name, od) of its
+    stacked tensors, or None (the f16 GEMM then multiplies it): every part of one format the fused kernel reads
+    (`FUSED_TYPES`), at most its segment count, each later part starting on a box of rows."""
+    from kernels.gemm_fused import BOX_ROWS, FUSED_TYPES, MAX_SEGMENTS
+
+    formats = {qtype for qtype, _ in parts}
+    if len(formats) != 1 or parts[0][0] not in FUSED_TYPES or len(parts) > MAX_SEGMENTS:
+        return None
+    if any(sum(od for _, od in parts[:i]) % BOX_ROWS for i in range(1, len(parts))):
+        return None
+    return parts[0][0]
+
+
 def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int) -> int:
     """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
     `partials_capacity` on this device's SMs): 0 without a split."""
@@ -496,12 +514,18 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 
 
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
-                 gemm: Optional[dict] = None, glu: bool = False) -> int:
+                 gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
     cache, activations (``glu``: PFUSE_GLU, no f32 gate|up product), split-K partials for gemm knobs ``gemm``), so
-    that a prompt that cannot fit is refused before anything is allocated."""
+    that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
+    tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
+    every matrix is copied or dequantized into the scratch)."""
     shapes = gemm_weight_shapes(c)
-    weights = 2 * (sum(od * id for od, id in shapes) if w16 else max(od * id for od, id in shapes))
+    if fused is not None:
+        shapes = [shape for shape, names in zip(shapes, gemm_weight_parts(c))
+                  if fused_format([(fused[n].qtype, fused[n].od) for n in names]) is None]
+    copies = [od * id for od, id in shapes] or [0]
+    weights = 2 * (sum(copies) if w16 else max(copies))
     kv = kv_cache_bytes(c, context or max_tokens)
     width = c.q_dim + 2 * c.kv_dim
     per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
