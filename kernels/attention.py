@@ -126,15 +126,15 @@ def all_configs():
 
 
 def _tile_steps(g: Geometry):
-    """(mask, softmax, softmax_pack, store_out): the device functions of the two kernels, for a warp's 16 query rows
-    (lane l holds rows g = l >> 2 and g + 8 of the S and O C fragments, columns 2t, 2t + 1 of each n8 tile, t = l & 3);
-    mask and softmax are the mma_sync kernel's, softmax_pack (both in one, P into A words) the wgmma kernel's.
+    """(softmax_pack, store_out): the device functions both kernels share, for a warp's 16 query rows (lane l holds
+    rows g = l >> 2 and g + 8 of the S and O C fragments, columns 2t, 2t + 1 of each n8 tile, t = l & 3).
 
-    * ``mask(s, k0, q0, row_lo, nt_kv, offset)``: scores of keys past nt_kv or (causal) past the row's position to
-      -inf, only on tiles that cross the diagonal or the end of the keys;
-    * ``softmax(s, o, ml)``: the online softmax of one key tile in the log2 domain (scores scaled by
-      log2(e)/sqrt(D)): running max ``ml[0:2]`` and per-lane partial sums ``ml[2:4]`` of rows g, g+8, O rescaled by
-      exp2(m_old - m_new), ``s`` replaced by P;
+    * ``softmax_pack(s, o, ml, p, k0, q0, row_lo, nt_kv, offset)``: scores of keys past nt_kv or (causal) past the
+      row's position masked (only on tiles that cross the diagonal or the end of the keys), then the online softmax
+      of one key tile in the log2 domain (scores scaled by log2(e)/sqrt(D)): running max ``ml[0:2]`` and per-lane
+      partial sums ``ml[2:4]`` of rows g, g+8, O rescaled by exp2(m_old - m_new), P packed to f16 pairs in ``p``
+      (the A fragments of P·V for mma.sync m16n8k16 and for the register-A wgmma alike: k16 step kk's are words
+      4 kk .. 4 kk + 3);
     * ``store_out(smem32, out32, o, ml, r0, q0, nt, qs, h)``: O / l to f16, staged in the warp's rows r0 .. r0 + 15
       of the (XOR-swizzled, D-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt skipped. 1 / l
       is an IEEE division in the mma_sync kernel and `div.approx` in the wgmma one (an IEEE division's subroutine
@@ -153,50 +153,11 @@ def _tile_steps(g: Geometry):
     ONE = float32(1.0)
 
     @cuda.jit(device=True, inline="always")
-    def mask(s, k0, q0, row_lo, nt_kv, offset):
-        lane = cuda.threadIdx.x & 31
-        tc = (lane & 3) * 2
-        if k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset):
-            for t8 in range(NK8):
-                for e in range(4):
-                    kj = k0 + t8 * 8 + tc + (e & 1)
-                    lim = nt_kv - 1
-                    if CAUSAL:
-                        lim = min(lim, row_lo + (e >> 1) * 8 + offset)
-                    if kj > lim:
-                        s[t8 * 4 + e] = NEG_INF
-
-    @cuda.jit(device=True, inline="always")
-    def softmax(s, o, ml):
-        for hh in range(2):
-            mx = NEG_INF
-            for t8 in range(NK8):
-                mx = max(mx, max(s[t8 * 4 + 2 * hh], s[t8 * 4 + 2 * hh + 1]))
-            mx = max(mx, shfl_xor_f32(mx, 1))
-            mx = max(mx, shfl_xor_f32(mx, 2))
-            m_old = ml[hh]
-            m_new = max(m_old, mx * SC)
-            alpha = math.exp2(m_old - m_new)
-            ml[hh] = m_new
-            rs = ZERO
-            for t8 in range(NK8):
-                for e in range(2):
-                    x = t8 * 4 + 2 * hh + e
-                    p = math.exp2(s[x] * SC - m_new)
-                    s[x] = p
-                    rs += p
-            ml[2 + hh] = ml[2 + hh] * alpha + rs
-            for dn in range(ND8):
-                o[dn * 4 + 2 * hh] *= alpha
-                o[dn * 4 + 2 * hh + 1] *= alpha
-
-    @cuda.jit(device=True, inline="always")
     def softmax_pack(s, o, ml, p, k0, q0, row_lo, nt_kv, offset):
-        """`mask` + `softmax` (the same operations, the same values) that leave ``s`` unwritten and put P, packed
-        to f16 pairs, in ``p`` (word 2 t8 + hh: row g + 8 hh, columns 2t, 2t+1 of n8 tile t8: the register-A
-        fragment). The wgmma kernel's: ptxas serializes every wgmma if other instructions define a wgmma's
-        accumulator registers (S's) inside a pipeline stage (its warning C7515). A masked score is a select
-        against the row's last key (no branch: NVVM then unrolls the loops and keeps ``s`` in registers)."""
+        """``s`` is left unwritten (word 2 t8 + hh of ``p``: row g + 8 hh, columns 2t, 2t+1 of n8 tile t8): ptxas
+        serializes every wgmma if other instructions define a wgmma's accumulator registers (S's) inside a pipeline
+        stage (its warning C7515). A masked score is a select against the row's last key (no branch: NVVM then
+        unrolls the loops and keeps ``s`` in registers)."""
         tc = (cuda.threadIdx.x & 3) * 2
         edge = k0 + BK > nt_kv or (CAUSAL and k0 + BK - 1 > q0 + offset)
         for hh in range(2):
@@ -261,7 +222,7 @@ def _tile_steps(g: Geometry):
                 st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2],
                                  smem32[si + 3])
 
-    return mask, softmax, softmax_pack, store_out
+    return softmax_pack, store_out
 
 
 def _make_kernel(g: Geometry):
@@ -283,7 +244,8 @@ def _make_kernel_mma_sync(g: Geometry):
     SKV = BK * D  # one K (or V) tile
     STAGE = 2 * SKV
     O_N = ND8 * 4  # f32 O accumulators per lane
-    S_N = BK // 2  # f32 S (then P) values per lane
+    S_N = BK // 2  # f32 S values per lane
+    P_N = BK // 4  # f16x2 A words of P per lane
     Q_CH = BQ * DCH // THREADS  # 16-byte chunks per thread of the Q tile (= DCH / 2)
     KV_CH = BK * DCH // THREADS  # ... of one K (or V) tile (all powers of two: exact)
     M_INIT = float32(-1e30)
@@ -291,7 +253,7 @@ def _make_kernel_mma_sync(g: Geometry):
     SMEM_ALIGN = None if SIMULATOR else 128
     PRO_WAIT = STAGES - 1  # after the prologue (Q, K/V tiles 0 .. STAGES-2): Q has landed
     LOOP_WAIT = max(STAGES - 2, 0)  # at the top of key tile j: its group has landed
-    mask, softmax, _, store_out = _tile_steps(g)
+    softmax_pack, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -349,6 +311,7 @@ def _make_kernel_mma_sync(g: Geometry):
 
         o = cuda.local.array(O_N, float32)
         s = cuda.local.array(S_N, float32)
+        p = cuda.local.array(P_N, uint32)
         ml = cuda.local.array(4, float32)  # m(row g), m(row g+8), l(row g), l(row g+8)
         for x in range(O_N):
             o[x] = ZERO
@@ -407,16 +370,15 @@ def _make_kernel_mma_sync(g: Geometry):
                     s[c + 6] = d2
                     s[c + 7] = d3
 
-            mask(s, k0, q0, row_lo, nt_kv, offset)
-            softmax(s, o, ml)
+            softmax_pack(s, o, ml, p, k0, q0, row_lo, nt_kv, offset)
 
-            # ---- O += P · V (P: f16 A fragments straight from the S C-fragments) -------------------------
+            # ---- O += P · V (P: f16 A fragments packed from the S C-fragments) ---------------------------
             for kk in range(NK16):
-                c = kk * 8
-                p0 = pack_f16x2(s[c], s[c + 1])
-                p1 = pack_f16x2(s[c + 2], s[c + 3])
-                p2 = pack_f16x2(s[c + 4], s[c + 5])
-                p3 = pack_f16x2(s[c + 6], s[c + 7])
+                c = kk * 4
+                p0 = p[c]
+                p1 = p[c + 1]
+                p2 = p[c + 2]
+                p3 = p[c + 3]
                 for dc in range(ND8 // 2):
                     r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
                     ch = dc * 2 + (lane >> 4)
@@ -449,7 +411,7 @@ def _make_kernel_wgmma(g: Geometry):
     from shared memory through descriptors, and O += P·V with one m64nDk16 a k16 step of keys, P from registers
     (`wgmma_m64nNk16_f32_f16_rs`: the S C fragments packed to f16 are its A fragments) and V read MN-major (the
     instruction's transposed B: no copy of V^T is made). The per-warp fragments of S and O are mma.sync's, so the
-    mask, softmax and epilogue are the mma_sync kernel's.
+    softmax and epilogue are the mma_sync kernel's.
 
     Shared memory, 1024-byte aligned, Q, K and V tiles all in one layout: D/64 column blocks of [rows x 128 B], row
     r's 16-byte chunk c at chunk c ^ (r & 7) (the 128-byte swizzle). For Q and K it is the canonical K-major layout
@@ -486,7 +448,7 @@ def _make_kernel_wgmma(g: Geometry):
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 1024
-    _, _, softmax_pack, store_out = _tile_steps(g)
+    softmax_pack, store_out = _tile_steps(g)
 
     @cuda.jit(device=True, inline="always")
     def load_tile(smem, k, v, t, tid, nt_kv, ks, hk):
