@@ -635,7 +635,7 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, or wgmma
     with MMA=wgmma; f16 operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3
     vs float64).
-    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64/128), STAGES (K/V ring depth, 1/2), MMA
+    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
     (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous, 16-byte aligned, with one

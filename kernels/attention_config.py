@@ -20,7 +20,7 @@ def head_dim_refusal(head_dim) -> str | None:
 
 KNOBS: dict[str, tuple] = {
     "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
-    "BK": (32, 64, 128),  # keys per K/V tile
+    "BK": (32, 64),  # keys per K/V tile
     # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
     "STAGES": (1, 2),
     "MMA": ("mma_sync", "wgmma"),  # the products: per-warp mma.sync (FA2), or per-warpgroup wgmma (Hopper, FA3's)
