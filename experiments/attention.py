@@ -20,8 +20,6 @@ from kernels import attention_config as knob_table
 from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
 from minfer_cli.knobs import Knob
 
-_LEGACY = {"MMA": "mma_sync"}
-"""Knobs added after the first records, and the value that reproduces the kernel before them (mma.sync products)."""
 _DOCS = {
     "BQ": "query rows per block (BQ/16 warps of 16 rows, each holding its Q fragments in registers)",
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
@@ -40,7 +38,7 @@ class AttentionExperiment(Experiment):
     name = "attention"
     purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/128/256, GQA) vs torch SDPA and the f16 "
                "matrix-rate ceiling")
-    knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], _LEGACY.get(k))
+    knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], knob_table.LEGACY.get(k))
                   for k, v in knob_table.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "torch_sdpa"), "minfer",
              "minfer's kernel, or torch.nn.functional.scaled_dot_product_attention (is_causal, GQA) as the vendor "

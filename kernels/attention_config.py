@@ -26,4 +26,7 @@ KNOBS: dict[str, tuple] = {
     "MMA": ("mma_sync", "wgmma"),  # the products: per-warp mma.sync (FA2), or per-warpgroup wgmma (Hopper, FA3's)
 }
 DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "wgmma"}
+LEGACY: dict = {"MMA": "mma_sync"}
+"""Knobs added after the first records, and the value that reproduces the kernel before them (mma.sync products):
+what the `attention` experiment and the engine's FA_ knobs read for a record that predates the knob."""
 

@@ -136,7 +136,7 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "(e.g. 2.2 waves) with 128-wide tiles (the default); 0 the configured tile everywhere",
                    legacy=0)]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
-                   legacy={"MMA": "mma_sync"}.get(k))  # what records from before the knob ran
+                   legacy=attention.LEGACY.get(k))
               for k, v in attention.KNOBS.items()]
     return tuple(knobs)
 

@@ -151,7 +151,7 @@ class PrefillEngine:
         s = self.stream
         if options.fused:
             for m in matrices:
-                m.fused = self._fused_format(m)
+                m.fused = fused_format([(weights.spec(n).qtype, weights.spec(n).od) for n in m.parts])
         copied = [m for m in matrices if m.fused is None]  # the matrices the f16 GEMM multiplies
         self.scratch = None
         if options.w16:
@@ -201,10 +201,6 @@ class PrefillEngine:
 
             raise ModelError(f"tensors {', '.join(names)} differ in input dim ({[s.id for s in specs]}); they must match")
         return _Matrix(parts=names, od=sum(s.od for s in specs), id=specs[0].id)
-
-    def _fused_format(self, m: _Matrix) -> Optional[str]:
-        specs = [self.weights.spec(n) for n in m.parts]
-        return fused_format([(s.qtype, s.od) for s in specs])
 
     def _segments(self, m: _Matrix) -> list:
         return [(self.weights.device(n), self.weights.spec(n).od) for n in m.parts]
