@@ -4,7 +4,7 @@ experiments.
 `minfer ab bench --arm W16=0 --arm W16=1` (pp2048) or `minfer ab bench -w tg128 --arm GRAPHS=0 --arm GRAPHS=1`
 compares two engine settings at the model level through the same interleaved harness, metric tok/s (higher is
 better). Knobs: the engine's (W16, PGRAPH, FUSE_ADD_NORM, PFUSE_ROPE_KV, PHEAD, the gemm_f16 tile knobs, SPLITK and
-FA_* flash-attention knobs act on pp workloads; GRAPHS, MMVQ, XRES, FUSE_ADD, FUSE_GLU, FUSE_NORM_Q8, FUSE_QKV,
+FA_* flash-attention knobs act on pp workloads; GRAPHS, MMVQ, XRES, FUSE_ADD, FUSE_GLU, FUSE_QKV,
 FUSE_ROPE_KV, FUSE_ATTN_Q8, DEEP, PDL and ATTN_SPLITS on tg workloads; an arm that sets a knob the workload does not
 use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the
 harness's CUDA graphs do not apply to a forward that launches hundreds of kernels from Python):
@@ -155,8 +155,7 @@ class BenchExperiment(Experiment):
         return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
 
     def refuse(self, config, workload: Workload) -> str | None:
-        """An arm that moves a knob this workload never reads (its A/B would time a no-op), FUSE_NORM_Q8=1 or
-        FUSE_ATTN_Q8=1 without MMVQ (there is no Q8_1 vector to write), or GEMM knobs `kernels.gemm_f16` refuses."""
+        """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs `kernels.gemm_f16` refuses."""
         tg = self._is_tg(workload)
         idle = idle_knobs(config, tg)
         both = idle_knobs(config, not tg)

@@ -6,7 +6,6 @@ sums with a warp butterfly (`shfl.sync.bfly`) then a second butterfly over the p
 memory (every warp reduces them, so no broadcast barrier is needed), and each thread writes its columns
 ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the mat-vec takes f32 x). The second
 pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
-`rms_norm_q8` also quantizes the f32 output to Q8_1 blocks in that pass (decode with MMVQ: one launch, not two).
 `add_rms_norm` first adds a GEMM's output (or its split-K slices) to the residual row (prefill FUSE_ADD_NORM: the
 residual add, the slice sum and the next RMSNorm in one launch, not three).
 
@@ -29,7 +28,6 @@ from numba.cuda.cudadrv import devicearray
 from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, pdl_enter
-from kernels.quantize_q8 import QK, check_q8, quantize_warp_block, store_residual
 from kernels.jit import kernel
 
 DEFAULT_TPB = 256
@@ -187,71 +185,6 @@ def _add_rms_norm(x, parts, count, w, out, eps):
         c += step
 
 
-@kernel
-def _rms_norm_q8(x, w, out, q, qd, qs, eps):
-    """`_rms_norm` with f32 out, and each warp also quantizes the 32 columns it just wrote (one Q8_1 block: the
-    block's threads are a multiple of 32 and d a multiple of 32, so warp-step columns are whole blocks)."""
-    pdl_enter()
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    step = cuda.blockDim.x
-    d = x.shape[1]
-    inv = _inv_rms(x, row, eps)
-    c = tid
-    while c < d:  # d % 32 == 0: a warp's 32 columns are all < d or all >= d, so warps stay whole (shuffles)
-        v = (x[row, c] * inv) * w[c]
-        out[row, c] = v
-        quantize_warp_block(v, row * d + c, q, qd, qs)
-        c += step
-
-
-@kernel
-def _rms_norm_q8_res(x, w, out, q, qd, qs, r, eps):
-    """`_rms_norm_q8` that also writes the compensated Q8_1 form's residual values r (`kernels.quantize_q8`)."""
-    pdl_enter()
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    step = cuda.blockDim.x
-    d = x.shape[1]
-    inv = _inv_rms(x, row, eps)
-    c = tid
-    while c < d:
-        v = (x[row, c] * inv) * w[c]
-        out[row, c] = v
-        scaled, qv = quantize_warp_block(v, row * d + c, q, qd, qs)
-        store_residual(scaled, qv, row * d + c, r)
-        c += step
-
-
-def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl: bool = False):
-    """Enqueue `rms_norm` with f32 ``out`` and, in the same kernel, the Q8_1 quantization of ``out`` into ``q8``
-    (`kernels.quantize_q8`: int8 values, d and sum per 32 columns, flattened row-major); return ``out``. Both
-    results are bit-identical to `rms_norm` followed by `kernels.quantize_q8.quantize_q8_1` (same operations in
-    the same order), in one launch instead of two (decode: the norm's output feeds MMVQ mat-vecs).
-
-    x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
-    `Q8Blocks` of ``nt * d`` activations (compensated ones get their residual values too). pdl: as for `rms_norm`.
-    Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
-    q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
-    nothing is written).
-    """
-    if out is None or _device(out, "out").dtype != np.float32:
-        raise KernelConstraintError("rms_norm_q8 needs an f32 out array (the quantized values come from it)")
-    out = rms_norm(x, w, eps, out=out, stream=stream, tpb=tpb, launch=False)
-    nt, d = x.shape
-    if d % QK:
-        raise KernelConstraintError(f"rms_norm_q8 needs d to be a multiple of {QK} (whole Q8_1 blocks), got {d}")
-    if nt == 0:
-        return out
-    check_q8(q8, nt * d)
-    if q8.compensated:
-        launch_kernel(_rms_norm_q8_res, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, q8.r, np.float32(eps)),
-                      pdl=pdl)
-    else:
-        launch_kernel(_rms_norm_q8, nt, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, np.float32(eps)), pdl=pdl)
-    return out
-
-
 def _device(a, name: str):
     if not devicearray.is_cuda_ndarray(a):
         raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
@@ -293,7 +226,7 @@ def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DE
     out: optional C-contiguous device array ``[nt, d]`` of f16 or f32; allocated when None with ``out_dtype``
     (default f16: prefill feeds the f16-A GEMM; pass f32 for the decode mat-vec, which takes f32 x).
     tpb: threads per block, a multiple of 32 from 32 to 1024 (one block per row). launch: False only checks the
-    arguments (and allocates out) without enqueuing anything (`rms_norm_q8` shares the checks). pdl: a
+    arguments (and allocates out) without enqueuing anything (`add_rms_norm` shares the checks). pdl: a
     programmatic dependent launch (`kernels.launch`; the kernel waits for the previous one first: `pdl_enter`).
 
     Sum of squares and scale in f32; error against a float64 reference: f16 rounding (~2^-11) for f16 out,

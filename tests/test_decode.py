@@ -237,8 +237,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights):
 
 def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
     """XRES=1 (compensated Q8_1 mat-vec inputs): one eager step within 1e-2 of the float64 forward, the accuracy
-    bar plain MMVQ misses (up to 4.4% here: `test_mmvq_decode_logits_match_the_reference`). The fused RMSNorm's
-    residual values: `test_rms_norm_q8_equals_norm_then_quantize` (compensated)."""
+    bar plain MMVQ misses (up to 4.4% here: `test_mmvq_decode_logits_match_the_reference`)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 
@@ -262,9 +261,45 @@ def test_fuse_qkv_stacks_runs_of_one_format_and_glu_pairs_gate_and_up(micro_weig
                          warps_per_row=1)
     assert [(m.qtype, m.od) for m, _, _ in fused.layers[0].qkv] == [("Q4_K", c.q_dim + c.kv_dim), ("Q6_K", c.kv_dim)]
     assert [out.shape[0] for _, out, _ in fused.layers[0].qkv] == [c.q_dim + c.kv_dim, c.kv_dim]
-    plain = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False), splits=1, rows_per_block=8, warps_per_row=1)
+    names = ["blk.0.attn_q", "blk.0.attn_k"]
+    (m, _, bias) = fused.layers[0].qkv[0]
+    np.testing.assert_array_equal(m.raw.copy_to_host(), np.concatenate([micro_weights.to_host(n + ".weight")
+                                                                        for n in names]))
+    np.testing.assert_array_equal(bias.copy_to_host(), np.concatenate([micro_weights.to_host(n + ".bias")
+                                                                       for n in names]).view(np.float32))
+    plain = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fuse_qkv=False), splits=1, rows_per_block=8,
+                         warps_per_row=1)
     assert [m.od for m, _, _ in plain.layers[0].qkv] == [c.q_dim, c.kv_dim, c.kv_dim]
     assert plain.layers[0].gate.qtype == plain.layers[0].up.qtype
+
+
+def test_stacked_weights_are_views_only_while_back_to_back():
+    """`ModelWeights.stacked`: each layer's q, k, v weights are one allocation (a view of their bytes, in order);
+    a tensor replaced since loading, names out of order, padding between two tensors (a size that is not a multiple
+    of STACK_ALIGN) or tensors outside a group give None, and FUSE_QKV then runs those mat-vecs separately."""
+    from numba import cuda
+
+    from minfer_cli.engine.config import TensorSpec
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.weights import STACK_ALIGN, synth_weights
+
+    weights = synth_weights(dataclasses.replace(_micro(), n_layers=2), int(np.random.default_rng().integers(0, 2**31)))
+    q, k, v = (f"blk.1.attn_{p}.weight" for p in "qkv")
+    got = weights.stacked([q, k, v])
+    np.testing.assert_array_equal(got.copy_to_host(), np.concatenate([weights.to_host(n) for n in (q, k, v)]))
+    assert weights.stacked([k, q]) is None and weights.stacked([q, "blk.1.attn_output.weight"]) is None
+    assert weights.stacked(["blk.0.attn_q.weight", "blk.1.attn_k.weight"]) is None
+    spec = weights.spec(k)
+    weights.tensors[k] = (spec, cuda.to_device(weights.to_host(k)))  # same bytes, another allocation
+    assert weights.stacked([q, k]) is None
+    engine = DecodeEngine(weights, 2, DecodeOptions(graphs=False), splits=1, rows_per_block=8, warps_per_row=1)
+    assert [m.od for m, _, _ in engine.layers[1].qkv] == [weights.spec(q).od, spec.od, weights.spec(v).od]
+    assert engine.layers[0].qkv[0][0].od > weights.spec(q).od  # layer 0 untouched: q and k (and v) still stacked
+    odd = TensorSpec("blk.0.attn_q.weight", (3, 1), "F32")  # 12 bytes
+    assert odd.n_bytes % STACK_ALIGN
+    again = synth_weights(_micro(), 1)
+    again.allocate([odd] + [again.spec(n) for n in ("blk.0.attn_k.weight",)])
+    assert again.stacked(["blk.0.attn_q.weight", "blk.0.attn_k.weight"]) is None
 
 
 def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
@@ -378,14 +413,15 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["MMVQ"].values == (0, 1) and knobs["MMVQ"].default == 1
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ADD": "0"}, "e")).decode.fuse_add is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_GLU": "0"}, "e")).decode.fuse_glu is False
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_Q8": "1"}, "e")).decode.fuse_norm_q8 is True
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "1"}, "e")).decode.fuse_qkv is True
+    assert "FUSE_NORM_Q8" not in knobs  # deleted after its A/B (ledger #280)
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV": "0"}, "e")).decode.fuse_qkv is False
+    assert knobs["FUSE_QKV"].default == 1 and engine_options(resolve_config(engine_knobs(), {}, "e")).decode.fuse_qkv
     assert engine_options(resolve_config(engine_knobs(), {"DEEP": "0"}, "e")).decode.deep is False
     assert engine_options(resolve_config(engine_knobs(), {"PDL": "0"}, "e")).decode.pdl is False
     assert engine_options(resolve_config(engine_knobs(), {"FUSE_ROPE_KV": "1"}, "e")).decode.fuse_rope_kv is True
     assert knobs["FUSE_ROPE_KV"].default == 0 and "FUSE_ROPE_KV" in DECODE_KNOBS
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ATTN_Q8": "1"}, "e")).decode.fuse_attn_q8 is True
-    assert knobs["FUSE_ATTN_Q8"].default == 0 and "FUSE_ATTN_Q8" in DECODE_KNOBS
+    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ATTN_Q8": "0"}, "e")).decode.fuse_attn_q8 is False
+    assert knobs["FUSE_ATTN_Q8"].default == 1 and "FUSE_ATTN_Q8" in DECODE_KNOBS
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
@@ -849,19 +885,19 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_norm_q8": True}, {"fuse_qkv": True},
-                                  {"fuse_qkv": True, "fuse_add": False}, {"deep": True}, {"pdl": False},
-                                  {"fuse_rope_kv": True}, {"fuse_attn_q8": True}, {"fuse_attn_q8": True, "xres": False},
+@pytest.mark.parametrize("knob", [{"fuse_add": False}, {"fuse_glu": False}, {"fuse_qkv": False},
+                                  {"fuse_qkv": False, "fuse_add": False}, {"pdl": False},
+                                  {"fuse_rope_kv": True}, {"fuse_attn_q8": False}, {"fuse_attn_q8": False, "xres": False},
                                   {"ahead": 4}],
-                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_NORM_Q8=1", "FUSE_QKV=1", "FUSE_QKV=1,FUSE_ADD=0",
-                              "DEEP=1", "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=1", "FUSE_ATTN_Q8=1,XRES=0", "AHEAD=4"])
+                         ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_QKV=0", "FUSE_QKV=0,FUSE_ADD=0",
+                              "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=0", "FUSE_ATTN_Q8=0,XRES=0", "AHEAD=4"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
-    FUSE_NORM_Q8=1 (RMSNorm writes the Q8_1 blocks), FUSE_ROPE_KV=1 (RoPE writes the cache rows) and FUSE_ATTN_Q8=1
-    (attention's combine writes its output's Q8_1 blocks, compensated or plain) compute the same
+    FUSE_ROPE_KV=1 (RoPE writes the cache rows) and FUSE_ATTN_Q8=0 (a separate kernel writes the attention output's
+    Q8_1 blocks, compensated or plain, where the default's combine does) compute the same
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
-    FUSE_QKV=1 only stacks q/k/v rows of one format into one launch (one launch shape for every mat-vec, so the
+    FUSE_QKV=0 only unstacks the default's one launch over q/k rows of one format (one launch shape for every mat-vec, so the
     sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait: logits and
     tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine

@@ -39,7 +39,7 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_NORM_Q8", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
                 "FUSE_ATTN_Q8", "DEEP", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
@@ -98,15 +98,15 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "epilogue; 0 runs them as separate kernels", legacy=0)]
     knobs += [Knob("FUSE_GLU", (0, 1), 1, "decode (tg): 1 runs gate, up and SwiGLU as one mat-vec kernel; 0 as three "
                                           "(the default: fewer launches and one read of x)", legacy=0)]
-    knobs += [Knob("FUSE_NORM_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 quantizes h to Q8_1 inside the RMSNorm kernel; 0 "
-                                              "in a separate kernel (0 the default: the fusion measured no faster)")]
-    knobs += [Knob("FUSE_QKV", (0, 1), 0, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
-                                          "over their stacked rows (copied at load); 0 one mat-vec each")]
+    knobs += [Knob("FUSE_QKV", (0, 1), 1, "decode (tg): 1 runs consecutive q/k/v weights of one format as one mat-vec "
+                                          "over their stacked rows (read in place; the default: fewer launches); 0 "
+                                          "one mat-vec each", legacy=0)]
     knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (0 the "
                                               "default: +0.6-0.9%, under the 1% bar)")]
-    knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 0, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
-                                              "in decode attention's combine kernel; 0 in a separate kernel")]
+    knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
+                                              "in decode attention's combine kernel (the default: one launch fewer "
+                                              "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -149,10 +149,6 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
 
 def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
-    if config.get("FUSE_NORM_Q8") and not config.get("MMVQ"):
-        return "FUSE_NORM_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
-    if config.get("FUSE_ATTN_Q8") and not config.get("MMVQ"):
-        return "FUSE_ATTN_Q8=1 needs MMVQ=1 (it writes the Q8_1 blocks the MMVQ mat-vecs read)"
     if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
         return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
     from kernels import gemm_f16_config as table
@@ -200,11 +196,11 @@ def engine_options(config: Config) -> EngineOptions:
                              rope_angles=bool(config.get("PROPE_ANGLES", 0)), fused=bool(config.get("PFUSED", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
-                           fuse_glu=bool(config.get("FUSE_GLU", 1)), fuse_norm_q8=bool(config.get("FUSE_NORM_Q8", 0)),
+                           fuse_glu=bool(config.get("FUSE_GLU", 1)),
                            deep=bool(config.get("DEEP", 1)), pdl=bool(config.get("PDL", 1)),
-                           fuse_qkv=bool(config.get("FUSE_QKV", 0)),
+                           fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
-                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 

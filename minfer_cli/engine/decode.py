@@ -30,12 +30,10 @@ residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a ch
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
-format, instead of two mat-vecs and `swiglu`. ``FUSE_NORM_Q8=1`` (``options.fuse_norm_q8``, with MMVQ) writes h and its Q8_1 blocks from one kernel
-(`kernels.norm.rms_norm_q8`) instead of `rms_norm` then `quantize_q8_1` (2 launches fewer per layer, 1 for
-the output norm). ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
-format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too): the engine copies
-their GGUF bytes and biases into one buffer each at construction (extra device memory: those weights once more),
-and since every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
+format, instead of two mat-vecs and `swiglu`. ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
+format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too), read in place:
+the loaders lay each layer's q, k, v weights and biases back to back (`ModelWeights.stacked`; no extra device
+memory), and since every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
 (``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,
 RMSNorm, the Q8_1 quantization, RoPE, the KV append and both decode-attention kernels start while the kernel
 before them finishes and wait for it (`kernels.ptx.griddepcontrol_wait`) before they read its output; the
@@ -132,7 +130,6 @@ class DecodeEngine:
         self.xres = bool(options.xres)
         self.fuse_add = bool(options.fuse_add)
         self.fuse_glu = bool(options.fuse_glu)
-        self.fuse_norm_q8 = bool(options.fuse_norm_q8)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.fuse_attn_q8 = bool(options.fuse_attn_q8)
@@ -228,37 +225,39 @@ class DecodeEngine:
 
     def _qkv(self, prefix: str) -> tuple:
         """Layer ``prefix``'s q, k, v mat-vecs as ((GemvOperand, out view of ``qkv``, bias or None), ...); with FUSE_QKV
-        each run of consecutive ones of one format is one entry over their stacked rows (bytes and biases copied
-        into new device buffers, on this engine's stream)."""
-        from numba import cuda
-
+        each run of consecutive ones of one format is one entry over their stacked rows, read in place where the
+        weights (and biases) lie back to back (`ModelWeights.stacked`; a run that does not stays separate mat-vecs,
+        the same values either way)."""
         c = self.config
-        parts = [(self._gemv(prefix + p + ".weight"), self._f32(prefix + p + ".bias") if c.qkv_bias else None)
-                 for p in ("attn_q", "attn_k", "attn_v")]
+        names = [prefix + p for p in ("attn_q", "attn_k", "attn_v")]
+        parts = [(n, self._gemv(n + ".weight")) for n in names]
         runs = [[parts[0]]]
-        for m, bias in parts[1:]:
-            if self.fuse_qkv and m.qtype == runs[-1][-1][0].qtype:
-                runs[-1].append((m, bias))
+        for name, m in parts[1:]:
+            if self.fuse_qkv and m.qtype == runs[-1][-1][1].qtype and self._stack(runs[-1] + [(name, m)]) is not None:
+                runs[-1].append((name, m))
             else:
-                runs.append([(m, bias)])
+                runs.append([(name, m)])
         entries, row = [], 0
         for run in runs:
-            od = sum(m.od for m, _ in run)
             if len(run) == 1:
-                m, bias = run[0]
+                name, m = run[0]
+                bias = self._f32(name + ".bias") if c.qkv_bias else None
             else:
-                raw = cuda.device_array(sum(m.raw.size for m, _ in run), dtype=np.uint8, stream=self.stream)
-                bias = None if run[0][1] is None else cuda.device_array(od, dtype=np.float32, stream=self.stream)
-                at, r = 0, 0
-                for part, part_bias in run:
-                    raw[at: at + part.raw.size].copy_to_device(part.raw, stream=self.stream)
-                    if bias is not None:
-                        bias[r: r + part.od].copy_to_device(part_bias, stream=self.stream)
-                    at, r = at + part.raw.size, r + part.od
-                m = GemvOperand(raw, run[0][0].qtype, od, run[0][0].id)
-            entries.append((m, self.qkv[row: row + od], bias))
-            row += od
+                m, bias = self._stack(run)
+            entries.append((m, self.qkv[row: row + m.od], bias))
+            row += m.od
         return tuple(entries)
+
+    def _stack(self, run: list):
+        """(GemvOperand over the stacked rows of ``run``'s weights, their stacked f32 biases or None), both views of
+        the loaded tensors; None when they do not lie back to back."""
+        c = self.config
+        raw = self.weights.stacked([n + ".weight" for n, _ in run])
+        bias = self.weights.stacked([n + ".bias" for n, _ in run]) if c.qkv_bias else None
+        if raw is None or (c.qkv_bias and bias is None):
+            return None
+        m = GemvOperand(raw, run[0][1].qtype, sum(m.od for _, m in run), run[0][1].id)
+        return m, None if bias is None else bias.view(np.float32)
 
     def _q8(self, n: int):
         """Q8_1 buffers for an n-wide mat-vec input when MMVQ is on (None when off or n is not a multiple of 32,
@@ -275,14 +274,11 @@ class DecodeEngine:
         return None if q8 is None else quantize_q8_1(x, q8, stream=self.stream, pdl=self.pdl)
 
     def _norm(self, weight):
-        """Enqueue h = rms_norm(x) * weight and, with MMVQ, h's Q8_1 blocks (returned; None without MMVQ): one
-        fused kernel with FUSE_NORM_Q8, else the norm and `quantize_q8_1`."""
-        from kernels.norm import rms_norm, rms_norm_q8, row_tpb
+        """Enqueue h = rms_norm(x) * weight and, with MMVQ, `quantize_q8_1` of h into its Q8_1 blocks (returned;
+        None without MMVQ)."""
+        from kernels.norm import rms_norm, row_tpb
 
         eps, tpb = self.config.rms_eps, row_tpb(self.config.hidden)
-        if self.fuse_norm_q8 and self._q8_hidden is not None:
-            rms_norm_q8(self.x, weight, eps, self.h, self._q8_hidden, stream=self.stream, tpb=tpb, pdl=self.pdl)
-            return self._q8_hidden
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, self._q8_hidden)
 

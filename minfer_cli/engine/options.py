@@ -56,8 +56,7 @@ class DecodeOptions:
     rounding's residual at d/254: `kernels.quantize_q8`), as accurate as f32 input (True) or plain Q8_1 (False).
     fuse_add (FUSE_ADD): bias and residual adds in the mat-vec epilogue (True) or separate kernels (False).
     fuse_glu (FUSE_GLU): gate, up and SwiGLU as one kernel (`kernels.gemv.gemv_glu`, True) or three (False).
-    fuse_norm_q8 (FUSE_NORM_Q8, with mmvq): the RMSNorm also writes its output's Q8_1 blocks
-    (`kernels.norm.rms_norm_q8`, True) instead of a separate quantization (False). deep (DEEP, with mmvq): the Q4_K
+    deep (DEEP, with mmvq): the Q4_K
     and Q6_K mat-vecs of long rows (ffn_down) take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds
     for one wave (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent
     launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
@@ -75,12 +74,11 @@ class DecodeOptions:
     xres: bool = True
     fuse_add: bool = True
     fuse_glu: bool = True
-    fuse_norm_q8: bool = False
     deep: bool = True
     pdl: bool = True
-    fuse_qkv: bool = False
+    fuse_qkv: bool = True
     fuse_rope_kv: bool = False
-    fuse_attn_q8: bool = False
+    fuse_attn_q8: bool = True
     ahead: int = 1
     attn_splits: int = 64
 

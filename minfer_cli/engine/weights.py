@@ -50,6 +50,12 @@ D_JITTER = (0.8, 1.2)
 NORM_CENTER, NORM_SPREAD = 1.0, 0.1
 BIAS_CENTER, BIAS_SPREAD = 0.0, 0.1
 
+# Each layer's q, k and v weights, and their biases, lie back to back in one device allocation (in this order,
+# each start aligned to STACK_ALIGN bytes), so that one mat-vec over their stacked rows reads them in place
+# (`ModelWeights.stacked`; decode's FUSE_QKV) with no second copy of the weights.
+STACKED = (("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("attn_q.bias", "attn_k.bias", "attn_v.bias"))
+STACK_ALIGN = 256  # what cuMemAlloc guarantees for a separate allocation, and more than any kernel's loads need
+
 
 @dataclass
 class ModelWeights:
@@ -63,6 +69,47 @@ class ModelWeights:
     source: str = ""
     seed: Optional[int] = None
     _embedding_f32: object = field(default=None, repr=False, compare=False)
+    _stacks: dict = field(default_factory=dict, repr=False, compare=False)  # name -> (buffer, byte offset, view)
+
+    def allocate(self, specs: list[TensorSpec], stream=0) -> None:
+        """Allocate an uninitialised device array for every spec in ``tensors`` (the loaders then fill them): one
+        allocation per tensor, except each layer's `STACKED` groups, which share one (`stacked`)."""
+        from numba import cuda
+
+        by_name = {s.name: s for s in specs}
+        grouped = set()
+        for i in range(self.config.n_layers):
+            for group in STACKED:
+                names = [f"blk.{i}.{n}" for n in group if f"blk.{i}.{n}" in by_name]
+                starts, end = [], 0
+                for name in names:
+                    starts.append(end)
+                    end = -(-(end + by_name[name].n_bytes) // STACK_ALIGN) * STACK_ALIGN
+                buffer = cuda.device_array(max(end, 1), dtype=np.uint8, stream=stream)
+                for name, start in zip(names, starts):
+                    view = buffer[start: start + by_name[name].n_bytes]
+                    self.tensors[name] = (by_name[name], view)
+                    self._stacks[name] = (buffer, start, view)
+                grouped.update(names)
+        for spec in specs:
+            if spec.name not in grouped:
+                self.tensors[spec.name] = (spec, cuda.device_array(spec.n_bytes, dtype=np.uint8, stream=stream))
+        self.tensors = {s.name: self.tensors[s.name] for s in specs}  # file order
+
+    def stacked(self, names: list[str]):
+        """The bytes of the tensors ``names`` as one 1-D uint8 device array (a view, no copy) when they lie back to
+        back in one allocation (`allocate`'s `STACKED` groups, none of them replaced since, each size a multiple
+        of `STACK_ALIGN` so no padding sits between them); else None."""
+        places = [self._stacks.get(n) for n in names]
+        if any(p is None for p in places) or len({id(p[0]) for p in places}) != 1:
+            return None
+        buffer, first, _ = places[0]
+        at = first
+        for name, (_, start, view) in zip(names, places):
+            if start != at or self.device(name) is not view:
+                return None
+            at += view.size
+        return buffer[first:at]
 
     def spec(self, name: str) -> TensorSpec:
         return self.tensors[name][0]
@@ -173,10 +220,10 @@ def synth_weights(config: ModelConfig, seed: int, progress: Progress = None, mix
     total = sum(s.n_bytes for s in specs)
     done = 0
     stream = cuda.stream()
+    weights.allocate(specs, stream)
     for index, spec in enumerate(specs):
-        raw = cuda.device_array(spec.n_bytes, dtype=np.uint8, stream=stream)
+        raw = weights.device(spec.name)
         synth(raw, spec.qtype, tensor_key(int(seed), index), stream=stream, **synth_params(spec))
-        weights.tensors[spec.name] = (spec, raw)
         done += spec.n_bytes
         if progress:
             progress(spec.name, done / total)
@@ -378,15 +425,13 @@ def load_gguf(path, progress: Progress = None) -> ModelWeights:
     Raises ModelError (one sentence) for: a missing file, not a GGUF file, a truncated or corrupt one, an
     unsupported architecture, a missing metadata key or tensor, a wrong shape, an unsupported tensor type.
     """
-    from numba import cuda
-
     weights, specs = inspect_gguf(path)
     _require_device()
     total = sum(s.n_bytes for s, _ in specs)
     done = 0
+    weights.allocate([spec for spec, _ in specs])
     for spec, t in specs:
-        host = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        weights.tensors[spec.name] = (spec, cuda.to_device(host))
+        weights.device(spec.name).copy_to_device(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1))
         done += spec.n_bytes
         if progress:
             progress(spec.name, done / total)

@@ -95,13 +95,14 @@ def resources(instance: KernelInstance) -> KernelResources:
         dynamic_smem=int(instance.dynamic_smem),
         local_mem=int(d.get_local_mem_per_thread(sig)),
         blocks_per_sm=int(blocks),
-        wgmma=_wgmma_of(d, sig),
+        wgmma=_wgmma_of(d, sig.args),
     )
 
 
-def _wgmma_of(dispatcher, sig) -> str:
-    """`wgmma_state` of a compiled kernel's PTX (numba's `inspect_asm`), or "?" when ptxas cannot be asked."""
-    ptx = dispatcher.inspect_asm(sig)
+def _wgmma_of(dispatcher, args) -> str:
+    """`wgmma_state` of a compiled kernel's PTX (numba's `inspect_asm`, whose overloads are keyed by the argument
+    types ``args``, not by a full signature), or "?" when ptxas cannot be asked."""
+    ptx = dispatcher.inspect_asm(args)
     if "wgmma.mma_async" not in ptx:
         return ""
     arch = "sm_90a" if re.search(r"^\.target\s+sm_90\b", ptx, re.M) else None  # wgmma needs the "a" target
