@@ -499,7 +499,7 @@ def _compile_cases():
 
 
 COMPILE_NAMES = [
-    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
+    "rms_norm f16 out", "rms_norm f32 out", "rope contiguous", "rope qkv views", "rope kv append",
     "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
     "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
