@@ -1,6 +1,7 @@
 """Experiment `attention`: causal prefill attention (FlashAttention-2 on tensor cores, head_dim 64/128/256, GQA).
 
-Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BQ, BK, STAGES, MMA) and IMPL (minfer's
+Knobs: the kernel's compile-time shape (KNOBS of kernels/attention_config.py: BK, MMA; BQ and STAGES were
+deleted with their losing values: `removed_knobs`) and IMPL (minfer's
 kernel or torch's scaled_dot_product_attention as the vendor arm). Workloads: Qwen2-7B prefill of 2048 and 8192 tokens into
 an empty cache (28 query heads, 4 KV heads, head_dim 128), Llama-3.2-1B's 2048 (32 / 8 heads, head_dim 64), and tiny
 shapes with tails for the CUDA simulator (head_dim 128 and 64).
@@ -21,9 +22,7 @@ from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, re
 from minfer_cli.knobs import Knob
 
 _DOCS = {
-    "BQ": "query rows per block (BQ/16 warps of 16 rows, each holding its Q fragments in registers)",
     "BK": "keys per K/V tile (S is 16 x BK per warp in registers)",
-    "STAGES": "K/V shared-memory ring: 1 = load then compute, 2 = next tile's cp.async overlaps this tile",
     "MMA": "the products: mma_sync (per-warp mma.sync m16n8k16, FlashAttention-2) or wgmma (per-warpgroup "
            "wgmma: S = Q·K^T from shared memory, O += P·V with P from registers and V read MN-major, as "
            "FlashAttention-3 issues them)",
@@ -36,6 +35,7 @@ def _shape(nt: int, n_heads: int, n_kv_heads: int, head_dim: int = 128) -> dict[
 
 class AttentionExperiment(Experiment):
     name = "attention"
+    removed_knobs = knob_table.REMOVED
     purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/128/256, GQA) vs torch SDPA and the f16 "
                "matrix-rate ceiling")
     knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], knob_table.LEGACY.get(k))
@@ -130,7 +130,7 @@ class AttentionExperiment(Experiment):
 
         built = kernel.build(self._knobs(config), head_dim=workload.shape["head_dim"])
         g = built.geometry
-        return [KernelInstance(f"flash_attention[BQ={g.bq},BK={g.bk},STAGES={g.stages},MMA={g.mma},D={g.head_dim}]",
+        return [KernelInstance(f"flash_attention[BK={g.bk},MMA={g.mma},D={g.head_dim}]",
                                built.kernel,
                                kernel.SIGNATURE, g.threads, g.smem_bytes)]
 

@@ -6,11 +6,11 @@ with q f16 ``[nt, n_heads, D]``, k/v f16 ``[nt_kv, n_kv_heads, D]`` (the KV cach
 already cached), G = n_heads // n_kv_heads, O f16 ``[nt, n_heads, D]``. D is a shape, not a knob: one kernel is
 compiled per (knobs, causal, D).
 
-One thread block takes BQ query rows of one head (BQ/16 warps, 16 rows each) and walks the key tiles of BK keys
+One thread block takes BQ = 64 query rows of one head (4 warps, 16 rows each) and walks the key tiles of BK keys
 up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
 
 * Q tile -> shared memory (cp.async) -> `ldmatrix.x4` A fragments, kept in registers for the whole loop;
-* K/V tiles -> a STAGES-deep shared ring by `cp.async.cg` (src-size 0 zero-fills keys past nt_kv), rows
+* K/V tiles -> a two-slot shared ring by `cp.async.cg` (tile j+1 loads while tile j computes) (src-size 0 zero-fills keys past nt_kv), rows
   XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would otherwise put all 8 ldmatrix rows
   in one bank; D/8 chunks a row, a power of two >= 8, so the XOR stays inside the row);
 * S = Q·K^T with `mma.sync.m16n8k16` (K fragments by non-transposed `ldmatrix`: K rows are mma's "col" B);
@@ -45,7 +45,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
-from kernels.attention_config import DEFAULT, HEAD_DIMS, KNOBS, head_dim_refusal
+from kernels.attention_config import BQ, DEFAULT, HEAD_DIMS, KNOBS, STAGES, head_dim_refusal
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -113,9 +113,9 @@ def geometry(config: dict | None, causal: bool = True, head_dim: int = 128) -> G
     why = head_dim_refusal(head_dim)
     if why:
         raise KernelConstraintError(f"flash_attention: {why}")
-    bq, bk, stages = cfg["BQ"], cfg["BK"], cfg["STAGES"]
-    smem = 2 * head_dim * (bq + 2 * stages * bk)
-    return Geometry(bq, bk, stages, bool(causal), int(head_dim), cfg["MMA"], bq // 16, smem)
+    bk = cfg["BK"]
+    smem = 2 * head_dim * (BQ + 2 * STAGES * bk)
+    return Geometry(BQ, bk, STAGES, bool(causal), int(head_dim), cfg["MMA"], BQ // 16, smem)
 
 
 def all_configs():
@@ -252,7 +252,7 @@ def _make_kernel_mma_sync(g: Geometry):
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 128
     PRO_WAIT = STAGES - 1  # after the prologue (Q, K/V tiles 0 .. STAGES-2): Q has landed
-    LOOP_WAIT = max(STAGES - 2, 0)  # at the top of key tile j: its group has landed
+    LOOP_WAIT = STAGES - 2  # at the top of key tile j: its group has landed
     softmax_pack, store_out = _tile_steps(g)
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):
@@ -274,7 +274,7 @@ def _make_kernel_mma_sync(g: Geometry):
         qs = n_heads * D  # row stride of q/out (elements)
         ks = n_kv_heads * D
 
-        # ---- prologue: Q tile (and K/V tile 0 when STAGES == 2) ------------------------------------------
+        # ---- prologue: Q tile and K/V tile 0 -------------------------------------------------------------
         for rep in range(Q_CH):
             c = tid + rep * THREADS
             r = c >> CSH
@@ -322,9 +322,8 @@ def _make_kernel_mma_sync(g: Geometry):
         row_lo = q0 + warp * 16 + gr  # this lane's two query rows: row_lo, row_lo + 8
 
         for j in range(ntiles):
-            if STAGES >= 2:
-                cp_async_wait_group(LOOP_WAIT)  # tile j has landed (the later STAGES-2 may still be in flight)
-                cuda.syncthreads()  # tile j visible; every warp is done with tile j-1's slot
+            cp_async_wait_group(LOOP_WAIT)  # tile j has landed
+            cuda.syncthreads()  # tile j visible; every warp is done with tile j-1's slot
             jn = j + STAGES - 1
             if jn < ntiles:
                 base = SQ + (jn % STAGES) * STAGE
@@ -339,9 +338,6 @@ def _make_kernel_mma_sync(g: Geometry):
                     cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
                     cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
-            if STAGES == 1:
-                cp_async_wait_group(0)
-                cuda.syncthreads()
             kb = SQ + (j % STAGES) * STAGE
             vb = kb + SKV
             k0 = j * BK
@@ -394,8 +390,6 @@ def _make_kernel_mma_sync(g: Geometry):
                     o[y + 5] = d1
                     o[y + 6] = d2
                     o[y + 7] = d3
-            if STAGES == 1:
-                cuda.syncthreads()  # every warp is done with the slot before the next tile overwrites it
         cp_async_wait_group(0)
 
         # ---- epilogue: O / l -> f16, staged in the warp's own rows of the Q tile, 16-byte stores ---------
@@ -540,23 +534,17 @@ def _make_kernel_wgmma(g: Geometry):
         desc_v = wgmma_desc(smem, SQB + SKVB, KBLK, SBO, SWIZZLE_128B)  # MN-major: LBO = the 64-d block stride
 
         for j in range(ntiles):
-            if STAGES == 1:
-                load_tile(smem, k, v, j, tid, nt_kv, ks, hk)
-                cp_async_commit_group()
             cp_async_wait_group(0)  # tile j (and Q) have landed
             fence_proxy_async_shared()  # this thread's landed cp.async bytes (Q, K_j, V_j) -> the wgmma proxy
             cuda.syncthreads()  # tile j visible; every warpgroup's products on tile j-1's slot are done
-            if STAGES == 2:
-                if j + 1 < ntiles:
-                    load_tile(smem, k, v, j + 1, tid, nt_kv, ks, hk)
-                cp_async_commit_group()
+            if j + 1 < ntiles:
+                load_tile(smem, k, v, j + 1, tid, nt_kv, ks, hk)
+            cp_async_commit_group()
             issue_s(smem, s, desc_q, desc_k, j)
             wgmma_wait_group(0)
             softmax_pack(s, o, ml, p, j * BK, q0, row_lo, nt_kv, offset)
             issue_pv(smem, o, p, desc_v, j)
             wgmma_wait_group(0)
-            if STAGES == 1:
-                cuda.syncthreads()  # every warpgroup is done with the slot before tile j+1 overwrites it
         cp_async_wait_group(0)
         cuda.syncthreads()  # every warpgroup's last wgmma has read Q before the epilogue stages O over it
 
@@ -583,7 +571,7 @@ def build(config: dict | None = None, causal: bool = True, head_dim: int = 128) 
     """Compile (once per knob combination, causal flag and head_dim; cached) and return the kernel; opts in above
     48 KB of shared memory."""
     g = geometry(config, causal, head_dim)
-    return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower BQ/BK/STAGES")
+    return _CACHE.get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower BK")
 
 
 def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int, int, int]:
@@ -635,8 +623,8 @@ def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | No
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, or wgmma
     with MMA=wgmma; f16 operands, f32 accumulation); softmax in f32; P rounded to f16 for P·V (relative error ~1e-3
     vs float64).
-    config: knobs BQ (query rows per block, 64/128), BK (keys per tile, 32/64), STAGES (K/V ring depth, 1/2), MMA
-    (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a device).
+    config: knobs BK (keys per tile, 32/64) and MMA (mma_sync, or wgmma: Hopper warpgroup MMA, needs an sm_90a
+    device); 64 query rows a block, a two-slot K/V ring.
 
     Constraints (KernelConstraintError, one line): q, k, v 3-D float16 C-contiguous, 16-byte aligned, with one
     head_dim in HEAD_DIMS; k and v the same shape; n_heads % n_kv_heads == 0; causal needs nt_kv >= nt; out f16

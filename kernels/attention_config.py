@@ -19,13 +19,16 @@ def head_dim_refusal(head_dim) -> str | None:
 
 
 KNOBS: dict[str, tuple] = {
-    "BQ": (64, 128),  # query rows per block (BQ/16 warps of 16 rows each)
     "BK": (32, 64),  # keys per K/V tile
-    # K/V shared ring depth: 1 = load then compute; 2 = tile j+1 loads while j computes
-    "STAGES": (1, 2),
     "MMA": ("mma_sync", "wgmma"),  # the products: per-warp mma.sync (FA2), or per-warpgroup wgmma (Hopper, FA3's)
 }
-DEFAULT: dict = {"BQ": 64, "BK": 64, "STAGES": 2, "MMA": "wgmma"}
+DEFAULT: dict = {"BK": 64, "MMA": "wgmma"}
+REMOVED: dict = {"BQ": 64, "STAGES": 2}
+"""Knobs deleted with the variants they switched on, and the value the kernels still run: BQ=128 (two warpgroups
+a block) and STAGES=1 (one K/V slot: load, then compute) lost their A/Bs against BQ=64 and STAGES=2 (ledger #275,
+#276)."""
+BQ = REMOVED["BQ"]  # query rows per block: 4 warps of 16 rows (one warpgroup for wgmma)
+STAGES = REMOVED["STAGES"]  # K/V shared ring depth: tile j+1 loads while tile j computes
 LEGACY: dict = {"MMA": "mma_sync"}
 """Knobs added after the first records, and the value that reproduces the kernel before them (mma.sync products):
 what the `attention` experiment and the engine's FA_ knobs read for a record that predates the knob."""

@@ -47,21 +47,18 @@ D = A.DEFAULT
 MS = dict(D, MMA="mma_sync")  # the FlashAttention-2 kernel (mma.sync), the default's predecessor
 SIM_CASES = [
     ("nt=1, GQA 2/1", MS, (1, 1, 2, 1)),  # GQA 4/2's head mapping: the nt=17 case
-    ("nt=17, GQA 4/2, BK=32, STAGES=1", dict(MS, BK=32, STAGES=1), (17, 17, 4, 2)),
+    ("nt=17, GQA 4/2, BK=32", dict(MS, BK=32), (17, 17, 4, 2)),
     ("nt=70: 2 q tiles, 2 k tiles, tails", MS, (70, 70, 2, 1)),
     ("prefix: nt=9 after 31 cached, BK=32", dict(MS, BK=32), (9, 40, 2, 1)),
-    ("BQ=128 (8 warps), nt=20", dict(MS, BQ=128), (20, 20, 1, 1)),
     ("head_dim 64: nt=37, GQA 4/2, BK=32", dict(MS, BK=32), (37, 37, 4, 2, 64)),
     ("head_dim 64: prefix, nt=9 after 60 cached", MS, (9, 69, 2, 1, 64)),
-    ("head_dim 256: nt=19, GQA 2/1, BK=32, STAGES=1", dict(MS, BK=32, STAGES=1), (19, 19, 2, 1, 256)),
+    ("head_dim 256: nt=19, GQA 2/1, BK=32", dict(MS, BK=32), (19, 19, 2, 1, 256)),
     ("wgmma: nt=70, GQA 2/1: 2 q tiles, 2 k tiles, tails", dict(D, MMA="wgmma"), (70, 70, 2, 1)),
-    ("wgmma BQ=128 (2 warpgroups), STAGES=1, nt=20", dict(D, MMA="wgmma", BQ=128, STAGES=1), (20, 20, 1, 1)),
     ("wgmma head_dim 64: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 64)),
     ("wgmma head_dim 256: nt=17", dict(D, MMA="wgmma"), (17, 17, 1, 1, 256)),
     ("wgmma BK=32: prefix, nt=9 after 40 cached", dict(D, MMA="wgmma", BK=32), (9, 49, 2, 1)),
     ("wgmma: nt=150, 3 q tiles, 3 k tiles", dict(D, MMA="wgmma"), (150, 150, 1, 1)),
-    ("wgmma BQ=128 BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", BQ=128, BK=32),
-     (40, 100, 2, 1, 64)),
+    ("wgmma BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", BK=32), (40, 100, 2, 1, 64)),
     ("wgmma: one key tile (nt=5)", dict(D, MMA="wgmma"), (5, 5, 1, 1)),
 ]
 
@@ -204,15 +201,16 @@ def test_unknown_knob_and_value_are_refused():
     with pytest.raises(KernelConstraintError, match="no knob"):
         A.resolve_config({"BM": 64})
     with pytest.raises(KernelConstraintError, match="not allowed"):
-        A.resolve_config({"BQ": 96})
+        A.resolve_config({"BK": 96})
+    with pytest.raises(KernelConstraintError, match="no knob 'BQ'"):
+        A.resolve_config({"BQ": 64})  # deleted (REMOVED), not a knob any more
     assert A.resolve_config({"BK": "32"})["BK"] == 32
 
 
 def test_geometry_follows_the_knobs():
     g = A.geometry(D)
     assert g.grid(2048, 28) == (28, 32) and g.threads == 128
-    assert A.geometry(dict(D, BQ=128)).threads == 256 and A.geometry(dict(D, BQ=128)).grid(2048, 28) == (28, 16)
-    assert A.geometry(dict(D, STAGES=1)).smem_bytes < g.smem_bytes
+    assert (g.bq, g.stages) == (64, 2) and g.smem_bytes == 2 * 128 * (64 + 2 * 2 * 64)
     assert A.geometry(dict(D, BK=32)).smem_bytes < g.smem_bytes
     assert max(A.geometry(c, head_dim=hd).smem_bytes for c in A.all_configs() for hd in A.HEAD_DIMS) <= H200_SMEM_OPTIN
     assert A.geometry(D, head_dim=64).smem_bytes * 2 == g.smem_bytes
@@ -230,14 +228,14 @@ def test_experiment_cost_and_workloads():
     assert c.bytes == 2 * 128 * (2 * 2048 * 28 + 2 * 2048 * 4)
     small = exp.cost(exp.workload("llama3_2_1b_pp2048"))
     assert small.flops == 4 * 2048 * 2048 * 32 * 64 / 2 and small.bytes == 2 * 64 * (2 * 2048 * 32 + 2 * 2048 * 8)
-    assert {k.name for k in exp.knobs} == {"BQ", "BK", "STAGES", "MMA", "IMPL"}
+    assert {k.name for k in exp.knobs} == {"BK", "MMA", "IMPL"} and set(exp.removed_knobs) == {"BQ", "STAGES"}
 
 
 # ---- compile: every knob combination, the right instructions, no local memory ------------------------------
 
 COMBOS = [(cfg, causal) for cfg in A.all_configs() if cfg["MMA"] == "mma_sync" for causal in (True, False)]
 WGMMA_COMBOS = [cfg for cfg in A.all_configs() if cfg["MMA"] == "wgmma"]
-_WG_IDS = [f"BQ={c['BQ']} BK={c['BK']} STAGES={c['STAGES']}" for c in WGMMA_COMBOS]
+_WG_IDS = [f"BK={c['BK']}" for c in WGMMA_COMBOS]
 _PTX: dict = {}
 
 
@@ -289,7 +287,7 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("hd", [64, 256])
-@pytest.mark.parametrize("cfg", [MS, dict(MS, BQ=128, BK=32)], ids=["mma_sync", "mma_sync BQ=128 BK=32"])
+@pytest.mark.parametrize("cfg", [MS, dict(MS, BK=32)], ids=["mma_sync", "mma_sync BK=32"])
 def test_prefill_compiles_at_other_head_dims(cfg, hd):
     """head_dim 64 and 256: D/16 k16 steps of Q·K^T and D/8 n8 tiles of O, fully unrolled; ptxas (nvJitLink) keeps
     64's fragments in registers. At 256 the O accumulators alone are 128 f32 a lane, so only that it assembles is
@@ -380,11 +378,8 @@ def _torch_sdpa(q, k, v):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [MS, dict(MS, BQ=128), dict(MS, BK=32, STAGES=1), dict(D, MMA="wgmma"),
-                                    dict(D, MMA="wgmma", BQ=128), dict(D, MMA="wgmma", STAGES=1),
-                                    dict(D, MMA="wgmma", BK=32)],
-                         ids=["mma_sync", "mma_sync BQ=128", "mma_sync BK=32 S=1", "wgmma", "wgmma BQ=128",
-                              "wgmma S=1", "wgmma BK=32"])
+@pytest.mark.parametrize("config", [MS, dict(MS, BK=32), dict(D, MMA="wgmma"), dict(D, MMA="wgmma", BK=32)],
+                         ids=["mma_sync", "mma_sync BK=32", "wgmma", "wgmma BK=32"])
 @pytest.mark.parametrize("nt", [1, 33, 2048, 2055])
 def test_prefill_gpu_matches_torch(config, nt):
     pytest.importorskip("torch")

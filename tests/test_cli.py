@@ -127,7 +127,8 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["ab", "gemv", "--arm", "GLU=0", "--arm", "GLU=1"], "arms A and B do different work (GLU=0 vs 1)"),
         (["ab", "dequant", "--arm", "TYPE=Q4_K", "--arm", "TYPE=Q6_K"], "`minfer sweep dequant TYPE=Q4_K,Q6_K`"),
         (["sweep", "bench", "-w", "tiny_pp16", "FUSE_GLU=0", "DEEP=0"], "no point of the grid can run on workload"),
-        (["bench", "--arm", "FUSE_NORM_Q8=1"], "unknown knob FUSE_NORM_Q8"),
+        (["bench", "--arm", "FUSE_NORM_Q8=1"], "knob FUSE_NORM_Q8 was removed from"),
+        (["ab", "attention", "--arm", "BQ=64", "--arm", "BQ=128"], "knob BQ was removed from"),
         (["bench", "--arm", "PFUSE_GLU=1,EPI=direct"],
          "PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
          "EPI=staged and TM=128 or 256"),

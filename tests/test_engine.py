@@ -23,7 +23,7 @@ from tests.engine_standins import use_standins
 SMALL_TILES = PrefillOptions(
     w16=True,
     gemm={"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1, "LOOP": "v1"},
-    attention={"BQ": 64, "BK": 32, "STAGES": 1},
+    attention={"BK": 32},
     pgraph=False,  # the simulator captures no CUDA graphs
 )
 

@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from kernels.attention_config import REMOVED as _FA_REMOVED  # numba-free knob table
 from minfer_cli.engine.config import ModelConfig, TensorSpec
 from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
@@ -45,11 +46,12 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "F
 
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
-                 "SCHED": "grid"}
+                 "FUSE_NORM_Q8": 0, "SCHED": "grid", **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
-#170); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a
-partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no
-register cap on it); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block
+#170; FUSE_NORM_Q8, #280); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode
+attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one
+kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: RMSNorm, then a separate Q8_1 quantization); the prefill
+flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block
 per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
 
