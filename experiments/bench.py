@@ -155,7 +155,8 @@ class BenchExperiment(Experiment):
         return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
 
     def refuse(self, config, workload: Workload) -> str | None:
-        """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs `kernels.gemm_f16` refuses."""
+        """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs
+        `kernels.gemm_f16` refuses."""
         tg = self._is_tg(workload)
         idle = idle_knobs(config, tg)
         both = idle_knobs(config, not tg)

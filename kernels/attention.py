@@ -10,8 +10,8 @@ One thread block takes BQ = 64 query rows of one head (4 warps, 16 rows each) an
 up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
 
 * Q tile -> shared memory (cp.async) -> `ldmatrix.x4` A fragments, kept in registers for the whole loop;
-* K/V tiles -> a two-slot shared ring by `cp.async.cg` (tile j+1 loads while tile j computes) (src-size 0 zero-fills keys past nt_kv), rows
-  XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would otherwise put all 8 ldmatrix rows
+* K/V tiles -> a two-slot shared ring by `cp.async.cg`, tile j+1 loading while tile j computes (src-size 0
+  zero-fills keys past nt_kv), rows XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would otherwise put all 8 ldmatrix rows
   in one bank; D/8 chunks a row, a power of two >= 8, so the XOR stays inside the row);
 * S = Q·K^T with `mma.sync.m16n8k16` (K fragments by non-transposed `ldmatrix`: K rows are mma's "col" B);
 * online softmax in f32 in the log2 domain (scores scaled by log2(e)/sqrt(D), `ex2`), running max m and

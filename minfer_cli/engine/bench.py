@@ -51,8 +51,8 @@ REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK":
 #170; FUSE_NORM_Q8, #280); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode
 attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one
 kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: RMSNorm, then a separate Q8_1 quantization); the prefill
-flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block
-per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
+flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED
+(persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
 
 def engine_knobs() -> tuple[Knob, ...]:

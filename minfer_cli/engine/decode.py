@@ -30,8 +30,8 @@ residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a ch
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
 ``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
-format, instead of two mat-vecs and `swiglu`. ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one
-format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too), read in place:
+format, instead of two mat-vecs and `swiglu`. ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of
+consecutive q / k / v weights of one format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too), read in place:
 the loaders lay each layer's q, k, v weights and biases back to back (`ModelWeights.stacked`; no extra device
 memory), and since every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
 (``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,

@@ -56,12 +56,12 @@ class DecodeOptions:
     rounding's residual at d/254: `kernels.quantize_q8`), as accurate as f32 input (True) or plain Q8_1 (False).
     fuse_add (FUSE_ADD): bias and residual adds in the mat-vec epilogue (True) or separate kernels (False).
     fuse_glu (FUSE_GLU): gate, up and SwiGLU as one kernel (`kernels.gemv.gemv_glu`, True) or three (False).
-    deep (DEEP, with mmvq): the Q4_K
-    and Q6_K mat-vecs of long rows (ffn_down) take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds
-    for one wave (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent
-    launches (`kernels.launch`: each may start before the previous one ends and waits for it before reading its
-    output; True) or ordinary ones (False). fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over
-    their stacked rows (True) or one each (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
+    deep (DEEP, with mmvq): the Q4_K and Q6_K mat-vecs of long rows (ffn_down) take
+    `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds for one wave (True) or the general shape
+    (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each may
+    start before the previous one ends and waits for it before reading its output; True) or ordinary ones (False).
+    fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each
+    (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization

@@ -81,11 +81,13 @@ class ModelWeights:
         for i in range(self.config.n_layers):
             for group in STACKED:
                 names = [f"blk.{i}.{n}" for n in group if f"blk.{i}.{n}" in by_name]
+                if not names:  # a model without q/k/v biases
+                    continue
                 starts, end = [], 0
                 for name in names:
                     starts.append(end)
                     end = -(-(end + by_name[name].n_bytes) // STACK_ALIGN) * STACK_ALIGN
-                buffer = cuda.device_array(max(end, 1), dtype=np.uint8, stream=stream)
+                buffer = cuda.device_array(end, dtype=np.uint8, stream=stream)
                 for name, start in zip(names, starts):
                     view = buffer[start: start + by_name[name].n_bytes]
                     self.tensors[name] = (by_name[name], view)
