@@ -7,7 +7,9 @@ memory (every warp reduces them, so no broadcast barrier is needed), and each th
 ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the mat-vec takes f32 x). The second
 pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
 `add_rms_norm` first adds a GEMM's output (or its split-K slices) to the residual row (prefill FUSE_ADD_NORM: the
-residual add, the slice sum and the next RMSNorm in one launch, not three).
+residual add, the slice sum and the next RMSNorm in one launch, not three). `rms_norm_q8` (decode FUSE_NORM_SPLIT)
+also quantizes its output to Q8_1 blocks for the MMVQ mat-vecs, spread over several CUDA blocks a row that each
+recompute the row's scale, so no block runs the whole quantization alone.
 
 Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and
 HF's ``Qwen2RMSNorm`` / ``LlamaRMSNorm`` (scale in f32, then times the weight); ``1/sqrt`` is the correctly
@@ -29,6 +31,7 @@ from kernels.errors import KernelConstraintError
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, pdl_enter
 from kernels.jit import kernel
+from kernels.quantize_q8 import QK, check_q8, quantize_warp_block, store_residual
 
 DEFAULT_TPB = 256
 """Threads per block (one block per row) for many rows (prefill): 14 columns per thread at hidden 3584."""
@@ -185,6 +188,39 @@ def _add_rms_norm(x, parts, count, w, out, eps):
         c += step
 
 
+@kernel
+def _rms_norm_q8(x, w, out, q, qd, qs, eps):
+    """Columns ``blockIdx.x * blockDim.x ..`` of row ``blockIdx.y`` of x (f32 [nt, d], d a multiple of 32): every
+    block computes the whole row's scale (`_inv_rms`: the same operations as `_rms_norm` at the same blockDim),
+    then each thread writes one column of out (f32) and its warp quantizes those 32 columns (one Q8_1 block)."""
+    pdl_enter()
+    row = cuda.blockIdx.y
+    d = x.shape[1]
+    inv = _inv_rms(x, row, eps)
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c - (cuda.threadIdx.x & 31) >= d:  # the whole warp is past the row's end (d % 32 == 0): it exits together
+        return
+    v = (x[row, c] * inv) * w[c]
+    out[row, c] = v
+    quantize_warp_block(v, row * d + c, q, qd, qs)
+
+
+@kernel
+def _rms_norm_q8_res(x, w, out, q, qd, qs, r, eps):
+    """`_rms_norm_q8` that also writes the compensated Q8_1 form's residual values r (`kernels.quantize_q8`)."""
+    pdl_enter()
+    row = cuda.blockIdx.y
+    d = x.shape[1]
+    inv = _inv_rms(x, row, eps)
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c - (cuda.threadIdx.x & 31) >= d:
+        return
+    v = (x[row, c] * inv) * w[c]
+    out[row, c] = v
+    scaled, qv = quantize_warp_block(v, row * d + c, q, qd, qs)
+    store_residual(scaled, qv, row * d + c, r)
+
+
 def _device(a, name: str):
     if not devicearray.is_cuda_ndarray(a):
         raise KernelConstraintError(f"{name} must be a CUDA device array, got {type(a).__name__}")
@@ -265,4 +301,38 @@ def rms_norm(x, w, eps: float, out=None, out_dtype=None, stream=0, tpb: int = DE
             raise KernelConstraintError(f"out is {out.dtype} but out_dtype={np.dtype(out_dtype)}; give one or agree")
     if nt and launch:
         launch_kernel(_rms_norm, nt, tpb, stream, (x, w, out, np.float32(eps)), pdl=pdl)
+    return out
+
+
+def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl: bool = False):
+    """Enqueue `rms_norm` with f32 ``out`` and, in the same launch, the Q8_1 quantization of ``out`` into ``q8``
+    (`kernels.quantize_q8`: int8 values, d and sum per 32 columns, row-major over the rows); return ``out``.
+
+    The launch has ``ceil(d / tpb)`` CUDA blocks of ``tpb`` threads a row: each computes the row's scale over all
+    d columns (the same operations in the same order as `rms_norm` with this tpb), then writes and quantizes its
+    tpb columns, a warp a Q8_1 block. Both results are bit-identical to `rms_norm` (same tpb) followed by
+    `kernels.quantize_q8.quantize_q8_1`, in one launch instead of two, and the quantization is spread over the
+    blocks instead of left to the one block a row of `rms_norm` (decode: the norm's output feeds MMVQ mat-vecs).
+
+    x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
+    `Q8Blocks` of ``nt * d`` activations (compensated ones get their residual values too). pdl: as for `rms_norm`.
+    Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
+    q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
+    nothing is written).
+    """
+    if out is None or _device(out, "out").dtype != np.float32:
+        raise KernelConstraintError("rms_norm_q8 needs an f32 out array (the quantized values come from it)")
+    out = rms_norm(x, w, eps, out=out, stream=stream, tpb=tpb, launch=False)
+    nt, d = x.shape
+    if d % QK:
+        raise KernelConstraintError(f"rms_norm_q8 needs d to be a multiple of {QK} (whole Q8_1 blocks), got {d}")
+    if nt == 0:
+        return out
+    check_q8(q8, nt * d)
+    grid = ((d + tpb - 1) // tpb, nt)
+    if q8.compensated:
+        launch_kernel(_rms_norm_q8_res, grid, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, q8.r, np.float32(eps)),
+                      pdl=pdl)
+    else:
+        launch_kernel(_rms_norm_q8, grid, tpb, stream, (x, w, out, q8.q, q8.d, q8.s, np.float32(eps)), pdl=pdl)
     return out

@@ -21,7 +21,7 @@ from kernels.activation import swiglu
 from kernels.embedding import SUPPORTED as EMBED_TYPES
 from kernels.embedding import embedding
 from kernels.errors import KernelConstraintError
-from kernels.norm import add_rms_norm, rms_norm
+from kernels.norm import add_rms_norm, rms_norm, rms_norm_q8
 from kernels.residual import bias_add, residual_add
 from kernels.rope import rope
 from minfer_cli.quant_blocks import random_blocks
@@ -142,6 +142,49 @@ def test_rms_norm_allocates_f16_by_default_and_f32_on_request():
     assert rms_norm(dx, dw, 1e-5, tpb=32).dtype == np.float16
     got = rms_norm(dx, dw, 1e-5, out_dtype=np.float32, tpb=32)
     assert got.dtype == np.float32 and _rel(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
+
+
+def _check_rms_norm_q8(nt, d, tpb, compensated=False):
+    """The fused norm + Q8_1 kernel equals `rms_norm` then `quantize_q8_1`, bit for bit (with ``compensated`` the
+    residual values too, XRES=1's input), and the reference."""
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = _rng()
+    x = (rng.standard_normal((nt, d)) * rng.uniform(0.1, 10.0, size=(nt, 1))).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    out, q8 = _poisoned((nt, d), np.float32), q8_blocks(nt * d, compensated=compensated)
+    q8.d.copy_to_device(np.full(nt * d // 32, np.nan, np.float32))
+    if compensated:
+        q8.r.copy_to_device(np.full(nt * d, -128, np.int8))  # outside the residual's +-127
+    assert rms_norm_q8(dx, dw, 1e-6, out, q8, tpb=tpb) is out
+    ref_out = rms_norm(dx, dw, 1e-6, out_dtype=np.float32, tpb=tpb)
+    ref_q8 = quantize_q8_1(ref_out.reshape(nt * d), q8_blocks(nt * d, compensated=compensated))
+    np.testing.assert_array_equal(out.copy_to_host(), ref_out.copy_to_host())
+    planes = ((q8.q, ref_q8.q), (q8.d, ref_q8.d), (q8.s, ref_q8.s)) + (((q8.r, ref_q8.r),) if compensated else ())
+    for got, want in planes:
+        np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < F32_TOL
+
+
+@pytest.mark.parametrize("nt, d, tpb, compensated", [(2, 320, 128, False), (1, 96, 256, False), (2, 192, 64, True)])
+def test_rms_norm_q8_equals_norm_then_quantize(nt, d, tpb, compensated):
+    """Several CUDA blocks a row, the last one partly past the row's end (320 = 2 x 128 + 64); d < tpb (one block,
+    warps past the end); compensated (XRES=1) blocks over three CUDA blocks a row."""
+    _check_rms_norm_q8(nt, d, tpb, compensated)
+
+
+def test_rms_norm_q8_rejects_bad_input():
+    from kernels.quantize_q8 import q8_blocks
+
+    x, w = cuda.to_device(np.ones((1, 40), np.float32)), cuda.to_device(np.ones(40, np.float32))
+    with pytest.raises(KernelConstraintError, match="multiple of 32"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 40), np.float32)), q8_blocks(64))
+    x, w = cuda.to_device(np.ones((1, 64), np.float32)), cuda.to_device(np.ones(64, np.float32))
+    with pytest.raises(KernelConstraintError, match="f32 out"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float16)), q8_blocks(64))
+    with pytest.raises(KernelConstraintError, match="q8_blocks\\(64\\)"):
+        rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float32)), q8_blocks(96))
 
 
 POSITIONS = np.array([0, 1, 7, 4095, 32767, 131071, 1_000_000], dtype=np.int32)
@@ -470,6 +513,8 @@ def _compile_cases():
     return {
         "rms_norm f16 out": (norm._rms_norm, f"{rows}, float32[::1], float16[:, ::1], float32"),
         "rms_norm f32 out": (norm._rms_norm, f"{rows}, float32[::1], {rows}, float32"),
+        "rms_norm q8": (norm._rms_norm_q8, f"{rows}, float32[::1], {rows}, int8[::1], float32[::1], float32[::1], "
+                                           "float32"),
         "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, float32[::1], boolean"),
         "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, float32[::1], boolean"),
         "rope kv append": (rope_mod._rope_append, "float32[:, :, :], float32[:, :, :], float32[:, :, :], int32[::1], "
@@ -499,7 +544,7 @@ def _compile_cases():
 
 
 COMPILE_NAMES = [
-    "rms_norm f16 out", "rms_norm f32 out", "rope contiguous", "rope qkv views", "rope kv append",
+    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
     "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
     "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
@@ -526,6 +571,15 @@ def test_compiles_for_sm90_without_local_memory(name):
 # ---- gpu: qwen2-7B shapes ----------------------------------------------------------------------------------
 
 NT, HIDDEN, FFN, NH, NKV, HD = 2048, 3584, 18944, 28, 4, 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compensated", [False, True])
+def test_rms_norm_q8_on_gpu(compensated):
+    """The decode's launch: `row_tpb` threads, four CUDA blocks at hidden 3584."""
+    from kernels.norm import row_tpb
+
+    _check_rms_norm_q8(1, HIDDEN, row_tpb(HIDDEN), compensated)
 
 
 @pytest.mark.gpu

@@ -23,9 +23,11 @@ in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debuggi
 so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
 ``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
 to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
-quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``XRES=1``
-(``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead (each element also carries its rounding
-residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
+quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
+``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``) quantizes h in the RMSNorm's own launch, spread over several
+CUDA blocks (`kernels.norm.rms_norm_q8`). ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated
+Q8_1 instead (each element also carries its rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs
+run a second dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
@@ -133,6 +135,7 @@ class DecodeEngine:
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.fuse_attn_q8 = bool(options.fuse_attn_q8)
+        self.fuse_norm_split = bool(options.fuse_norm_split)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         if self.splits not in SPLITS_VALUES:
@@ -275,12 +278,15 @@ class DecodeEngine:
 
     def _norm(self, weight):
         """Enqueue h = rms_norm(x) * weight and, with MMVQ, `quantize_q8_1` of h into its Q8_1 blocks (returned;
-        None without MMVQ)."""
-        from kernels.norm import rms_norm, row_tpb
+        None without MMVQ); with FUSE_NORM_SPLIT both in one launch (`kernels.norm.rms_norm_q8`, the same bits)."""
+        from kernels.norm import rms_norm, rms_norm_q8, row_tpb
 
-        eps, tpb = self.config.rms_eps, row_tpb(self.config.hidden)
+        eps, tpb, q8 = self.config.rms_eps, row_tpb(self.config.hidden), self._q8_hidden
+        if self.fuse_norm_split and q8 is not None:
+            rms_norm_q8(self.x, weight, eps, self.h, q8, stream=self.stream, tpb=tpb, pdl=self.pdl)
+            return q8
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
-        return self._quantize(self._h1, self._q8_hidden)
+        return self._quantize(self._h1, q8)
 
     def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False):
         """The mat-vec input for weight ``m`` (x, or its Q8_1 blocks ``xq``) and its kernel, as `GemvPolicy.config`
