@@ -41,7 +41,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "DEEP", "PDL", "ATTN_SPLITS")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_GLU_Q8", "DEEP", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -113,6 +113,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                  "norm kernel, spread over several CUDA blocks that each recompute "
                                                  "the row's scale (the same bits); 0 quantizes in a separate kernel. "
                                                  "No effect with MMVQ=0")]
+    knobs += [Knob("FUSE_GLU_Q8", (0, 1), 0, "decode (tg, MMVQ=1, FUSE_GLU=1): 1 writes the SwiGLU output's Q8_1 "
+                                             "blocks from the gate/up mat-vec (the last CUDA block of every 32 rows "
+                                             "quantizes them; the same bits); 0 quantizes in a separate kernel. No "
+                                             "effect with MMVQ=0 or FUSE_GLU=0")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -207,7 +211,8 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
-                           fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 0)),
+                           fuse_glu_q8=bool(config.get("FUSE_GLU_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 
