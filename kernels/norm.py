@@ -7,9 +7,9 @@ memory (every warp reduces them, so no broadcast barrier is needed), and each th
 ``(x * inv_rms) * w`` as f16 (prefill: feeds the f16-A GEMM) or f32 (decode: the mat-vec takes f32 x). The second
 pass re-reads the row, which is still in L1/L2 (a 3584-wide row is 14 KiB).
 `add_rms_norm` first adds a GEMM's output (or its split-K slices) to the residual row (prefill FUSE_ADD_NORM: the
-residual add, the slice sum and the next RMSNorm in one launch, not three). `rms_norm_q8` (decode FUSE_NORM_SPLIT)
-also quantizes its output to Q8_1 blocks for the MMVQ mat-vecs, spread over several CUDA blocks a row that each
-recompute the row's scale, so no block runs the whole quantization alone.
+residual add, the slice sum and the next RMSNorm in one launch, not three). `rms_norm_q8` (decode
+FUSE_NORM_SPLIT) also quantizes its output to Q8_1 blocks for the MMVQ mat-vecs, spread over several CUDA blocks a
+row that each recompute the row's scale, so no block runs the whole quantization alone.
 
 Arithmetic follows llama.cpp's ``rms_norm_f32`` (sum of squares in f32, ``mean + eps``, one scale per row) and
 HF's ``Qwen2RMSNorm`` / ``LlamaRMSNorm`` (scale in f32, then times the weight); ``1/sqrt`` is the correctly

@@ -445,61 +445,6 @@ def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
     np.testing.assert_array_equal(out.copy_to_host(), unfused)
 
 
-def _glu_q8_against_unfused(name, od, id, rpb, wpr, compensated, launches=2):
-    """gemv_glu with out_q8 (its last block per 32 rows quantizes y) equals gemv_glu then `quantize_q8_1`, bit for
-    bit in y and every Q8_1 array, on every one of ``launches`` launches (the counters go back to zero), and leaves
-    the counters zero."""
-    from kernels.gemv import glu_counters
-    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
-
-    rng = np.random.default_rng()
-    wg, wu = random_blocks(name, od, id, rng), random_blocks(name, od, id, rng)
-    x = rng.standard_normal(id)
-    x = (x * 8.0 / np.abs(_reference(wg, name, od, id, x)).max()).astype(np.float32)
-    xq = quantize_q8_1(cuda.to_device(x), q8_blocks(id, compensated=compensated))
-    dg, du = cuda.to_device(wg), cuda.to_device(wu)
-    plain = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=True, xres=compensated, glu=True)
-    want = gemv_glu(dg, du, name, od, id, xq, config=plain)
-    want_q8 = quantize_q8_1(want, q8_blocks(od, compensated=compensated))
-    fused = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=True, xres=compensated, glu=True,
-                       out_q8=1 + compensated)
-    counters = glu_counters(od)
-    for _ in range(launches):
-        out, q8 = cuda.to_device(np.full(od, np.nan, np.float32)), q8_blocks(od, compensated=compensated)
-        q8.d.copy_to_device(np.full(od // 32, np.nan, np.float32))
-        if compensated:
-            q8.r.copy_to_device(np.full(od, -128, np.int8))  # outside the residual's +-127
-        gemv_glu(dg, du, name, od, id, xq, out, config=fused, out_q8=q8, counters=counters)
-        np.testing.assert_array_equal(out.copy_to_host(), want.copy_to_host())
-        for field in ("q", "d", "s") + (("r",) if compensated else ()):
-            np.testing.assert_array_equal(getattr(q8, field).copy_to_host(), getattr(want_q8, field).copy_to_host())
-        np.testing.assert_array_equal(counters.copy_to_host(), 0)
-
-
-@pytest.mark.parametrize("name, rpb, wpr, compensated", [("Q4_K", 8, 1, False), ("Q6_K", 4, 2, True)])
-def test_glu_out_q8_equals_glu_then_quantize(name, rpb, wpr, compensated):
-    """Two groups of 32 rows (4 and 8 CUDA blocks each), one warp and two warps a row, plain and compensated."""
-    _glu_q8_against_unfused(name, 64, _tiny_id(name), rpb, wpr, compensated)
-
-
-def test_glu_out_q8_rejects_bad_input():
-    from kernels.gemv import glu_counters
-    from kernels.quantize_q8 import q8_blocks
-
-    q8 = {"config": GemvConfig("Q4_K", rows_per_block=2, warps_per_row=2, glu=True, out_q8=1)}
-    with pytest.raises(KernelConstraintError, match="multiple of 32"):
-        gemv_glu(_w(2), _w(2), "Q4_K", 2, 256, _x(), out_q8=q8_blocks(32), counters=glu_counters(32), **q8)
-    with pytest.raises(KernelConstraintError, match="out_q8 must be Q8Blocks of 32"):
-        gemv_glu(_w(32), _w(32), "Q4_K", 32, 256, _x(), out_q8=q8_blocks(64), counters=glu_counters(32), **q8)
-    with pytest.raises(KernelConstraintError, match=r"glu_counters\(32\)"):
-        gemv_glu(_w(32), _w(32), "Q4_K", 32, 256, _x(), out_q8=q8_blocks(32), counters=glu_counters(64), **q8)
-    with pytest.raises(KernelConstraintError, match="config.out_q8=0 does not match"):
-        gemv_glu(_w(32), _w(32), "Q4_K", 32, 256, _x(), out_q8=q8_blocks(32), counters=glu_counters(32),
-                 config=GemvConfig("Q4_K", glu=True))
-    with pytest.raises(KernelConstraintError, match="out_q8 is an epilogue of the SwiGLU kernel"):
-        GemvConfig("Q4_K", out_q8=1)
-
-
 def test_glu_rejects_a_wrong_up_and_a_residual():
     with pytest.raises(KernelConstraintError, match="raw_up: raw holds 288 bytes .* od=3 x id=256 needs 432"):
         gemv_glu(_w(3), _w(2), "Q4_K", 3, 256, _x())
@@ -796,14 +741,6 @@ def test_glu_real_shape(rpb, wpr):
     gemv_glu(cuda.to_device(wg), cuda.to_device(wu), "Q4_K", od, id, quantize_q8_1(cuda.to_device(x), q8_blocks(id)),
              out, config=GemvConfig("Q4_K", rows_per_block=rpb, warps_per_row=wpr, mmvq=True, glu=True))
     _assert_glu_close(out.copy_to_host(), wg, wu, "Q4_K", od, id, x, mmvq=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("od, id, compensated", [(18944, 3584, True), (8960, 1536, False)], ids=["7B", "1.5B"])
-def test_glu_out_q8_real_shape(od, id, compensated):
-    """The Q8_1 epilogue at the decode's ffn shapes and launch (RPB=4, WPR=2): bit-identical to the two-kernel path
-    on three launches in a row (the counters' reset, thousands of CUDA blocks racing for each group's last)."""
-    _glu_q8_against_unfused("Q4_K", od, id, 4, 2, compensated, launches=3)
 
 
 @pytest.mark.gpu

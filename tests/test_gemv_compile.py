@@ -106,7 +106,6 @@ _FIELD_CHANGES = {
     "mmvq": ({}, {"mmvq": True}),
     "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),
     "residual": ({}, {"residual": True}),
-    "out_q8": ({"glu": True}, {"glu": True, "out_q8": 2}),
 }
 """Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
 
@@ -164,17 +163,6 @@ def test_glu_kernel_runs_two_dp4a_chains_without_spills():
     glu = _ptx("Q4_K", 4, 2, mmvq=True, glu=True)  # the SwiGLU kernel: two weights, ex2 of the silu, no spills
     assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
         "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("out_q8", [1, 2])
-def test_glu_q8_epilogue_counts_each_block_once_without_spills(out_q8):
-    """GLU's Q8_1 epilogue (out_q8): a fence before the count, one atomic add on the group's counter, the group's
-    32 values read through atomic adds at L2, and no local memory."""
-    ptx = _config_ptx(GemvConfig("Q4_K", rows_per_block=4, warps_per_row=2, mmvq=True, xres=True, glu=True,
-                                 out_q8=out_q8))
-    assert ".local" not in ptx and "membar.gl" in ptx
-    assert ptx.count("atom.global.add.u32") == 1 and ptx.count("atom.global.add.f32") == 1
 
 
 @pytest.mark.compile

@@ -28,11 +28,10 @@ from kernels.ptx import (
 )
 from kernels.quant.bits import SIMULATOR
 from kernels.quant.formats import block_format
-from kernels.quantize_q8 import quantize_warp_block, store_residual
 
 
 _KERNEL_TEMPLATE = """
-def {fname}(raw, {wargs}{xargs}, y, res, od, id{qargs}):
+def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -149,23 +148,6 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     return "\n".join(lines)
 
 
-def _q8_epilogue(rpb: int, compensated: bool) -> str:
-    """After y is stored (GLU's ``out_q8``): y's Q8_1 blocks (``yq``, ``yd``, ``ys`` and, ``compensated``, ``yr``;
-    `kernels.quantize_q8`) by the last CUDA block to finish each group of 32 rows. Every thread fences its stores
-    of y (`threadfence`), thread 0 then counts the block in its group's counter (``cnt[row0 / 32]``, an atomic add);
-    the block that sees ``32 / RPB - 1`` is the group's last: its first warp reads the 32 values through atomic
-    adds of zero (done at L2, so no stale L1 line of another SM's store is read), quantizes them as
-    `kernels.quantize_q8.quantize_warp_block` does (the same values as the separate kernel) and sets the counter
-    back to 0 for the next launch. Needs od a multiple of 32 (`gemv_glu` checks)."""
-    lines = ["    cuda.threadfence()", "    cuda.syncthreads()", "    last = cuda.shared.array(1, np.int32)",
-             "    if tid == 0:", "        last[0] = cuda.atomic.add(cnt, row0 >> 5, 1)", "    cuda.syncthreads()",
-             f"    if last[0] == {32 // rpb - 1} and warp == 0:", "        i = (row0 & -32) + lane",
-             "        v = cuda.atomic.add(y, i, ZERO)", "        scaled, qv = quantize_warp_block(v, i, yq, yd, ys)"]
-    lines += ["        store_residual(scaled, qv, i, yr)"] if compensated else []
-    lines += ["        if lane == 0:", "            cnt[row0 >> 5] = 0"]
-    return "\n".join(lines)
-
-
 def lookahead_lines(chunk_bytes: int) -> int:
     """128-byte lines a lookahead covers per row: the most that ``chunk_bytes`` bytes at any offset can touch, with
     offsets taken from an array start of any alignment (one more than ``ceil((chunk_bytes - 1) / 128) + 1`` would
@@ -210,8 +192,7 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
              f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}"
-             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}"
-             f"{('', '_q8', '_q8r')[config.out_q8]}")
+             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}")
     xargs = ("xq, xd, xsum, xr" if xres else "xq, xd, xsum") if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
@@ -239,15 +220,12 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
                     for r in rows),
         loop=loop,
         per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
-        epilogue=_epilogue(rows, mats, rpb, wpr, residual)
-        + ("\n" + _q8_epilogue(rpb, config.out_q8 == 2) if config.out_q8 else ""),
-        qargs=(", yq, yd, ys, yr, cnt" if config.out_q8 == 2 else ", yq, yd, ys, cnt") if config.out_q8 else "",
+        epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2": prefetch_l2,
              "griddepcontrol_wait": griddepcontrol_wait,
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
-             "quantize_warp_block": quantize_warp_block, "store_residual": store_residual,
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
     return fname, src, scope

@@ -50,9 +50,9 @@ class GemvConfig:
     """One gemv kernel: W's format, the facts of the call it serves and its knobs; hashable, the compile-cache key.
 
     Raises KernelConstraintError (one sentence) for a value outside a field's allowed set or an impossible
-    combination: MMVQ for a format without an int8 kernel, GLU with a residual, out_q8 without GLU, STAGE for a
-    format or shape it cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, XRES without Q8_1 x,
-    MINB beyond the SM's threads.
+    combination: MMVQ for a format without an int8 kernel, GLU with a residual, STAGE for a format or shape it
+    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, XRES without Q8_1 x, MINB beyond the
+    SM's threads.
     """
 
     qtype: str = field(metadata={"knob": "TYPE", "values": GEMV_TYPES, "default": "Q4_K",
@@ -113,10 +113,6 @@ class GemvConfig:
     read twice (x is shared by every row of a CUDA block)."""
     residual: bool = _knob(None, (False, True), "fused y += residual in the epilogue", False)
     """The epilogue adds a residual vector (`gemv_q`'s ``residual``)."""
-    out_q8: int = _knob(None, (0, 1, 2), "GLU: y also written as Q8_1 blocks (1 plain, 2 compensated)", 0)
-    """The SwiGLU kernel also writes y's Q8_1 blocks (`gemv_glu`'s ``out_q8``; 1 plain, 2 compensated, the next
-    MMVQ mat-vec's input form): the last CUDA block to finish each 32 rows quantizes them (a per-group counter,
-    `kernels.gemv.codegen._q8_epilogue`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self)[1:]:  # every field but qtype: a flag or an integer from its allowed values
@@ -159,8 +155,6 @@ class GemvConfig:
             return (f"lookahead={self.lookahead} is PDL's prefetch before the wait (pdl=1) of a kernel without the ring "
                     f"(stage=0; the ring starts its own copies there): got pdl={self.pdl}, stage={self.stage}; use "
                     f"lookahead=1")
-        if self.out_q8 and not self.glu:
-            return "out_q8 is an epilogue of the SwiGLU kernel (glu=1): the Q8_1 blocks of its output"
         if self.xres and not self.mmvq:
             return "xres=1 is a form of the Q8_1 x of the MMVQ kernel: it needs mmvq=1 (f32 x has no int8 rounding)"
         return None

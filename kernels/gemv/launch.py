@@ -1,5 +1,5 @@
 """The gemv launchers (`kernels.gemv`): `gemv_q` (one weight, optional fused residual) and `gemv_glu` (gate and up
-in one kernel, SwiGLU epilogue, optionally its output's Q8_1 blocks with `glu_counters`) check every argument, allocate y and enqueue the kernel `kernel_for` returns (built
+in one kernel, SwiGLU epilogue) check every argument, allocate y and enqueue the kernel `kernel_for` returns (built
 by `kernels.gemv.codegen`, cached per format and knob combination).
 """
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda
-from numba.cuda.cudadrv import devicearray
 
 from kernels.errors import KernelConstraintError
 from kernels.gemv.codegen import _build
@@ -17,7 +16,7 @@ from kernels.gemv.tables import FLOAT_GROUP, _format_name
 from kernels.launch import launch_kernel
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import block_format
-from kernels.quantize_q8 import QK, Q8Blocks, check_q8
+from kernels.quantize_q8 import Q8Blocks, check_q8
 
 
 _CACHE: dict[GemvConfig, object] = {}
@@ -43,10 +42,7 @@ def kernel_signature(config: GemvConfig) -> tuple:
     u32 = types.Array(types.uint32, 1, "C")
     x = ((u32, f32, f32, u32) if config.xres else (u32, f32, f32)) if config.mmvq else (u32,)
     w = types.Array(from_dtype(np.dtype(view)), 1, "C")
-    i8 = types.Array(types.int8, 1, "C")
-    q8 = ((i8, f32, f32) + ((i8,) if config.out_q8 == 2 else ()) + (types.Array(types.int32, 1, "C"),)
-          if config.out_q8 else ())
-    return (*(w, w)[: 1 + bool(config.glu)], *x, f32, f32, types.int64, types.int64, *q8)
+    return (*(w, w)[: 1 + bool(config.glu)], *x, f32, f32, types.int64, types.int64)
 
 
 def gemv_q(raw, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | None = None, residual=None, stream=0):
@@ -86,14 +82,7 @@ def gemv_q(raw, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | No
     return _launch(raw, None, qtype, od, id, x, out, residual, config, stream)
 
 
-def glu_counters(od: int, stream=0):
-    """The zeroed int32 counters `gemv_glu` needs with ``out_q8`` for ``od`` rows (one per 32 rows; every launch
-    leaves them zero again, so one allocation serves every launch of that width, one stream at a time)."""
-    return cuda.to_device(np.zeros(max(1, od // QK), dtype=np.int32), stream=stream)
-
-
-def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | None = None, stream=0,
-             out_q8: Q8Blocks | None = None, counters=None):
+def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | None = None, stream=0):
     """Enqueue the SwiGLU of two mat-vecs in one kernel, ``y[r] = silu(Wg[r]·x) * (Wu[r]·x)`` with
     ``silu(g) = g / (1 + exp(-g))`` (the expression of `kernels.activation`: bit-identical to `gemv_q` twice and
     `swiglu`), and return ``y`` (f32, ``[od]``). Each CUDA block decodes the same RPB rows of both weights, so the
@@ -101,43 +90,25 @@ def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: 
 
     raw_gate, raw_up: the two weights' GGUF bytes, both of format ``qtype`` and shape ``[od, id]`` (as for
     `gemv_q`); x: f32 or `Q8Blocks` as for `gemv_q`; out, stream: as for `gemv_q` (no residual); config: as for
-    `gemv_q`, with glu set (and its out_q8 the form of ``out_q8``: 1 plain, 2 compensated).
-    out_q8: optional `kernels.quantize_q8.Q8Blocks` of ``od`` activations: y's Q8_1 blocks are written too, the
-    same values as `kernels.quantize_q8.quantize_q8_1` of y (the last CUDA block of every 32 rows quantizes them:
-    `kernels.gemv.codegen._q8_epilogue`); then od must be a multiple of 32 and ``counters`` the array
-    `glu_counters` (od) made (zero before the launch, zero after it).
+    `gemv_q`, with glu set.
     Source: the fused gate/up pass of llama.cpp's ``ggml_cuda_mul_mat_vec_q`` with ``GGML_GLU_OP_SWIGLU``.
 
-    Raises KernelConstraintError for everything `gemv_q` refuses, for either weight (the message names which), and
-    with out_q8 for od not a multiple of 32, out_q8 not `Q8Blocks` of od activations, or counters not an int32
-    device array of od / 32 elements.
+    Raises KernelConstraintError for everything `gemv_q` refuses, for either weight (the message names which).
     """
     if raw_up is None:
         raise KernelConstraintError("gemv_glu needs raw_up, the up weight's bytes (for one weight, use gemv_q)")
-    q8 = None
-    if out_q8 is not None:
-        if od % QK:
-            raise KernelConstraintError(f"out_q8 needs od to be a multiple of {QK} (whole Q8_1 blocks), got {od}")
-        check_q8(out_q8, od, "out_q8")
-        if not (devicearray.is_cuda_ndarray(counters) and counters.dtype == np.int32 and counters.ndim == 1
-                and counters.size == od // QK):
-            raise KernelConstraintError(f"counters must be the int32 device array glu_counters({od}) makes "
-                                        f"({od // QK} zeros)")
-        q8 = (out_q8.q, out_q8.d, out_q8.s) + ((out_q8.r,) if out_q8.compensated else ()) + (counters,)
-    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, config, stream, q8,
-                   0 if out_q8 is None else 1 + out_q8.compensated)
+    return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, config, stream)
 
 
-def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream, q8=None, out_q8=0):
-    """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel,
-    ``q8`` (GLU: y's Q8_1 arrays and the counters, checked by `gemv_glu`) its Q8_1 epilogue of form ``out_q8``."""
+def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
+    """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     mmvq, glu = isinstance(x, Q8Blocks), raw_up is not None
     xres = mmvq and x.compensated
     fmt = block_format(_format_name(qtype, mmvq))
     if config is None:
-        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None, xres=xres, out_q8=out_q8)
+        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None, xres=xres)
     else:
-        _check_config(config, fmt.name, mmvq, glu, residual is not None, xres, out_q8)
+        _check_config(config, fmt.name, mmvq, glu, residual is not None, xres)
     if config.pdl and not stream:
         raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
                                     "stream, not the default stream 0")
@@ -176,19 +147,18 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream, q8=Non
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
     args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
-            out if residual is None else residual, od, id, *(q8 or ()))
+            out if residual is None else residual, od, id)
     launch_kernel(kernel_for(config), config.grid(od), config.threads, stream, args, pdl=config.pdl)
     return out
 
 
-def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool, out_q8: int = 0) -> None:
+def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool) -> None:
     """Refuse a `GemvConfig` made for another call than this one (one sentence naming the field that differs)."""
     if not isinstance(config, GemvConfig):
         raise KernelConstraintError(f"config must be a kernels.gemv.GemvConfig, got {type(config).__name__}")
-    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual, "xres": xres, "out_q8": out_q8}
+    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual, "xres": xres}
     how = {"qtype": "W's format", "mmvq": "x given as Q8_1 blocks", "glu": "gemv_glu (two weights)",
-           "residual": "a residual given", "xres": "x given as compensated Q8_1 blocks",
-           "out_q8": "out_q8 given: 1 plain, 2 compensated Q8_1 blocks"}
+           "residual": "a residual given", "xres": "x given as compensated Q8_1 blocks"}
     for key, value in call.items():
         if getattr(config, key) != value:
             raise KernelConstraintError(f"config.{key}={getattr(config, key)!r} does not match this call "

@@ -41,16 +41,17 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_GLU_Q8", "DEEP", "PDL", "ATTN_SPLITS")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "DEEP", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
-                 "FUSE_NORM_Q8": 0, "SCHED": "grid", **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
+                 "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "SCHED": "grid", **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
-#170; FUSE_NORM_Q8, #280); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode
-attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one
-kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: RMSNorm, then a separate Q8_1 quantization); the prefill
+#170; FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297); each value here is what the engine still runs
+(ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the
+half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no
+one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel); the prefill
 flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED
 (persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
@@ -109,14 +110,11 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
                                               "in decode attention's combine kernel (the default: one launch fewer "
                                               "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
-    knobs += [Knob("FUSE_NORM_SPLIT", (0, 1), 0, "decode (tg, MMVQ=1): 1 writes each RMSNorm's Q8_1 blocks from the "
+    knobs += [Knob("FUSE_NORM_SPLIT", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes each RMSNorm's Q8_1 blocks from the "
                                                  "norm kernel, spread over several CUDA blocks that each recompute "
-                                                 "the row's scale (the same bits); 0 quantizes in a separate kernel. "
-                                                 "No effect with MMVQ=0")]
-    knobs += [Knob("FUSE_GLU_Q8", (0, 1), 0, "decode (tg, MMVQ=1, FUSE_GLU=1): 1 writes the SwiGLU output's Q8_1 "
-                                             "blocks from the gate/up mat-vec (the last CUDA block of every 32 rows "
-                                             "quantizes them; the same bits); 0 quantizes in a separate kernel. No "
-                                             "effect with MMVQ=0 or FUSE_GLU=0")]
+                                                 "the row's scale (the same bits; the default: +9.3% / +3.0% tg128 "
+                                                 "on the 1.5B / 7B); 0 quantizes in a separate kernel. No effect "
+                                                 "with MMVQ=0", legacy=0)]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -211,8 +209,7 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
-                           fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 0)),
-                           fuse_glu_q8=bool(config.get("FUSE_GLU_Q8", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 

@@ -24,10 +24,9 @@ so host launch time dominates). Both run the same kernels on the same data: bit-
 ``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
 to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
-``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``) quantizes h in the RMSNorm's own launch, spread over several
-CUDA blocks (`kernels.norm.rms_norm_q8`); ``FUSE_GLU_Q8=1`` (``options.fuse_glu_q8``) quantizes the SwiGLU output
-in the gate/up mat-vec's epilogue (`kernels.gemv.gemv_glu`'s out_q8). ``XRES=1`` (``options.xres``, with MMVQ)
-quantizes to compensated Q8_1 instead (each element also carries its rounding residual at d/254:
+``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread
+over several CUDA blocks (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``XRES=1`` (``options.xres``, with
+MMVQ) quantizes to compensated Q8_1 instead (each element also carries its rounding residual at d/254:
 `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
@@ -84,7 +83,7 @@ def decode_device_bytes(c: ModelConfig, context: int) -> int:
     kv = kv_cache_bytes(c, context)
     vectors = 4 * (2 * c.hidden + c.q_dim + 2 * c.kv_dim + c.q_dim + 3 * c.ffn + c.vocab) + 2 * c.q_dim
     workspace = 4 * max(SPLITS_VALUES) * c.n_heads * (2 + c.head_dim) + 8 * default_blocks(c.vocab)
-    return kv + vectors + workspace + 4 * context + 4 * (c.ffn // 32)  # the last: FUSE_GLU_Q8's counters
+    return kv + vectors + workspace + 4 * context
 
 
 class DecodeEngine:
@@ -114,7 +113,7 @@ class DecodeEngine:
         from kernels.argmax import argmax_workspace, default_blocks
         from kernels.attention_decode import SPLITS_VALUES, decode_workspace, max_group
         from kernels.decode_state import STATE_SIZE
-        from kernels.gemv import GEMV_TYPES, glu_counters
+        from kernels.gemv import GEMV_TYPES
         from kernels.views import head_slice
 
         c: ModelConfig = weights.config
@@ -137,7 +136,6 @@ class DecodeEngine:
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.fuse_attn_q8 = bool(options.fuse_attn_q8)
         self.fuse_norm_split = bool(options.fuse_norm_split)
-        self.fuse_glu_q8 = bool(options.fuse_glu_q8)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         if self.splits not in SPLITS_VALUES:
@@ -175,8 +173,6 @@ class DecodeEngine:
         self.argmax_blocks = default_blocks(c.vocab)
         self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
         self._q8_hidden, self._q8_attn, self._q8_ffn = (self._q8(n) for n in (c.hidden, c.q_dim, c.ffn))
-        # FUSE_GLU_Q8: the SwiGLU mat-vec's per-32-row counters (zero between launches)
-        self._glu_counters = glu_counters(c.ffn, stream=s) if self.fuse_glu_q8 and self._q8_ffn is not None else None
         # views, made once (numba's slicing costs host time; these are all contiguous or O(1) helper views)
         self._x1, self._h1 = self.x.reshape(c.hidden), self.h.reshape(c.hidden)
         self._attn1, self._act1 = self.attn.reshape(c.q_dim), self.act.reshape(c.ffn)
@@ -292,10 +288,10 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, q8)
 
-    def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False, out_q8: int = 0):
+    def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False):
         """The mat-vec input for weight ``m`` (x, or its Q8_1 blocks ``xq``) and its kernel, as `GemvPolicy.config`
         chooses."""
-        config = self.gemv.config(m, xq is not None, wide, glu, residual, out_q8)
+        config = self.gemv.config(m, xq is not None, wide, glu, residual)
         return (xq if config.mmvq else x), config
 
     def _matvec(self, m: GemvOperand, x, out, residual=None, xq=None) -> None:
@@ -316,19 +312,14 @@ class DecodeEngine:
         x_in, config = self._input(m, x, xq, wide=True, residual=residual is not None)
         gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
-    def _matvec_glu(self, gate: GemvOperand, up: GemvOperand, x, out, xq=None):
+    def _matvec_glu(self, gate: GemvOperand, up: GemvOperand, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
-        with two weights, too many registers for that shape). With FUSE_GLU_Q8 the kernel also writes out's Q8_1
-        blocks, which it returns (else None)."""
+        with two weights, too many registers for that shape)."""
         from kernels.gemv import gemv_glu
 
-        q8 = self._q8_ffn if self._glu_counters is not None else None
-        form = 0 if q8 is None else 1 + q8.compensated
-        x_in, config = self._input(gate, x, xq, wide=False, glu=True, out_q8=form)
-        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, config=config, stream=self.stream,
-                 out_q8=q8, counters=self._glu_counters if q8 is not None else None)
-        return q8
+        x_in, config = self._input(gate, x, xq, wide=False, glu=True)
+        gemv_glu(gate.raw, up.raw, gate.qtype, gate.od, gate.id, x_in, out, config=config, stream=self.stream)
 
     def _enqueue(self) -> None:
         """Enqueue one decode step (reads and advances `state`; see the module docstring). No allocation, no sync."""
@@ -370,16 +361,14 @@ class DecodeEngine:
             mark("attn_output")
             hq = self._norm(layer.ffn_norm)
             mark("ffn_norm")
-            fq = None  # the activation's Q8_1 blocks when the SwiGLU kernel wrote them (FUSE_GLU_Q8)
             if self.fuse_glu and layer.gate.qtype == layer.up.qtype:
-                fq = self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)
+                self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)
             else:
                 self._matvec(layer.gate, self._h1, self._gate_out, xq=hq)
                 self._matvec(layer.up, self._h1, self._up_out, xq=hq)
                 swiglu(self._gu2, out=self.act, stream=s)
             mark("ffn_gate_up")
-            fq = fq if fq is not None else self._quantize(self._act1, self._q8_ffn)
-            self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=fq)
+            self._matvec(layer.down, self._act1, self._x1, residual=self._x1, xq=self._quantize(self._act1, self._q8_ffn))
             mark("ffn_down")
         self._matvec(self.output, self._h1, self.logits, xq=self._norm(self.output_norm))
         mark("output")

@@ -95,14 +95,13 @@ class GemvPolicy:
             self.deep_launches[key] = launch
         return self.deep_launches[key]
 
-    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False,
-               out_q8: int = 0):
+    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False):
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU), else the f32-input kernel and shape; ``glu``: the SwiGLU kernel;
-        ``residual``: the fused-add epilogue; ``out_q8`` (GLU): the Q8_1 epilogue of that form (1 plain, 2
-        compensated). The config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
+        ``residual``: the fused-add epilogue. The config's ``mmvq`` says which input the caller passes. Each
+        configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
@@ -114,9 +113,9 @@ class GemvPolicy:
             launch = deep
         else:
             launch = self._mmvq
-        key = (m.qtype, id(launch), mmvq, glu, residual, out_q8)
+        key = (m.qtype, id(launch), mmvq, glu, residual)
         config = self._configs.get(key)
         if config is None:
             config = self._configs[key] = GemvConfig(m.qtype, mmvq=mmvq, glu=glu, residual=residual,
-                                                     xres=mmvq and self.options.xres, out_q8=out_q8, **launch)
+                                                     xres=mmvq and self.options.xres, **launch)
         return config

@@ -65,13 +65,11 @@ class DecodeOptions:
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
-    (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in one
-launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True), instead of
-a separate quantization (False). fuse_glu_q8 (FUSE_GLU_Q8, with mmvq and fuse_glu): the SwiGLU mat-vec also
-writes its output's Q8_1 blocks, the last CUDA block of every 32 rows quantizing them (`kernels.gemv.gemv_glu`'s
-out_q8, True), instead of a separate quantization before ffn_down (False). ahead (AHEAD, with pdl): chunks of weight each mat-vec warp prefetches into L2 before it waits for the
-    previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the first). attn_splits (ATTN_SPLITS): decode-attention
-    blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
+    (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
+    one launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True),
+    instead of a separate quantization (False). ahead (AHEAD, with pdl): chunks of weight each mat-vec warp
+    prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
+    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -83,8 +81,7 @@ out_q8, True), instead of a separate quantization before ffn_down (False). ahead
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = True
-    fuse_norm_split: bool = False
-    fuse_glu_q8: bool = False
+    fuse_norm_split: bool = True
     ahead: int = 1
     attn_splits: int = 64
 
