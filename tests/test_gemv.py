@@ -19,7 +19,7 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_q, kernel_for
+from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_pair, gemv_q, kernel_for
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -445,6 +445,56 @@ def test_glu_matches_two_products_and_swiglu(name, rpb, wpr, mmvq):
     np.testing.assert_array_equal(out.copy_to_host(), unfused)
 
 
+def _pair_against_two_launches(names, ods, id, rpb, wpr, mmvq, xres, residual, pdl=0):
+    """`gemv_pair` of two weights (formats ``names``, rows ``ods``) over one x equals `gemv_q` on each, bit for bit,
+    both outputs poisoned first, and matches the float64 reference."""
+    from experiments.gemv import reference_mmvq
+    from kernels.quantize_q8 import q8_blocks, quantize_q8_1
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal(id).astype(np.float32)
+    xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id, compensated=xres)) if mmvq else cuda.to_device(x)
+    stream = cuda.stream() if pdl else 0
+    calls, want = [], []
+    for name, od in zip(names, ods):
+        w = random_blocks(name, od, id, rng)
+        bias = cuda.to_device(rng.standard_normal(od).astype(np.float32)) if residual else None
+        config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, mmvq=mmvq, xres=xres, residual=residual,
+                            pdl=pdl)
+        dw = cuda.to_device(w)
+        want.append(gemv_q(dw, name, od, id, xd, config=config, residual=bias, stream=stream).copy_to_host())
+        out = cuda.to_device(np.full(od, np.nan, np.float32))
+        calls.append((dw, name, od, id, out, bias, config))
+        ref = reference_mmvq(w, name, od, id, x, compensated=xres) if mmvq else _reference(w, name, od, id, x)
+        bias_host = bias.copy_to_host() if residual else None
+        if residual:
+            ref = ref + bias_host.astype(np.float64)
+        _assert_close(want[-1], ref, _scale(w, name, od, id, x, bias_host))
+    gemv_pair(calls[0], calls[1], xd, stream=stream)
+    for (_, _, _, _, out, _, _), expected in zip(calls, want):
+        np.testing.assert_array_equal(out.copy_to_host(), expected)
+
+
+@pytest.mark.parametrize("names, mmvq, xres, residual", [(("Q4_K", "Q6_K"), True, True, True),
+                                                         (("Q4_K", "Q8_0"), False, False, False)])
+def test_pair_equals_two_launches(names, mmvq, xres, residual):
+    """q|k and v of different formats in one launch (FUSE_QKV_MIXED): compensated MMVQ with biases, and f32 x;
+    5 and 3 rows (partial last CUDA blocks in both halves)."""
+    _pair_against_two_launches(names, (5, 3), 512, 2, 2, mmvq, xres, residual)
+
+
+def test_pair_rejects_configs_that_cannot_share_a_launch():
+    x = _x()
+    one = (_w(2), "Q4_K", 2, 256, cuda.device_array(2, np.float32), None, GemvConfig("Q4_K", warps_per_row=2))
+    other = (_w(2), "Q4_K", 2, 256, cuda.device_array(2, np.float32), None, GemvConfig("Q4_K", warps_per_row=4))
+    with pytest.raises(KernelConstraintError, match="must agree in threads"):
+        gemv_pair(one, other, x)
+    with pytest.raises(KernelConstraintError, match="second: raw holds 288 bytes"):
+        gemv_pair(one, (_w(2), "Q4_K", 3, 256, cuda.device_array(3, np.float32), None, one[-1]), x)
+    with pytest.raises(KernelConstraintError, match="needs its out and a GemvConfig without glu"):
+        gemv_pair(one, one[:-1] + (None,), x)
+
+
 def test_glu_rejects_a_wrong_up_and_a_residual():
     with pytest.raises(KernelConstraintError, match="raw_up: raw holds 288 bytes .* od=3 x id=256 needs 432"):
         gemv_glu(_w(3), _w(2), "Q4_K", 3, 256, _x())
@@ -741,6 +791,14 @@ def test_glu_real_shape(rpb, wpr):
     gemv_glu(cuda.to_device(wg), cuda.to_device(wu), "Q4_K", od, id, quantize_q8_1(cuda.to_device(x), q8_blocks(id)),
              out, config=GemvConfig("Q4_K", rows_per_block=rpb, warps_per_row=wpr, mmvq=True, glu=True))
     _assert_glu_close(out.copy_to_host(), wg, wu, "Q4_K", od, id, x, mmvq=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ods, id", [((1792, 256), 1536), ((4096, 512), 3584)], ids=["1.5B", "7B"])
+def test_pair_real_shapes(ods, id):
+    """The decode's q|k (Q4_K) and v (Q6_K) launch at the 1.5B and 7B shapes, compensated MMVQ, biases, PDL:
+    bit-identical to two launches."""
+    _pair_against_two_launches(("Q4_K", "Q6_K"), ods, id, 4, 2, True, True, True, pdl=1)
 
 
 @pytest.mark.gpu

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 from numba import cuda
+from numba import types as numba_types
 
 from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, GemvConfig, kernel_for, kernel_signature
 from kernels.quant.formats import FORMATS
@@ -163,6 +164,21 @@ def test_glu_kernel_runs_two_dp4a_chains_without_spills():
     glu = _ptx("Q4_K", 4, 2, mmvq=True, glu=True)  # the SwiGLU kernel: two weights, ex2 of the silu, no spills
     assert ".local" not in glu and "ex2.approx" in glu and glu.count("dp4a.s32.s32") == 2 * _ptx(
         "Q4_K", 4, 2, mmvq=True).count("dp4a.s32.s32")
+
+
+@pytest.mark.compile
+def test_pair_kernel_runs_both_formats_without_spills():
+    """`gemv_pair`'s kernel (FUSE_QKV_MIXED): the Q4_K and Q6_K bodies both inlined (their dp4a counts add up), no
+    local memory, no call."""
+    from kernels.gemv import codegen
+
+    a, b = (GemvConfig(n, rows_per_block=4, warps_per_row=2, mmvq=True, xres=True, residual=True, pdl=1)
+            for n in ("Q4_K", "Q6_K"))
+    k = codegen._build_pair(a, b)
+    sig = (*kernel_signature(a), kernel_signature(b)[0], *kernel_signature(b)[-4:], numba_types.int64)
+    ptx = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))[0]
+    assert ".local" not in ptx and "call." not in ptx
+    assert ptx.count("dp4a.s32.s32") == _config_ptx(a).count("dp4a.s32.s32") + _config_ptx(b).count("dp4a.s32.s32")
 
 
 @pytest.mark.compile

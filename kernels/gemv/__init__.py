@@ -47,7 +47,8 @@ Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane
 which formats each knob takes),
 `kernels.gemv.config` (`GemvConfig`: knob values, defaults, limits and refused combinations),
 `kernels.gemv.codegen` (the generated kernel source) and `kernels.gemv.launch` (`gemv_q`, `gemv_glu`,
-`kernel_for`). This module re-exports their public names, each imported on first use.
+`gemv_pair`: two mat-vecs of any two formats over one x in one launch, `kernel_for`). This module re-exports
+their public names, each imported on first use.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ _SOURCES = {
     "Q6_OFFSET": "dots_q8",
     **dict.fromkeys(("FLOAT_GROUP", "FOLD_TYPES", "GEMV_TYPES", "MMVQ_TYPES", "STAGE_TYPES"), "tables"),
     **dict.fromkeys(("_IMPLS", "_MMVQ_IMPLS"), "formats"),
-    **dict.fromkeys(("gemv_glu", "gemv_q", "kernel_for", "kernel_signature"), "launch"),
+    **dict.fromkeys(("gemv_glu", "gemv_pair", "gemv_q", "kernel_for", "kernel_signature"), "launch"),
 }
 
 

@@ -9,6 +9,8 @@ joins the warps and stores y (`_epilogue`). Which x loader, block dot, fetch and
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from numba import cuda
 
@@ -229,6 +231,46 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
     return fname, src, scope
+
+
+_PER_FORMAT = ("xload", "dot", "fetch", "math")
+"""The names of a kernel's scope that differ between formats (`_source`), renamed per body in `_pair_source`."""
+
+
+def _pair_source(first: GemvConfig, second: GemvConfig) -> tuple[str, str, dict]:
+    """(kernel name, source, scope) of one launch running two mat-vecs over the same x (FUSE_QKV_MIXED: q|k and v of
+    different formats): each configuration's kernel becomes a device function of its CUDA block index (`_source`,
+    with ``cuda.blockIdx.x`` a parameter ``bx`` and its per-format helpers suffixed ``_a`` / ``_b``), and the kernel
+    gives CUDA blocks ``0 .. grid_a - 1`` to the first and the rest to the second. Both share x's form, threads,
+    PDL and MINB (`kernels.gemv.launch.gemv_pair` checks)."""
+    scope, bodies, names = {}, [], []
+    for suffix, config in (("_a", first), ("_b", second)):
+        fname, src, sc = _source(config)
+        body = fname + suffix
+        src = src.replace("cuda.blockIdx.x", "bx").replace(f"def {fname}(", f"def {body}(", 1)
+        src = src.replace(", od, id):", ", od, id, bx):", 1)
+        for helper in _PER_FORMAT:
+            src = re.sub(rf"\b{helper}\(", f"{helper}{suffix}(", src)
+            sc = {**sc, f"{helper}{suffix}": sc[helper]}
+        scope.update({k: v for k, v in sc.items() if k not in _PER_FORMAT})
+        bodies.append('@cuda.jit(device=True, inline="always")' + src)
+        names.append(body)
+    xargs = ("xq, xd, xsum, xr" if first.xres else "xq, xd, xsum") if first.mmvq else "xv"
+    name = f"gemv_pair__{names[0]}__{names[1]}"
+    kernel_src = (f"\ndef {name}(raw_a, {xargs}, y_a, res_a, od_a, id_a, raw_b, y_b, res_b, od_b, id_b, grid_a):\n"
+                  "    bx = cuda.blockIdx.x\n"
+                  "    if bx < grid_a:\n"
+                  f"        {names[0]}(raw_a, {xargs}, y_a, res_a, od_a, id_a, bx)\n"
+                  "    else:\n"
+                  f"        {names[1]}(raw_b, {xargs}, y_b, res_b, od_b, id_b, bx - grid_a)\n")
+    return name, "\n".join(bodies) + kernel_src, scope
+
+
+def _build_pair(first: GemvConfig, second: GemvConfig):
+    """Generate (`_pair_source`) and jit the two-mat-vec kernel of ``first`` and ``second``, with MINB's bounds."""
+    name, src, scope = _pair_source(first, second)
+    return kernel_from_source(src, name, scope, threads=first.threads if first.min_blocks else None,
+                              min_blocks=first.min_blocks, label="kernels.gemv")
 
 
 def _build(config: GemvConfig):

@@ -20,6 +20,7 @@ from kernels.quantize_q8 import Q8Blocks, check_q8
 
 
 _CACHE: dict[GemvConfig, object] = {}
+_PAIR_CACHE: dict[tuple, object] = {}  # (first config, second config) -> the `gemv_pair` kernel
 
 
 def kernel_for(config: GemvConfig):
@@ -100,8 +101,50 @@ def gemv_glu(raw_gate, raw_up, qtype, od: int, id: int, x, out=None, *, config: 
     return _launch(raw_gate, raw_up, qtype, od, id, x, out, None, config, stream)
 
 
+def gemv_pair(first: tuple, second: tuple, x, *, stream=0) -> None:
+    """Enqueue two mat-vecs over the same x as one launch (decode FUSE_QKV_MIXED: q|k and v of different formats):
+    ``first`` and ``second`` are each ``(raw, qtype, od, id, out, residual, config)`` with the meanings of
+    `gemv_q`'s arguments (``out`` given, ``residual`` None or a vector, ``config`` a `GemvConfig` for that call).
+    The kernel gives each its own CUDA blocks (the first ``config.grid(od)`` to ``first``) and runs each one's
+    code unchanged (`kernels.gemv.codegen._pair_source`), so every output is bit-identical to its `gemv_q`.
+
+    Raises KernelConstraintError for everything `gemv_q` refuses in either (the message names which), a GLU config,
+    and two configs that differ in x's form (mmvq, xres), threads, PDL or MINB (one launch has one of each)."""
+    from kernels.gemv.codegen import _build_pair
+
+    prepared = []
+    for what, (raw, qtype, od, id, out, residual, config) in (("first", first), ("second", second)):
+        if out is None or config is None or config.glu:
+            raise KernelConstraintError(f"gemv_pair's {what} needs its out and a GemvConfig without glu")
+        prepared.append(_named(what, _arguments, raw, None, qtype, od, id, x, out, residual, config, stream))
+    (ca, _, args_a), (cb, _, args_b) = prepared
+    for field in ("mmvq", "xres", "threads", "pdl", "min_blocks"):
+        if getattr(ca, field) != getattr(cb, field):
+            raise KernelConstraintError(f"gemv_pair runs one launch: its two configs must agree in {field} "
+                                        f"({getattr(ca, field)} vs {getattr(cb, field)})")
+    if args_a is None or args_b is None:
+        raise KernelConstraintError("gemv_pair needs both products non-empty (od >= 1)")
+    key = (ca, cb)
+    k = _PAIR_CACHE.get(key)
+    if k is None:
+        k = _PAIR_CACHE[key] = _build_pair(ca, cb)
+    nx = len(args_a) - 5  # raw, x args..., y, res, od, id
+    grid_a = ca.grid(args_a[-2])
+    args = (*args_a, args_b[0], *args_b[1 + nx:], grid_a)
+    launch_kernel(k, grid_a + cb.grid(args_b[-2]), ca.threads, stream, args, pdl=ca.pdl)
+
+
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
+    config, out, args = _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream)
+    if args is not None:
+        launch_kernel(kernel_for(config), config.grid(od), config.threads, stream, args, pdl=config.pdl)
+    return out
+
+
+def _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
+    """Check every argument (see `gemv_q`); return (the config, y, the kernel's arguments), the arguments None when
+    od = 0 (nothing to launch). ``raw_up`` not None selects the GLU kernel."""
     mmvq, glu = isinstance(x, Q8Blocks), raw_up is not None
     xres = mmvq and x.compensated
     fmt = block_format(_format_name(qtype, mmvq))
@@ -142,14 +185,12 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     if residual is not None:
         residual = _check_vector(residual, "residual", od)
     if od == 0:
-        return out
+        return config, out, None
     if id == 0:
         raise KernelConstraintError("id must be positive (a product over no columns is not a launch)")
     view = (_MMVQ_IMPLS if mmvq else _IMPLS)[fmt.name][4]
-    args = (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
-            out if residual is None else residual, od, id)
-    launch_kernel(kernel_for(config), config.grid(od), config.threads, stream, args, pdl=config.pdl)
-    return out
+    return config, out, (*(w.view(view) if view is not np.uint8 else w for w in weights), *xargs, out,
+                    out if residual is None else residual, od, id)
 
 
 def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool) -> None:

@@ -25,9 +25,11 @@ so host launch time dominates). Both run the same kernels on the same data: bit-
 to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
 ``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread
-over several CUDA blocks (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``XRES=1`` (``options.xres``, with
-MMVQ) quantizes to compensated Q8_1 instead (each element also carries its rounding residual at d/254:
-`kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
+over several CUDA blocks (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1``
+(``options.fuse_qkv_mixed``) runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one
+launch (`kernels.gemv.gemv_pair`). ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead
+(each element also carries its rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second
+dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
 mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
 ``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
@@ -136,6 +138,7 @@ class DecodeEngine:
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
         self.fuse_attn_q8 = bool(options.fuse_attn_q8)
         self.fuse_norm_split = bool(options.fuse_norm_split)
+        self.fuse_qkv_mixed = bool(options.fuse_qkv_mixed)
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         if self.splits not in SPLITS_VALUES:
@@ -312,6 +315,25 @@ class DecodeEngine:
         x_in, config = self._input(m, x, xq, wide=True, residual=residual is not None)
         gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
+    def _qkv_matvecs(self, qkv: tuple, hq) -> None:
+        """Enqueue a layer's q/k/v mat-vecs (`_qkv`'s entries, biases fused); with FUSE_QKV_MIXED two entries of
+        different formats (q|k and v) run as one launch (`kernels.gemv.gemv_pair`: the same kernels' code, each its
+        own CUDA blocks) when their kernels can share it (input form, threads, PDL, MINB), else one each."""
+        from kernels.gemv import gemv_pair
+
+        if self.fuse_qkv_mixed and self.fuse_add and len(qkv) == 2:
+            calls = []
+            for m, out, bias in qkv:
+                x_in, config = self._input(m, self._h1, hq, wide=True, residual=bias is not None)
+                calls.append(((m.raw, m.qtype, m.od, m.id, out, bias, config), x_in))
+            (a, xa), (b, xb) = calls
+            if xa is xb and all(getattr(a[-1], f) == getattr(b[-1], f)
+                                for f in ("mmvq", "xres", "threads", "pdl", "min_blocks")):
+                gemv_pair(a, b, xa, stream=self.stream)
+                return
+        for m, out, bias in qkv:
+            self._matvec(m, self._h1, out, residual=bias, xq=hq)
+
     def _matvec_glu(self, gate: GemvOperand, up: GemvOperand, x, out, xq=None) -> None:
         """out = silu(Wgate·x) * (Wup·x) in one kernel (gate and up of one format; MMVQ with ``xq``). Launch shape:
         the general MMVQ / f32 one (RPB=4 or 2, WPR=2), not the one-warp-per-8-rows shape (16 accumulators per lane
@@ -340,8 +362,7 @@ class DecodeEngine:
         for layer in self.layers:
             hq = self._norm(layer.attn_norm)
             mark("attn_norm")
-            for m, out, bias in layer.qkv:
-                self._matvec(m, self._h1, out, residual=bias, xq=hq)
+            self._qkv_matvecs(layer.qkv, hq)
             mark("qkv")
             if self.fuse_rope_kv:
                 rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,

@@ -67,7 +67,9 @@ class DecodeOptions:
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
     (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
     one launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True),
-    instead of a separate quantization (False). ahead (AHEAD, with pdl): chunks of weight each mat-vec warp
+    instead of a separate quantization (False). fuse_qkv_mixed (FUSE_QKV_MIXED, with fuse_add): q/k/v mat-vecs left
+    as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
+    (AHEAD, with pdl): chunks of weight each mat-vec warp
     prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
     first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
@@ -82,6 +84,7 @@ class DecodeOptions:
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = True
     fuse_norm_split: bool = True
+    fuse_qkv_mixed: bool = False
     ahead: int = 1
     attn_splits: int = 64
 
