@@ -112,7 +112,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     is 0.98% .. 4.41% (float64 with the f16 K/V cache and Q8_1 inputs emulated, which gives the simulator's 4.412%
     for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked.
     Steps after the first read the cache, which the knob does not touch (`test_decode_from_an_empty_cache_...`).
-    The q|k (Q4_K) and v (Q6_K) mat-vecs run as FUSE_QKV_MIXED=1's one launch (`kernels.gemv.gemv_pair`, the same
+    The q|k (Q4_K) and v (Q6_K) mat-vecs run as the default FUSE_QKV_MIXED=1's one launch (`kernels.gemv.gemv_pair`, the same
     bits as two: `test_pair_equals_two_launches`), once a layer."""
     import kernels.gemv
     from minfer_cli.engine.decode import DecodeEngine
@@ -121,8 +121,8 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     pairs, pair = [], kernels.gemv.gemv_pair
     monkeypatch.setattr(kernels.gemv, "gemv_pair", lambda *a, **k: (pairs.append(a[0][1:3]), pair(*a, **k)))
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=True, xres=False, fuse_qkv_mixed=True),
-                          splits=1, rows_per_block=8, warps_per_row=1)
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=True, xres=False), splits=1,
+                          rows_per_block=8, warps_per_row=1)
     engine.start(first, 0)
     got = engine.step().copy_to_host()
     c = micro_weights.config
@@ -319,8 +319,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["FUSE_ATTN_Q8"].default == 1 and "FUSE_ATTN_Q8" in DECODE_KNOBS
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_SPLIT": "0"}, "e")).decode.fuse_norm_split
     assert knobs["FUSE_NORM_SPLIT"].default == 1 and "FUSE_NORM_SPLIT" in DECODE_KNOBS
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "1"}, "e")).decode.fuse_qkv_mixed
-    assert knobs["FUSE_QKV_MIXED"].default == 0 and "FUSE_QKV_MIXED" in DECODE_KNOBS
+    assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
+    assert knobs["FUSE_QKV_MIXED"].default == 1 and "FUSE_QKV_MIXED" in DECODE_KNOBS
     assert "FUSE_GLU_Q8" not in knobs  # deleted after its A/Bs (ledger #287, #297)
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
@@ -772,16 +772,17 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
                                   {"fuse_qkv": False, "fuse_add": False}, {"pdl": False},
                                   {"fuse_rope_kv": True}, {"fuse_attn_q8": False}, {"fuse_attn_q8": False, "xres": False},
                                   {"ahead": 4}, {"fuse_norm_split": False}, {"fuse_norm_split": False, "xres": False},
-                                  {"fuse_qkv_mixed": True}],
+                                  {"fuse_qkv_mixed": False}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_QKV=0", "FUSE_QKV=0,FUSE_ADD=0",
                               "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=0", "FUSE_ATTN_Q8=0,XRES=0", "AHEAD=4",
-                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=1"])
+                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
     FUSE_ROPE_KV=1 (RoPE writes the cache rows), FUSE_ATTN_Q8=0 (a separate kernel writes the attention output's
     Q8_1 blocks, compensated or plain, where the default's combine does) and FUSE_NORM_SPLIT=0 (a separate kernel
-    quantizes each RMSNorm's output, compensated or plain, where the default's norm launch does), FUSE_QKV_MIXED=1
-    (q|k and v in one launch, each its own CUDA blocks running the same code) compute the same
+    quantizes each RMSNorm's output, compensated or plain, where the default's norm launch does), FUSE_QKV_MIXED=0
+    (q|k and v in two launches, where the default's one gives each its own CUDA blocks running the same code)
+    compute the same
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=0 only unstacks the default's one launch over q/k rows of one format (one launch shape for every mat-vec, so the

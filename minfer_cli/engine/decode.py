@@ -26,7 +26,7 @@ to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run th
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
 ``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread
 over several CUDA blocks (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1``
-(``options.fuse_qkv_mixed``) runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one
+(``options.fuse_qkv_mixed``, the default) runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one
 launch (`kernels.gemv.gemv_pair`). ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead
 (each element also carries its rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second
 dp4a chain over it. ``FUSE_ADD=0``

@@ -84,7 +84,7 @@ class DecodeOptions:
     fuse_rope_kv: bool = False
     fuse_attn_q8: bool = True
     fuse_norm_split: bool = True
-    fuse_qkv_mixed: bool = False
+    fuse_qkv_mixed: bool = True
     ahead: int = 1
     attn_splits: int = 64
 
