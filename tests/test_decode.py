@@ -112,8 +112,8 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     is 0.98% .. 4.41% (float64 with the f16 K/V cache and Q8_1 inputs emulated, which gives the simulator's 4.412%
     for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked.
     Steps after the first read the cache, which the knob does not touch (`test_decode_from_an_empty_cache_...`).
-    The q|k (Q4_K) and v (Q6_K) mat-vecs run as the default FUSE_QKV_MIXED=1's one launch (`kernels.gemv.gemv_pair`, the same
-    bits as two: `test_pair_equals_two_launches`), once a layer."""
+    The q|k (Q4_K) and v (Q6_K) mat-vecs run as the default FUSE_QKV_MIXED=1's one launch (`kernels.gemv.gemv_pair`,
+    the same bits as two: `test_pair_equals_two_launches`), once a layer."""
     import kernels.gemv
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
