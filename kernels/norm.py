@@ -54,6 +54,8 @@ def rows_tpb(nt: int, d: int) -> int:
     return row_tpb(d) if nt < WIDE_ROWS else DEFAULT_TPB
 
 OUT_DTYPES = (np.float16, np.float32)
+MAX_GRID_Y = 65535
+"""CUDA's limit on a grid's y dimension (`rms_norm_q8` puts the rows there)."""
 FULL_MASK = 0xFFFFFFFF
 
 if SIMULATOR:
@@ -314,18 +316,25 @@ def rms_norm_q8(x, w, eps: float, out, q8, stream=0, tpb: int = DEFAULT_TPB, pdl
     `kernels.quantize_q8.quantize_q8_1`, in one launch instead of two, and the quantization is spread over the
     blocks instead of left to the one block a row of `rms_norm` (decode: the norm's output feeds MMVQ mat-vecs).
 
-    x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32. out: C-contiguous f32 ``[nt, d]``. q8:
-    `Q8Blocks` of ``nt * d`` activations (compensated ones get their residual values too). pdl: as for `rms_norm`.
-    Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, out not f32, or
-    q8 not `Q8Blocks` of ``nt * d`` activations (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where
-    nothing is written).
+    x, w, eps, tpb: as for `rms_norm`, with ``d`` a multiple of 32 and at most 65535 rows (the grid's y). out:
+    C-contiguous f32 ``[nt, d]``, not x itself (a row's blocks read all of x while others write). q8: `Q8Blocks` of
+    ``nt * d`` activations (compensated ones get their residual values too). pdl: as for `rms_norm`.
+    Raises KernelConstraintError for everything `rms_norm` refuses, ``d`` not a multiple of 32, more than 65535
+    rows, out not f32 or the same array as x, or q8 not `Q8Blocks` of ``nt * d`` activations
+    (`kernels.quantize_q8.check_q8`; not checked when nt = 0, where nothing is written).
     """
+    from kernels.quant.dequant import _address  # a device array's address (the simulator's too)
+
     if out is None or _device(out, "out").dtype != np.float32:
         raise KernelConstraintError("rms_norm_q8 needs an f32 out array (the quantized values come from it)")
     out = rms_norm(x, w, eps, out=out, stream=stream, tpb=tpb, launch=False)
     nt, d = x.shape
     if d % QK:
         raise KernelConstraintError(f"rms_norm_q8 needs d to be a multiple of {QK} (whole Q8_1 blocks), got {d}")
+    if nt > MAX_GRID_Y:
+        raise KernelConstraintError(f"rms_norm_q8 takes at most {MAX_GRID_Y} rows (one grid row each), got {nt}")
+    if out is x or (nt and _address(out) == _address(x)):
+        raise KernelConstraintError("rms_norm_q8 cannot write out over x: the other blocks of a row still read it")
     if nt == 0:
         return out
     check_q8(q8, nt * d)

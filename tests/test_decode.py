@@ -113,13 +113,18 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     for token 161 to 4 digits), so no draw fails; a changed model (synth, preset) needs that margin re-checked.
     Steps after the first read the cache, which the knob does not touch (`test_decode_from_an_empty_cache_...`).
     The q|k (Q4_K) and v (Q6_K) mat-vecs run as the default FUSE_QKV_MIXED=1's one launch (`kernels.gemv.gemv_pair`,
-    the same bits as two: `test_pair_equals_two_launches`), once a layer."""
+    the same bits as two: `test_pair_equals_two_launches`), once a layer, and every RMSNorm as FUSE_NORM_SPLIT=1's
+    `kernels.norm.rms_norm_q8` (`test_rms_norm_q8_equals_norm_then_quantize`)."""
     import kernels.gemv
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
 
+    import kernels.norm
+
     pairs, pair = [], kernels.gemv.gemv_pair
     monkeypatch.setattr(kernels.gemv, "gemv_pair", lambda *a, **k: (pairs.append(a[0][1:3]), pair(*a, **k)))
+    norms, norm_q8 = [], kernels.norm.rms_norm_q8
+    monkeypatch.setattr(kernels.norm, "rms_norm_q8", lambda *a, **k: (norms.append(1), norm_q8(*a, **k))[1])
     first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
     engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=True, xres=False), splits=1,
                           rows_per_block=8, warps_per_row=1)
@@ -127,6 +132,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     got = engine.step().copy_to_host()
     c = micro_weights.config
     assert pairs == [("Q4_K", c.q_dim + c.kv_dim)] * c.n_layers
+    assert len(norms) == 2 * c.n_layers + 1  # FUSE_NORM_SPLIT=1: every RMSNorm quantizes in its own launch
     assert 1e-4 < _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 5e-2, f"first token {first}"
 
 

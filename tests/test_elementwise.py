@@ -155,6 +155,8 @@ def _check_rms_norm_q8(nt, d, tpb, compensated=False):
     dx, dw = cuda.to_device(x), cuda.to_device(w)
     out, q8 = _poisoned((nt, d), np.float32), q8_blocks(nt * d, compensated=compensated)
     q8.d.copy_to_device(np.full(nt * d // 32, np.nan, np.float32))
+    q8.s.copy_to_device(np.full(nt * d // 32, np.nan, np.float32))
+    q8.q.copy_to_device(np.full(nt * d, -128, np.int8))  # never written: |q| <= 127
     if compensated:
         q8.r.copy_to_device(np.full(nt * d, -128, np.int8))  # outside the residual's +-127
     assert rms_norm_q8(dx, dw, 1e-6, out, q8, tpb=tpb) is out
@@ -185,6 +187,12 @@ def test_rms_norm_q8_rejects_bad_input():
         rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float16)), q8_blocks(64))
     with pytest.raises(KernelConstraintError, match="q8_blocks\\(64\\)"):
         rms_norm_q8(x, w, 1e-6, cuda.to_device(np.ones((1, 64), np.float32)), q8_blocks(96))
+    with pytest.raises(KernelConstraintError, match="cannot write out over x"):
+        rms_norm_q8(x, w, 1e-6, x, q8_blocks(64))
+    with pytest.raises(KernelConstraintError, match="at most 65535 rows"):
+        many = cuda.device_array((65536, 32), np.float32)
+        rms_norm_q8(many, cuda.to_device(np.ones(32, np.float32)), 1e-6, cuda.device_array((65536, 32), np.float32),
+                    q8_blocks(65536 * 32))
 
 
 POSITIONS = np.array([0, 1, 7, 4095, 32767, 131071, 1_000_000], dtype=np.int32)
@@ -515,6 +523,8 @@ def _compile_cases():
         "rms_norm f32 out": (norm._rms_norm, f"{rows}, float32[::1], {rows}, float32"),
         "rms_norm q8": (norm._rms_norm_q8, f"{rows}, float32[::1], {rows}, int8[::1], float32[::1], float32[::1], "
                                            "float32"),
+        "rms_norm q8 res": (norm._rms_norm_q8_res, f"{rows}, float32[::1], {rows}, int8[::1], float32[::1], "
+                                                   "float32[::1], int8[::1], float32"),
         "rope contiguous": (rope_mod._rope, "float32[:, :, ::1], float32[:, :, ::1], int32[::1], float64, float32[::1], boolean"),
         "rope qkv views": (rope_mod._rope, "float32[:, :, :], float32[:, :, :], int32[::1], float64, float32[::1], boolean"),
         "rope kv append": (rope_mod._rope_append, "float32[:, :, :], float32[:, :, :], float32[:, :, :], int32[::1], "
@@ -544,8 +554,8 @@ def _compile_cases():
 
 
 COMPILE_NAMES = [
-    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rope contiguous", "rope qkv views", "rope kv append",
-    "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
+    "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rms_norm q8 res", "rope contiguous", "rope qkv views",
+    "rope kv append", "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
     "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",

@@ -19,7 +19,8 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_pair, gemv_q, kernel_for
+from kernels.gemv import (GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_pair, gemv_q, kernel_for,
+                          pair_refusal)
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -493,6 +494,13 @@ def test_pair_rejects_configs_that_cannot_share_a_launch():
         gemv_pair(one, (_w(2), "Q4_K", 3, 256, cuda.device_array(3, np.float32), None, one[-1]), x)
     with pytest.raises(KernelConstraintError, match="needs its out and a GemvConfig without glu"):
         gemv_pair(one, one[:-1] + (None,), x)
+    with pytest.raises(KernelConstraintError, match="needs its out and a GemvConfig without glu"):
+        gemv_pair(one, one[:-1] + ({"RPB": 2},), x)
+    with pytest.raises(KernelConstraintError, match=r"second must be \(raw, qtype, od, id, out, residual, config\)"):
+        gemv_pair(one, one[:-1], x)
+    staged = GemvConfig("Q6_K", rows_per_block=4, warps_per_row=4, mmvq=True, stage=3)
+    assert "over the 49152-byte static limit" in pair_refusal(staged, staged)
+    assert pair_refusal(one[-1], one[-1]) is None
 
 
 def test_glu_rejects_a_wrong_up_and_a_residual():

@@ -68,7 +68,7 @@ _SOURCES = {
     "Q6_OFFSET": "dots_q8",
     **dict.fromkeys(("FLOAT_GROUP", "FOLD_TYPES", "GEMV_TYPES", "MMVQ_TYPES", "STAGE_TYPES"), "tables"),
     **dict.fromkeys(("_IMPLS", "_MMVQ_IMPLS"), "formats"),
-    **dict.fromkeys(("gemv_glu", "gemv_pair", "gemv_q", "kernel_for", "kernel_signature"), "launch"),
+    **dict.fromkeys(("gemv_glu", "gemv_pair", "gemv_q", "kernel_for", "kernel_signature", "pair_refusal"), "launch"),
 }
 
 

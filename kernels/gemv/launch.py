@@ -10,7 +10,7 @@ from numba import cuda
 
 from kernels.errors import KernelConstraintError
 from kernels.gemv.codegen import _build
-from kernels.gemv.config import GemvConfig
+from kernels.gemv.config import STAGE_SMEM_LIMIT, GemvConfig
 from kernels.gemv.formats import _IMPLS, _MMVQ_IMPLS
 from kernels.gemv.tables import FLOAT_GROUP, _format_name
 from kernels.launch import launch_kernel
@@ -108,20 +108,24 @@ def gemv_pair(first: tuple, second: tuple, x, *, stream=0) -> None:
     The kernel gives each its own CUDA blocks (the first ``config.grid(od)`` to ``first``) and runs each one's
     code unchanged (`kernels.gemv.codegen._pair_source`), so every output is bit-identical to its `gemv_q`.
 
-    Raises KernelConstraintError for everything `gemv_q` refuses in either (the message names which), a GLU config,
-    and two configs that differ in x's form (mmvq, xres), threads, PDL or MINB (one launch has one of each)."""
+    The two outputs (and residuals) must not overlap: one launch writes both at once.
+
+    Raises KernelConstraintError for everything `gemv_q` refuses in either (the message names which), a tuple that
+    is not those seven values, a GLU config, and two configs that cannot share one launch (`pair_refusal`)."""
     from kernels.gemv.codegen import _build_pair
 
     prepared = []
-    for what, (raw, qtype, od, id, out, residual, config) in (("first", first), ("second", second)):
-        if out is None or config is None or config.glu:
+    for what, call in (("first", first), ("second", second)):
+        if not isinstance(call, tuple) or len(call) != 7:
+            raise KernelConstraintError(f"gemv_pair's {what} must be (raw, qtype, od, id, out, residual, config)")
+        raw, qtype, od, id, out, residual, config = call
+        if out is None or not isinstance(config, GemvConfig) or config.glu:
             raise KernelConstraintError(f"gemv_pair's {what} needs its out and a GemvConfig without glu")
         prepared.append(_named(what, _arguments, raw, None, qtype, od, id, x, out, residual, config, stream))
     (ca, _, args_a), (cb, _, args_b) = prepared
-    for field in ("mmvq", "xres", "threads", "pdl", "min_blocks"):
-        if getattr(ca, field) != getattr(cb, field):
-            raise KernelConstraintError(f"gemv_pair runs one launch: its two configs must agree in {field} "
-                                        f"({getattr(ca, field)} vs {getattr(cb, field)})")
+    reason = pair_refusal(ca, cb)
+    if reason:
+        raise KernelConstraintError(reason)
     if args_a is None or args_b is None:
         raise KernelConstraintError("gemv_pair needs both products non-empty (od >= 1)")
     key = (ca, cb)
@@ -132,6 +136,20 @@ def gemv_pair(first: tuple, second: tuple, x, *, stream=0) -> None:
     grid_a = ca.grid(args_a[-2])
     args = (*args_a, args_b[0], *args_b[1 + nx:], grid_a)
     launch_kernel(k, grid_a + cb.grid(args_b[-2]), ca.threads, stream, args, pdl=ca.pdl)
+
+
+def pair_refusal(first: GemvConfig, second: GemvConfig) -> str | None:
+    """Why two configurations cannot run as one `gemv_pair` launch, in one sentence, or None: one launch has one
+    thread count, one PDL mode and one launch bound, and the two kernels' shared memory adds up (x's form is the
+    call's, checked with each config)."""
+    for field in ("threads", "pdl", "min_blocks"):
+        if getattr(first, field) != getattr(second, field):
+            return (f"gemv_pair runs one launch: its two configs must agree in {field} "
+                    f"({getattr(first, field)} vs {getattr(second, field)})")
+    if first.smem_bytes + second.smem_bytes > STAGE_SMEM_LIMIT:
+        return (f"gemv_pair's two kernels need {first.smem_bytes} + {second.smem_bytes} bytes of shared memory, over "
+                f"the {STAGE_SMEM_LIMIT}-byte static limit; use fewer stages, rows or warps")
+    return None
 
 
 def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):

@@ -115,10 +115,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                  "the row's scale (the same bits; the default: +9.3% / +3.0% tg128 "
                                                  "on the 1.5B / 7B); 0 quantizes in a separate kernel. No effect "
                                                  "with MMVQ=0", legacy=0)]
-    knobs += [Knob("FUSE_QKV_MIXED", (0, 1), 1, "decode (tg, FUSE_ADD=1): 1 runs the q/k/v mat-vecs of two formats "
-                                                "(Q4_K_M: q|k Q4_K and v Q6_K) as one launch, each its own CUDA "
-                                                "blocks (the same bits; the default: +2.1% / +1.5% tg128 on the "
-                                                "1.5B / 7B); 0 one launch each", legacy=0)]
+    knobs += [Knob("FUSE_QKV_MIXED", (0, 1), 1, "decode (tg, FUSE_ADD=1, FUSE_QKV=1): 1 runs the two q/k/v "
+                                                "mat-vecs FUSE_QKV leaves where the layer has two formats (Q4_K_M: "
+                                                "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
+                                                "same bits; the default: +2.1% / +1.5% tg128 on the 1.5B / 7B); 0 one "
+                                                "launch each. No effect where q, k and v share a format", legacy=0)]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "

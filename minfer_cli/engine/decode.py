@@ -316,10 +316,11 @@ class DecodeEngine:
         gemv_q(m.raw, m.qtype, m.od, m.id, x_in, out, config=config, residual=residual, stream=self.stream)
 
     def _qkv_matvecs(self, qkv: tuple, hq) -> None:
-        """Enqueue a layer's q/k/v mat-vecs (`_qkv`'s entries, biases fused); with FUSE_QKV_MIXED two entries of
-        different formats (q|k and v) run as one launch (`kernels.gemv.gemv_pair`: the same kernels' code, each its
-        own CUDA blocks) when their kernels can share it (input form, threads, PDL, MINB), else one each."""
-        from kernels.gemv import gemv_pair
+        """Enqueue a layer's q/k/v mat-vecs (`_qkv`'s entries, biases fused); with FUSE_QKV_MIXED the two entries
+        FUSE_QKV leaves where q/k/v have two formats (q|k and v) run as one launch (`kernels.gemv.gemv_pair`: the
+        same kernels' code, each its own CUDA blocks) when they take the same input and their kernels can share a
+        launch (`kernels.gemv.pair_refusal`), else one each."""
+        from kernels.gemv import gemv_pair, pair_refusal
 
         if self.fuse_qkv_mixed and self.fuse_add and len(qkv) == 2:
             calls = []
@@ -327,8 +328,7 @@ class DecodeEngine:
                 x_in, config = self._input(m, self._h1, hq, wide=True, residual=bias is not None)
                 calls.append(((m.raw, m.qtype, m.od, m.id, out, bias, config), x_in))
             (a, xa), (b, xb) = calls
-            if xa is xb and all(getattr(a[-1], f) == getattr(b[-1], f)
-                                for f in ("mmvq", "xres", "threads", "pdl", "min_blocks")):
+            if xa is xb and pair_refusal(a[-1], b[-1]) is None:
                 gemv_pair(a, b, xa, stream=self.stream)
                 return
         for m, out, bias in qkv:
