@@ -241,8 +241,8 @@ def _pair_source(first: GemvConfig, second: GemvConfig) -> tuple[str, str, dict]
     """(kernel name, source, scope) of one launch running two mat-vecs over the same x (FUSE_QKV_MIXED: q|k and v of
     different formats): each configuration's kernel becomes a device function of its CUDA block index (`_source`,
     with ``cuda.blockIdx.x`` a parameter ``bx`` and its per-format helpers suffixed ``_a`` / ``_b``), and the kernel
-    gives CUDA blocks ``0 .. grid_a - 1`` to the first and the rest to the second. Both share x's form, threads,
-    PDL and MINB (`kernels.gemv.launch.gemv_pair` checks)."""
+    gives CUDA blocks ``0 .. grid_a - 1`` to the first and the rest to the second. Both take the same x; their
+    threads, PDL and MINB agree (`kernels.gemv.launch.pair_refusal`)."""
     scope, bodies, names = {}, [], []
     for suffix, config in (("_a", first), ("_b", second)):
         fname, src, sc = _source(config)

@@ -21,23 +21,22 @@ Because nothing a step reads or writes depends on the host, ``GRAPHS=1`` capture
 warm-up step that compiles every kernel) and `generate` replays that graph n times, then copies the n tokens back
 in one transfer. ``GRAPHS=0`` launches the same kernels eagerly (A/B and debugging; ~400 launches a step at 7B,
 so host launch time dominates). Both run the same kernels on the same data: bit-identical tokens and logits.
-``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once
-to Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
-quantization serves q, k and v, and gate and up); other weight types keep the f32 input.
-``FUSE_NORM_SPLIT=1`` (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread
-over several CUDA blocks (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1``
-(``options.fuse_qkv_mixed``, the default) runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one
-launch (`kernels.gemv.gemv_pair`). ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead
-(each element also carries its rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second
-dp4a chain over it. ``FUSE_ADD=0``
-(``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their
-mat-vecs instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer).
-``FUSE_GLU=1`` (``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes
-``act = silu(Wgate·h) * (Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a
-format, instead of two mat-vecs and `swiglu`. ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of
-consecutive q / k / v weights of one format as one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too), read in place:
-the loaders lay each layer's q, k, v weights and biases back to back (`ModelWeights.stacked`; no extra device
-memory), and since every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
+``MMVQ=1`` (``options.mmvq``): every mat-vec input (h, the attention output, the SwiGLU output) is quantized once to
+Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
+quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_NORM_SPLIT=1``
+(``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread over several CUDA blocks
+(`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1`` (``options.fuse_qkv_mixed``, the default)
+runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one launch (`kernels.gemv.gemv_pair`).
+``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead (each element also carries its
+rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
+(``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their mat-vecs
+instead of in the mat-vec epilogue (5 more launches and a write + read of each vector per layer). ``FUSE_GLU=1``
+(``options.fuse_glu``, the default: one launch and no gate/up vectors in memory) computes ``act = silu(Wgate·h) *
+(Wup·h)`` in one mat-vec kernel (`kernels.gemv.gemv_glu`) when gate and up share a format, instead of two mat-vecs
+and `swiglu`. ``FUSE_QKV=1`` (``options.fuse_qkv``) runs each run of consecutive q / k / v weights of one format as
+one mat-vec over their stacked rows (Q4_K_M: q|k, or q|k|v where attn_v is Q4_K too), read in place: the loaders lay
+each layer's q, k, v weights and biases back to back (`ModelWeights.stacked`; no extra device memory), and since
+every row is computed alone with the same launch shape, the logits are bit-identical. ``PDL=1``
 (``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,
 RMSNorm, the Q8_1 quantization, RoPE, the KV append and both decode-attention kernels start while the kernel
 before them finishes and wait for it (`kernels.ptx.griddepcontrol_wait`) before they read its output; the
