@@ -396,6 +396,22 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     return out.reshape(nt * od), 1
 
 
+def glu_refusal(config: dict | None, od: int) -> str | None:
+    """Why `gemm_f16_glu` cannot multiply a gate|up weight of ``od`` (= 2 ffn) rows with knob dict ``config``, in
+    one line, or None: its kernel needs STAGING=tma, EPI=staged and TM a multiple of 128 (`geometry`), and od a
+    multiple of TM (every tile takes TM / 2 gate rows and the same up rows; AUTOTILE only narrows 256 to 128, so a
+    multiple of the configured TM fits either tile). The prefill engine asks it to choose between `gemm_f16_glu`
+    and `gemm_f16` + swiglu (the same bits)."""
+    try:
+        tm = geometry(config, glu=True).tm
+    except KernelConstraintError as e:
+        return str(e)
+    if od % tm:
+        return (f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={tm}: every tile takes TM / 2 gate "
+                f"rows and the same up rows; use TM=128 for a ffn that is a multiple of 64 only")
+    return None
+
+
 def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partials=None):
     """Enqueue the gate/up product with its SwiGLU, ``act[nt, ffn] = silu(A · Bg^T) * (A · Bu^T)``, on ``stream``
     and return act (f16): `gemm_f16` then `kernels.activation.swiglu` without C, whose f32 [nt, 2 ffn] would be
@@ -416,11 +432,9 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     a, b = _as_device_array(a, "gemm_f16_glu: a"), _as_device_array(b, "gemm_f16_glu: b")
     out = None if out is None else _as_device_array(out, "gemm_f16_glu: out")
     nt, od, kdim = check_inputs(a, b)
-    tm = resolve_config(config)["TM"]  # AUTOTILE only narrows 256 to 128: a multiple of this TM fits either tile
-    if od % tm:
-        raise KernelConstraintError(f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={tm}: every "
-                                    f"tile takes TM / 2 gate rows and the same up rows; use TM=128 for a ffn that is "
-                                    f"a multiple of 64 only")
+    refused = glu_refusal(config, od)
+    if refused is not None:
+        raise KernelConstraintError(refused)
     config = launch_config(config, nt, od)
     g = geometry(config, glu=True)
     ffn = od // 2

@@ -130,9 +130,9 @@ def test_without_w_the_arms_knobs_pick_the_workload():
         (["bench", "--arm", "FUSE_NORM_Q8=1"], "knob FUSE_NORM_Q8 was removed from"),
         (["ab", "attention", "--arm", "BQ=64", "--arm", "BQ=128"], "knob BQ was removed from"),
         (["bench", "--arm", "PFUSE_GLU=1,EPI=direct"],
-         "PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
-         "EPI=staged and TM=128 or 256"),
-        (["bench", "-p", "512", "-n", "0", "--arm", "PFUSE_GLU=1,TM=64"], "PFUSE_GLU=1 runs the gate/up product"),
+         "PFUSE_GLU=1 (the default) runs the gate/up product with the SwiGLU in its staged epilogue: it needs "
+         "STAGING=tma, EPI=staged and TM=128 or 256; add PFUSE_GLU=0 to run other tiles"),
+        (["bench", "-p", "512", "-n", "0", "--arm", "TM=64"], "PFUSE_GLU=1 (the default) runs the gate/up product"),
         (["ab", "gemv", "--arm", "TYPE=Q5_0,MMVQ=1", "--arm", "TYPE=Q5_0,MMVQ=0"], "MMVQ=1 needs TYPE one of Q4_K"),
         (["run", "gemm_f16", "--arm", "MMA=wgmma,STAGING=sync"], "MMA=wgmma needs STAGING=cp_async"),
         (["calibrate", "gemm_f16", "--arm", "STAGING=cp_async,LOOP=pipe,STAGES=2"], "LOOP=pipe needs STAGES >= 3"),

@@ -25,7 +25,12 @@ SMALL_TILES = PrefillOptions(
     gemm={"MMA": "mma_sync", "TM": 64, "TN": 64, "KS": 32, "STAGES": 2, "STAGING": "cp_async", "GROUP": 1, "LOOP": "v1"},
     attention={"BK": 32},
     pgraph=False,  # the simulator captures no CUDA graphs
+    fuse_glu=False,  # the unfused prefill; the fusions are the cases that turn them on
+    rope_angles=False,
 )
+GLU_TILES = {"fuse_glu": True, "gemm": None}
+"""PFUSE_GLU=1 with the GEMM knobs' defaults, whose staged TMA epilogue takes the SwiGLU (`uses_glu`): SMALL_TILES'
+64-wide tiles do not, and the engine would run the product and swiglu apart."""
 
 
 def _rel(a, b):
@@ -33,7 +38,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
-                                    {"norm_wide": True, "fuse_add_norm": True}, {"fuse_glu": True},
+                                    {"norm_wide": True, "fuse_add_norm": True}, GLU_TILES,
                                     {"rope_angles": True}, {"rope_angles": True, "fuse_rope_kv": True}],
                          ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1",
                               "PFUSE_GLU=1", "PROPE_ANGLES=1", "PROPE_ANGLES=1,PFUSE_ROPE_KV=1"])
@@ -195,8 +200,10 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    fused = PrefillEngine(weights, 300, PrefillOptions(**fusion), context=400)
-    plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
+    unfused = PrefillOptions(fuse_glu=False, rope_angles=False)
+    fused = PrefillEngine(weights, 300, dataclasses.replace(unfused, **fusion), context=400)
+    plain = PrefillEngine(weights, 300, unfused, context=400)
+    assert fused.glu == [bool(fusion.get("fuse_glu"))] * len(fused.layers) and not any(plain.glu)
     for nt in (7, 65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
         np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
@@ -226,11 +233,25 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
 
 
-def test_pfused_and_pfuse_glu_are_refused_together():
-    from minfer_cli.engine.errors import ModelError
+def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
+    """PFUSE_GLU=1 (the default) takes the SwiGLU into the gate/up GEMM where `kernels.gemm_f16.glu_refusal` finds
+    nothing against it; elsewhere the product and swiglu run apart (the same bits): a ffn that is not a multiple of
+    TM / 2, GEMM tiles without the staged TMA epilogue, and under PFUSED a gate|up multiplied from its quantized
+    bytes (its kernel has no SwiGLU epilogue), which then has the f32 product buffer."""
+    from minfer_cli.engine.config import ModelConfig
+    from minfer_cli.engine.forward import uses_glu
 
-    with pytest.raises(ModelError, match="PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM"):
-        PrefillEngine(synth_weights(preset("tiny"), 1), 4, dataclasses.replace(SMALL_TILES, fuse_glu=True, fused=True))
+    tiny = preset("tiny")
+    odd = ModelConfig(**{**tiny.as_dict(), "ffn": 544})
+    on = PrefillOptions(pgraph=False)
+    assert on.fuse_glu and uses_glu(tiny, on) and not uses_glu(odd, on)
+    assert not uses_glu(tiny, SMALL_TILES) and not uses_glu(tiny, dataclasses.replace(SMALL_TILES, fuse_glu=True))
+    assert not uses_glu(tiny, dataclasses.replace(on, fuse_glu=False))
+    use_standins(monkeypatch)
+    engine = PrefillEngine(synth_weights(tiny, 1), 4, dataclasses.replace(on, fused=True, w16=False))
+    fused = [layer.gate_up.fused is not None for layer in engine.layers]
+    assert any(fused) and engine.glu == [not f for f in fused] and engine.gu is not None
+    assert PrefillEngine(synth_weights(tiny, 1), 4, on).gu is None
 
 
 def test_pfused_knob_conflicts_are_named_before_loading():
@@ -240,9 +261,11 @@ def test_pfused_knob_conflicts_are_named_before_loading():
     knobs = engine_knobs()
     assert engine_options(resolve_config(knobs, {"PFUSED": "1"}, "e")).prefill.fused is True
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1"}, "e")) is None
-    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")).startswith(
-        "PFUSE_GLU=1 with PFUSED=1")
-    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e"))
+    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")) is None
+    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async"}, "e")).startswith(
+        "PFUSE_GLU=1 (the default) runs the gate/up product")
+    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0",
+                                                 "PFUSE_GLU": "0"}, "e"))
     assert why.startswith("PFUSED=1: ") and "STAGING" in why
 
 
@@ -352,20 +375,6 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     assert np.isfinite(got).all() and _rel(got, want) < 1e-2
 
 
-def test_pfuse_glu_refuses_a_ffn_its_tiles_cannot_pair():
-    """PFUSE_GLU=1 needs ffn % 128 == 0 (every K-quant model has it: ffn_down's rows are whole 256-weight blocks; a
-    Q8_0 file may not): refused by name from the config alone, which `bench` checks before the weights are made
-    and `PrefillEngine` before it allocates."""
-    from minfer_cli.engine.config import ModelConfig
-    from minfer_cli.engine.forward import prefill_refusal
-
-    tiny = preset("tiny")
-    odd = ModelConfig(**{**tiny.as_dict(), "ffn": 544})
-    glu = PrefillOptions(pgraph=False, fuse_glu=True)
-    assert prefill_refusal(tiny, glu) is None and prefill_refusal(odd, PrefillOptions()) is None
-    assert prefill_refusal(odd, glu).startswith("PFUSE_GLU=1: ffn 544 is not a multiple of 128")
-
-
 def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
     """PFUSED's pre-load plan: the all-Q4_K matrices (gemm_fused's) get no f16 copy with W16=1, counted from the
     preset's tensor types independently of `fused_format`; so the 70B fits an H200 with W16=1,PFUSED=1 where W16=1
@@ -385,7 +394,9 @@ def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
     default = {k.name: k.default for k in engine_knobs()}
     pfused = engine_options(dict(default, PFUSED=1)).prefill
     assert prefill_need(c, 512, pfused) - prefill_need(c, 512, pfused, specs=specs) == 2 * fused_elems
-    assert prefill_need(c, 512, engine_options(default).prefill, specs=specs) == prefill_need(c, 512, pfused)
+    unfused_glu = engine_options(dict(default, PFUSE_GLU=0)).prefill  # PFUSED's plan counts the f32 gate|up product
+    assert prefill_need(c, 512, unfused_glu, specs=specs) == prefill_need(c, 512, pfused)
+    assert prefill_need(c, 512, unfused_glu) - prefill_need(c, 512, engine_options(default).prefill) == 512 * 8 * c.ffn
     weights, free = sum(s.n_bytes for s in specs.values()), 139 * 2**30
     check_fits_model(c, weights, [512, 2048], [128], [0], engine_options(dict(default, PFUSED=1)), free=free,
                      specs=specs)

@@ -134,7 +134,6 @@ def bench(
     _check_knobs_are_read(config, pp, tg)
     config_preset = None if model else preset_config(preset or DEFAULT_PRESET)
     from minfer_cli.engine.config import tensor_specs
-    from minfer_cli.engine.forward import prefill_refusal
     from minfer_cli.engine.weights import load_gguf, synth_weights
 
     if model:  # the whole file checked, no GPU yet
@@ -151,8 +150,6 @@ def bench(
         options.check_ledger_writable(ledger)
     require_timing_device()
     weight_bytes = os.path.getsize(model) if model else sum(s.n_bytes for s in specs)
-    if pp and (problem := prefill_refusal(model_config, engine_options(config).prefill)):
-        raise UsageError(problem)
     check_fits_model(model_config, weight_bytes, pp, tg, depths, engine_options(config),
                      specs={s.name: s for s in specs})
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from kernels.attention_config import REMOVED as _FA_REMOVED  # numba-free knob table
 from minfer_cli.engine.config import ModelConfig, TensorSpec
-from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes
+from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes, uses_glu
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 from minfer_cli.engine.errors import ModelError
@@ -79,17 +79,20 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
                                                "the RoPE kernel; 0 copies them in a separate KV-append kernel (decode's "
                                                "FUSE_ROPE_KV, plus q)")]
-    knobs += [Knob("PFUSE_GLU", (0, 1), 0, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
+    knobs += [Knob("PFUSE_GLU", (0, 1), 1, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
-                                           "[nt, 2 ffn] product written and read back); 0 the GEMM's f32 product, "
-                                           "then swiglu")]
+                                           "[nt, 2 ffn] product written and read back; the default, pp512 +13.1%, "
+                                           "ledger #305); 0 the GEMM's f32 product, then swiglu (the same bits). "
+                                           "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
+                                           "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
                                         "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
                                         "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
                                         "matrix as W16 says")]
-    knobs += [Knob("PROPE_ANGLES", (0, 1), 0, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
-                                              "(kernels.rope.rope_angles) for all layers; 0 in every layer's RoPE "
-                                              "kernel (float64 angles per token and pair; the same values either way)")]
+    knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
+                                              "(kernels.rope.rope_angles) for all layers (the default, pp512 +1.0%, "
+                                              "ledger #306); 0 in every layer's RoPE kernel (float64 angles per token "
+                                              "and pair; the same values either way)", legacy=0)]
     knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly", legacy=0)]
     knobs += [Knob("MMVQ", (0, 1), 1, "decode (tg): 1 quantizes mat-vec inputs to Q8_1 (int8, dp4a) for "
                                       "Q4_K/Q6_K/Q8_0 weights; 0 keeps f32 inputs", legacy=0)]
@@ -169,11 +172,8 @@ def engine_conflict(config: Config) -> str | None:
     if config.get("PFUSE_GLU") and (config.get("STAGING", table.DEFAULT["STAGING"]) != "tma"
                                     or config.get("EPI", table.DEFAULT["EPI"]) != "staged"
                                     or config.get("TM", table.DEFAULT["TM"]) % 128):
-        return ("PFUSE_GLU=1 runs the gate/up product with the SwiGLU in its staged epilogue: it needs STAGING=tma, "
-                "EPI=staged and TM=128 or 256")
-    if config.get("PFUSE_GLU") and config.get("PFUSED"):
-        return ("PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM that multiplies a Q4_K gate|up has no "
-                "SwiGLU epilogue; use one of them")
+        return ("PFUSE_GLU=1 (the default) runs the gate/up product with the SwiGLU in its staged epilogue: it needs "
+                "STAGING=tma, EPI=staged and TM=128 or 256; add PFUSE_GLU=0 to run other tiles")
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}
@@ -205,8 +205,8 @@ def engine_options(config: Config) -> EngineOptions:
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
-                             norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 0)),
-                             rope_angles=bool(config.get("PROPE_ANGLES", 0)), fused=bool(config.get("PFUSED", 0)))
+                             norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
+                             rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),
@@ -273,7 +273,7 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     which PFUSED's plan needs (the matrices it multiplies from quantized bytes get no f16 copy); without them every
     matrix is counted as copied."""
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
-                        glu=options.fuse_glu, fused=specs if options.fused else None)
+                        glu=uses_glu(c, options) and not options.fused, fused=specs if options.fused else None)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -22,7 +22,8 @@ attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also su
 Knob PROPE_ANGLES: every token's RoPE (cos, sin) computed once before the layers (`kernels.rope.rope_angles`) and
 read by each layer's RoPE kernel, instead of each layer's kernel computing them (float64 angles) again.
 Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
-GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`.
+GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`
+(the same bits; those two run where the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue: `uses_glu`).
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -112,9 +113,6 @@ class PrefillEngine:
         for name, (spec, _) in weights.tensors.items():
             if spec.qtype not in SUPPORTED:
                 raise ModelError(f"tensor {name} has type {spec.qtype}; supported types: {', '.join(SUPPORTED)}")
-        problem = prefill_refusal(c, options)
-        if problem:
-            raise ModelError(problem)
         self.layers: list[_Layer] = []
         parts = gemm_weight_parts(c)
         for i in range(c.n_layers):
@@ -174,7 +172,8 @@ class PrefillEngine:
         self.q16 = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.attn = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
-        self.gu = None if options.fuse_glu else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
+        self.glu = [uses_glu(c, options) and layer.gate_up.fused is None for layer in self.layers]
+        self.gu = None if all(self.glu) else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16 if options.head == "gemm" else np.float32,
                                       stream=s)
@@ -419,7 +418,7 @@ class PrefillEngine:
                 mark("attn_output")
                 rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("ffn_norm")
-            if self.options.fuse_glu:
+            if self.glu[i]:
                 self._gemm_glu(h, layer.gate_up, act)
             else:
                 self._gemm(h, layer.gate_up, gu)
@@ -448,16 +447,14 @@ class PrefillEngine:
         return self.logits
 
 
-def prefill_refusal(c: ModelConfig, options: PrefillOptions) -> Optional[str]:
-    """Why `PrefillEngine` cannot run ``c`` with ``options``, in one sentence, or None (checked by `minfer bench`
-    before the weights are made or loaded): PFUSE_GLU with a ffn that is not a multiple of 128, or with PFUSED."""
-    if options.fuse_glu and c.ffn % 128:
-        return (f"PFUSE_GLU=1: ffn {c.ffn} is not a multiple of 128 (each tile of the gate|up product, up to 256 "
-                f"columns, takes TM / 2 gate rows and the same up rows); use PFUSE_GLU=0")
-    if options.fuse_glu and options.fused:
-        return ("PFUSE_GLU=1 with PFUSED=1: the fused-dequantization GEMM that multiplies a Q4_K gate|up has no "
-                "SwiGLU epilogue; use one of them")
-    return None
+def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
+    """Whether PFUSE_GLU's `kernels.gemm_f16.gemm_f16_glu` runs ``c``'s gate|up products with ``options``: PFUSE_GLU
+    on and the GEMM knobs and ffn what that kernel takes (`kernels.gemm_f16.glu_refusal`); else (and for a gate|up
+    that PFUSED multiplies from its quantized bytes, whose kernel has no SwiGLU epilogue) the product and
+    `kernels.activation.swiglu` run apart, the same bits."""
+    from kernels.gemm_f16 import glu_refusal
+
+    return options.fuse_glu and glu_refusal(options.gemm, 2 * c.ffn) is None
 
 
 def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
@@ -512,7 +509,7 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
                  gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
-    cache, activations (``glu``: PFUSE_GLU, no f32 gate|up product), split-K partials for gemm knobs ``gemm``), so
+    cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product), split-K partials for gemm knobs ``gemm``), so
     that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
     tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
     every matrix is copied or dequantized into the scratch)."""

@@ -28,8 +28,9 @@ class PrefillOptions:
     (PNORM_WIDE): RMSNorms of fewer than `kernels.norm.WIDE_ROWS` rows (and the last token's) run with
     `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every length (False). fuse_glu
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
-    (`kernels.gemm_f16.gemm_f16_glu`, True) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
-    (False). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
+    (`kernels.gemm_f16.gemm_f16_glu`, True, where the GEMM knobs, ffn and PFUSED allow it:
+    `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
+    (False; the same bits). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
     (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or computed in each layer's kernel (False).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
@@ -43,8 +44,8 @@ class PrefillOptions:
     fuse_rope_kv: bool = False
     head: str = "gemm"
     norm_wide: bool = True
-    fuse_glu: bool = False
-    rope_angles: bool = False
+    fuse_glu: bool = True
+    rope_angles: bool = True
     fused: bool = False
 
 
