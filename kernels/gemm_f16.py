@@ -401,7 +401,7 @@ def glu_refusal(config: dict | None, od: int) -> str | None:
     one line, or None: its kernel needs STAGING=tma, EPI=staged and TM a multiple of 128 (`geometry`), and od a
     multiple of TM (every tile takes TM / 2 gate rows and the same up rows; AUTOTILE only narrows 256 to 128, so a
     multiple of the configured TM fits either tile). The prefill engine asks it to choose between `gemm_f16_glu`
-    and `gemm_f16` + swiglu (the same bits)."""
+    and `gemm_f16` + swiglu."""
     try:
         tm = geometry(config, glu=True).tm
     except KernelConstraintError as e:
@@ -423,8 +423,9 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     kernel that applies the SwiGLU). Each tile of TM columns multiplies gate rows m0 / 2 .. m0 / 2 + TM / 2 - 1 and
     the same up rows (two boxes of one tensor map: `kernels.gemm_tma`), so its staged C tile holds each output's
     gate and up values; the epilogue rounds ``silu_mul(g, u)`` (`kernels.activation`) to f16 as swiglu does. Every
-    C value is the one `gemm_f16` computes for that (row, weight row), so act equals `gemm_f16` + swiglu bit for
-    bit (tests check it).
+    C value is the one `gemm_f16` computes for that (row, weight row), so with NOCALL=0 act equals `gemm_f16` +
+    swiglu bit for bit; NOCALL=1 (the default) divides with div.approx.f32 (no subroutine call), one f16 ulp at most
+    from swiglu's (tests check both).
 
     Raises KernelConstraintError (one line) for what `gemm_f16` refuses, a kernel other than STAGING=tma,
     EPI=staged and TM of 128 or 256, 2 ffn not a multiple of the launch's TM, or a wrong out.

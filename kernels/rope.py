@@ -82,9 +82,14 @@ def sincos_f64(theta):
 
 
 @cuda.jit(device=True, inline="always")
-def _rotate(x, t, h, i0, i1, cs, sn):
+def _rotate(x, t, h, i0, i1, cs, sn, bias, b0):
+    """Rotate pair (i0, i1) of head h of token t in place; with a ``bias`` (None: none) its values at b0 + i0 and
+    b0 + i1 are added first (the f32 sums `kernels.residual.bias_add` would have stored)."""
     x0 = x[t, h, i0]
     x1 = x[t, h, i1]
+    if bias is not None:
+        x0 += bias[b0 + i0]
+        x1 += bias[b0 + i1]
     x[t, h, i0] = x0 * cs - x1 * sn
     x[t, h, i1] = x0 * sn + x1 * cs
 
@@ -126,11 +131,12 @@ def _angles(pos, base, factors, hd, out):
 
 
 @cuda.jit(device=True, inline="always")
-def _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out):
+def _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out, bias):
     """Rotate token t's q and k heads by the shared (cos, sin) ``table``: thread (x, y) takes pairs x, x + blockDim.x,
     ... of heads y, y + blockDim.y, ... (q's, then k's). With a ``k_cache`` (None: none), each rotated k pair is
     also stored (f32 -> f16, as `kernels.kv_cache.kv_append` copies) into cache row ``row``, read back after the
-    rotation stored it; with a ``q_out`` (f16 [nt, nh * hd]; None: none), each rotated q pair into its row t."""
+    rotation stored it; with a ``q_out`` (f16 [nt, nh * hd]; None: none), each rotated q pair into its row t. With a
+    ``bias`` (f32 [nh * hd + 2 * nkv * hd], q|k|v; None: none), q and k get theirs before the rotation."""
     nh = q.shape[1]
     n_heads = nh + k.shape[1]
     hd = q.shape[2]
@@ -148,13 +154,13 @@ def _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out):
         h = cuda.threadIdx.y
         while h < n_heads:
             if h < nh:
-                _rotate(q, t, h, i0, i1, cs, sn)
+                _rotate(q, t, h, i0, i1, cs, sn, bias, h * hd)
                 if q_out is not None:
                     q_out[t, h * hd + i0] = q[t, h, i0]
                     q_out[t, h * hd + i1] = q[t, h, i1]
             else:
                 hk = h - nh
-                _rotate(k, t, hk, i0, i1, cs, sn)
+                _rotate(k, t, hk, i0, i1, cs, sn, bias, (nh + hk) * hd)
                 if k_cache is not None:
                     k_cache[row, hk * hd + i0] = k[t, hk, i0]
                     k_cache[row, hk * hd + i1] = k[t, hk, i1]
@@ -172,7 +178,7 @@ def _rope(q, k, pos, base, factors, interleaved):
     t = cuda.blockIdx.x
     table = cuda.shared.array((MAX_PAIRS, 2), float32)
     _fill_table(table, float64(pos[t]), base, factors, q.shape[2])
-    _rotate_token(q, k, t, table, interleaved, None, 0, None)
+    _rotate_token(q, k, t, table, interleaved, None, 0, None, None)
 
 
 @kernel
@@ -180,31 +186,35 @@ def _rope_tab(q, k, angles, interleaved):
     """`_rope` with every token's (cos, sin) read from ``angles`` (f32 [nt, hd/2, 2], `rope_angles`)."""
     pdl_enter()
     t = cuda.blockIdx.x
-    _rotate_token(q, k, t, angles[t], interleaved, None, 0, None)
+    _rotate_token(q, k, t, angles[t], interleaved, None, 0, None, None)
 
 
 @cuda.jit(device=True, inline="always")
-def _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
+def _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias):
     """Token blockIdx.x: its (cos, sin) table, the rotation (with the cache and q_out stores of `_rotate_token`),
     then its v rounded to f16 into v_cache row pos[t]."""
     t = cuda.blockIdx.x
     table = cuda.shared.array((MAX_PAIRS, 2), float32)
     _fill_table(table, float64(pos[t]), base, factors, q.shape[2])
-    _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out)
+    _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out, bias)
 
 
 @cuda.jit(device=True, inline="always")
-def _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out):
-    """Token t's rotation by ``table`` (its [hd/2, 2] (cos, sin)) with the cache and q_out stores of
-    `_rotate_token`, then its v rounded to f16 into v_cache row pos[t]."""
+def _append_rotated(q, k, v, pos, t, table, interleaved, k_cache, v_cache, q_out, bias):
+    """Token t's rotation by ``table`` (its [hd/2, 2] (cos, sin)) with the cache, q_out and bias of
+    `_rotate_token`, then its v (plus its bias) rounded to f16 into v_cache row pos[t]."""
     nkv = k.shape[1]
     hd = q.shape[2]
     row = pos[t]
-    _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out)
+    _rotate_token(q, k, t, table, interleaved, k_cache, row, q_out, bias)
+    vb = (q.shape[1] + nkv) * hd
     j = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     while j < nkv * hd:
         hk = j // hd
-        v_cache[row, j] = v[t, hk, j - hk * hd]
+        x = v[t, hk, j - hk * hd]
+        if bias is not None:
+            x += bias[vb + j]
+        v_cache[row, j] = x
         j += cuda.blockDim.x * cuda.blockDim.y
 
 
@@ -213,23 +223,24 @@ def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
     """`_rope`, then the token's rotated k and its v rounded to f16 into row pos[t] of k_cache / v_cache (f16
     [context, nkv * hd]): the cache holds exactly what `kernels.kv_cache.kv_append` would copy."""
     pdl_enter()
-    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, None)
+    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, None, None)
 
 
 @kernel
-def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
+def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias):
     """`_rope_append` that also writes the token's rotated q rounded to f16 into row t of q_out (f16 [nt, nh * hd]):
-    everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV)."""
+    everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV); with a q|k|v
+    ``bias`` (None: none) added first, as `kernels.residual.bias_add` before them would."""
     pdl_enter()
-    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out)
+    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias)
 
 
 @kernel
-def _rope_append_q_tab(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out):
+def _rope_append_q_tab(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out, bias):
     """`_rope_append_q` with every token's (cos, sin) read from ``angles`` (`rope_angles`)."""
     pdl_enter()
     t = cuda.blockIdx.x
-    _append_rotated(q, k, v, pos, t, angles[t], interleaved, k_cache, v_cache, q_out)
+    _append_rotated(q, k, v, pos, t, angles[t], interleaved, k_cache, v_cache, q_out, bias)
 
 
 def rope_angles(pos, base: float, head_dim: int, factors=None, out=None, stream=0):
@@ -298,7 +309,7 @@ def _unit_factors(pairs: int):
 
 
 def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors=None, kv_cache=None,
-         q_out=None, angles=None) -> None:
+         q_out=None, angles=None, bias=None) -> None:
     """Enqueue the in-place rotation of q and k by their tokens' positions on ``stream``.
 
     q: f32 device array ``[nt, n_heads, head_dim]``; k: f32 ``[nt, n_kv_heads, head_dim]``. Within a token the
@@ -318,7 +329,10 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     q_out (with kv_cache): None, or a C-contiguous f16 device array ``[nt, n_heads * head_dim]`` that also gets each
     token's rotated q rounded to f16, kv_append's q_out (prefill's PFUSE_ROPE_KV: rope and kv_append in one launch).
     angles: None, or `rope_angles` of these positions (f32 [nt, head_dim/2, 2]): the kernel reads each token's (cos,
-    sin) instead of computing them (bit-identical; with kv_cache only together with q_out).
+    sin) instead of computing them (bit-identical; with kv_cache only together with q_out). bias (with q_out): None,
+    or a C-contiguous f32 device array ``[(n_heads + 2 * n_kv_heads) * head_dim]``, the q|k|v bias: added to q, k and
+    v before the rotation and the stores (the f32 sums `kernels.residual.bias_add` would store first; q and k in
+    place get biased and rotated, v is read, not written), so the prefill needs no bias kernel.
 
     Angles in f64 (see the module docstring for why); relative error against a float64 reference ~1e-7.
     Not supported, and refused by name when a file is loaded: YaRN/linear scaling, partial rotation
@@ -329,7 +343,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
     nt or head_dim, an odd head_dim, heads not contiguous within a token, pos not an int32 ``[nt]`` array, a
     non-positive base, a mode other than "neox"/"norm", factors not a contiguous f32 ``[head_dim/2]`` device
     array, a kv_cache whose v or caches do not match k, a q_out without a kv_cache or not f16 [nt, nh * hd], angles
-    not a C-contiguous f32 [nt, head_dim/2, 2] device array, or angles with a kv_cache but no q_out.
+    not a C-contiguous f32 [nt, head_dim/2, 2] device array, angles with a kv_cache but no q_out, or a bias
+    without q_out or not a C-contiguous f32 array of the q|k|v width.
     """
     _check_qk(q, "q")
     _check_qk(k, "k")
@@ -370,6 +385,16 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
             raise KernelConstraintError(f"q_out must be a C-contiguous float16 [{nt}, {nh * hd}] device array, got "
                                         f"{getattr(q_out, 'dtype', type(q_out).__name__)} "
                                         f"{tuple(getattr(q_out, 'shape', ()))}")
+    if bias is not None:
+        width = (nh + 2 * k.shape[1]) * hd
+        if q_out is None:
+            raise KernelConstraintError("bias is added only by the fused rope + KV append that writes q_out (the "
+                                        "prefill's PFUSE_ROPE_KV); without it use kernels.residual.bias_add first")
+        if not (devicearray.is_cuda_ndarray(bias) and bias.dtype == np.float32 and tuple(bias.shape) == (width,)
+                and bias.is_c_contiguous()):
+            raise KernelConstraintError(f"bias must be a C-contiguous float32 [{width}] device array (q|k|v), got "
+                                        f"{getattr(bias, 'dtype', type(bias).__name__)} "
+                                        f"{tuple(getattr(bias, 'shape', ()))}")
     if nt == 0 or nh + k.shape[1] == 0:
         return
     if angles is not None:
@@ -379,7 +404,7 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         else:
             v, k_cache, v_cache = kv_cache
             launch_kernel(_rope_append_q_tab, nt, shape, stream,
-                          (q, k, v, pos, angles, mode == "norm", k_cache, v_cache, q_out), pdl=pdl)
+                          (q, k, v, pos, angles, mode == "norm", k_cache, v_cache, q_out, bias), pdl=pdl)
         return
     args = (q, k, pos, np.float64(base), factors, mode == "norm")
     if kv_cache is None:
@@ -390,7 +415,8 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         if q_out is None:
             launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream, fused, pdl=pdl)
         else:
-            launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out,), pdl=pdl)
+            launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out, bias),
+                          pdl=pdl)
 
 
 def _check_factors(factors, hd: int):

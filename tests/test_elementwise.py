@@ -279,23 +279,27 @@ def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
     np.testing.assert_array_equal(got[:, nh + nkv :], h3[:, nh + nkv :])
 
 
-@pytest.mark.parametrize("with_q", [False, True], ids=["kv", "kv+q16"])
+@pytest.mark.parametrize("with_q", [False, True, "bias"], ids=["kv", "kv+q16", "kv+q16+bias"])
 @pytest.mark.parametrize("mode,nh,nkv,hd", [("neox", 4, 2, 16), ("norm", 3, 1, 10)])
 def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv, hd, with_q):
-    """FUSE_ROPE_KV's kernel (and PFUSE_ROPE_KV's, which also writes the f16 q) against the two it replaces, on the
-    q/k/v views of one fused QKV buffer: the rotated q and k in place, the f16 cache rows at scattered positions and
-    the f16 q rows bit for bit; every other cache row keeps its NaN poison. hd = 10: a head_dim that is not a
-    multiple of the block's pair threads."""
+    """FUSE_ROPE_KV's kernel (and PFUSE_ROPE_KV's, which also writes the f16 q, and adds the q|k|v bias) against
+    the kernels it replaces (bias_add, rope, kv_append), on the q/k/v views of one fused QKV buffer: the rotated q
+    and k in place, the f16 cache rows at scattered positions and the f16 q rows bit for bit; every other cache row
+    keeps its NaN poison. hd = 10: a head_dim that is not a multiple of the block's pair threads."""
     from kernels.kv_cache import kv_append
+    from kernels.residual import bias_add
 
     rng = _rng()
     nt, context = 3, 9
     qkv = rng.standard_normal((nt, (nh + 2 * nkv) * hd)).astype(np.float32)
     pos = rng.permutation(context)[:nt].astype(np.int32)
     factors = rng.uniform(0.5, 8.0, hd // 2).astype(np.float32)
+    bias = rng.standard_normal((nh + 2 * nkv) * hd).astype(np.float32) if with_q == "bias" else None
     runs = []
     for fused in (False, True):
         d = cuda.to_device(qkv)
+        if bias is not None and not fused:
+            bias_add(d, cuda.to_device(bias), out=d)
         d3 = d.reshape(nt, nh + 2 * nkv, hd)
         kc, vc = (cuda.to_device(np.full((context, nkv * hd), np.nan, np.float16)) for _ in range(2))
         q16 = cuda.to_device(np.full((nt, nh * hd), np.nan, np.float16))
@@ -303,13 +307,14 @@ def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv
         views = (d3[:, :nh], d3[:, nh: nh + nkv])
         if fused:
             rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors), kv_cache=(d3[:, nh + nkv:], kc, vc),
-                 q_out=q16 if with_q else None)
+                 q_out=q16 if with_q else None, bias=None if bias is None else cuda.to_device(bias))
         else:
             rope(*views, dpos, 5e5, mode, factors=cuda.to_device(factors))
             kv_append(d, dpos, kc, vc, nh * hd, q_out=q16)
         runs.append((d.copy_to_host(), kc.copy_to_host(), vc.copy_to_host(), q16.copy_to_host()))
     (q0, k0, v0, h0), (q1, k1, v1, h1) = runs
-    np.testing.assert_array_equal(q1, q0)
+    width = nh + nkv  # q and k: rotated in place by both; v: the unfused path's bias_add wrote it, the fused reads it
+    np.testing.assert_array_equal(q1.reshape(nt, -1, hd)[:, :width], q0.reshape(nt, -1, hd)[:, :width])
     if with_q:
         np.testing.assert_array_equal(h1.view(np.uint16), h0.view(np.uint16))
     else:
@@ -318,7 +323,7 @@ def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv
     np.testing.assert_array_equal(v1.view(np.uint16), v0.view(np.uint16))
     others = np.setdiff1d(np.arange(context), pos)
     assert np.isnan(k1[others]).all() and np.isnan(v1[others]).all() and np.isfinite(k1[pos]).all()
-    h3 = qkv.reshape(nt, nh + 2 * nkv, hd)
+    h3 = (qkv if bias is None else qkv + bias).reshape(nt, nh + 2 * nkv, hd)
     want_k = _rope_ref(h3[:, nh: nh + nkv], pos, 5e5, mode, factors).reshape(nt, nkv * hd)
     assert _rel(k1[pos].astype(np.float64), want_k) < 1e-3  # f16 rounding of the reference rotation
     np.testing.assert_array_equal(v1[pos], h3[:, nh + nkv:].reshape(nt, nkv * hd).astype(np.float16))
@@ -531,12 +536,19 @@ def _compile_cases():
                                                   "float64, float32[::1], boolean, float16[:, ::1], float16[:, ::1]"),
         "rope kv append q16": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
                                                         "int32[::1], float64, float32[::1], boolean, float16[:, ::1], "
-                                                        "float16[:, ::1], float16[:, ::1]"),
+                                                        "float16[:, ::1], float16[:, ::1], none"),
+        "rope kv append q16 bias": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
+                                                             "int32[::1], float64, float32[::1], boolean, "
+                                                             "float16[:, ::1], float16[:, ::1], float16[:, ::1], "
+                                                             "float32[::1]"),
         "rope angles": (rope_mod._angles, "int32[::1], float64, float32[::1], int64, float32[:, :, ::1]"),
         "rope angles given": (rope_mod._rope_tab, "float32[:, :, :], float32[:, :, :], float32[:, :, ::1], boolean"),
         "rope kv append q16 angles given": (rope_mod._rope_append_q_tab, "float32[:, :, :], float32[:, :, :], "
                                             "float32[:, :, :], int32[::1], float32[:, :, ::1], boolean, "
-                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1]"),
+                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1], none"),
+        "rope kv append q16 angles bias": (rope_mod._rope_append_q_tab, "float32[:, :, :], float32[:, :, :], "
+                                           "float32[:, :, :], int32[::1], float32[:, :, ::1], boolean, "
+                                           "float16[:, ::1], float16[:, ::1], float16[:, ::1], float32[::1]"),
         "add rms_norm": (norm._add_rms_norm, f"{rows}, float32[::1], int64, float32[::1], float16[:, ::1], float32"),
         "swiglu two arrays": (activation._swiglu, f"{rows}, {rows}, float16[:, ::1], int64"),
         "swiglu fused": (activation._swiglu, "float32[:, :], float32[:, :], float16[:, ::1], int64"),
@@ -555,7 +567,8 @@ def _compile_cases():
 
 COMPILE_NAMES = [
     "rms_norm f16 out", "rms_norm f32 out", "rms_norm q8", "rms_norm q8 res", "rope contiguous", "rope qkv views",
-    "rope kv append", "rope kv append q16", "rope angles", "rope angles given", "rope kv append q16 angles given", "add rms_norm",
+    "rope kv append", "rope kv append q16", "rope kv append q16 bias", "rope angles", "rope angles given",
+    "rope kv append q16 angles given", "rope kv append q16 angles bias", "add rms_norm",
     "swiglu two arrays",
     "swiglu fused", "swiglu f32 out", "residual add", "residual add bias", "bias add", "embed Q4_K", "embed Q6_K",
     "embed Q8_0", "embed F32", "embed F16", "embed BF16",

@@ -77,12 +77,13 @@ def engine_knobs() -> tuple[Knob, ...]:
                                             "loads (the default: pp128 +2.1%, ledger #207); 0 256 threads a row at "
                                             "every length", legacy=0)]
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
-                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (decode's "
-                                               "FUSE_ROPE_KV, plus q)")]
+                                               "the RoPE kernel, which also adds the q|k|v bias; 0 a bias kernel (qwen2), "
+                                               "then RoPE, then a KV-append kernel (decode's FUSE_ROPE_KV, plus q)")]
     knobs += [Knob("PFUSE_GLU", (0, 1), 1, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
                                            "[nt, 2 ffn] product written and read back; the default, pp512 +13.1%, "
-                                           "ledger #305); 0 the GEMM's f32 product, then swiglu (the same bits). "
+                                           "ledger #305); 0 the GEMM's f32 product, then swiglu (the same bits with "
+                                           "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
                                            "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "

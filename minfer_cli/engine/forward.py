@@ -17,13 +17,15 @@ Knob PNORM_WIDE: the RMSNorms of short prompts (and the last token's) with up to
 Knob PHEAD: the last token's logits from the f16 GEMM on an f16 copy of the output weight (gemm) or from the
 decode's f32-input mat-vec on the quantized weight (gemv: no f16 copy made, ~2.4-3.6x fewer bytes read for one row).
 Knob PFUSE_ROPE_KV: RoPE and the KV append as one kernel (`kernels.rope.rope` with kv_cache and q_out), which also
-writes the rotated q as f16 for attention (decode's FUSE_ROPE_KV, plus q). Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
+writes the rotated q as f16 for attention (decode's FUSE_ROPE_KV, plus q) and adds the q|k|v bias (no bias kernel).
+Knob FUSE_ADD_NORM: ``x += a · Wo^T; h = rms_norm(x, ffn_norm)`` (and ``x += act · Wdown^T`` with the next layer's
 attn_norm) as the GEMM and one `kernels.norm.add_rms_norm` kernel, which also sums the GEMM's split-K slices.
 Knob PROPE_ANGLES: every token's RoPE (cos, sin) computed once before the layers (`kernels.rope.rope_angles`) and
 read by each layer's RoPE kernel, instead of each layer's kernel computing them (float64 angles) again.
 Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
 GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`
-(the same bits; those two run where the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue: `uses_glu`).
+(within one f16 ulp of act: NOCALL=1's epilogue divides with div.approx; the same bits with NOCALL=0). Those two run
+where the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue (`uses_glu`).
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -387,7 +389,7 @@ class PrefillEngine:
                 rms_norm(x, layer.attn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("attn_norm")
             self._gemm(h, layer.qkv, qkv)
-            if layer.qkv_bias is not None:
+            if layer.qkv_bias is not None and not self.options.fuse_rope_kv:  # PFUSE_ROPE_KV's RoPE adds it
                 bias_add(qkv, layer.qkv_bias, out=qkv, stream=s)
             mark("qkv")
             view = qkv.reshape(nt, heads, c.head_dim)
@@ -395,7 +397,7 @@ class PrefillEngine:
             if self.options.fuse_rope_kv:  # one kernel writes the rotated q16 and the cache rows
                 rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors,
                      kv_cache=(head_slice(view, c.n_heads + c.n_kv_heads, heads), layer.k_cache, layer.v_cache),
-                     q_out=q16, angles=angles)
+                     q_out=q16, angles=angles, bias=layer.qkv_bias)
             else:
                 rope(q_heads, k_heads, pos, c.rope_base, c.rope_style, stream=s, factors=self.rope_factors,
                      angles=angles)
@@ -451,7 +453,7 @@ def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
     """Whether PFUSE_GLU's `kernels.gemm_f16.gemm_f16_glu` runs ``c``'s gate|up products with ``options``: PFUSE_GLU
     on and the GEMM knobs and ffn what that kernel takes (`kernels.gemm_f16.glu_refusal`); else (and for a gate|up
     that PFUSED multiplies from its quantized bytes, whose kernel has no SwiGLU epilogue) the product and
-    `kernels.activation.swiglu` run apart, the same bits."""
+    `kernels.activation.swiglu` run apart."""
     from kernels.gemm_f16 import glu_refusal
 
     return options.fuse_glu and glu_refusal(options.gemm, 2 * c.ffn) is None

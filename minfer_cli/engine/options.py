@@ -22,7 +22,8 @@ class PrefillOptions:
     output's and the FFN's products are added to the residual stream by the next RMSNorm's kernel, which also sums
     their split-K slices (`kernels.norm.add_rms_norm`, True), or by a slice sum, a residual add and an RMSNorm
     (False). fuse_rope_kv (PFUSE_ROPE_KV): RoPE also writes the rotated q as f16 and the K/V cache rows
-    (`kernels.rope.rope` with kv_cache and q_out, True) instead of a separate `kernels.kv_cache.kv_append` (False).
+    and adds the q|k|v bias (`kernels.rope.rope` with kv_cache, q_out and bias, True) instead of a bias kernel and a
+    separate `kernels.kv_cache.kv_append` (False).
     head (PHEAD): the last token's logits by `kernels.gemm_f16` on an f16 copy of the output weight ("gemm") or by
     `kernels.gemv.gemv_q` on the quantized weight with f32 input ("gemv"; no f16 copy of it is made). norm_wide
     (PNORM_WIDE): RMSNorms of fewer than `kernels.norm.WIDE_ROWS` rows (and the last token's) run with
@@ -30,7 +31,7 @@ class PrefillOptions:
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
     (`kernels.gemm_f16.gemm_f16_glu`, True, where the GEMM knobs, ffn and PFUSED allow it:
     `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
-    (False; the same bits). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
+    (False; within one f16 ulp of act, `kernels.gemm_f16.gemm_f16_glu`). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
     (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or computed in each layer's kernel (False).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
