@@ -27,6 +27,7 @@ SMALL_TILES = PrefillOptions(
     pgraph=False,  # the simulator captures no CUDA graphs
     fuse_glu=False,  # the unfused prefill; the fusions are the cases that turn them on
     rope_angles=False,
+    fuse_rope_kv=False,
 )
 GLU_TILES = {"fuse_glu": True, "gemm": None}
 """PFUSE_GLU=1 with the GEMM knobs' defaults, whose staged TMA epilogue takes the SwiGLU (`uses_glu`): SMALL_TILES'
@@ -201,7 +202,8 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     tokens) and an unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    unfused = PrefillOptions(fuse_glu=False, rope_angles=False, gemm={"NOCALL": 0} if "fuse_glu" in fusion else None)
+    unfused = PrefillOptions(fuse_glu=False, rope_angles=False, fuse_rope_kv=False,
+                             gemm={"NOCALL": 0} if "fuse_glu" in fusion else None)
     fused = PrefillEngine(weights, 300, dataclasses.replace(unfused, **fusion), context=400)
     plain = PrefillEngine(weights, 300, unfused, context=400)
     assert fused.glu == [bool(fusion.get("fuse_glu"))] * len(fused.layers) and not any(plain.glu)

@@ -76,9 +76,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                             "last token's) with up to 1024 threads a row, so a row takes one round of "
                                             "loads (the default: pp128 +2.1%, ledger #207); 0 256 threads a row at "
                                             "every length", legacy=0)]
-    knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 0, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
-                                               "the RoPE kernel, which also adds the q|k|v bias; 0 a bias kernel (qwen2), "
-                                               "then RoPE, then a KV-append kernel (decode's FUSE_ROPE_KV, plus q)")]
+    knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 1, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
+                                               "the RoPE kernel, which also adds the q|k|v bias (the default: pp512 "
+                                               "+2.7%, pp128 +2.4%, ledger #316 / #317); 0 a bias kernel (qwen2), then "
+                                               "RoPE, then a KV-append kernel (decode's FUSE_ROPE_KV, plus q)", legacy=0)]
     knobs += [Knob("PFUSE_GLU", (0, 1), 1, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
                                            "[nt, 2 ffn] product written and read back; the default, pp512 +13.1%, "
@@ -205,7 +206,7 @@ def engine_options(config: Config) -> EngineOptions:
     attention = {k[len(FA_PREFIX):]: v for k, v in config.items() if k.startswith(FA_PREFIX)}
     prefill = PrefillOptions(w16=bool(config["W16"]), gemm=gemm, attention=attention,
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
-                             fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 0)), head=str(config.get("PHEAD", "gemm")),
+                             fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
                              rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),

@@ -42,7 +42,7 @@ class PrefillOptions:
     attention: Optional[dict] = None
     pgraph: bool = True
     fuse_add_norm: bool = False
-    fuse_rope_kv: bool = False
+    fuse_rope_kv: bool = True
     head: str = "gemm"
     norm_wide: bool = True
     fuse_glu: bool = True
