@@ -40,6 +40,7 @@ from minfer_cli.engine.bench import (
     engine_conflict,
     engine_knobs,
     engine_options,
+    glu_idle,
     idle_knobs,
 )
 from minfer_cli.engine.presets import DEFAULT_PRESET
@@ -153,6 +154,14 @@ class BenchExperiment(Experiment):
         """A tg workload reads only the decode knobs, a pp workload every other one."""
         tg = self._is_tg(workload)
         return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
+
+    def effective(self, config, workload: Workload | None = None):
+        """PFUSE_GLU=1 with GEMM knobs whose kernel has no SwiGLU epilogue runs as PFUSE_GLU=0 (`glu_idle`)."""
+        return {**config, "PFUSE_GLU": 0} if glu_idle(config) else config
+
+    def note(self, config, workload: Workload) -> str | None:
+        """PFUSE_GLU=1 that these GEMM knobs make a no-op, on a pp workload (`glu_idle`)."""
+        return None if self._is_tg(workload) else glu_idle(config)
 
     def refuse(self, config, workload: Workload) -> str | None:
         """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs

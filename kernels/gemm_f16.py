@@ -134,11 +134,8 @@ def geometry(config: dict | None, glu: bool = False) -> Geometry:
     """The `Geometry` of a knob dict (``glu``: `gemm_f16_glu`'s kernel). KernelConstraintError for a knob the
     table refuses, or ``glu`` with a kernel other than STAGING=tma, EPI=staged, TM a multiple of 128."""
     cfg = resolve_config(config)
-    if glu and (cfg["STAGING"] != "tma" or cfg["EPI"] != "staged" or cfg["TM"] % 128):
-        raise KernelConstraintError(
-            f"gemm_f16_glu's SwiGLU epilogue reads the staged C tile's TM / 2-column gate and up halves: it needs "
-            f"STAGING=tma, EPI=staged and TM=128 or 256 (got STAGING={cfg['STAGING']}, EPI={cfg['EPI']}, "
-            f"TM={cfg['TM']})")
+    if glu and (why := gemm_f16_config.glu_tile_refusal(cfg)) is not None:
+        raise KernelConstraintError(why)
     tm, tn, ks, stages = cfg["TM"], cfg["TN"], cfg["KS"], cfg["STAGES"]
     warps = 4 if tm * tn <= 64 * 128 else 8
     warps_n = 2
@@ -396,17 +393,17 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     return out.reshape(nt * od), 1
 
 
-def glu_refusal(config: dict | None, od: int) -> str | None:
+def glu_refusal(config: dict | None, od: int | None = None) -> str | None:
     """Why `gemm_f16_glu` cannot multiply a gate|up weight of ``od`` (= 2 ffn) rows with knob dict ``config``, in
     one line, or None: its kernel needs STAGING=tma, EPI=staged and TM a multiple of 128 (`geometry`), and od a
     multiple of TM (every tile takes TM / 2 gate rows and the same up rows; AUTOTILE only narrows 256 to 128, so a
-    multiple of the configured TM fits either tile). The prefill engine asks it to choose between `gemm_f16_glu`
-    and `gemm_f16` + swiglu."""
+    multiple of the configured TM fits either tile; od None: the kernel alone). The prefill engine asks it to
+    choose between `gemm_f16_glu` and `gemm_f16` + swiglu."""
     try:
         tm = geometry(config, glu=True).tm
     except KernelConstraintError as e:
         return str(e)
-    if od % tm:
+    if od is not None and od % tm:
         return (f"gemm_f16_glu: b has {od} rows (2 x ffn), not a multiple of TM={tm}: every tile takes TM / 2 gate "
                 f"rows and the same up rows; use TM=128 for a ffn that is a multiple of 64 only")
     return None

@@ -76,6 +76,17 @@ class SplitPlan:
         return self.whole + (tiles - self.whole) * self.slices
 
 
+def glu_tile_refusal(cfg: dict) -> str | None:
+    """Why the tile knobs of ``cfg`` (a knob dict; missing knobs at DEFAULT) give no SwiGLU epilogue for
+    `kernels.gemm_f16.gemm_f16_glu`, in one line, or None: it reads the staged C tile's TM / 2-column gate and up
+    halves, so it needs STAGING=tma, EPI=staged and TM a multiple of 128."""
+    staging, epi, tm = (cfg.get(k, DEFAULT[k]) for k in ("STAGING", "EPI", "TM"))
+    if staging != "tma" or epi != "staged" or int(tm) % 128:
+        return (f"gemm_f16_glu's SwiGLU epilogue reads the staged C tile's TM / 2-column gate and up halves: it needs "
+                f"STAGING=tma, EPI=staged and TM=128 or 256 (got STAGING={staging}, EPI={epi}, TM={tm})")
+    return None
+
+
 def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
     """The SplitPlan of SPLITK=``splitk`` for ``tiles`` C tiles of ``ktiles`` k tiles each on ``sms`` SMs (one
     256x128 wgmma block a SM); never more slices than k tiles.

@@ -227,17 +227,32 @@ def _rope_append(q, k, v, pos, base, factors, interleaved, k_cache, v_cache):
 
 
 @kernel
-def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias):
+def _rope_append_q(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out):
     """`_rope_append` that also writes the token's rotated q rounded to f16 into row t of q_out (f16 [nt, nh * hd]):
-    everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV); with a q|k|v
-    ``bias`` (None: none) added first, as `kernels.residual.bias_add` before them would."""
+    everything `kernels.kv_cache.kv_append` writes after a separate rope (prefill's PFUSE_ROPE_KV)."""
+    pdl_enter()
+    _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, None)
+
+
+@kernel
+def _rope_append_q_bias(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias):
+    """`_rope_append_q` with the q|k|v ``bias`` (f32 [(nh + 2 nkv) hd]) added first, as `kernels.residual.bias_add`
+    before it would (a kernel of its own: numba-cuda cannot pass None as a launch argument)."""
     pdl_enter()
     _append_token(q, k, v, pos, base, factors, interleaved, k_cache, v_cache, q_out, bias)
 
 
 @kernel
-def _rope_append_q_tab(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out, bias):
+def _rope_append_q_tab(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out):
     """`_rope_append_q` with every token's (cos, sin) read from ``angles`` (`rope_angles`)."""
+    pdl_enter()
+    t = cuda.blockIdx.x
+    _append_rotated(q, k, v, pos, t, angles[t], interleaved, k_cache, v_cache, q_out, None)
+
+
+@kernel
+def _rope_append_q_tab_bias(q, k, v, pos, angles, interleaved, k_cache, v_cache, q_out, bias):
+    """`_rope_append_q_bias` with every token's (cos, sin) read from ``angles`` (`rope_angles`)."""
     pdl_enter()
     t = cuda.blockIdx.x
     _append_rotated(q, k, v, pos, t, angles[t], interleaved, k_cache, v_cache, q_out, bias)
@@ -403,8 +418,11 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
             launch_kernel(_rope_tab, nt, shape, stream, (q, k, angles, mode == "norm"), pdl=pdl)
         else:
             v, k_cache, v_cache = kv_cache
-            launch_kernel(_rope_append_q_tab, nt, shape, stream,
-                          (q, k, v, pos, angles, mode == "norm", k_cache, v_cache, q_out, bias), pdl=pdl)
+            args = (q, k, v, pos, angles, mode == "norm", k_cache, v_cache, q_out)
+            if bias is None:
+                launch_kernel(_rope_append_q_tab, nt, shape, stream, args, pdl=pdl)
+            else:
+                launch_kernel(_rope_append_q_tab_bias, nt, shape, stream, args + (bias,), pdl=pdl)
         return
     args = (q, k, pos, np.float64(base), factors, mode == "norm")
     if kv_cache is None:
@@ -414,8 +432,10 @@ def rope(q, k, pos, base: float, mode: str, stream=0, pdl: bool = False, factors
         fused = args[:2] + (v,) + args[2:] + (k_cache, v_cache)
         if q_out is None:
             launch_kernel(_rope_append, nt, block_shape(hd, nh + k.shape[1]), stream, fused, pdl=pdl)
+        elif bias is None:
+            launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out,), pdl=pdl)
         else:
-            launch_kernel(_rope_append_q, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out, bias),
+            launch_kernel(_rope_append_q_bias, nt, block_shape(hd, nh + k.shape[1]), stream, fused + (q_out, bias),
                           pdl=pdl)
 
 

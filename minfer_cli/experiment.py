@@ -134,6 +134,11 @@ class Experiment(ABC):
         configuration itself."""
         return config
 
+    def note(self, config: Config, workload: Workload) -> str | None:
+        """What ``config`` does on ``workload`` that its knob values do not say (a knob another setting makes a
+        no-op), in one line, or None. `run`, `ab` and `calibrate` print it before measuring. Default: None."""
+        return None
+
     def refuse(self, config: Config, workload: Workload) -> str | None:
         """Why ``config`` can never run on ``workload`` (a knob combination the kernels refuse, a knob the workload
         never reads), in one sentence, or None. `run`, `ab` and `calibrate` stop on it before the GPU is opened;

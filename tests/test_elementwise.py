@@ -315,6 +315,7 @@ def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv
     (q0, k0, v0, h0), (q1, k1, v1, h1) = runs
     width = nh + nkv  # q and k: rotated in place by both; v: the unfused path's bias_add wrote it, the fused reads it
     np.testing.assert_array_equal(q1.reshape(nt, -1, hd)[:, :width], q0.reshape(nt, -1, hd)[:, :width])
+    np.testing.assert_array_equal(q1.reshape(nt, -1, hd)[:, width:], qkv.reshape(nt, -1, hd)[:, width:])
     if with_q:
         np.testing.assert_array_equal(h1.view(np.uint16), h0.view(np.uint16))
     else:
@@ -489,6 +490,11 @@ BAD_CALLS = [
     (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", q_out=_d((2, 8), np.float16),
                   kv_cache=(_d((2, 1, 8)), _d((4, 8), np.float16), _d((4, 8), np.float16))),
      r"q_out must be a C-contiguous float16 \[2, 16\]"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", bias=_d(32)),
+     "bias is added only by the fused rope \\+ KV append that writes q_out"),
+    (lambda: rope(_d((2, 2, 8)), _d((2, 1, 8)), _d(2, np.int32), 1e4, "neox", q_out=_d((2, 16), np.float16),
+                  kv_cache=(_d((2, 1, 8)), _d((4, 8), np.float16), _d((4, 8), np.float16)), bias=_d(24)),
+     r"bias must be a C-contiguous float32 \[32\] device array \(q\|k\|v\), got float32 \(24,\)"),
     (lambda: swiglu(_d((2, 7))), "even, positive number of columns"),
     (lambda: swiglu(_d((2, 8)), _d((2, 9))), "must have the same shape"),
     (lambda: swiglu(_d((2, 8), np.float16), _d((2, 8))), "2-D float32"),
@@ -536,8 +542,8 @@ def _compile_cases():
                                                   "float64, float32[::1], boolean, float16[:, ::1], float16[:, ::1]"),
         "rope kv append q16": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
                                                         "int32[::1], float64, float32[::1], boolean, float16[:, ::1], "
-                                                        "float16[:, ::1], float16[:, ::1], none"),
-        "rope kv append q16 bias": (rope_mod._rope_append_q, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
+                                                        "float16[:, ::1], float16[:, ::1]"),
+        "rope kv append q16 bias": (rope_mod._rope_append_q_bias, "float32[:, :, :], float32[:, :, :], float32[:, :, :], "
                                                              "int32[::1], float64, float32[::1], boolean, "
                                                              "float16[:, ::1], float16[:, ::1], float16[:, ::1], "
                                                              "float32[::1]"),
@@ -545,8 +551,8 @@ def _compile_cases():
         "rope angles given": (rope_mod._rope_tab, "float32[:, :, :], float32[:, :, :], float32[:, :, ::1], boolean"),
         "rope kv append q16 angles given": (rope_mod._rope_append_q_tab, "float32[:, :, :], float32[:, :, :], "
                                             "float32[:, :, :], int32[::1], float32[:, :, ::1], boolean, "
-                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1], none"),
-        "rope kv append q16 angles bias": (rope_mod._rope_append_q_tab, "float32[:, :, :], float32[:, :, :], "
+                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1]"),
+        "rope kv append q16 angles bias": (rope_mod._rope_append_q_tab_bias, "float32[:, :, :], float32[:, :, :], "
                                            "float32[:, :, :], int32[::1], float32[:, :, ::1], boolean, "
                                            "float16[:, ::1], float16[:, ::1], float16[:, ::1], float32[::1]"),
         "add rms_norm": (norm._add_rms_norm, f"{rows}, float32[::1], int64, float32[::1], float16[:, ::1], float32"),

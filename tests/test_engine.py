@@ -78,6 +78,7 @@ def _tiny_prefill_matches_the_reference(options: PrefillOptions = SMALL_TILES):
         if best - second > 0.05 * ref.std():
             break
     engine = PrefillEngine(weights, 8, options)
+    assert engine.glu == [options.fuse_glu] * len(engine.layers)  # GLU_TILES's case runs the fused product
     engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     assert np.isfinite(got).all()
@@ -265,10 +266,7 @@ def test_pfused_knob_conflicts_are_named_before_loading():
     assert engine_options(resolve_config(knobs, {"PFUSED": "1"}, "e")).prefill.fused is True
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1"}, "e")) is None
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")) is None
-    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async"}, "e")).startswith(
-        "PFUSE_GLU=1 (the default) runs the gate/up product")
-    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0",
-                                                 "PFUSE_GLU": "0"}, "e"))
+    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e"))
     assert why.startswith("PFUSED=1: ") and "STAGING" in why
 
 

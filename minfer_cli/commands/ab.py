@@ -68,6 +68,7 @@ def ab(
     options.check_same_work(exp, configs, wl)
     if not no_record:
         options.check_ledger_writable(ledger)
+    options.print_notes(exp, wl, configs, ["A", "B"])
     with progress(f"{exp.name} {wl.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, seed=seed, progress=report)
         result = measure_ab(session, configs, bar=bar / 100.0, max_time_s=max_time, min_rounds=min_rounds,

@@ -40,6 +40,7 @@ def calibrate(
     options.check_arms_can_run(exp, wl, [config], ["A"])
     if not no_record:
         options.check_ledger_writable(ledger)
+    options.print_notes(exp, wl, [config], ["A"])
     with progress(f"calibrate {exp.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, progress=report)
         result = measure_calibration(session, config, trials=trials, bar=bar / 100.0, max_time_s=max_time,

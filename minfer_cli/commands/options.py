@@ -82,6 +82,17 @@ def check_arms_can_run(exp, workload, configs: list, labels: list[str]) -> None:
             raise UsageError(f"arm {label} cannot run: {problem}")
 
 
+def print_notes(exp, workload, configs: list, labels: list[str]) -> None:
+    """Each arm's `Experiment.note` (what it does that its knob values do not say), on stderr (stdout may be JSON);
+    called once every check has passed, just before measuring."""
+    from minfer_cli.console import err
+
+    for label, config in zip(labels, configs):
+        note = exp.note(config, workload)
+        if note:
+            err.print(f"arm {label}: {note}", markup=False, soft_wrap=True)
+
+
 def check_same_work(exp, configs: list, workload=None) -> None:
     """UsageError, before any GPU work, when two A/B arms run the same code on ``workload``
     (`Experiment.effective`), or differ in a knob that changes the work itself (`Experiment.work_knobs`): their

@@ -41,6 +41,7 @@ def run(
     options.check_arms_can_run(exp, wl, [config], ["A"])
     if record:
         options.check_ledger_writable(ledger)
+    options.print_notes(exp, wl, [config], ["A"])
     with progress(f"{exp.name} {wl.name}") as report:
         session = open_session(exp, wl, flush=flush, warmup_s=warmup, seed=seed, progress=report)
         result = measure_run(session, config, samples=samples, max_time_s=max_time, progress=report)

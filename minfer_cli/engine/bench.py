@@ -165,17 +165,24 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
     return [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
 
 
+def glu_idle(config: Config) -> str | None:
+    """Why PFUSE_GLU=1 does nothing with a full engine knob configuration's GEMM knobs (their kernel has no SwiGLU
+    epilogue: `kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart), in one
+    line, or None (PFUSE_GLU=0, or it applies)."""
+    if not config.get("PFUSE_GLU"):
+        return None
+    from kernels.gemm_f16_config import glu_tile_refusal  # numba-free: no compiler loaded before the GPU check
+
+    why = glu_tile_refusal(config)
+    return None if why is None else f"PFUSE_GLU=1 does nothing with these GEMM knobs ({why})"
+
+
 def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
     if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
         return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
     from kernels import gemm_f16_config as table
 
-    if config.get("PFUSE_GLU") and (config.get("STAGING", table.DEFAULT["STAGING"]) != "tma"
-                                    or config.get("EPI", table.DEFAULT["EPI"]) != "staged"
-                                    or config.get("TM", table.DEFAULT["TM"]) % 128):
-        return ("PFUSE_GLU=1 (the default) runs the gate/up product with the SwiGLU in its staged epilogue: it needs "
-                "STAGING=tma, EPI=staged and TM=128 or 256; add PFUSE_GLU=0 to run other tiles")
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}

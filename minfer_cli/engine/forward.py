@@ -511,7 +511,8 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
                  gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
-    cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product), split-K partials for gemm knobs ``gemm``), so
+    cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product),
+    split-K partials for gemm knobs ``gemm``), so
     that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
     tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
     every matrix is copied or dequantized into the scratch)."""

@@ -31,8 +31,9 @@ class PrefillOptions:
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
     (`kernels.gemm_f16.gemm_f16_glu`, True, where the GEMM knobs, ffn and PFUSED allow it:
     `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
-    (False; within one f16 ulp of act, `kernels.gemm_f16.gemm_f16_glu`). rope_angles (PROPE_ANGLES): every token's RoPE (cos, sin) computed once a prefill
-    (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or computed in each layer's kernel (False).
+    (False; within one f16 ulp of act, `kernels.gemm_f16.gemm_f16_glu`). rope_angles (PROPE_ANGLES): every token's
+    RoPE (cos, sin) computed once a prefill (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or
+    computed in each layer's kernel (False).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
     no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says."""
