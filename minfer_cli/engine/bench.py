@@ -67,15 +67,16 @@ def engine_knobs() -> tuple[Knob, ...]:
                    legacy=0)]
     knobs += [Knob("FUSE_ADD_NORM", (0, 1), 0, "prefill (pp): 1 adds the attention output and the FFN output (their "
                                                "split-K slices summed) to the residual stream in the next RMSNorm's "
-                                               "kernel; 0 a slice sum, a residual add and an RMSNorm (0 the default: "
-                                               "+2.6% at pp512 but -1.5 to -2.0% at pp128)")]
+                                               "kernel, its rows row_tpb threads wide with PNORM_WIDE; 0 a slice sum, a "
+                                               "residual add and an RMSNorm (0 the default: with 256 threads a row at "
+                                               "pp512 it lost -2.4% there and won +3.4% at pp128, ledger #313 / #314)")]
     knobs += [Knob("PHEAD", ("gemm", "gemv"), "gemm", "prefill (pp): the last token's logits by the f16 GEMM on an f16 "
                                                        "copy of the output weight (gemm) or by the decode's f32-input "
                                                        "mat-vec on the quantized weight (gemv: no f16 copy, fewer bytes)")]
     knobs += [Knob("PNORM_WIDE", (0, 1), 1, "prefill (pp): 1 runs the RMSNorms of prompts under 256 tokens (and the "
-                                            "last token's) with up to 1024 threads a row, so a row takes one round of "
-                                            "loads (the default: pp128 +2.1%, ledger #207); 0 256 threads a row at "
-                                            "every length", legacy=0)]
+                                            "last token's), and FUSE_ADD_NORM's at every length, with up to 1024 "
+                                            "threads a row, so a row takes one round of loads (the default: pp128 "
+                                            "+2.1%, ledger #207); 0 256 threads a row at every length", legacy=0)]
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 1, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
                                                "the RoPE kernel, which also adds the q|k|v bias (the default: pp512 "
                                                "+2.7%, pp128 +2.4%, ledger #316 / #317); 0 a bias kernel (qwen2), then "

@@ -357,7 +357,7 @@ class PrefillEngine:
         from kernels.attention import flash_attention
         from kernels.embedding import embedding
         from kernels.kv_cache import kv_append
-        from kernels.norm import DEFAULT_TPB, add_rms_norm, rms_norm, rows_tpb
+        from kernels.norm import DEFAULT_TPB, add_rms_norm, rms_norm, row_tpb, rows_tpb
         from kernels.residual import bias_add, residual_add
         from kernels.rope import rope, rope_angles
         from kernels.views import head_slice
@@ -383,6 +383,9 @@ class PrefillEngine:
                                  stream=s)
         fuse = self.options.fuse_add_norm
         tpb = rows_tpb(nt, c.hidden) if self.options.norm_wide else DEFAULT_TPB
+        # FUSE_ADD_NORM's kernel loads the split-K slices, x and w for each element: with PNORM_WIDE its rows take
+        # row_tpb threads at every length (at DEFAULT_TPB a 3584-wide row is 14 rounds of dependent loads a thread)
+        add_tpb = row_tpb(c.hidden) if self.options.norm_wide else DEFAULT_TPB
         for i, layer in enumerate(self.layers):
             following = self.layers[i + 1] if i + 1 < len(self.layers) else None
             if i == 0 or not fuse:  # FUSE_ADD_NORM: the previous layer's ffn_down stage made h
@@ -413,7 +416,7 @@ class PrefillEngine:
             if fuse:  # the residual add (and slice sum) runs in the ffn_norm stage's kernel
                 parts, count = self._gemm_parts(attn, layer.attn_output)
                 mark("attn_output")
-                add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
+                add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=add_tpb)
             else:
                 self._gemm(attn, layer.attn_output, proj)
                 residual_add(x, proj, stream=s)
@@ -428,7 +431,7 @@ class PrefillEngine:
             mark("ffn_gate_up")
             if fuse and following is not None:  # the add and the next layer's attn_norm, in this stage
                 parts, count = self._gemm_parts(act, layer.down)
-                add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
+                add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s, tpb=add_tpb)
             else:
                 self._gemm(act, layer.down, proj)
                 residual_add(x, proj, stream=s)
