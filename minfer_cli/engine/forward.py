@@ -174,7 +174,8 @@ class PrefillEngine:
         self.q16 = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.attn = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
-        self.glu = [uses_glu(c, options) and layer.gate_up.fused is None for layer in self.layers]
+        glu = uses_glu(c, options)
+        self.glu = [glu and layer.gate_up.fused is None for layer in self.layers]
         self.gu = None if all(self.glu) else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16 if options.head == "gemm" else np.float32,

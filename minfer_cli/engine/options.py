@@ -27,7 +27,8 @@ class PrefillOptions:
     head (PHEAD): the last token's logits by `kernels.gemm_f16` on an f16 copy of the output weight ("gemm") or by
     `kernels.gemv.gemv_q` on the quantized weight with f32 input ("gemv"; no f16 copy of it is made). norm_wide
     (PNORM_WIDE): RMSNorms of fewer than `kernels.norm.WIDE_ROWS` rows (and the last token's, and FUSE_ADD_NORM's
-    at every length) run with `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every length (False). fuse_glu
+    at every length) run with `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every
+    length (False). fuse_glu
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
     (`kernels.gemm_f16.gemm_f16_glu`, True, where the GEMM knobs, ffn and PFUSED allow it:
     `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
