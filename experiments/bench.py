@@ -40,7 +40,7 @@ from minfer_cli.engine.bench import (
     engine_conflict,
     engine_knobs,
     engine_options,
-    glu_idle,
+    idle_fusions,
     idle_knobs,
 )
 from minfer_cli.engine.presets import DEFAULT_PRESET
@@ -156,12 +156,13 @@ class BenchExperiment(Experiment):
         return tuple(k.name for k in self.knobs if (k.name in DECODE_KNOBS) != tg)
 
     def effective(self, config, workload: Workload | None = None):
-        """PFUSE_GLU=1 with GEMM knobs whose kernel has no SwiGLU epilogue runs as PFUSE_GLU=0 (`glu_idle`)."""
-        return {**config, "PFUSE_GLU": 0} if glu_idle(config) else config
+        """A prefill fusion knob at 1 that the other knobs make a no-op (PFUSE_GLU with GEMM tiles that have no
+        SwiGLU epilogue, PFUSE_RESID with FUSE_ADD_NORM=1: `idle_fusions`) runs as 0."""
+        return {**config, **{k: 0 for k in idle_fusions(config)}}
 
     def note(self, config, workload: Workload) -> str | None:
-        """PFUSE_GLU=1 that these GEMM knobs make a no-op, on a pp workload (`glu_idle`)."""
-        return None if self._is_tg(workload) else glu_idle(config)
+        """The prefill fusion knobs these knobs make a no-op, on a pp workload (`idle_fusions`)."""
+        return None if self._is_tg(workload) else "; ".join(idle_fusions(config).values()) or None
 
     def refuse(self, config, workload: Workload) -> str | None:
         """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs

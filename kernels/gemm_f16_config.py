@@ -87,6 +87,17 @@ def glu_tile_refusal(cfg: dict) -> str | None:
     return None
 
 
+def add_refusal(cfg: dict) -> str | None:
+    """Why the knobs of ``cfg`` (a knob dict; missing knobs at DEFAULT) give no residual epilogue (C += A · B^T,
+    `kernels.gemm_f16.gemm_f16`'s ``accumulate``), in one line, or None: only the STAGING=tma kernels (either EPI)
+    have it."""
+    staging = cfg.get("STAGING", DEFAULT["STAGING"])
+    if staging != "tma":
+        return (f"gemm_f16's residual epilogue (C += A·B^T) is in the STAGING=tma kernels only (got STAGING="
+                f"{staging})")
+    return None
+
+
 def split_plan(tiles: int, ktiles: int, sms: int, splitk: int) -> SplitPlan:
     """The SplitPlan of SPLITK=``splitk`` for ``tiles`` C tiles of ``ktiles`` k tiles each on ``sms`` SMs (one
     256x128 wgmma block a SM); never more slices than k tiles.

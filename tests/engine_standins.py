@@ -9,9 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def numpy_gemm(a, b, out=None, *, config=None, stream=0, partials=None):
-    """Stand-in for gemm_f16 in the simulator session: f32 numpy product of the same f16 operands."""
+def numpy_gemm(a, b, out=None, *, config=None, stream=0, partials=None, accumulate=False):
+    """Stand-in for gemm_f16 in the simulator session: f32 numpy product of the same f16 operands (added to out
+    with ``accumulate``)."""
     result = a.copy_to_host().astype(np.float32) @ b.copy_to_host().astype(np.float32).T
+    if accumulate:
+        result = out.copy_to_host() + result
     out.copy_to_device(result.astype(np.float32))
     return out
 
@@ -47,9 +50,9 @@ def _fused_weight(segments, qtype, kdim):
     return cuda.to_device(np.concatenate(rows))
 
 
-def numpy_gemm_fused(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
+def numpy_gemm_fused(a, segments, qtype, out=None, *, config=None, stream=0, partials=None, accumulate=False):
     """Stand-in for gemm_fused in the simulator session: `numpy_gemm` on gguf's dequantization of the segments."""
-    return numpy_gemm(a, _fused_weight(segments, qtype, a.shape[1]), out)
+    return numpy_gemm(a, _fused_weight(segments, qtype, a.shape[1]), out, accumulate=accumulate)
 
 
 def numpy_gemm_fused_split(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):

@@ -30,6 +30,8 @@ SMALL_TILES = PrefillOptions(
     fuse_rope_kv=False,
 )
 GLU_TILES = {"fuse_glu": True, "gemm": None}
+RESID = {"fuse_resid": True, "gemm": None}
+"""PFUSE_RESID=1 with the GEMM knobs' defaults (STAGING=tma, whose kernels have the residual epilogue)."""
 """PFUSE_GLU=1 with the GEMM knobs' defaults, whose staged TMA epilogue takes the SwiGLU (`uses_glu`): SMALL_TILES'
 64-wide tiles do not, and the engine would run the product and swiglu apart."""
 
@@ -40,9 +42,9 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
                                     {"norm_wide": True, "fuse_add_norm": True}, GLU_TILES,
-                                    {"rope_angles": True}, {"rope_angles": True, "fuse_rope_kv": True}],
+                                    {"rope_angles": True}, {"rope_angles": True, "fuse_rope_kv": True}, RESID],
                          ids=["unfused", "FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PHEAD=gemv", "PNORM_WIDE=1",
-                              "PFUSE_GLU=1", "PROPE_ANGLES=1", "PROPE_ANGLES=1,PFUSE_ROPE_KV=1"])
+                              "PFUSE_GLU=1", "PROPE_ANGLES=1", "PROPE_ANGLES=1,PFUSE_ROPE_KV=1", "PFUSE_RESID=1"])
 def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     """The engine's plumbing (embedding, norms, fused q|k|v + bias, RoPE on views, KV-cache append, SwiGLU on the
     fused gate|up, residuals, last-token logits) through the simulator. The tensor-core GEMM, flash attention and
@@ -53,7 +55,8 @@ def test_tiny_prefill_wiring_matches_the_float64_reference(monkeypatch, fusion):
     quantized output weight's mat-vec (no f16 copy of it); PNORM_WIDE=1: the norms (plain and fused) of this short
     prompt with `kernels.norm.row_tpb` threads a row; PFUSE_GLU=1: the activation straight from the gate/up product
     (no f32 product buffer); PROPE_ANGLES=1: the (cos, sin) of the prompt's positions computed once, read by every
-    layer's RoPE (alone, or writing q16 and the cache rows)."""
+    layer's RoPE (alone, or writing q16 and the cache rows); PFUSE_RESID=1: the GEMMs add attn_output's and
+    ffn_down's products to the residual stream themselves."""
     use_standins(monkeypatch)
     _tiny_prefill_matches_the_reference(dataclasses.replace(SMALL_TILES, **fusion))
 
@@ -192,15 +195,16 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fusion", [{"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"fuse_glu": True},
-                                    {"rope_angles": True}],
-                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1", "PROPE_ANGLES=1"])
+                                    {"rope_angles": True}, {"fuse_resid": True}],
+                         ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1", "PROPE_ANGLES=1", "PFUSE_RESID=1"])
 def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
     additions in the same order as the slice sum, residual add and RMSNorm kernels; PFUSE_ROPE_KV=1 stores the same
     f16 roundings of the same rotations as RoPE + KV append; PFUSE_GLU=1 the same f16 roundings of the same SwiGLU
     of the same products (`kernels.gemm_f16.gemm_f16_glu`) with NOCALL=0 (NOCALL=1, the default, divides with
-    div.approx: one f16 ulp apart, and the float64-reference tests cover it). So the same logits, at a split (7, 65
-    tokens) and an unsplit (300) prompt length."""
+    div.approx: one f16 ulp apart, and the float64-reference tests cover it); PFUSE_RESID=1 the same f32 additions
+    in the GEMM's epilogue and slice sums. So the same logits, at a split (7, 65 tokens) and an unsplit (300) prompt
+    length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
     unfused = PrefillOptions(fuse_glu=False, rope_angles=False, fuse_rope_kv=False,
@@ -208,6 +212,7 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     fused = PrefillEngine(weights, 300, dataclasses.replace(unfused, **fusion), context=400)
     plain = PrefillEngine(weights, 300, unfused, context=400)
     assert fused.glu == [bool(fusion.get("fuse_glu"))] * len(fused.layers) and not any(plain.glu)
+    assert fused.resid == bool(fusion.get("fuse_resid")) and not plain.resid
     for nt in (7, 65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
         np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
@@ -235,6 +240,17 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
     assert fused.output.fused is None  # the tied/own output weight is Q6_K
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+
+
+def test_pfuse_resid_runs_where_its_epilogue_can():
+    """PFUSE_RESID=1 adds in the GEMM where the GEMM knobs have the residual epilogue (STAGING=tma, either EPI) and
+    FUSE_ADD_NORM does not do the adds; else the engine runs residual_add (and `bench` says so: test_cli)."""
+    from minfer_cli.engine.forward import uses_resid
+
+    on = PrefillOptions(fuse_resid=True)
+    assert uses_resid(on) and uses_resid(dataclasses.replace(on, gemm={"EPI": "direct"}))
+    assert not uses_resid(PrefillOptions()) and not uses_resid(dataclasses.replace(on, fuse_add_norm=True))
+    assert not uses_resid(dataclasses.replace(on, gemm=SMALL_TILES.gemm))
 
 
 def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):

@@ -428,3 +428,28 @@ def test_gpu_split_k_matches_torch(splitk, shape):
     got = out.copy_to_host()
     assert np.isfinite(got).all()
     assert _torch_rel(a, b, got) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [G.DEFAULT, dict(G.DEFAULT, EPI="direct"), dict(G.DEFAULT, SPLITK=3)],
+                         ids=["default", "EPI=direct", "SPLITK=3"])
+@pytest.mark.parametrize("shape", [(512, 3584, 18944), (512, 3584, 3584), (33, 1536, 8960), (2047, 4609, 3584)],
+                         ids=str)
+def test_gpu_accumulate_is_the_product_then_the_residual_add(config, shape):
+    """The residual epilogue at the engine's attn_output / ffn_down shapes (split and unsplit plans, an od tail):
+    x0 + the product gemm_f16 writes, the same f32 bits, for a fresh random x0; the product against torch."""
+    nt, od, id_ = shape
+    rng = np.random.default_rng()
+    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
+    b = rng.standard_normal((od, id_), dtype=np.float32).astype(np.float16)
+    x0 = (4 * rng.standard_normal((nt, od))).astype(np.float32)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    need = max(1, G.partials_elements(config, nt, od, id_))
+    prod = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(da, db, prod, config=config, partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+    x = cuda.to_device(x0)
+    G.gemm_f16(da, db, x, config=config, partials=cuda.to_device(np.full(need, np.nan, np.float32)),
+               accumulate=True)
+    got, prod = x.copy_to_host(), prod.copy_to_host()
+    assert np.isfinite(prod).all() and _torch_rel(a, b, prod) < 1e-3
+    np.testing.assert_array_equal(got, x0 + prod)

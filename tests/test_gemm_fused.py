@@ -91,6 +91,24 @@ def test_fused_simulator_split_k():
         _assert_close(got, a, w16, _f16_path(a, raws, rows, config))
 
 
+@sim
+def test_fused_accumulate_is_the_product_then_the_residual_add_bit_for_bit():
+    """gemm_fused(accumulate=True): x0 + the fused product, the same f32 bits, whole tiles and every tile in 3
+    slices; fresh random x0 and operands."""
+    nt, rows, id_ = 17, [64, 70], 256
+    for splitk in (1, 3):
+        config = dict(G.DEFAULT, TM=128, TN=64, STAGES=3, SPLITK=splitk)
+        a, raws, w16 = _operands(nt, rows, id_, seed=None)
+        x0 = (4 * np.random.default_rng().standard_normal((nt, sum(rows)))).astype(np.float32)
+        need = max(1, G.partials_elements(config, nt, sum(rows), id_))
+        prod = _fused(a, raws, rows, config, partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+        x = cuda.to_device(x0)
+        segments = [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)]
+        F.gemm_fused(cuda.to_device(a), segments, "Q4_K", x, config=config, accumulate=True,
+                     partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+        assert np.isfinite(prod).all() and np.array_equal(x.copy_to_host(), x0 + prod)
+
+
 def _bad_calls():
     """(call, the words its one-line refusal must hold)."""
     a = np.zeros((4, 256), np.float16)
@@ -109,6 +127,7 @@ def _bad_calls():
         (lambda: F.check_segments(a, [(np.zeros(4 * 144, np.uint8)[::2], 2)], "Q4_K"), "contiguous 1-D uint8"),
         (lambda: F.check_segments(a, [(raw, 2.0)], "Q4_K"), "whole number of rows"),
         (lambda: F.gemm_fused(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
+        (lambda: F.gemm_fused(a, [(raw, 2)], "Q4_K", accumulate=True), "accumulate adds the product to out"),
         (lambda: F.check_segments(a.astype(np.float32), [(raw, 2)], "Q4_K"), "float16"),
         (lambda: F.check_segments(a, [(raw, 2)], "Q4_K", out=np.zeros((4, 3), np.float32)), r"float32 \[4, 2\]"),
     ]

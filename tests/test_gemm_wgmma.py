@@ -330,6 +330,74 @@ def test_gemm_wgmma_simulator_matches_float64(config, shape):
     assert _run(config, *shape) < 1e-3
 
 
+# ---- the residual epilogue: accumulate, C += A · B^T -----------------------------------------------------------
+
+SMALL_TMA = dict(G.DEFAULT, TM=64, TN=64, STAGES=3, SPLITK=1)
+ADD_CASES = [  # (config, (nt, od, id), SMs, out one float into its buffer: 4-byte stores)
+    ("whole tiles, 16-byte rows", SMALL_TMA, (33, 72, 128), 132, False),
+    ("whole tiles, a misaligned out", SMALL_TMA, (20, 68, 128), 132, True),
+    ("EPI=direct", dict(SMALL_TMA, EPI="direct"), (33, 70, 128), 132, False),
+    ("every tile in 3 slices", dict(SMALL_TMA, SPLITK=3), (33, 70, 192), 132, False),
+    ("the last wave's tiles in 2 slices", dict(SMALL_TMA, SPLITK=0), (33, 200, 128), 3, False),
+]
+
+
+def _accumulate_case(config, nt, od, id_, offset, rng, gemm):
+    """(x0, the product into a poisoned buffer, x0 after ``gemm(out=x, accumulate=True)``), all host arrays; the
+    word before an offset x keeps its poison."""
+    x0 = (4 * rng.standard_normal((nt, od))).astype(np.float32)
+    prod = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    gemm(prod, False)
+    flat = cuda.to_device(np.concatenate([np.full(offset, np.nan, np.float32), x0.reshape(-1)]))
+    x = flat[offset:].reshape(nt, od)
+    assert gemm(x, True) is x
+    got = flat.copy_to_host()
+    assert np.isnan(got[:offset]).all()
+    return x0, prod.copy_to_host(), got[offset:].reshape(nt, od)
+
+
+@sim
+@pytest.mark.parametrize("config,shape,sms,misaligned", [c[1:] for c in ADD_CASES], ids=[c[0] for c in ADD_CASES])
+def test_accumulate_is_the_product_then_the_residual_add_bit_for_bit(monkeypatch, config, shape, sms, misaligned):
+    """gemm_f16(accumulate=True) leaves x0 + (the product gemm_f16 writes) in every element, the same f32 bits as
+    the product into a buffer then the residual add, over whole tiles (staged and direct epilogues, 16- and 4-byte
+    rows) and split ones (every tile: the slice sum adds; the last wave's: the tile sum adds); fresh random x0 and
+    operands, poisoned partials; and the sum is x0 plus the float64 product within 1e-3."""
+    monkeypatch.setattr(G, "device_sms", lambda: sms)
+    monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
+    nt, od, id_ = shape
+    plan = G.split_plan(config, nt, od, id_)
+    assert (plan.slices, plan.whole > 0) == {0: (2, True), 3: (3, False)}.get(config.get("SPLITK", 1), (1, True))
+    rng = np.random.default_rng()
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    need = max(1, G.partials_elements(config, nt, od, id_))
+
+    def gemm(out, accumulate):
+        partials = cuda.to_device(np.full(need, np.nan, np.float32))
+        return G.gemm_f16(da, db, out, config=config, partials=partials, accumulate=accumulate)
+
+    x0, prod, got = _accumulate_case(config, nt, od, id_, int(misaligned), rng, gemm)
+    assert np.isfinite(prod).all()
+    assert np.array_equal(got, x0 + prod)
+    ref = x0 + a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref - x0) < 1e-3
+
+
+def test_accumulate_refusals():
+    """accumulate without out, with the cp.async kernels, or with the SwiGLU epilogue: one line each, before any
+    launch."""
+    a, b = np.zeros((4, 64), np.float16), np.zeros((8, 64), np.float16)
+    with pytest.raises(KernelConstraintError, match="accumulate adds the product to out; pass the f32"):
+        G.gemm_f16(a, b, accumulate=True)
+    with pytest.raises(KernelConstraintError, match=r"residual epilogue \(C \+= A·B\^T\) is in the STAGING=tma"):
+        G.geometry(dict(WG), add=True)
+    with pytest.raises(KernelConstraintError, match="SwiGLU epilogue writes f16 activations"):
+        G.geometry(None, glu=True, add=True)
+    assert G.geometry(None, add=True).add and G.geometry(dict(G.DEFAULT, EPI="direct"), add=True).add
+
+
 def test_wgmma_invalid_combinations_are_refused():
     for bad, match in (
         (dict(WG, STAGING="sync"), "MMA=wgmma needs STAGING=cp_async"),
@@ -417,6 +485,21 @@ def test_tma_ptx(config):
     res = ptxas_resources(ptx)
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
     assert res["registers"] * G.geometry(config).threads <= 65536
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+def test_residual_epilogue_ptx(epi):
+    """The residual epilogue reads C before it writes it (16-byte loads with the staged tile), keeps the wgmma
+    asynchronous with NOCALL=1 and spills nothing."""
+    from ptx_assembly import ptxas_resources
+
+    config = dict(G.DEFAULT, EPI=epi)
+    ptx = G.kernel_ptx(config, add=True)
+    assert ("ld.global.v4.f32" in ptx) == (epi == "staged") and "ld.global.v4.f32" not in G.kernel_ptx(config)
+    assert ptx.count("ld.global.f32") > G.kernel_ptx(config).count("ld.global.f32")
+    got = ptxas_resources(ptx)
+    assert not got["wgmma_serialized"] and got["spill_bytes"] == 0, got
 
 
 @pytest.mark.compile

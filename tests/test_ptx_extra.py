@@ -232,6 +232,52 @@ def test_f32_vector_gpu_numbers():
     check_f32_vectors(np.random.default_rng())
 
 
+@cuda.jit
+def _k_f32_add(src, out, shift):
+    """Thread t < 16 adds src[4t .. 4t + 3] to row t // 4 of ``out`` at column 4 (t % 4) + shift: one 16-byte load
+    and one 16-byte store (the residual epilogue's read-add-write)."""
+    t = cuda.threadIdx.x
+    if t < 16:
+        r, c = t // 4, 4 * (t % 4) + shift
+        y0, y1, y2, y3 = P.ld_global_v4_f32(out, r, c)
+        P.st_global_v4_f32(out, r, c, y0 + src[4 * t], y1 + src[4 * t + 1], y2 + src[4 * t + 2], y3 + src[4 * t + 3])
+
+
+def check_f32_add(rng) -> None:
+    """Random floats added to random rows land as the f32 sums, element for element; the columns before keep their
+    NaN poison."""
+    src = rng.standard_normal(64).astype(np.float32)
+    start = rng.standard_normal((4, 20)).astype(np.float32)
+    start[:, :4] = np.nan
+    out = cuda.to_device(start)
+    _k_f32_add[1, 32](cuda.to_device(src), out, 4)
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[:, 4:], start[:, 4:] + src.reshape(4, 16))
+    assert np.isnan(got[:, :4]).all()
+
+
+@sim
+def test_f32_vector_load_fallback_numbers():
+    check_f32_add(np.random.default_rng())
+
+
+@sim
+def test_f32_vector_load_fallback_refuses_misaligned_addresses():
+    with pytest.raises(IndexError, match="ld.global.v4.f32 .* 16-byte alignment"):
+        _k_f32_add[1, 32](cuda.to_device(np.zeros(64, np.float32)), cuda.to_device(np.zeros((4, 20), np.float32)), 2)
+
+
+@pytest.mark.gpu
+def test_f32_vector_load_gpu_numbers():
+    check_f32_add(np.random.default_rng())
+
+
+@pytest.mark.compile
+def test_f32_vector_load_in_ptx():
+    ptx, _ = cuda.compile_ptx(_k_f32_add.py_func, (types.float32[::1], types.float32[:, ::1], types.int64), cc=(9, 0))
+    assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx
+
+
 @pytest.mark.compile
 def test_f32_vector_instructions_in_ptx():
     ptx, _ = cuda.compile_ptx(_k_f32_vectors.py_func, (types.float32[::1], types.float32[:, ::1], types.int64),

@@ -49,6 +49,7 @@ from kernels.ptx.bulk import (
 )
 from kernels.ptx.memory import (
     ld_global_v2_b32,
+    ld_global_v4_f32,
     ld_global_v4_b32,
     ld_global_v4_u32,
     ld_shared_v4_b32,
@@ -138,6 +139,7 @@ __all__ = [
     "griddepcontrol_launch_dependents",
     "griddepcontrol_wait",
     "ld_global_v2_b32",
+    "ld_global_v4_f32",
     "ld_global_v4_b32",
     "ld_global_v4_u32",
     "ld_shared_v4_b32",

@@ -224,6 +224,13 @@ if SIMULATOR:
         _check_aligned("st.global.v4.f32", array, (int(row) * nd.shape[1] + int(col)) * 4, 16)
         nd[row, col: col + 4] = (x0, x1, x2, x3)
 
+    def ld_global_v4_f32(array, row, col):
+        """Simulator form of `ld.global.v4.f32`: elements (row, col .. col + 3) of a C-contiguous 2-D float32
+        array as a 4-tuple (16-byte aligned address, else IndexError)."""
+        nd = _ndarray(array)
+        _check_aligned("ld.global.v4.f32", array, (int(row) * nd.shape[1] + int(col)) * 4, 16)
+        return tuple(nd[row, col: col + 4])
+
 else:
 
     def _check_f32_array(name: str, array, ndim: int, indices) -> None:
@@ -282,6 +289,25 @@ else:
             _asm(builder, ir.VoidType(), [ptr, *vals], "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,~{memory}",
                  True)
             return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def ld_global_v4_f32(typingctx, array, row, col):
+        """`ld.global.v4.f32 {a, b, c, d}, [addr]` (PTX ISA §9.7.9.8 "ld"): elements (row, col .. col + 3) of a
+        C-contiguous 2-D float32 array as a 4-tuple, one 16-byte load (the address must be 16-byte aligned: the
+        caller checks the array's base and row length). Volatile with a memory clobber: it stays in program order
+        with the stores around it."""
+        _check_f32_array("ld_global_v4_f32", array, 2, (row, col))
+        sig = types.UniTuple(types.float32, 4)(array, row, col)
+
+        def codegen(context, builder, sig, args):
+            struct = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], struct, [args[1], args[2]], wraparound=False)
+            f32 = ir.FloatType()
+            res = _asm(builder, ir.LiteralStructType([f32] * 4), [ptr], "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];",
+                       "=f,=f,=f,=f,l,~{memory}", True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
 
         return sig, codegen
 

@@ -88,6 +88,12 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
                                            "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
+    knobs += [Knob("PFUSE_RESID", (0, 1), 0, "prefill (pp): 1 adds the attention output's and the FFN's products to "
+                                             "the residual stream in their GEMM's epilogue (C += A·B^T; split-K "
+                                             "slices in the slice sum): no f32 [nt, hidden] product written, read "
+                                             "back and added by a kernel of its own; 0 that buffer and "
+                                             "residual_add. The same numbers either way. Does nothing with "
+                                             "FUSE_ADD_NORM=1 (its norm kernel adds) or STAGING other than tma")]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
                                         "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
                                         "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
@@ -166,16 +172,23 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
     return [k for k, v in config.items() if v != default[k] and (k in DECODE_KNOBS) != tg]
 
 
-def glu_idle(config: Config) -> str | None:
-    """Why PFUSE_GLU=1 does nothing with a full engine knob configuration's GEMM knobs (their kernel has no SwiGLU
-    epilogue: `kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart), in one
-    line, or None (PFUSE_GLU=0, or it applies)."""
-    if not config.get("PFUSE_GLU"):
-        return None
-    from kernels.gemm_f16_config import glu_tile_refusal  # numba-free: no compiler loaded before the GPU check
+def idle_fusions(config: Config) -> dict[str, str]:
+    """The prefill fusion knobs a full engine knob configuration sets to 1 that its other knobs make a no-op, each
+    with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
+    (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
+    FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
+    (`kernels.gemm_f16_config.add_refusal`). Empty when each applies."""
+    from kernels.gemm_f16_config import add_refusal, glu_tile_refusal  # numba-free: no compiler before the GPU check
 
-    why = glu_tile_refusal(config)
-    return None if why is None else f"PFUSE_GLU=1 does nothing with these GEMM knobs ({why})"
+    idle = {}
+    if config.get("PFUSE_GLU") and (why := glu_tile_refusal(config)) is not None:
+        idle["PFUSE_GLU"] = f"PFUSE_GLU=1 does nothing with these GEMM knobs ({why})"
+    if config.get("PFUSE_RESID"):
+        if config.get("FUSE_ADD_NORM"):
+            idle["PFUSE_RESID"] = "PFUSE_RESID=1 does nothing with FUSE_ADD_NORM=1 (its norm kernel adds the products)"
+        elif (why := add_refusal(config)) is not None:
+            idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
+    return idle
 
 
 def engine_conflict(config: Config) -> str | None:
@@ -216,7 +229,8 @@ def engine_options(config: Config) -> EngineOptions:
                              pgraph=bool(config.get("PGRAPH", 1)), fuse_add_norm=bool(config.get("FUSE_ADD_NORM", 0)),
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
-                             rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)))
+                             rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)),
+                             fuse_resid=bool(config.get("PFUSE_RESID", 0)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),

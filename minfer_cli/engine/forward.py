@@ -26,6 +26,9 @@ Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm
 GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`
 (within one f16 ulp of act: NOCALL=1's epilogue divides with div.approx; the same bits with NOCALL=0). Those two run
 where the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue (`uses_glu`).
+Knob PFUSE_RESID: ``x += a · Wo^T`` and ``x += act · Wdown^T`` by the GEMM itself (`kernels.gemm_f16.gemm_f16` /
+`kernels.gemm_fused.gemm_fused` with ``accumulate``: the residual epilogue) instead of the product into a buffer and
+`kernels.residual.residual_add` (the same numbers); not with FUSE_ADD_NORM, whose norm kernel adds (`uses_resid`).
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -176,6 +179,7 @@ class PrefillEngine:
         self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
         glu = uses_glu(c, options)
         self.glu = [glu and layer.gate_up.fused is None for layer in self.layers]
+        self.resid = uses_resid(options)
         self.gu = None if all(self.glu) else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
         self.last = cuda.device_array((1, c.hidden), dtype=np.float16 if options.head == "gemm" else np.float32,
@@ -224,16 +228,18 @@ class PrefillEngine:
         self._dequantize(m, out)
         return out
 
-    def _gemm(self, a, m: _Matrix, out) -> None:
+    def _gemm(self, a, m: _Matrix, out, accumulate: bool = False) -> None:
+        """out = a · W^T, or out += a · W^T with ``accumulate`` (PFUSE_RESID)."""
         if m.fused is not None:
             from kernels.gemm_fused import gemm_fused
 
             gemm_fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
-                       partials=self.partials)
+                       partials=self.partials, accumulate=accumulate)
             return
         from kernels.gemm_f16 import gemm_f16
 
-        gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials)
+        gemm_f16(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream, partials=self.partials,
+                 accumulate=accumulate)
 
     def _gemm_glu(self, a, m: _Matrix, out) -> None:
         from kernels.gemm_f16 import gemm_f16_glu
@@ -419,8 +425,11 @@ class PrefillEngine:
                 mark("attn_output")
                 add_rms_norm(x, parts, count, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=add_tpb)
             else:
-                self._gemm(attn, layer.attn_output, proj)
-                residual_add(x, proj, stream=s)
+                if self.resid:  # PFUSE_RESID: x += attn · Wo^T in the GEMM's epilogue
+                    self._gemm(attn, layer.attn_output, x, accumulate=True)
+                else:
+                    self._gemm(attn, layer.attn_output, proj)
+                    residual_add(x, proj, stream=s)
                 mark("attn_output")
                 rms_norm(x, layer.ffn_norm, c.rms_eps, out=h, stream=s, tpb=tpb)
             mark("ffn_norm")
@@ -433,6 +442,8 @@ class PrefillEngine:
             if fuse and following is not None:  # the add and the next layer's attn_norm, in this stage
                 parts, count = self._gemm_parts(act, layer.down)
                 add_rms_norm(x, parts, count, following.attn_norm, c.rms_eps, out=h, stream=s, tpb=add_tpb)
+            elif self.resid:
+                self._gemm(act, layer.down, x, accumulate=True)
             else:
                 self._gemm(act, layer.down, proj)
                 residual_add(x, proj, stream=s)
@@ -461,6 +472,16 @@ def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
     from kernels.gemm_f16 import glu_refusal
 
     return options.fuse_glu and glu_refusal(options.gemm, 2 * c.ffn) is None
+
+
+def uses_resid(options: PrefillOptions) -> bool:
+    """Whether PFUSE_RESID's residual epilogue adds the attention output's and the FFN's products to the residual
+    stream with ``options``: PFUSE_RESID on, FUSE_ADD_NORM off (its norm kernel adds them) and GEMM knobs whose
+    kernels have the epilogue (`kernels.gemm_f16_config.add_refusal`: STAGING=tma); else a buffer and
+    `kernels.residual.residual_add`."""
+    from kernels.gemm_f16_config import add_refusal
+
+    return options.fuse_resid and not options.fuse_add_norm and add_refusal(options.gemm or {}) is None
 
 
 def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:

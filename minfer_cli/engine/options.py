@@ -34,7 +34,10 @@ class PrefillOptions:
     `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
     (False; within one f16 ulp of act, `kernels.gemm_f16.gemm_f16_glu`). rope_angles (PROPE_ANGLES): every token's
     RoPE (cos, sin) computed once a prefill (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or
-    computed in each layer's kernel (False).
+    computed in each layer's kernel (False). fuse_resid (PFUSE_RESID): the attention output's and the FFN's products
+    are added to the residual stream by their GEMM's epilogue (`kernels.gemm_f16.gemm_f16`'s ``accumulate``, True,
+    where `minfer_cli.engine.forward.uses_resid` says it applies) or written to a buffer that
+    `kernels.residual.residual_add` adds (False; the same numbers either way).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
     no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says."""
@@ -50,6 +53,7 @@ class PrefillOptions:
     fuse_glu: bool = True
     rope_angles: bool = True
     fused: bool = False
+    fuse_resid: bool = False
 
 
 @dataclass(frozen=True)
