@@ -1,5 +1,5 @@
-"""Prefill attention on tensor cores: causal FlashAttention-2, head_dim D in `HEAD_DIMS` (64, 128, 256), GQA, f16
-in/out, f32 softmax.
+"""Prefill attention on tensor cores: causal FlashAttention-2, head_dim D in `HEAD_DIMS` (64, 80, 96, 128, 256),
+GQA, f16 in/out, f32 softmax.
 
 ``O[i, h, :] = softmax_j(Q[i, h, :] · K[j, h // G, :] / sqrt(D), j <= i + (nt_kv - nt)) · V[j, h // G, :]``
 with q f16 ``[nt, n_heads, D]``, k/v f16 ``[nt_kv, n_kv_heads, D]`` (the KV cache; nt_kv > nt when a prefix is
@@ -11,8 +11,10 @@ up to its causal limit (FlashAttention-2, Dao 2023, Algorithm 1):
 
 * Q tile -> shared memory (cp.async) -> `ldmatrix.x4` A fragments, kept in registers for the whole loop;
 * K/V tiles -> a two-slot shared ring by `cp.async.cg`, tile j+1 loading while tile j computes (src-size 0
-  zero-fills keys past nt_kv), rows XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would otherwise put all 8 ldmatrix rows
-  in one bank; D/8 chunks a row, a power of two >= 8, so the XOR stays inside the row);
+  zero-fills keys past nt_kv), rows XOR-swizzled (16-byte chunk ^ (row & 7): rows of 128, 256 or 512 bytes would
+  otherwise put all 8 ldmatrix rows in one bank). A shared row is DP = `padded_head_dim(D)` elements, DP/8 chunks,
+  a power of two >= 8, so the XOR stays inside the row; at D = 80 or 96 (DP = 128) the chunks past D/8 are neither
+  loaded nor read: the products run D/16 k16 steps and D/8 n8 tiles of O;
 * S = Q·K^T with `mma.sync.m16n8k16` (K fragments by non-transposed `ldmatrix`: K rows are mma's "col" B);
 * online softmax in f32 in the log2 domain (scores scaled by log2(e)/sqrt(D), `ex2`), running max m and
   per-lane partial row sums l (reduced over the 4 lanes of a row only at the end), accumulator rescaled by
@@ -45,7 +47,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from kernels.errors import KernelConstraintError
-from kernels.attention_config import BQ, DEFAULT, HEAD_DIMS, KNOBS, STAGES, head_dim_refusal
+from kernels.attention_config import BQ, DEFAULT, HEAD_DIMS, KNOBS, STAGES, head_dim_refusal, padded_head_dim
 from kernels.specialize import BuiltKernel, KernelCache, is_contiguous
 from kernels.ptx import (
     SIMULATOR,
@@ -114,7 +116,7 @@ def geometry(config: dict | None, causal: bool = True, head_dim: int = 128) -> G
     if why:
         raise KernelConstraintError(f"flash_attention: {why}")
     bk = cfg["BK"]
-    smem = 2 * head_dim * (BQ + 2 * STAGES * bk)
+    smem = 2 * padded_head_dim(head_dim) * (BQ + 2 * STAGES * bk)
     return Geometry(BQ, bk, STAGES, bool(causal), int(head_dim), cfg["MMA"], BQ // 16, smem)
 
 
@@ -136,17 +138,19 @@ def _tile_steps(g: Geometry):
       (the A fragments of P·V for mma.sync m16n8k16 and for the register-A wgmma alike: k16 step kk's are words
       4 kk .. 4 kk + 3);
     * ``store_out(smem32, out32, o, ml, r0, q0, nt, qs, h)``: O / l to f16, staged in the warp's rows r0 .. r0 + 15
-      of the (XOR-swizzled, D-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt skipped. 1 / l
+      of the (XOR-swizzled, DP-element rows) Q tile region, then 16-byte rows to ``out``, rows past nt skipped. 1 / l
       is an IEEE division in the mma_sync kernel and `div.approx` in the wgmma one (an IEEE division's subroutine
       call would serialize its wgmma: see `_make_kernel_wgmma`)."""
     BK, CAUSAL, D = g.bk, g.causal, g.head_dim
+    DP = padded_head_dim(D)  # shared row width (elements)
     APPROX = g.mma == "wgmma"
     NK8 = BK // 8
     ND8 = D // 8
     DCH = D // 8
-    CSH = DCH.bit_length() - 1
-    CM = DCH - 1
-    OUT_CH = 16 * DCH // 32
+    DCHP = DP // 8
+    CSH = DCHP.bit_length() - 1
+    CM = DCHP - 1
+    OUT_CH = 16 * DCHP // 32
     SC = float32(math.log2(math.e) / math.sqrt(D))
     NEG_INF = float32(-np.inf)
     ZERO = float32(0.0)
@@ -209,7 +213,7 @@ def _tile_steps(g: Geometry):
             r = r0 + gr + hh * 8
             for dn in range(ND8):
                 x = dn * 4 + 2 * hh
-                smem32[(r * D + ((dn ^ (r & 7)) << 3) + tc) >> 1] = pack_f16x2(o[x] * inv, o[x + 1] * inv)
+                smem32[(r * DP + ((dn ^ (r & 7)) << 3) + tc) >> 1] = pack_f16x2(o[x] * inv, o[x + 1] * inv)
         syncwarp()
         for e in range(OUT_CH):
             c = lane + e * 32
@@ -217,8 +221,8 @@ def _tile_steps(g: Geometry):
             ch = c & CM
             r = r0 + rr
             qi = q0 + r
-            if qi < nt:
-                si = (r * D + ((ch ^ (r & 7)) << 3)) >> 1
+            if qi < nt and ch < DCH:
+                si = (r * DP + ((ch ^ (r & 7)) << 3)) >> 1
                 st_global_v4_u32(out32, (qi * qs + h * D + ch * 8) >> 1, smem32[si], smem32[si + 1], smem32[si + 2],
                                  smem32[si + 3])
 
@@ -232,22 +236,24 @@ def _make_kernel(g: Geometry):
 def _make_kernel_mma_sync(g: Geometry):
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
-    DCH = D // 8  # 16-byte chunks of a row (a power of two >= 8)
-    CSH = DCH.bit_length() - 1  # log2(DCH): chunk c of a tile is row c >> CSH, chunk c & (DCH - 1)
-    CM = DCH - 1
+    DP = padded_head_dim(D)  # elements of a shared row
+    DCH = D // 8  # 16-byte chunks of a row in memory
+    DCHP = DP // 8  # ... of a shared row (a power of two >= 8)
+    CSH = DCHP.bit_length() - 1  # log2(DCHP): chunk c of a tile is row c >> CSH, chunk c & (DCHP - 1)
+    CM = DCHP - 1
     KS16 = D // 16  # k16 steps of Q·K^T
     QF_N = KS16 * 4  # u32 Q A-fragment registers per lane
     THREADS = g.threads
     NK16 = BK // 16  # k16 steps of P·V
     ND8 = D // 8  # n8 tiles of O
-    SQ = BQ * D  # Q tile elements
-    SKV = BK * D  # one K (or V) tile
+    SQ = BQ * DP  # Q tile elements
+    SKV = BK * DP  # one K (or V) tile
     STAGE = 2 * SKV
     O_N = ND8 * 4  # f32 O accumulators per lane
     S_N = BK // 2  # f32 S values per lane
     P_N = BK // 4  # f16x2 A words of P per lane
-    Q_CH = BQ * DCH // THREADS  # 16-byte chunks per thread of the Q tile (= DCH / 2)
-    KV_CH = BK * DCH // THREADS  # ... of one K (or V) tile (all powers of two: exact)
+    Q_CH = BQ * DCHP // THREADS  # 16-byte chunk slots per thread of the Q tile (= DCHP / 2)
+    KV_CH = BK * DCHP // THREADS  # ... of one K (or V) tile (all powers of two: exact)
     M_INIT = float32(-1e30)
     ZERO = float32(0.0)
     SMEM_ALIGN = None if SIMULATOR else 128
@@ -280,9 +286,10 @@ def _make_kernel_mma_sync(g: Geometry):
             r = c >> CSH
             ch = c & CM
             qi = q0 + r
-            ok = qi < nt
-            gidx = qi * qs + h * D + ch * 8 if ok else 0
-            cp_async_16(smem, r * D + ((ch ^ (r & 7)) << 3), q, gidx, 16 if ok else 0)
+            if ch < DCH:  # the padding chunks of a DP-wide row are never read
+                ok = qi < nt
+                gidx = qi * qs + h * D + ch * 8 if ok else 0
+                cp_async_16(smem, r * DP + ((ch ^ (r & 7)) << 3), q, gidx, 16 if ok else 0)
         cp_async_commit_group()
         for t in range(STAGES - 1):  # K/V tiles 0 .. STAGES-2, one commit group each
             for rep in range(KV_CH):
@@ -290,11 +297,12 @@ def _make_kernel_mma_sync(g: Geometry):
                 r = c >> CSH
                 ch = c & CM
                 kj = t * BK + r
-                ok = kj < nt_kv
-                gidx = kj * ks + hk * D + ch * 8 if ok else 0
-                sidx = SQ + t * STAGE + r * D + ((ch ^ (r & 7)) << 3)
-                cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
-                cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
+                if ch < DCH:
+                    ok = kj < nt_kv
+                    gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                    sidx = SQ + t * STAGE + r * DP + ((ch ^ (r & 7)) << 3)
+                    cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
+                    cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
         cp_async_wait_group(PRO_WAIT)
         cuda.syncthreads()
@@ -303,7 +311,7 @@ def _make_kernel_mma_sync(g: Geometry):
         for kk in range(KS16):
             r = warp * 16 + (lane & 15)
             ch = kk * 2 + (lane >> 4)
-            a0, a1, a2, a3 = ldmatrix_x4(smem, r * D + ((ch ^ (r & 7)) << 3))
+            a0, a1, a2, a3 = ldmatrix_x4(smem, r * DP + ((ch ^ (r & 7)) << 3))
             qf[kk * 4] = a0
             qf[kk * 4 + 1] = a1
             qf[kk * 4 + 2] = a2
@@ -332,11 +340,12 @@ def _make_kernel_mma_sync(g: Geometry):
                     r = c >> CSH
                     ch = c & CM
                     kj = jn * BK + r
-                    ok = kj < nt_kv
-                    gidx = kj * ks + hk * D + ch * 8 if ok else 0
-                    sidx = base + r * D + ((ch ^ (r & 7)) << 3)
-                    cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
-                    cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
+                    if ch < DCH:
+                        ok = kj < nt_kv
+                        gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                        sidx = base + r * DP + ((ch ^ (r & 7)) << 3)
+                        cp_async_16(smem, sidx, k, gidx, 16 if ok else 0)
+                        cp_async_16(smem, sidx + SKV, v, gidx, 16 if ok else 0)
             cp_async_commit_group()
             kb = SQ + (j % STAGES) * STAGE
             vb = kb + SKV
@@ -349,7 +358,7 @@ def _make_kernel_mma_sync(g: Geometry):
                 for jj in range(NK16):
                     r = jj * 16 + (lane & 7) + ((lane >> 4) << 3)
                     ch = kk * 2 + ((lane >> 3) & 1)
-                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + r * D + ((ch ^ (r & 7)) << 3))
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + r * DP + ((ch ^ (r & 7)) << 3))
                     c = jj * 8
                     d0, d1, d2, d3 = mma_m16n8k16_f32_f16(
                         qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3], b0, b1, s[c], s[c + 1], s[c + 2], s[c + 3]
@@ -378,7 +387,7 @@ def _make_kernel_mma_sync(g: Geometry):
                 for dc in range(ND8 // 2):
                     r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
                     ch = dc * 2 + (lane >> 4)
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, vb + r * D + ((ch ^ (r & 7)) << 3))
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, vb + r * DP + ((ch ^ (r & 7)) << 3))
                     y = dc * 8
                     d0, d1, d2, d3 = mma_m16n8k16_f32_f16(p0, p1, p2, p3, b0, b1, o[y], o[y + 1], o[y + 2], o[y + 3])
                     o[y] = d0
@@ -421,22 +430,24 @@ def _make_kernel_wgmma(g: Geometry):
     divides in uint32 and the epilogue's 1 / l is `div.approx`; the compile test checks the warning is absent."""
     BQ, BK, STAGES, CAUSAL = g.bq, g.bk, g.stages, g.causal
     D = g.head_dim
+    DP = padded_head_dim(D)  # elements of a shared row: DP / 64 column blocks
     DCH = D // 8
-    CSH = DCH.bit_length() - 1
-    CM = DCH - 1
+    DCHP = DP // 8
+    CSH = DCHP.bit_length() - 1
+    CM = DCHP - 1
     KS16 = D // 16  # k16 steps of Q·K^T
     NK16 = BK // 16  # k16 steps of P·V
     THREADS = g.threads
-    SQB = BQ * D * 2  # bytes: the Q tile
-    SKVB = BK * D * 2  # one K (or V) tile
+    SQB = BQ * DP * 2  # bytes: the Q tile
+    SKVB = BK * DP * 2  # one K (or V) tile
     STB = 2 * SKVB
     QBLK = BQ * 128  # bytes of one 64-column block of the Q tile
     KBLK = BK * 128  # ... of a K or V tile
     O_N = D // 2  # f32 O accumulators per lane (m64nDk16: D / 2)
     S_N = BK // 2
     P_N = BK // 4  # f16x2 A words of P per lane
-    Q_CH = BQ * DCH // THREADS
-    KV_CH = BK * DCH // THREADS
+    Q_CH = BQ * DCHP // THREADS
+    KV_CH = BK * DCHP // THREADS
     SBO = 1024
     LBO = 16  # unused by swizzled K-major operands whose k16 step stays inside a 128-byte row
     M_INIT = float32(-1e30)
@@ -453,11 +464,12 @@ def _make_kernel_wgmma(g: Geometry):
             r = c >> CSH
             ch = c & CM
             kj = t * BK + r
-            ok = kj < nt_kv
-            gidx = kj * ks + hk * D + ch * 8 if ok else 0
-            at = (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
-            cp_async_16(smem, at, k, gidx, 16 if ok else 0)
-            cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
+            if ch < DCH:  # the padding chunks of a DP-wide row are never read
+                ok = kj < nt_kv
+                gidx = kj * ks + hk * D + ch * 8 if ok else 0
+                at = (base + (ch >> 3) * KBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1
+                cp_async_16(smem, at, k, gidx, 16 if ok else 0)
+                cp_async_16(smem, at + SKVB // 2, v, gidx, 16 if ok else 0)
 
     @cuda.jit(device=True, inline="always")
     def issue_s(smem, s, desc_q, desc_k, t):
@@ -509,9 +521,11 @@ def _make_kernel_wgmma(g: Geometry):
             r = c >> CSH
             ch = c & CM
             qi = q0 + r
-            ok = qi < nt
-            gidx = qi * qs + h * D + ch * 8 if ok else 0
-            cp_async_16(smem, ((ch >> 3) * QBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, q, gidx, 16 if ok else 0)
+            if ch < DCH:
+                ok = qi < nt
+                gidx = qi * qs + h * D + ch * 8 if ok else 0
+                cp_async_16(smem, ((ch >> 3) * QBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) >> 1, q, gidx,
+                            16 if ok else 0)
         cp_async_commit_group()
         for t in range(STAGES - 1):
             if t < ntiles:
@@ -616,8 +630,8 @@ def check_inputs(q, k, v, out=None, causal: bool = True) -> tuple[int, int, int,
 def flash_attention(q, k, v, out=None, *, causal: bool = True, config: dict | None = None, stream=0):
     """Enqueue attention ``O = softmax(Q·K^T / sqrt(D) + mask) · V`` on ``stream`` and return O.
 
-    q: f16 device array [nt, n_heads, D] (row-major), D = head_dim, one of HEAD_DIMS (64, 128, 256). k, v: f16 device
-    arrays [nt_kv, n_kv_heads, D] (the f16 KV cache, positions 0..nt_kv-1). Query row i sits at position
+    q: f16 device array [nt, n_heads, D] (row-major), D = head_dim, one of HEAD_DIMS (64, 80, 96, 128, 256). k, v:
+    f16 device arrays [nt_kv, n_kv_heads, D] (the f16 KV cache, positions 0..nt_kv-1). Query row i sits at position
     i + (nt_kv - nt) (a cached prefix of nt_kv - nt tokens precedes it); with ``causal`` it attends keys
     j <= i + (nt_kv - nt), else every key. GQA: query head h reads KV head h // (n_heads // n_kv_heads). out:
     optional f16 [nt, n_heads, D]; allocated when None. Products on the tensor cores (mma.sync m16n8k16, or wgmma

@@ -5,10 +5,18 @@ numba so that `minfer experiments list` and the engine's knob table read it with
 
 from __future__ import annotations
 
-HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+HEAD_DIMS: tuple[int, ...] = (64, 80, 96, 128, 256)
 """The head dims both attention kernels (and so the engine) run: 64 (Llama-3.2-1B, TinyLlama-1.1B, Qwen2-0.5B),
-128 (most 7-70B models), 256. Each is a power of two of 16-byte chunks per f16 row, which the prefill kernel's XOR
-swizzle and the decode kernel's lanes-per-row split need; 80 and 96 (Phi, StableLM) are not among them."""
+80 (Phi-2, StableLM), 96 (Phi-3), 128 (most 7-70B models), 256 (Gemma). The kernels lay a row out as
+`padded_head_dim` elements (a power of two of 16-byte chunks: the prefill kernel's XOR swizzle and the decode
+kernel's lanes-per-row split need one) and compute over the D real ones."""
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The row width (elements) the attention kernels lay a head_dim-wide row out in: the smallest power of two >=
+    head_dim (80 and 96 -> 128; 64, 128, 256 are their own). The padding is never loaded from memory, computed
+    with or stored."""
+    return 1 << (int(head_dim) - 1).bit_length()
 
 
 def head_dim_refusal(head_dim) -> str | None:

@@ -3,7 +3,7 @@
 ``out[h, :] = softmax_j(q[h, :] · K[j, h // G, :] / sqrt(D), j < L) · V[j, h // G, :]``, q f32 or f16
 ``[n_heads, D]``, K/V cache f16 ``[L_max, n_kv_heads, D]``, L read on the device from ``length_dev[0]`` (an int32
 device scalar: one CUDA graph replays every decode step), out f32 ``[n_heads, D]``; head_dim D one of
-`kernels.attention_config.HEAD_DIMS` (64, 128, 256), compiled per D.
+`kernels.attention_config.HEAD_DIMS` (64, 80, 96, 128, 256), compiled per D.
 
 Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
 
@@ -11,14 +11,15 @@ Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
    contiguous keys p·c .. p·c + c - 1 with c = ceil(L / U) (the last partitions may be short or empty; U computed
    on the device from L, so any L in 1..L_max
    works with a fixed grid; a block whose warps all lie past U returns at once). A warp serves all G query heads of
-   its KV head (each K/V row is read once for G heads). A group of D/8 lanes (a quarter-, half- or whole warp for D =
-   64, 128, 256) takes one cache row: lane l owns dims 8(l % (D/8))..+7, one 16-byte load of K and one of V per
-   row, two rows a lane group in flight; a score is a lane's 8-term dot reduced by log2(D/8) shuffles inside the
-   group (all groups share each shuffle), then an online softmax in f32 (log2 domain), one rescale per head per
+   its KV head (each K/V row is read once for G heads). A group of DP/8 lanes, DP = `padded_head_dim(D)` (a
+   quarter-, half- or whole warp for DP = 64, 128, 256) takes one cache row: lane l owns dims 8(l % (DP/8))..+7,
+   one 16-byte load of K and one of V per row (lanes past D/8, at D = 80 or 96, load nothing and add zeros), two
+   rows a lane group in flight; a score is a lane's 8-term dot reduced by log2(DP/8) shuffles inside the group
+   (all groups share each shuffle), then an online softmax in f32 (log2 domain), one rescale per head per
    iteration. The lane groups' states join by shuffles, the block's four warps' through shared memory, and the block
    writes one workspace row per head: its keys' (m, l) and the unnormalised accumulator acc[D] (an empty partition
    joins as m = -1e30, l = 0, acc = 0).
-2. ``combine``: grid (n_heads, D / 32), 8 warps per block, lane = one of the block's 32 dims, over the
+2. ``combine``: grid (n_heads, ceil(D / 32)), 8 warps per block, lane = one of the block's 32 dims, over the
    ceil(U / 4) block rows: M = max_p m_p, out = Σ 2^(m_p-M) acc_p / Σ 2^(m_p-M) l_p. Each warp finds M and the
    denominator over all rows itself (shuffles, no barrier) and sums every 8th row's acc with four rows' loads in
    flight; one shared-memory sum joins the 8 warps.
@@ -36,7 +37,7 @@ import numpy as np
 from numba import cuda, float32, types
 from numba.cuda.cudadrv import devicearray
 
-from kernels.attention_config import head_dim_refusal
+from kernels.attention_config import head_dim_refusal, padded_head_dim
 from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
@@ -73,7 +74,8 @@ def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:
 
 
 def _make_partial(G: int, D: int):
-    LR = D // 8  # lanes of one cache row (8 dims each): 8, 16 or 32
+    DCH = D // 8  # 8-dim chunks of a row: lanes sub >= DCH (D = 80, 96) own padding and load nothing
+    LR = padded_head_dim(D) // 8  # lanes of one cache row (8 dims each): 8, 16 or 32
     LSH = LR.bit_length() - 1
     RPW = 32 // LR  # rows a warp reads at once
     JOINS = (RPW).bit_length() - 1  # shuffle rounds that join the warp's lane groups: log2(RPW)
@@ -120,20 +122,25 @@ def _make_partial(G: int, D: int):
         sc = cuda.local.array(GK, float32)
         alpha = cuda.local.array(G, float32)
         ok = cuda.local.array(KH, types.boolean)
+        real = sub < DCH
         for gi in range(G):
             m[gi] = M_INIT
             ls[gi] = ZERO
             for e in range(8):
-                qv[gi * 8 + e] = float32(q[(hk * G + gi) * D + sub * 8 + e]) * SC
+                qv[gi * 8 + e] = float32(q[(hk * G + gi) * D + sub * 8 + e]) * SC if real else ZERO
                 acc[gi * 8 + e] = ZERO
+        for w in range(KW):  # a padding lane's K and V words stay zero
+            kw[w] = types.uint32(0)
+            vw[w] = types.uint32(0)
 
         for t in range(kbeg, kend, RPW * KH):
             for u in range(KH):
                 j = t + RPW * u + slot
                 ok[u] = j < kend
                 row = j if j < kend else kbeg
-                kw[u * 4], kw[u * 4 + 1], kw[u * 4 + 2], kw[u * 4 + 3] = ld_global_v4_b32(kc, row * ks + col)
-                vw[u * 4], vw[u * 4 + 1], vw[u * 4 + 2], vw[u * 4 + 3] = ld_global_v4_b32(vc, row * ks + col)
+                if real:
+                    kw[u * 4], kw[u * 4 + 1], kw[u * 4 + 2], kw[u * 4 + 3] = ld_global_v4_b32(kc, row * ks + col)
+                    vw[u * 4], vw[u * 4 + 1], vw[u * 4 + 2], vw[u * 4 + 3] = ld_global_v4_b32(vc, row * ks + col)
             for w in range(KW):
                 lo, hi = unpack_f16x2(kw[w])
                 kf[2 * w] = float32(lo)
@@ -202,7 +209,7 @@ def _make_partial(G: int, D: int):
             if lane == 0:
                 sm_ml[warp, gi, 0] = mg
                 sm_ml[warp, gi, 1] = lg
-            if slot == 0:
+            if slot == 0 and real:
                 for e in range(8):
                     sm_acc[warp, gi, sub * 8 + e] = acc[x + e]
         cuda.syncthreads()
@@ -247,7 +254,7 @@ def _make_combine(q8_mode: int, D: int):
         h = cuda.blockIdx.x
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
-        d = cuda.blockIdx.y * 32 + lane
+        d = cuda.blockIdx.y * 32 + lane  # past D (the last block at D = 80) a lane only helps the reductions
         # every warp finds M = max_p m_p and the denominator itself (1 KiB of (m, l) pairs: no barrier needed)
         mx = M_INIT
         for p in range(lane, parts, 32):
@@ -271,10 +278,11 @@ def _make_combine(q8_mode: int, D: int):
             r1 = r0 + CW * n_heads
             r2 = r1 + CW * n_heads
             r3 = r2 + CW * n_heads
-            a0 = ws_acc[r0 * D + d]
-            a1 = ws_acc[r1 * D + d]
-            a2 = ws_acc[r2 * D + d]
-            a3 = ws_acc[r3 * D + d]
+            dd = min(d, D - 1)  # a lane past D reads a real element and never stores it
+            a0 = ws_acc[r0 * D + dd]
+            a1 = ws_acc[r1 * D + dd]
+            a2 = ws_acc[r2 * D + dd]
+            a3 = ws_acc[r3 * D + dd]
             n0 += math.exp2(ws_ml[r0 * 2] - mx) * a0
             n1 += math.exp2(ws_ml[r1 * 2] - mx) * a1
             n2 += math.exp2(ws_ml[r2 * 2] - mx) * a2
@@ -282,7 +290,7 @@ def _make_combine(q8_mode: int, D: int):
             p += 4 * CW
         while p < parts:
             r0 = p * n_heads + h
-            n0 += math.exp2(ws_ml[r0 * 2] - mx) * ws_acc[r0 * D + d]
+            n0 += math.exp2(ws_ml[r0 * 2] - mx) * ws_acc[r0 * D + min(d, D - 1)]
             p += CW
         part = cuda.shared.array((CW, 32), float32)
         part[warp, lane] = (n0 + n1) + (n2 + n3)
@@ -292,8 +300,10 @@ def _make_combine(q8_mode: int, D: int):
             for w in range(1, CW):
                 num += part[w, lane]
             v = num / den if den > ZERO else ZERO
-            out[h * D + d] = v
-            if Q8 != 0:  # warp 0's 32 lanes are one Q8_1 block of the output: elements h·D + 32·y .. + 31
+            if d < D:
+                out[h * D + d] = v
+            if Q8 != 0:  # warp 0's 32 lanes are one Q8_1 block of the output: elements h·D + 32·y .. + 31 (D a
+                # multiple of 32: `decode_attention` refuses q8 otherwise)
                 scaled, qv = quantize_warp_block(v, h * D + d, q8q, q8d, q8s)
                 if Q8 == 2:
                     store_residual(scaled, qv, h * D + d, q8r)
@@ -426,7 +436,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
                      stream=0, pdl: bool = False, q8=None):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
-    q: f32 or f16 device array [n_heads, D], D = head_dim one of HEAD_DIMS (64, 128, 256). k_cache, v_cache: f16
+    q: f32 or f16 device array [n_heads, D], D = head_dim one of HEAD_DIMS (64, 80, 96, 128, 256). k_cache, v_cache: f16
     device arrays [L_max, n_kv_heads, D] (row j = position j). length_dev: int32 device array, L in element 0 (read
     on the device, so a captured CUDA graph replays for every step; L is clamped to L_max; L must be >= 1, L = 0
     gives zeros). GQA: head h reads KV head h // (n_heads // n_kv_heads). Scale 1/sqrt(D). out: optional f32
@@ -439,7 +449,8 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     kernel before it first: `kernels.ptx.pdl_enter`).
 
     Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, one head_dim in HEAD_DIMS,
-    n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= max_group(D) (16; 8 at D = 256).
+    n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= max_group(D) (16; 8 at D = 256); q8 needs D a multiple of 32
+    (a Q8_1 block of 32 outputs must lie in one head's combine blocks: not D = 80).
 
     Algorithm: Flash-Decoding (split-K attention with an online-softmax combine); see the module docstring.
     """
@@ -447,6 +458,9 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     group = n_heads // n_kv_heads
     q8_mode = 0
     if q8 is not None:
+        if hd % 32:
+            raise KernelConstraintError(f"decode_attention: q8 output needs head_dim a multiple of 32 (a Q8_1 block of "
+                                        f"32 outputs must lie in one head), got {hd}; quantize out separately")
         check_q8(q8, n_heads * hd, "q8")
         q8_mode = 2 if q8.compensated else 1
     partial, combine = build(group, q.dtype, q8_mode, hd)
@@ -465,7 +479,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
         q8_args = (ws_acc.view(np.int8), ws_ml, ws_ml, ws_acc.view(np.int8))
     else:
         q8_args = (q8.q, q8.d, q8.s, q8.r if q8.r is not None else q8.q)
-    launch_kernel(combine, (n_heads, hd // 32), COMBINE_WARPS * 32, stream,
+    launch_kernel(combine, (n_heads, -(-hd // 32)), COMBINE_WARPS * 32, stream,
                   (ws_ml, ws_acc, out.reshape(n_heads * hd), length_dev, l_max, parts, n_heads) + q8_args,
                   pdl=pdl)
     return out

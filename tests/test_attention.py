@@ -60,6 +60,11 @@ SIM_CASES = [
     ("wgmma: nt=150, 3 q tiles, 3 k tiles", dict(D, MMA="wgmma"), (150, 150, 1, 1)),
     ("wgmma BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", BK=32), (40, 100, 2, 1, 64)),
     ("wgmma: one key tile (nt=5)", dict(D, MMA="wgmma"), (5, 5, 1, 1)),
+    # head_dim 80 and 96: 128-element shared rows, D/16 k16 steps, m64nDk16 P·V with N = 80 / 96 across two blocks
+    ("head_dim 80: nt=37, GQA 4/2, BK=32", dict(MS, BK=32), (37, 37, 4, 2, 80)),
+    ("head_dim 96: prefix, nt=9 after 60 cached", MS, (9, 69, 2, 1, 96)),
+    ("wgmma head_dim 80: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 80)),
+    ("wgmma head_dim 96: nt=70, GQA 2/1", dict(D, MMA="wgmma"), (70, 70, 2, 1, 96)),
 ]
 
 
@@ -105,10 +110,14 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None):
     (37, 48, 8, 2, 1, np.float32, 64),
     (3, 8, 4, 1, 2, np.float16, 64),
     (29, 32, 4, 2, 1, np.float32, 256),
+    (37, 48, 6, 2, 1, np.float16, 80),
+    (29, 32, 8, 1, 2, np.float32, 96),
 ], ids=["L=1: 1 of 8 partitions", "L=7 f16 q: 7 of 8", "L=37 G=3 f16 q: 10 rows a warp",
         "L=29 G=7: a half-warp and a row slot idle", "L=300: 64 partitions, 5 rows a warp",
         "head_dim 64, L=37 G=4: quarter-warp rows, 10 rows a warp", "head_dim 64, L=3 f16 q: 3 of 8 partitions",
-        "head_dim 256, L=29 G=2: whole-warp rows, 8 rows a warp"])
+        "head_dim 256, L=29 G=2: whole-warp rows, 8 rows a warp",
+        "head_dim 80, L=37 G=3: 16-lane rows, 6 lanes padding; a half-empty combine block",
+        "head_dim 96, L=29 G=8: 16-lane rows, 4 lanes padding"])
 def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
     """Against float64, the workspace NaN-poisoned. Partitions past L (`used_partitions`) leave warps and whole blocks
     idle; partition lengths that are not a multiple of a warp's row slots (8, 4 or 2 rows an iteration at head_dim
@@ -118,7 +127,7 @@ def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
 
 
 @sim
-@pytest.mark.parametrize("compensated,hd", [(False, 128), (True, 128), (True, 64)])
+@pytest.mark.parametrize("compensated,hd", [(False, 128), (True, 128), (True, 64), (True, 96)])
 def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd):
     """FUSE_ATTN_Q8's combine: the Q8_1 blocks (q, d, s and, compensated, r) it writes beside out equal
     `quantize_q8_1(out)`'s bit for bit (the blocks are NaN/garbage-poisoned before)."""
@@ -147,7 +156,7 @@ def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd):
 
 @sim
 @pytest.mark.parametrize("q_shape,kv_shape,dtype,match", [
-    ((4, 2, 80), (4, 2, 80), np.float16, "head_dim 80: the attention kernels run head_dim 64, 128, 256 only"),
+    ((4, 2, 72), (4, 2, 72), np.float16, "head_dim 72: the attention kernels run head_dim 64, 80, 96, 128, 256 only"),
     ((4, 2, 64), (4, 2, 128), np.float16, "q has head_dim 64 but k has 128"),
     ((4, 3, 128), (4, 2, 128), np.float16, "multiple of n_kv_heads"),
     ((4, 2, 128), (4, 2, 128), np.float32, "must be float16"),
@@ -162,7 +171,7 @@ def test_prefill_bad_inputs_are_refused(q_shape, kv_shape, dtype, match):
 
 @sim
 @pytest.mark.parametrize("q_shape,q_dtype,kv_shape,match", [
-    ((4, 96), np.float32, (8, 2, 96), "head_dim 96: the attention kernels run head_dim 64, 128, 256 only"),
+    ((4, 112), np.float32, (8, 2, 112), "head_dim 112: the attention kernels run head_dim 64, 80, 96, 128, 256 only"),
     ((4, 64), np.float32, (8, 2, 128), "q has head_dim 64 but k_cache has 128"),
     ((18, 256), np.float32, (8, 2, 256), "group n_heads / n_kv_heads = 9 is above the supported 8 \\(at head_dim 256\\)"),
     ((3, 128), np.float32, (8, 2, 128), "multiple of n_kv_heads"),
@@ -197,6 +206,17 @@ def test_decode_bad_inputs_are_refused(q_shape, q_dtype, kv_shape, match):
                              cuda.to_device(np.ones((8, 2, 128), np.float16)), cuda.to_device(np.array([1], np.int64)))
 
 
+@sim
+def test_decode_q8_blocks_need_head_dims_of_whole_blocks():
+    """At head_dim 80 a Q8_1 block of 32 outputs would straddle two heads' combine blocks: refused in one line."""
+    from kernels.quantize_q8 import q8_blocks
+
+    q = cuda.to_device(np.ones((4, 80), np.float32))
+    kv = cuda.to_device(np.ones((8, 2, 80), np.float16))
+    with pytest.raises(KernelConstraintError, match="q8 output needs head_dim a multiple of 32 .* got 80"):
+        DEC.decode_attention(q, kv, kv, cuda.to_device(np.array([1], np.int32)), q8=q8_blocks(4 * 80))
+
+
 def test_unknown_knob_and_value_are_refused():
     with pytest.raises(KernelConstraintError, match="no knob"):
         A.resolve_config({"BM": 64})
@@ -214,8 +234,10 @@ def test_geometry_follows_the_knobs():
     assert A.geometry(dict(D, BK=32)).smem_bytes < g.smem_bytes
     assert max(A.geometry(c, head_dim=hd).smem_bytes for c in A.all_configs() for hd in A.HEAD_DIMS) <= H200_SMEM_OPTIN
     assert A.geometry(D, head_dim=64).smem_bytes * 2 == g.smem_bytes
-    with pytest.raises(KernelConstraintError, match="head_dim 96: the attention kernels run head_dim 64, 128, 256"):
-        A.geometry(D, head_dim=96)
+    with pytest.raises(KernelConstraintError, match="head_dim 100: the attention kernels run head_dim 64, 80, 96, 128"):
+        A.geometry(D, head_dim=100)
+    assert A.geometry(D, head_dim=80).smem_bytes == A.geometry(D, head_dim=96).smem_bytes == g.smem_bytes
+    assert [A.padded_head_dim(d) for d in A.HEAD_DIMS] == [64, 128, 128, 128, 256]
 
 
 def test_experiment_cost_and_workloads():
@@ -262,11 +284,11 @@ def test_prefill_compiles(cfg, causal):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", WGMMA_COMBOS, ids=_WG_IDS)
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 80, 96, 128])
 def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
     """MMA=wgmma: D/16 shared-A wgmma (S = Q·K^T, m64nBK) and BK/16 register-A wgmma with the MN-major V (O += P·V,
     m64nD, transposed B) a key tile, the proxy fence; ptxas (nvJitLink, sm_90a) assembles it with no spills at
-    head_dim 64 and 128 and without serializing the wgmma (no C7509 warning)."""
+    head_dim 64, 80, 96 and 128 and without serializing the wgmma (no C7509 warning)."""
     from ptx_assembly import ptxas_resources
 
     ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
@@ -286,19 +308,19 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("hd", [64, 80, 96, 256])
 @pytest.mark.parametrize("cfg", [MS, dict(MS, BK=32)], ids=["mma_sync", "mma_sync BK=32"])
 def test_prefill_compiles_at_other_head_dims(cfg, hd):
-    """head_dim 64 and 256: D/16 k16 steps of Q·K^T and D/8 n8 tiles of O, fully unrolled; ptxas (nvJitLink) keeps
-    64's fragments in registers. At 256 the O accumulators alone are 128 f32 a lane, so only that it assembles is
-    checked (its spill bytes are reported by `minfer kernels`, not asserted)."""
+    """head_dim 64, 80, 96 and 256: D/16 k16 steps of Q·K^T and D/8 n8 tiles of O, fully unrolled; ptxas
+    (nvJitLink) keeps the fragments of 64, 80 and 96 in registers. At 256 the O accumulators alone are 128 f32 a
+    lane, so only that it assembles is checked (its spill bytes are reported by `minfer kernels`, not asserted)."""
     from ptx_assembly import ptxas_resources
 
     ptx = _ptx(cfg, True, hd)
     assert ptx.count("mma.sync.aligned") == 2 * (cfg["BK"] // 16) * (hd // 16) * 2
     assert ".f64" not in ptx
     got = ptxas_resources(ptx)
-    if hd == 64:
+    if hd < 128:
         assert ".local" not in ptx and got["spill_bytes"] == 0, got
     assert _ptx(cfg, True, hd) != _ptx(cfg, True, 128)
 
@@ -338,8 +360,10 @@ def test_decode_compiles(group, q_dtype):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("group,hd", [(4, 64), (DEC.max_group(64), 64), (2, 256), (DEC.max_group(256), 256)],
-                         ids=["G=4 hd=64 (Llama-3.2-1B)", "largest G at hd=64", "G=2 hd=256", "largest G at hd=256"])
+@pytest.mark.parametrize("group,hd", [(4, 64), (DEC.max_group(64), 64), (2, 256), (DEC.max_group(256), 256),
+                                     (4, 80), (1, 96)],
+                         ids=["G=4 hd=64 (Llama-3.2-1B)", "largest G at hd=64", "G=2 hd=256", "largest G at hd=256",
+                              "G=4 hd=80", "G=1 hd=96 (Phi-3)"])
 def test_decode_compiles_at_other_head_dims(group, hd):
     """Quarter-warp (64) and whole-warp (256) rows: the shuffle tree and the lane-group joins compile; the
     shared-memory join fits the static 48 KiB at the largest group; G = 4 at 64 stays in registers."""
@@ -393,7 +417,8 @@ def test_prefill_gpu_matches_torch(config, nt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
-@pytest.mark.parametrize("hd,h,hk", [(64, 32, 8), (256, 8, 4)], ids=["hd64 Llama-3.2-1B heads", "hd256"])
+@pytest.mark.parametrize("hd,h,hk", [(64, 32, 8), (256, 8, 4), (80, 32, 8), (96, 32, 32)],
+                         ids=["hd64 Llama-3.2-1B heads", "hd256", "hd80", "hd96 Phi-3 heads"])
 @pytest.mark.parametrize("nt", [33, 2055])
 def test_prefill_gpu_matches_torch_at_other_head_dims(hd, h, hk, nt, mma):
     pytest.importorskip("torch")

@@ -82,19 +82,27 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
     np.testing.assert_array_equal(engine.state.copy_to_host(), [seq[-1], 2, 3])
 
 
-def test_head_dim_64_decode_matches_the_reference():
-    """Llama-3.2-1B's head_dim 64 through the whole eager decode engine: 32 RoPE pairs ("norm" pairing, a tied
-    output), quarter-warp cache rows in decode attention (4 rows a warp at once, 4 query heads a KV head), the f16
-    cache rows of both steps; logits of 2 steps against the float64 forward."""
+HEAD_DIM_SHAPES = {64: (4, 1), 80: (16, 2), 96: (8, 2)}
+"""head_dim -> (n_heads, n_kv_heads) of the head_dim variants: q_dim 256, 1280, 768 (whole Q4_K super-blocks)."""
+
+
+@pytest.mark.parametrize("head_dim", list(HEAD_DIM_SHAPES))
+def test_other_head_dims_decode_matches_the_reference(head_dim):
+    """head_dim 64 (Llama-3.2-1B), 80 and 96 through the whole eager decode engine: head_dim / 2 RoPE pairs ("norm"
+    pairing, a tied output); decode attention's quarter-warp cache rows (64), or half-warp rows of which 6 or 4
+    lanes are padding (80, 96), and at 80 the output's Q8_1 blocks quantized apart (FUSE_ATTN_Q8 needs whole blocks
+    a head); the f16 cache rows of both steps; logits of 2 steps against the float64 forward."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.reference import Reference
     from minfer_cli.engine.weights import synth_weights
 
     rng = np.random.default_rng()
-    config = dataclasses.replace(preset("tiny-llama"), name="micro-hd64", n_layers=1, ffn=256, vocab=256, n_heads=4,
-                                 n_kv_heads=1, head_dim=64)
+    n_heads, n_kv_heads = HEAD_DIM_SHAPES[head_dim]
+    config = dataclasses.replace(preset("tiny-llama"), name=f"micro-hd{head_dim}", n_layers=1, ffn=256, vocab=256,
+                                 n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
     weights = synth_weights(config, int(rng.integers(0, 2**31)))
     engine = DecodeEngine(weights, 4, EAGER, splits=1, rows_per_block=8, warps_per_row=1)
+    assert engine.fuse_attn_q8 == (EAGER.fuse_attn_q8 and head_dim != 80)
     first = int(rng.integers(0, config.vocab))
     engine.start(first, 0)
     seq = [first]
@@ -294,8 +302,8 @@ def test_a_head_dim_outside_the_kernels_and_a_group_above_16_are_refused():
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 
-    with pytest.raises(ModelError, match="head_dim 96: the attention kernels run head_dim 64, 128, 256 only"):
-        dataclasses.replace(_micro(), head_dim=96, n_heads=4, n_kv_heads=2).validate()
+    with pytest.raises(ModelError, match="head_dim 100: the attention kernels run head_dim 64, 80, 96, 128, 256 only"):
+        dataclasses.replace(_micro(), head_dim=100, n_heads=4, n_kv_heads=2).validate()
     weights = synth_weights(dataclasses.replace(_micro(), n_heads=18, n_kv_heads=1), 1)  # q_dim 2304: 9 super-blocks
     with pytest.raises(ModelError, match=r"GQA group 18 \(n_heads 18 / n_kv_heads 1\): decode attention supports "
                                          "groups up to 16"):
@@ -473,12 +481,14 @@ def _assert_greedy(tokens, got, want, max_ties: int = 4):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+rope_freqs", "tiny-llama+hd64"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+rope_freqs", "tiny-llama+hd64", "tiny-llama+hd80",
+                                  "tiny+hd96"])
 def test_greedy_tokens_match_the_reference_for_32_steps(name):
     """32 greedy tokens from an empty cache and 16 after a 6-token prefill on the shared cache, against the float64
     `Reference.forward` of the engine's own sequence (`_assert_greedy`). ``+rope_freqs``: a Llama 3.1-style
     `rope_freqs` tensor of factors in [1, 8] (the reference divides each pair's frequency by its factor).
-    ``+hd64``: Llama-3.2-1B's head_dim 64 (4 query heads on 1 KV head) through prefill and decode attention."""
+    ``+hd64``: Llama-3.2-1B's head_dim 64 (4 query heads on 1 KV head) through prefill and decode attention;
+    ``+hd80``, ``+hd96``: the padded head dims (`HEAD_DIM_SHAPES`)."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.forward import PrefillEngine
     from minfer_cli.engine.reference import Reference
@@ -488,8 +498,10 @@ def test_greedy_tokens_match_the_reference_for_32_steps(name):
     base, _, variant = name.partition("+")
     scaled = variant == "rope_freqs"
     config = dataclasses.replace(preset(base), rope_freqs=scaled)
-    if variant == "hd64":
-        config = dataclasses.replace(config, n_heads=4, n_kv_heads=1, head_dim=64)
+    if variant.startswith("hd"):
+        head_dim = int(variant[2:])
+        n_heads, n_kv_heads = HEAD_DIM_SHAPES[head_dim]
+        config = dataclasses.replace(config, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
     weights = synth_weights(config, int(rng.integers(0, 2**31)))
     if scaled:
         factors = rng.uniform(1.0, 8.0, size=config.head_dim // 2).astype(np.float32)

@@ -135,7 +135,8 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
-        self.fuse_attn_q8 = bool(options.fuse_attn_q8)
+        # FUSE_ATTN_Q8's combine writes whole Q8_1 blocks of one head: head_dim 80 runs the same quantization apart
+        self.fuse_attn_q8 = bool(options.fuse_attn_q8) and c.head_dim % 32 == 0
         self.fuse_norm_split = bool(options.fuse_norm_split)
         self.fuse_qkv_mixed = bool(options.fuse_qkv_mixed)
         self.pdl = bool(options.pdl)

@@ -72,8 +72,8 @@ class DecodeOptions:
     (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
-    output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True) instead of a separate quantization
-    (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
+    output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True; at a head_dim that is not a
+    multiple of 32, 80, the separate quantization runs) instead of a separate quantization (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
     one launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True),
     instead of a separate quantization (False). fuse_qkv_mixed (FUSE_QKV_MIXED, with fuse_add): q/k/v mat-vecs left
     as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
