@@ -36,8 +36,8 @@ def _shape(nt: int, n_heads: int, n_kv_heads: int, head_dim: int = 128) -> dict[
 class AttentionExperiment(Experiment):
     name = "attention"
     removed_knobs = knob_table.REMOVED
-    purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/128/256, GQA) vs torch SDPA and the f16 "
-               "matrix-rate ceiling")
+    purpose = ("causal prefill flash attention (mma.sync or wgmma, hd 64/80/96/128/256, GQA) vs torch SDPA and the "
+               "f16 matrix-rate ceiling")
     knobs = tuple(Knob(k, tuple(v), knob_table.DEFAULT[k], _DOCS[k], knob_table.LEGACY.get(k))
                   for k, v in knob_table.KNOBS.items()) + (
         Knob("IMPL", ("minfer", "torch_sdpa"), "minfer",
@@ -49,8 +49,11 @@ class AttentionExperiment(Experiment):
         Workload("qwen2_7b_pp8192", _shape(8192, 28, 4), "Qwen2-7B prefill, 8192 tokens, 28 query / 4 KV heads"),
         Workload("llama3_2_1b_pp2048", _shape(2048, 32, 8, 64),
                  "Llama-3.2-1B prefill, 2048 tokens, 32 query / 8 KV heads, head_dim 64"),
+        Workload("phi3_mini_pp2048", _shape(2048, 32, 32, 96),
+                 "Phi-3-mini-shaped prefill, 2048 tokens, 32 query / 32 KV heads, head_dim 96 (128-wide rows)"),
         Workload("tiny", _shape(33, 4, 2), "33 tokens (tails of every tile), 4 query / 2 KV heads, for the simulator"),
         Workload("tiny_hd64", _shape(33, 4, 2, 64), "as tiny with head_dim 64, for the simulator"),
+        Workload("tiny_hd80", _shape(33, 4, 2, 80), "as tiny with head_dim 80 (padded rows), for the simulator"),
     )
     ceiling = "matrix"
 

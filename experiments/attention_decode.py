@@ -39,10 +39,15 @@ class AttentionDecodeExperiment(Experiment):
         Workload("qwen2_1_5b_d16384", _shape(16384, 12, 2), "1.5B preset heads (12 query / 2 KV), 16,384 cached rows"),
         Workload("llama3_2_1b_d16384", _shape(16384, 32, 8, head_dim=64),
                  "Llama-3.2-1B heads (32 query / 8 KV, head_dim 64), 16,384 cached rows"),
+        Workload("phi3_mini_d16384", _shape(16384, 32, 32, head_dim=96),
+                 "Phi-3-mini-shaped heads (32 query / 32 KV, head_dim 96: 16-lane rows, 4 lanes padding), 16,384 "
+                 "cached rows"),
         Workload("tiny", _shape(37, 3, 1, l_max=48), "37 of 48 rows (partitions of 1-2 rows, masked slots), "
                                                     "3 query heads on 1 KV head, for the simulator"),
         Workload("tiny_hd64", _shape(37, 4, 1, l_max=48, head_dim=64), "as tiny with head_dim 64 (quarter-warp "
                                                                        "rows), 4 query heads, for the simulator"),
+        Workload("tiny_hd80", _shape(37, 4, 1, l_max=48, head_dim=80), "as tiny with head_dim 80 (16-lane rows, 6 "
+                                                                       "lanes padding), for the simulator"),
     )
     ceiling = "copy"
 

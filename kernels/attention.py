@@ -443,7 +443,10 @@ def _make_kernel_wgmma(g: Geometry):
     STB = 2 * SKVB
     QBLK = BQ * 128  # bytes of one 64-column block of the Q tile
     KBLK = BK * 128  # ... of a K or V tile
-    O_N = D // 2  # f32 O accumulators per lane (m64nDk16: D / 2)
+    # P·V runs m64n(DP)k16: at D = 80 / 96 the V rows' unloaded padding columns land in O columns that are never
+    # rescaled or stored (output columns are independent), and the product stays on whole 64-column swizzle atoms
+    # of the MN-major V (CUTLASS / FlashAttention-3 never issue a partial atom there; nor do we)
+    O_N = DP // 2  # f32 O accumulators per lane (m64n(DP)k16: DP / 2)
     S_N = BK // 2
     P_N = BK // 4  # f16x2 A words of P per lane
     Q_CH = BQ * DCHP // THREADS
@@ -485,14 +488,14 @@ def _make_kernel_wgmma(g: Geometry):
 
     @cuda.jit(device=True, inline="always")
     def issue_pv(smem, o, p, desc_v, t):
-        """O += P · V_t: one m64nDk16 a k16 step of keys, P from the A words ``p`` (`softmax_pack`, written before
+        """O += P · V_t: one m64n(DP)k16 a k16 step of keys, P from the A words ``p`` (`softmax_pack`, written before
         the wgmma.fence, as the PTX ISA asks), V MN-major; committed."""
         slot = uint64(((t % STAGES) * STB) >> 4)
         wgmma_fence()
         for kk in range(NK16):
             c = kk * 4
             wgmma_m64nNk16_f32_f16_rs(smem, o, 0, p[c], p[c + 1], p[c + 2], p[c + 3],
-                                      desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), D, 1)
+                                      desc_v + slot + uint64(kk * (2 * SBO >> 4)), uint32(1), DP, 1)
         wgmma_commit_group()
 
     def attn_kernel(q, k, v, out32, nt, nt_kv, n_heads, n_kv_heads, offset):

@@ -60,11 +60,12 @@ SIM_CASES = [
     ("wgmma: nt=150, 3 q tiles, 3 k tiles", dict(D, MMA="wgmma"), (150, 150, 1, 1)),
     ("wgmma BK=32: prefix, nt=40 after 60, head_dim 64", dict(D, MMA="wgmma", BK=32), (40, 100, 2, 1, 64)),
     ("wgmma: one key tile (nt=5)", dict(D, MMA="wgmma"), (5, 5, 1, 1)),
-    # head_dim 80 and 96: 128-element shared rows, D/16 k16 steps, m64nDk16 P·V with N = 80 / 96 across two blocks
+    # head_dim 80 and 96: 128-element shared rows, D/16 k16 steps of Q·K^T; wgmma's P·V is m64n128k16 (padding columns
+    # of O never stored)
     ("head_dim 80: nt=37, GQA 4/2, BK=32", dict(MS, BK=32), (37, 37, 4, 2, 80)),
     ("head_dim 96: prefix, nt=9 after 60 cached", MS, (9, 69, 2, 1, 96)),
     ("wgmma head_dim 80: prefix, nt=9 after 60 cached", dict(D, MMA="wgmma"), (9, 69, 2, 1, 80)),
-    ("wgmma head_dim 96: nt=70, GQA 2/1", dict(D, MMA="wgmma"), (70, 70, 2, 1, 96)),
+    ("wgmma head_dim 96: nt=70, GQA 2/1", dict(D, MMA="wgmma"), (70, 70, 2, 1, 96)),  # P·V at n = 128
 ]
 
 
@@ -292,12 +293,12 @@ def test_prefill_wgmma_compiles_and_assembles(cfg, hd):
     from ptx_assembly import ptxas_resources
 
     ptx = A.kernel_ptx(cfg, True, cc=(9, 0, "a"), head_dim=hd)
-    bk = cfg["BK"]
+    bk, dp = cfg["BK"], A.padded_head_dim(hd)  # P·V is m64n(DP): 128 at head_dim 80 and 96
     shape = "wgmma.mma_async.sync.aligned.m64n{}k16.f32.f16.f16"
-    if bk == hd:
+    if bk == dp:
         assert ptx.count(shape.format(bk)) == hd // 16 + bk // 16
     else:
-        assert ptx.count(shape.format(bk)) == hd // 16 and ptx.count(shape.format(hd)) == bk // 16
+        assert ptx.count(shape.format(bk)) == hd // 16 and ptx.count(shape.format(dp)) == bk // 16
     assert ptx.count(", p, 1, 1, 1;") == bk // 16  # the register-A products read V MN-major
     for needle in ("fence.proxy.async.shared::cta", "wgmma.wait_group.sync.aligned 0;", "cp.async.cg.shared.global"):
         assert needle in ptx, needle
@@ -441,7 +442,7 @@ def test_prefill_gpu_prefix_matches_float64():
 @pytest.mark.parametrize("L, splits, hd, h, hk", [
     (1, 128, 128, 28, 4), (3, 128, 128, 28, 4), (4097, 128, 128, 28, 4), (4352, 128, 128, 28, 4),
     (4097, 32, 128, 28, 4), (517, 1, 128, 28, 4), (4352, 64, 128, 28, 4),
-    (4097, 64, 64, 32, 8), (3, 64, 64, 32, 8), (4097, 64, 256, 16, 2)])
+    (4097, 64, 64, 32, 8), (3, 64, 64, 32, 8), (4097, 64, 256, 16, 2), (4097, 64, 80, 32, 8), (517, 64, 96, 32, 32)])
 def test_decode_gpu_matches_torch(L, splits, hd, h, hk):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
@@ -460,7 +461,7 @@ def test_decode_gpu_matches_torch(L, splits, hd, h, hk):
 
 
 @sim
-@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64"])
+@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64", "tiny_hd80"])
 def test_decode_experiment_tiny_round_trip(workload):
     """The `attention_decode` experiment's own path (inputs, poison, prepare, launch, check) on its tiny workloads;
     its check sees a wrong output (one head's row shifted)."""
@@ -485,7 +486,7 @@ def test_decode_experiment_tiny_round_trip(workload):
 
 
 @sim
-@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64"])
+@pytest.mark.parametrize("workload", ["tiny", "tiny_hd64", "tiny_hd80"])
 def test_experiment_tiny_round_trip(workload):
     """The experiment's own path (inputs, poison, prepare, launch, check) on its tiny workloads."""
     from experiments.attention import AttentionExperiment

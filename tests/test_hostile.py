@@ -174,7 +174,7 @@ def _gguf(path: Path, **overrides) -> Path:
     ({"rope.freq_base": float("nan")}, "qwen2.rope.freq_base = nan must be finite"),
     ({"attention.layer_norm_rms_epsilon": -1e-6}, "qwen2.attention.layer_norm_rms_epsilon = -1e-06 must be finite and in (0, 0.01]"),
     ({"context_length": 2**40}, "qwen2.context_length = 1099511627776 is outside 1..16777216"),
-    ({"attention.key_length": 80}, "head_dim 80: the attention kernels run head_dim 64, 128, 256 only"),
+    ({"attention.key_length": 112}, "head_dim 112: the attention kernels run head_dim 64, 80, 96, 128, 256 only"),
 ])
 def test_gguf_metadata_is_checked_by_value(tmp_path, override, message):
     from minfer_cli.engine.weights import inspect_gguf
