@@ -74,7 +74,7 @@ class Geometry:
     row: int  # shared tile row stride in f16 elements (KS for the swizzled mma_sync layout, KS+8 for wmma)
     smem_bytes: int
     glu: bool = False  # the gate|up product with the SwiGLU epilogue (`gemm_f16_glu`)
-    add: bool = False  # C += A · B^T: the residual epilogue (`gemm_f16`'s ``accumulate``)
+    accumulate: bool = False  # C += A · B^T: the residual epilogue (`gemm_f16`'s ``accumulate``)
 
     @property
     def threads(self) -> int:
@@ -131,16 +131,16 @@ def _invalid(cfg: dict) -> str | None:
     return None
 
 
-def geometry(config: dict | None, glu: bool = False, add: bool = False) -> Geometry:
-    """The `Geometry` of a knob dict (``glu``: `gemm_f16_glu`'s kernel; ``add``: the residual epilogue, C += A ·
+def geometry(config: dict | None, glu: bool = False, accumulate: bool = False) -> Geometry:
+    """The `Geometry` of a knob dict (``glu``: `gemm_f16_glu`'s kernel; ``accumulate``: the residual epilogue, C += A ·
     B^T). KernelConstraintError for a knob the table refuses, ``glu`` with a kernel other than STAGING=tma,
-    EPI=staged, TM a multiple of 128, ``add`` with a kernel other than STAGING=tma, or both."""
+    EPI=staged, TM a multiple of 128, ``accumulate`` with a kernel other than STAGING=tma, or both."""
     cfg = resolve_config(config)
     if glu and (why := gemm_f16_config.glu_tile_refusal(cfg)) is not None:
         raise KernelConstraintError(why)
-    if add and (why := gemm_f16_config.add_refusal(cfg)) is not None:
+    if accumulate and (why := gemm_f16_config.accumulate_refusal(cfg)) is not None:
         raise KernelConstraintError(why)
-    if add and glu:
+    if accumulate and glu:
         raise KernelConstraintError("gemm_f16: the SwiGLU epilogue writes f16 activations, which take no residual "
                                     "add; accumulate only with gemm_f16")
     tm, tn, ks, stages = cfg["TM"], cfg["TN"], cfg["KS"], cfg["STAGES"]
@@ -158,7 +158,7 @@ def geometry(config: dict | None, glu: bool = False, add: bool = False) -> Geome
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
     nocall = bool(cfg["NOCALL"]) and cfg["MMA"] == "wgmma"  # the other kernels issue no wgmma to serialize
     return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, nocall, warps,
-                    warps_m, warps_n, row, smem, bool(glu), bool(add))
+                    warps_m, warps_n, row, smem, bool(glu), bool(accumulate))
 
 
 def all_configs():
@@ -191,20 +191,20 @@ SIGNATURE_GLU = types.void(types.float16[::1], types.float16[::1], types.uint32[
 _CACHE_GLU = KernelCache("gemm_f16_glu", SIGNATURE_GLU)
 
 
-def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False, add: bool = False) -> str:
-    """PTX of the kernel for ``config`` (``glu``: `gemm_f16_glu`'s; ``add``: with the residual epilogue; compiled
+def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False, accumulate: bool = False) -> str:
+    """PTX of the kernel for ``config`` (``glu``: `gemm_f16_glu`'s; ``accumulate``: with the residual epilogue; compiled
     with NVVM for ``cc``, sm_90a by default -- the target a CUDA launch on an H200 compiles for, and the only one
     where MMA=wgmma exists; needs no GPU; not under the simulator)."""
-    g = geometry(config, glu, add)
+    g = geometry(config, glu, accumulate)
     ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE_GLU if glu else SIGNATURE, cc=cc, launch_bounds=(g.threads,))
     return ptx
 
 
-def build(config: dict | None = None, glu: bool = False, add: bool = False) -> BuiltKernel:
+def build(config: dict | None = None, glu: bool = False, accumulate: bool = False) -> BuiltKernel:
     """Compile (once per knob combination; cached) and return the kernel for ``config`` (``glu``: `gemm_f16_glu`'s;
-    ``add``: with the residual epilogue). Refuses a combination whose shared memory exceeds the device's opt-in
+    ``accumulate``: with the residual epilogue). Refuses a combination whose shared memory exceeds the device's opt-in
     limit; opts in above 48 KB (kernels/specialize.py)."""
-    g = geometry(config, glu, add)
+    g = geometry(config, glu, accumulate)
     return (_CACHE_GLU if glu else _CACHE).get(g, _make_kernel, g.smem_bytes, g.threads,
                                                hint="lower TM/TN/KS/STAGES")
 
@@ -317,16 +317,16 @@ def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -
 
 
 @kernel
-def _sum_slices(partials, out, n, count, add):
+def _sum_slices(partials, out, n, count, accumulate):
     """out[i] = partials[0 * n + i] + partials[1 * n + i] + ... (``count`` slices, in slice order: the same sum
-    whichever block of the GEMM finished last); f32, flat [count * n] and [n]. ``add`` nonzero: out[i] += the sum
+    whichever block of the GEMM finished last); f32, flat [count * n] and [n]. ``accumulate`` nonzero: out[i] += the sum
     (the residual epilogue)."""
     i = cuda.grid(1)
     if i < n:
         v = partials[i]
         for s in range(1, count):
             v += partials[s * n + i]
-        if add:
+        if accumulate:
             out[i] += v
         else:
             out[i] = v
@@ -355,11 +355,11 @@ def _split_cell(i, width, nt, od, whole, tn, tm, group):
 
 
 @kernel
-def _sum_tiles(parts, out, nt, od, whole, count, tn, tm, group, add):
+def _sum_tiles(parts, out, nt, od, whole, count, tn, tm, group, accumulate):
     """The compact partials of a plan with whole > 0: C tile ``whole + q`` (grouped program order of tn x tm tiles,
     ``group`` od tiles a group, as the GEMM's) = the sum in slice order of partial tiles q * count .. q * count +
     count - 1 (rows of ``parts``, f32 [(tiles - whole) * count * tn, tm]); written to ``out`` (f32 [nt, od]) within
-    its tails (``add`` nonzero: added to it). One thread an element of a split tile."""
+    its tails (``accumulate`` nonzero: added to it). One thread an element of a split tile."""
     q, r, c, row, tile_m = _split_cell(cuda.grid(1), tm, nt, od, whole, tn, tm, group)
     col = tile_m * tm + c
     if q >= 0 and row < nt and col < od:
@@ -367,7 +367,7 @@ def _sum_tiles(parts, out, nt, od, whole, count, tn, tm, group, add):
         v = parts[base, c]
         for s in range(1, count):
             v += parts[base + s * tn, c]
-        if add:
+        if accumulate:
             out[row, col] += v
         else:
             out[row, col] = v
@@ -554,11 +554,11 @@ def _sum_tiles_glu(parts, act, nt, od, whole, count, tn, tm, group):
         act[row, col] = silu_mul(gate, up)
 
 
-def _launch(a, b, out, config, stream, partials, add: bool = False):
-    """Enqueue the GEMM kernel (``add``: with the residual epilogue) with its split plan; return (plan, the flat
+def _launch(a, b, out, config, stream, partials, accumulate: bool = False):
+    """Enqueue the GEMM kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan, the flat
     partials used or None)."""
     nt, od, kdim = check_inputs(a, b, out)
-    built = build(config, add=add)
+    built = build(config, accumulate=accumulate)
     g = built.geometry
     plan = split_plan(config, nt, od, kdim)
     parts, target = split_target(plan, g, nt, od, out, partials, stream)
@@ -592,17 +592,17 @@ def split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, 
 
 
 
-def sum_parts(plan: SplitPlan, parts, out, config, stream, add: bool = False) -> None:
-    """Enqueue the sum of a split plan's partials into C (``add``: added to C; nothing without a split)."""
+def sum_parts(plan: SplitPlan, parts, out, config, stream, accumulate: bool = False) -> None:
+    """Enqueue the sum of a split plan's partials into C (``accumulate``: added to C; nothing without a split)."""
     if plan.slices == 1:
         return
     nt, od = out.shape
     if plan.whole == 0:
         n = nt * od
-        _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, plan.slices, int(add))
+        _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, plan.slices, int(accumulate))
         return
     g = geometry(config)
     rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
     n = rest * g.tn * g.tm
     _sum_tiles[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od, plan.whole,
-                                          plan.slices, g.tn, g.tm, g.group, int(add))
+                                          plan.slices, g.tn, g.tm, g.group, int(accumulate))

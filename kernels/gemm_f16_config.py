@@ -89,7 +89,7 @@ def glu_tile_refusal(cfg: dict) -> str | None:
     return None
 
 
-def add_refusal(cfg: dict) -> str | None:
+def accumulate_refusal(cfg: dict) -> str | None:
     """Why the knobs of ``cfg`` (a knob dict; missing knobs at DEFAULT) give no residual epilogue (C += A · B^T,
     `kernels.gemm_f16.gemm_f16`'s ``accumulate``), in one line, or None: only the STAGING=tma kernels (either EPI)
     have it."""

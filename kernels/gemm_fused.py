@@ -89,15 +89,15 @@ class FusedGeometry:
         return self.base.smem_bytes + self.raw * (self.raw_slot_bytes + 16)
 
 
-def fused_geometry(config: dict | None, qtype: str, add: bool = False) -> FusedGeometry:
+def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) -> FusedGeometry:
     """The FusedGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: the raw ring gets the slots (up to
     `MAX_RAW`) that fit beside the f16 ring in the H200's 227 KB. KernelConstraintError (one line) for a format
     without a dequantizer or knobs the fused kernel does not take (it is the STAGING=tma kernel: MMA=wgmma, KS=64,
-    LOOP=pipe; and STAGES >= 3). ``add``: with the residual epilogue (`kernels.gemm_f16.geometry`)."""
+    LOOP=pipe; and STAGES >= 3). ``accumulate``: with the residual epilogue (`kernels.gemm_f16.geometry`)."""
     if qtype not in FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
-    g = geometry(config, add=add)
+    g = geometry(config, accumulate=accumulate)
     if g.staging != "tma" or g.stages < 3:
         raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (tile i + 1's B is "
                                     f"written while the batch of tile i - 1 may still read its slot; got STAGING="
@@ -200,7 +200,7 @@ def _make_kernel(fg: FusedGeometry):
     k_range = gemm_tiles.k_range(KS, g.nocall)
     assert gemm_tiles.c_tile_bytes(TN, TM) <= STAGES * STAGE_B  # the staged C tile fits the f16 ring (STAGES >= 3)
     STAGED = g.epi == "staged"
-    epilogue = gemm_tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, ADD=g.add)
+    epilogue = gemm_tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, ACCUMULATE=g.accumulate)
     ktile_mma = gemm_tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     row = _q4_k_row(TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
@@ -330,10 +330,10 @@ def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
     return ptx
 
 
-def build(config: dict | None, qtype: str, add: bool = False):
-    """Compile (once per knobs, format and ``add``, the residual epilogue; cached) and return the fused kernel
+def build(config: dict | None, qtype: str, accumulate: bool = False):
+    """Compile (once per knobs, format and ``accumulate``, the residual epilogue; cached) and return the fused kernel
     (`kernels.specialize.BuiltKernel`)."""
-    fg = fused_geometry(config, qtype, add)
+    fg = fused_geometry(config, qtype, accumulate)
     return _CACHE.get(fg, _make_kernel, fg.smem_bytes, fg.threads, hint="lower TM/TN/STAGES")
 
 
@@ -406,8 +406,8 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     return out.reshape(nt * od), 1
 
 
-def _launch(a, segments, qtype, out, config, stream, partials, add: bool = False):
-    """Enqueue the fused kernel (``add``: with the residual epilogue) with its split plan; return (plan, the flat
+def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool = False):
+    """Enqueue the fused kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan, the flat
     partials used or None, out)."""
     nt, od, kdim = check_segments(a, segments, qtype, out)
     for i, (raw, _) in enumerate(segments):
@@ -415,7 +415,7 @@ def _launch(a, segments, qtype, out, config, stream, partials, add: bool = False
             raise KernelConstraintError(f"gemm_fused: segment {i} is a host array; pass the weight's bytes on the device")
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built = build(config, qtype, add)
+    built = build(config, qtype, accumulate)
     g = built.geometry.base
     plan = gemm_f16.split_plan(config, nt, od, kdim)
     parts, target = gemm_f16.split_target(plan, g, nt, od, out, partials, stream)

@@ -22,15 +22,15 @@ if TYPE_CHECKING:
     from kernels.gemm_f16 import Geometry
 
 
-def c_fragment_store(MI: int, NJ: int, ISTEP: int, ADD: bool = False):
+def c_fragment_store(MI: int, NJ: int, ISTEP: int, ACCUMULATE: bool = False):
     """``store_c(out, acc, rbase, cbase, nt, od, roff, coff)``: write a warp's accumulators, MI x NJ mma.m16n8 C fragments
     (PTX ISA "Matrix Fragments for mma.m16n8k16": lane l holds rows g, g+8 and columns 2t, 2t+1 of each, g = l>>2,
     t = l&3; wgmma m64nNk16's per-warp accumulators are the same fragments), to f32 ``out`` with the nt/od tail
     masks. Fragment (i, j) is at accumulator 4 * (i * NJ + j), row ``rbase + i * ISTEP`` (+8), column
     ``cbase + 8 * j`` (+1); rbase/cbase already hold the lane's g and 2t. Element (r, c) with r < nt and c < od
     lands at ``out[roff + r, c - coff]`` (C: 0, 0; split-K partials: the slice's rows, and for a compact partial
-    tile its rows and first column). ADD: each element is added to the value already there (C += the product: the
-    residual epilogue of `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
+    tile its rows and first column). ACCUMULATE: each element is added to the value already there (C += the
+    product: the residual epilogue of `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
 
     @cuda.jit(device=True, inline="always")
     def store_c(out, acc, rbase, cbase, nt, od, roff, coff):
@@ -41,7 +41,7 @@ def c_fragment_store(MI: int, NJ: int, ISTEP: int, ADD: bool = False):
                     for j in range(NJ):
                         c = (i * NJ + j) * 4 + 2 * h
                         col = cbase + j * 8
-                        if ADD:
+                        if ACCUMULATE:
                             if col < od:
                                 out[roff + rowi, col - coff] += acc[c]
                             if col + 1 < od:
@@ -84,7 +84,7 @@ def _stage_fragments(MI: int, NJ: int, S: int, CONSUMERS: int):
     return stage
 
 
-def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ADD: bool = False):
+def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE: bool = False):
     """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
     epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
     the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
@@ -95,8 +95,8 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ADD: bool =
     every element a 4-byte store (an ``out`` whose rows are not 16-byte aligned); else 16-byte stores except at the
     od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
     warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
-    way. ADD: each element is added to the value already in ``out`` (read with the same 16-byte or 4-byte width as
-    the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
+    way. ACCUMULATE: each element is added to the value already in ``out`` (read with the same 16-byte or 4-byte
+    width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
     S = TM + C_PAD
     CH = TM // 4  # 16-byte chunks a row
     RPI = CONSUMERS // CH  # rows a pass
@@ -114,11 +114,11 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ADD: bool =
             if rowi < nt and col < od:
                 x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
                 if cvec != 0 and col + 3 < od:
-                    if ADD:
+                    if ACCUMULATE:
                         y0, y1, y2, y3 = ld_global_v4_f32(out, roff + rowi, col - coff)
                         x0, x1, x2, x3 = y0 + x0, y1 + x1, y2 + x2, y3 + x3
                     st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
-                elif ADD:
+                elif ACCUMULATE:
                     out[roff + rowi, col - coff] += x0
                     if col + 1 < od:
                         out[roff + rowi, col + 1 - coff] += x1
@@ -180,7 +180,7 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX:
 
 
 def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool, GLU: bool = False,
-                      NOCALL: bool = False, ADD: bool = False):
+                      NOCALL: bool = False, ACCUMULATE: bool = False):
     """``epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)``: the end of a
     warp-specialized consumer thread (`kernels.gemm_tma`, `kernels.gemm_fused`; ``tid`` < CONSUMERS): wait for its
     last wgmma batch, then store its MT64 x N / 8 m16n8 C fragments (warpgroup tile at row ``row0``, column
@@ -188,17 +188,17 @@ def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGE
     with STAGED through the f32 C tile over the ring in the kernel's dynamic shared memory (`c_tile_store`), else
     straight from the fragments (`c_fragment_store`). GLU (with STAGED): ``out`` is the f16 activation as flat
     uint32 words and an unsplit tile leaves as ``silu(gate) * up`` (`c_tile_store_glu`, its division div.approx
-    with NOCALL); split slices as f32. ADD (not with GLU): an unsplit tile is added to ``out`` (C += the product);
-    split slices are stored as they are (the slice sum adds them to C)."""
+    with NOCALL); split slices as f32. ACCUMULATE (not with GLU): an unsplit tile is added to ``out`` (C += the
+    product); split slices are stored as they are (the slice sum adds them to C)."""
     store_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS)
     store_c = c_fragment_store(MT64, N // 8, 64)
-    if ADD:
+    if ACCUMULATE:
         assert not GLU
-        add_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS, True)
-        add_c = c_fragment_store(MT64, N // 8, 64, True)
+        accumulate_tile = c_tile_store(MT64, N // 8, TN, TM, CONSUMERS, True)
+        accumulate_c = c_fragment_store(MT64, N // 8, 64, True)
 
         @cuda.jit(device=True, inline="always")
-        def epilogue_add(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):
+        def epilogue_accumulate(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec):
             wgmma_wait_group(0)
             lane = tid & 31
             rl = row0 + ((tid >> 5) & 3) * 16 + (lane >> 2)
@@ -208,13 +208,14 @@ def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGE
                     store_tile(cuda.shared.array(0, float32), parts, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec,
                                tid)
                 else:
-                    add_tile(cuda.shared.array(0, float32), out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)
+                    accumulate_tile(cuda.shared.array(0, float32), out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec,
+                                    tid)
             elif nsl > 1:
                 store_c(parts, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
             else:
-                add_c(out, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
+                accumulate_c(out, acc, n0 + rl, m0 + cl, nt, od, roff, coff)
 
-        return epilogue_add
+        return epilogue_accumulate
     if GLU:
         assert STAGED
         store_glu = c_tile_store_glu(MT64, N // 8, TN, TM, CONSUMERS, NOCALL)

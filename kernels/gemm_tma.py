@@ -43,8 +43,8 @@ def make_kernel(g: Geometry):
       the od / TM tiles loads gate rows m0 / 2 .. and up rows od / 2 + m0 / 2 .. as its two TM / 2-row halves (two
       boxes of a TM / 2-row tensor map, the same bytes a slot), so its C tile pairs every gate column with its up
       column; an unsplit tile leaves as the f16 ``silu(gate) * up`` (`gemm_tiles.c_tile_store_glu`).
-    * ``g.add`` (`kernels.gemm_f16.gemm_f16`'s ``accumulate``): an unsplit tile is added to C (`c_tile_store` /
-      `c_fragment_store` with ADD); split slices go to the partials as without it.
+    * ``g.accumulate`` (`kernels.gemm_f16.gemm_f16`'s ``accumulate``): an unsplit tile is added to C (`c_tile_store` /
+      `c_fragment_store` with ACCUMULATE); split slices go to the partials as without it.
 
     Sources: PTX ISA §9.7.9.25.5.1 (cp.async.bulk.tensor), §9.7.13.15 (mbarrier), §9.7.15 (wgmma); CUTLASS sm90
     warp-specialized GEMM (producer / consumer pipeline); FlashAttention-3 (Shah et al., 2024) §3.1.
@@ -69,7 +69,7 @@ def make_kernel(g: Geometry):
     k_range = tiles.k_range(KS, g.nocall)
     GLU = g.glu
     HALF_E = TM // 2 * KS  # GLU: the up box's element offset in the B tile
-    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU, g.nocall, g.add)
+    epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU, g.nocall, g.accumulate)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 

@@ -392,10 +392,10 @@ def test_accumulate_refusals():
     with pytest.raises(KernelConstraintError, match="accumulate adds the product to out; pass the f32"):
         G.gemm_f16(a, b, accumulate=True)
     with pytest.raises(KernelConstraintError, match=r"residual epilogue \(C \+= A·B\^T\) is in the STAGING=tma"):
-        G.geometry(dict(WG), add=True)
+        G.geometry(dict(WG), accumulate=True)
     with pytest.raises(KernelConstraintError, match="SwiGLU epilogue writes f16 activations"):
-        G.geometry(None, glu=True, add=True)
-    assert G.geometry(None, add=True).add and G.geometry(dict(G.DEFAULT, EPI="direct"), add=True).add
+        G.geometry(None, glu=True, accumulate=True)
+    assert G.geometry(None, accumulate=True).accumulate and G.geometry(dict(G.DEFAULT, EPI="direct"), accumulate=True).accumulate
 
 
 def test_wgmma_invalid_combinations_are_refused():
@@ -495,7 +495,7 @@ def test_residual_epilogue_ptx(epi):
     from ptx_assembly import ptxas_resources
 
     config = dict(G.DEFAULT, EPI=epi)
-    ptx = G.kernel_ptx(config, add=True)
+    ptx = G.kernel_ptx(config, accumulate=True)
     assert ("ld.global.v4.f32" in ptx) == (epi == "staged") and "ld.global.v4.f32" not in G.kernel_ptx(config)
     assert ptx.count("ld.global.f32") > G.kernel_ptx(config).count("ld.global.f32")
     got = ptxas_resources(ptx)

@@ -178,8 +178,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
-    (`kernels.gemm_f16_config.add_refusal`). Empty when each applies."""
-    from kernels.gemm_f16_config import add_refusal, glu_tile_refusal  # numba-free: no compiler before the GPU check
+    (`kernels.gemm_f16_config.accumulate_refusal`). Empty when each applies."""
+    from kernels.gemm_f16_config import accumulate_refusal, glu_tile_refusal  # numba-free: no compiler before the GPU check
 
     idle = {}
     if config.get("PFUSE_GLU") and (why := glu_tile_refusal(config)) is not None:
@@ -187,7 +187,7 @@ def idle_fusions(config: Config) -> dict[str, str]:
     if config.get("PFUSE_RESID"):
         if config.get("FUSE_ADD_NORM"):
             idle["PFUSE_RESID"] = "PFUSE_RESID=1 does nothing with FUSE_ADD_NORM=1 (its norm kernel adds the products)"
-        elif (why := add_refusal(config)) is not None:
+        elif (why := accumulate_refusal(config)) is not None:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
     return idle
 

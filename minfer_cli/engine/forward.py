@@ -477,11 +477,11 @@ def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
 def uses_resid(options: PrefillOptions) -> bool:
     """Whether PFUSE_RESID's residual epilogue adds the attention output's and the FFN's products to the residual
     stream with ``options``: PFUSE_RESID on, FUSE_ADD_NORM off (its norm kernel adds them) and GEMM knobs whose
-    kernels have the epilogue (`kernels.gemm_f16_config.add_refusal`: STAGING=tma); else a buffer and
+    kernels have the epilogue (`kernels.gemm_f16_config.accumulate_refusal`: STAGING=tma); else a buffer and
     `kernels.residual.residual_add`."""
-    from kernels.gemm_f16_config import add_refusal
+    from kernels.gemm_f16_config import accumulate_refusal
 
-    return options.fuse_resid and not options.fuse_add_norm and add_refusal(options.gemm or {}) is None
+    return options.fuse_resid and not options.fuse_add_norm and accumulate_refusal(options.gemm or {}) is None
 
 
 def gemm_weight_shapes(c: ModelConfig) -> list[tuple[int, int]]:
