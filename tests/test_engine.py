@@ -199,7 +199,10 @@ def test_a_replayed_prefill_graph_equals_the_eager_prefill_bit_for_bit(gemm):
                          ids=["FUSE_ADD_NORM=1", "PFUSE_ROPE_KV=1", "PFUSE_GLU=1", "PROPE_ANGLES=1", "PFUSE_RESID=1"])
 def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     """FUSE_ADD_NORM=1 sums the split-K slices and adds them to the residual in the RMSNorm kernel: the same
-    additions in the same order as the slice sum, residual add and RMSNorm kernels; PFUSE_ROPE_KV=1 stores the same
+    additions in the same order as the slice sum, residual add and RMSNorm kernels (both at `kernels.norm.DEFAULT_TPB`
+    threads a row, PNORM_WIDE=0: with PNORM_WIDE=1 the fused kernel runs `row_tpb` threads at every length, the
+    plain norm only below `kernels.norm.WIDE_ROWS` rows, and the sums of squares are added in another order);
+    PFUSE_ROPE_KV=1 stores the same
     f16 roundings of the same rotations as RoPE + KV append; PFUSE_GLU=1 the same f16 roundings of the same SwiGLU
     of the same products (`kernels.gemm_f16.gemm_f16_glu`) with NOCALL=0 (NOCALL=1, the default, divides with
     div.approx: one f16 ulp apart, and the float64-reference tests cover it); PFUSE_RESID=1 the same f32 additions
@@ -207,8 +210,9 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
     length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    unfused = PrefillOptions(fuse_glu=False, rope_angles=False, fuse_rope_kv=False,
-                             gemm={"NOCALL": 0} if "fuse_glu" in fusion else None)
+    unfused = PrefillOptions(fuse_glu=False, rope_angles=False, fuse_rope_kv=False, fuse_resid=False,
+                             gemm={"NOCALL": 0} if "fuse_glu" in fusion else None,
+                             norm_wide="fuse_add_norm" not in fusion)
     fused = PrefillEngine(weights, 300, dataclasses.replace(unfused, **fusion), context=400)
     plain = PrefillEngine(weights, 300, unfused, context=400)
     assert fused.glu == [bool(fusion.get("fuse_glu"))] * len(fused.layers) and not any(plain.glu)
@@ -243,13 +247,14 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
 
 
 def test_pfuse_resid_runs_where_its_epilogue_can():
-    """PFUSE_RESID=1 adds in the GEMM where the GEMM knobs have the residual epilogue (STAGING=tma, either EPI) and
+    """PFUSE_RESID=1 (the default) adds in the GEMM where the GEMM knobs have the residual epilogue (STAGING=tma, either EPI) and
     FUSE_ADD_NORM does not do the adds; else the engine runs residual_add (and `bench` says so: test_cli)."""
     from minfer_cli.engine.forward import uses_resid
 
     on = PrefillOptions(fuse_resid=True)
     assert uses_resid(on) and uses_resid(dataclasses.replace(on, gemm={"EPI": "direct"}))
-    assert not uses_resid(PrefillOptions()) and not uses_resid(dataclasses.replace(on, fuse_add_norm=True))
+    assert not uses_resid(PrefillOptions(fuse_resid=False))
+    assert not uses_resid(dataclasses.replace(on, fuse_add_norm=True))
     assert not uses_resid(dataclasses.replace(on, gemm=SMALL_TILES.gemm))
 
 

@@ -88,12 +88,13 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
                                            "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
-    knobs += [Knob("PFUSE_RESID", (0, 1), 0, "prefill (pp): 1 adds the attention output's and the FFN's products to "
+    knobs += [Knob("PFUSE_RESID", (0, 1), 1, "prefill (pp): 1 adds the attention output's and the FFN's products to "
                                              "the residual stream in their GEMM's epilogue (C += A·B^T; split-K "
                                              "slices in the slice sum): no f32 [nt, hidden] product written, read "
-                                             "back and added by a kernel of its own; 0 that buffer and "
-                                             "residual_add. The same numbers either way. Does nothing with "
-                                             "FUSE_ADD_NORM=1 (its norm kernel adds) or STAGING other than tma")]
+                                             "back and added by a kernel of its own (the default: pp512 +1.9%, "
+                                             "pp128 +2.9%, ledger #323 / #324); 0 that buffer and residual_add. "
+                                             "The same numbers either way. Does nothing with FUSE_ADD_NORM=1 (its "
+                                             "norm kernel adds) or STAGING other than tma", legacy=0)]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
                                         "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
                                         "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
@@ -231,7 +232,7 @@ def engine_options(config: Config) -> EngineOptions:
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
                              rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)),
-                             fuse_resid=bool(config.get("PFUSE_RESID", 0)))
+                             fuse_resid=bool(config.get("PFUSE_RESID", 1)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),

@@ -53,7 +53,7 @@ class PrefillOptions:
     fuse_glu: bool = True
     rope_angles: bool = True
     fused: bool = False
-    fuse_resid: bool = False
+    fuse_resid: bool = True
 
 
 @dataclass(frozen=True)
