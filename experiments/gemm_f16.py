@@ -51,8 +51,7 @@ _DOCS = {
               "division div.approx), so ptxas keeps the wgmma asynchronous; 0 = 64-bit divisions, and ptxas "
               "serializes every wgmma (its warning C7509)",
     "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
-                "kernels.gemm_f16.launch_config, whole waves); 2: the same choice priced with each tile's split-K "
-                "plan (kernels.gemm_f16.wave_time); 0: the tile as configured",
+                "kernels.gemm_f16.launch_config); 0: the tile as configured",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
@@ -143,7 +142,7 @@ class GemmF16Experiment(Experiment):
 
             return launch_fused
         # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
-        kernel.build(kernel.launch_config(cfg, s["nt"], s["od"], kdim=s["id"]))
+        kernel.build(kernel.launch_config(cfg, s["nt"], s["od"]))
 
         def launch(inputs, output, stream):
             a, b, _ = inputs
@@ -197,7 +196,7 @@ class GemmF16Experiment(Experiment):
             from kernels import gemm_f16 as kernel
 
             eff["TM"] = kernel.launch_config({k: config[k] for k in _TABLE if k in config}, workload.shape["nt"],
-                                             workload.shape["od"], kdim=workload.shape["id"])["TM"]
+                                             workload.shape["od"])["TM"]
             eff["AUTOTILE"] = 0
         return eff
 
@@ -216,7 +215,7 @@ class GemmF16Experiment(Experiment):
             name = f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group},EPI={g.epi}]"
             return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
         s = workload.shape
-        built = kernel.build(kernel.launch_config({k: config[k] for k in _TABLE}, s["nt"], s["od"], kdim=s["id"]))
+        built = kernel.build(kernel.launch_config({k: config[k] for k in _TABLE}, s["nt"], s["od"]))
         g = built.geometry
         name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop},"
                 f"EPI={g.epi}]")

@@ -248,38 +248,20 @@ def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None
     return gemm_f16_config.split_plan(tiles, -(-kdim // g.ks), sms or 1, cfg["SPLITK"])
 
 
-def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None, kdim: int | None = None) -> dict:
-    """The resolved knob dict a launch of ``config`` runs for C[nt, od] over ``kdim`` on ``sms`` SMs (the current
-    device's by default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
+def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None) -> dict:
+    """The resolved knob dict a launch of ``config`` runs for C[nt, od] on ``sms`` SMs (the current device's by
+    default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
     `gemm_f16_config.NARROW_TILE_TIME`, finishes before the 256-wide grid's whole waves (wave quantization: a grid
-    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). AUTOTILE=2
-    (needs ``kdim``): the same choice by `wave_time`, which counts each tile's split plan (SPLITK), so a narrow
-    grid whose last wave the plan splits, or a wide one it splits in two, is priced as it runs. Otherwise the
+    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). Otherwise the
     config itself. Idempotent."""
     cfg = resolve_config(config)
     if cfg["AUTOTILE"] == 0 or cfg["TM"] != 256 or cfg["STAGING"] != "tma":
         return cfg
     sms = sms or device_sms()
     narrow = dict(cfg, TM=128)
-    if cfg["AUTOTILE"] == 2:
-        if kdim is None:
-            raise KernelConstraintError("gemm_f16 AUTOTILE=2 prices each tile's split plan: launch_config needs kdim")
-        return narrow if wave_time(narrow, nt, od, kdim, sms) < wave_time(cfg, nt, od, kdim, sms) else cfg
     wide_waves = -(-geometry(cfg).grid(nt, od) // sms)
     narrow_waves = -(-geometry(narrow).grid(nt, od) // sms)
     return narrow if narrow_waves * gemm_f16_config.NARROW_TILE_TIME < wide_waves else cfg
-
-
-def wave_time(config: dict | None, nt: int, od: int, kdim: int, sms: int) -> float:
-    """AUTOTILE=2's model of a launch of ``config`` (TM 128 or 256) for C[nt, od] over ``kdim`` on ``sms`` SMs, in
-    times of one 256-wide tile over all of k: the whole tiles of its `split_plan` in waves of ``sms`` blocks, each
-    wave a tile's time (1, or `gemm_f16_config.NARROW_TILE_TIME` at TM=128), then the split tiles' blocks in waves,
-    each wave a slice's share of a tile. The partials' write and read and the slice sum are not counted."""
-    cfg = resolve_config(config)
-    tile = 1.0 if cfg["TM"] == 256 else gemm_f16_config.NARROW_TILE_TIME
-    plan = split_plan(cfg, nt, od, kdim, sms)
-    split_blocks = (geometry(cfg).grid(nt, od) - plan.whole) * plan.slices
-    return tile * (-(-plan.whole // sms) + -(-split_blocks // sms) / plan.slices)
 
 
 def device_sms() -> int:
@@ -292,7 +274,7 @@ def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int
     split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the larger of the
     plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`)."""
     sizes = []
-    for cfg in (resolve_config(config), launch_config(config, nt, od, sms, kdim)):
+    for cfg in (resolve_config(config), launch_config(config, nt, od, sms)):
         plan = split_plan(cfg, nt, od, kdim, sms)
         if plan.slices == 1:
             sizes.append(0)
@@ -409,7 +391,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
         raise KernelConstraintError("gemm_f16: accumulate adds the product to out; pass the f32 [nt, od] array")
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    config = launch_config(config, nt, od, kdim=kdim)
+    config = launch_config(config, nt, od)
     plan, parts = _launch(a, b, out, config, stream, partials, accumulate)
     sum_parts(plan, parts, out, config, stream, accumulate)
     return out
@@ -425,7 +407,7 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     nt, od, kdim = check_inputs(a, b, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    config = launch_config(config, nt, od, kdim=kdim)
+    config = launch_config(config, nt, od)
     plan, parts = _launch(a, b, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
@@ -473,7 +455,7 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     refused = glu_refusal(config, od)
     if refused is not None:
         raise KernelConstraintError(refused)
-    config = launch_config(config, nt, od, kdim=kdim)
+    config = launch_config(config, nt, od)
     g = geometry(config, glu=True)
     ffn = od // 2
     if out is None:

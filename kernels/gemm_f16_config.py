@@ -52,10 +52,8 @@ KNOBS: dict[str, tuple] = {
 # AUTOTILE (STAGING=tma with TM=256; chooses between two compiled kernels at launch): 1 runs a product whose
 # 256-wide grid quantizes badly on the SMs with TM=128 instead (`kernels.gemm_f16.launch_config`: a 7B qkv at
 # nt=2048 is 288 tiles of 256, 2.2 waves, and 576 of 128; attn_output at nt=512 is 56 tiles of 256 on 132 SMs);
-# 0: the tile as configured. 2: the same choice priced with each tile's split plan (`kernels.gemm_f16.wave_time`:
-# a 7B qkv at nt=512 is 72 tiles of 256 in one wave, or 144 of 128 whose last 12 split 4 ways; ffn_down at nt=512
-# 56 tiles of 256 in 2 slices, or 112 of 128 unsplit).
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 2)}
+# 0: the tile as configured.
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1)}
 LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at

@@ -161,28 +161,6 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
                 dict(cfg, AUTOTILE=0), nt, od, id_, sms=132)
 
 
-def test_autotile_2_prices_each_tiles_split_plan():
-    """AUTOTILE=2 on 132 SMs: 7B qkv at nt=512 runs 128-wide tiles (a wave of 132, then 12 tiles in 4 slices:
-    0.58 x 1.25 of a wide tile's time, against one wave of 72 wide tiles), ffn_down and attn_output at nt=512 run
-    56 wide tiles in 2 slices (0.5, against 112 narrow tiles unsplit: 0.58), ffn_gate_up stays wide (5 waves vs 9 x
-    0.58) and qkv at nt=2048 narrow (5 x 0.58 vs 3); without kdim it is refused; partials_elements covers its plan."""
-    cfg = dict(AUTOTILE=2)
-    shapes = {"qkv_512": (512, 4608, 3584), "down_512": (512, 3584, 18944), "out_512": (512, 3584, 3584),
-              "gate_up_512": (512, 37888, 3584), "qkv_2048": (2048, 4608, 3584)}
-    pick = {k: G.launch_config(cfg, nt, od, sms=132, kdim=id_)["TM"] for k, (nt, od, id_) in shapes.items()}
-    assert pick == {"qkv_512": 128, "down_512": 256, "out_512": 256, "gate_up_512": 256, "qkv_2048": 128}
-    assert G.wave_time(dict(TM=128), 512, 4608, 3584, 132) == pytest.approx(0.58 * 1.25)
-    assert G.wave_time(None, 512, 3584, 18944, 132) == pytest.approx(0.5)
-    assert G.wave_time(dict(SPLITK=1), 512, 37888, 3584, 132) == 5
-    with pytest.raises(KernelConstraintError, match="AUTOTILE=2 prices each tile's split plan"):
-        G.launch_config(cfg, 512, 4608, sms=132)
-    for nt, od, id_ in shapes.values():
-        run = G.launch_config(cfg, nt, od, sms=132, kdim=id_)
-        assert G.partials_elements(cfg, nt, od, id_, sms=132) >= G.partials_elements(dict(run, AUTOTILE=0), nt, od,
-                                                                                      id_, sms=132)
-        assert G.partials_elements(cfg, nt, od, id_, sms=132) <= G.partials_capacity(cfg, nt, od, 132)
-
-
 def test_experiment_effective_config_sees_autotile(monkeypatch):
     """`ab` refuses arms that run one kernel: the gemm_f16 experiment's effective configuration drops AUTOTILE where
     it cannot act and, on a workload with a device present, resolves the tile AUTOTILE=1 runs there

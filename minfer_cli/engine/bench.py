@@ -159,8 +159,7 @@ def engine_knobs() -> tuple[Knob, ...]:
                    legacy=1)]
     knobs += [Knob("AUTOTILE", tuple(gemm_f16.LAUNCH_KNOBS["AUTOTILE"]), gemm_f16.LAUNCH_DEFAULT["AUTOTILE"],
                    "prefill (pp): 1 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
-                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 2 the same choice priced with each "
-                   "tile's split-K plan (kernels.gemm_f16.wave_time); 0 the configured tile everywhere",
+                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 0 the configured tile everywhere",
                    legacy=0)]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
                    legacy=attention.LEGACY.get(k))
