@@ -51,7 +51,8 @@ _DOCS = {
               "division div.approx), so ptxas keeps the wgmma asynchronous; 0 = 64-bit divisions, and ptxas "
               "serializes every wgmma (its warning C7509)",
     "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
-                "kernels.gemm_f16.launch_config); 0: the tile as configured",
+                "kernels.gemm_f16.launch_config); 3: the same choice among TM=256, 192 and 128; 0: the tile as "
+                "configured",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }

@@ -111,6 +111,9 @@ def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
+    if cfg["TM"] == 192 and cfg["STAGING"] != "tma":
+        return (f"gemm_f16 TM=192 is a STAGING=tma tile (the cp.async kernels split TM over 2 or 4 warps in "
+                f"power-of-two widths; got STAGING={cfg['STAGING']}); use TM=128 or 256 there")
     if cfg["STAGING"] == "tma":
         if cfg["MMA"] != "wgmma" or cfg["KS"] != 64 or cfg["LOOP"] != "pipe":
             return (f"gemm_f16 STAGING=tma (the default) needs MMA=wgmma, KS=64 (one 128-byte swizzled box row a k "
@@ -163,9 +166,9 @@ def geometry(config: dict | None, glu: bool = False, accumulate: bool = False) -
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
-    addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 54 MMA=wgmma +
-    tma ones (KS=64, LOOP=pipe) with each EPI: 936 (EPI=direct for the others: their EPI=staged is the same kernel);
-    the 288 MMA=wgmma ones also with NOCALL=1: 1224."""
+    addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 72 MMA=wgmma +
+    tma ones (KS=64, LOOP=pipe; TM=192 only there) with each EPI: 972 (EPI=direct for the others: their EPI=staged
+    is the same kernel); the 324 MMA=wgmma ones also with NOCALL=1: 1296."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))
@@ -248,20 +251,25 @@ def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None
     return gemm_f16_config.split_plan(tiles, -(-kdim // g.ks), sms or 1, cfg["SPLITK"])
 
 
-def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None) -> dict:
+def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None, glu: bool = False) -> dict:
     """The resolved knob dict a launch of ``config`` runs for C[nt, od] on ``sms`` SMs (the current device's by
     default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
     `gemm_f16_config.NARROW_TILE_TIME`, finishes before the 256-wide grid's whole waves (wave quantization: a grid
-    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). Otherwise the
-    config itself. Idempotent."""
+    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). AUTOTILE=3:
+    the same rule over TM=256, 192 (`gemm_f16_config.MID_TILE_TIME`; not with ``glu``, `gemm_f16_glu`'s launch)
+    and 128, the wider on a tie. Otherwise the config itself. Idempotent."""
     cfg = resolve_config(config)
     if cfg["AUTOTILE"] == 0 or cfg["TM"] != 256 or cfg["STAGING"] != "tma":
         return cfg
     sms = sms or device_sms()
-    narrow = dict(cfg, TM=128)
-    wide_waves = -(-geometry(cfg).grid(nt, od) // sms)
-    narrow_waves = -(-geometry(narrow).grid(nt, od) // sms)
-    return narrow if narrow_waves * gemm_f16_config.NARROW_TILE_TIME < wide_waves else cfg
+    best, best_time = cfg, -(-geometry(cfg).grid(nt, od) // sms)
+    times = {192: gemm_f16_config.MID_TILE_TIME} if cfg["AUTOTILE"] == 3 and not glu else {}
+    for tm, tile_time in {**times, 128: gemm_f16_config.NARROW_TILE_TIME}.items():
+        other = dict(cfg, TM=tm)
+        waves = -(-geometry(other).grid(nt, od) // sms)
+        if waves * tile_time < best_time:
+            best, best_time = other, waves * tile_time
+    return best
 
 
 def device_sms() -> int:
@@ -271,10 +279,11 @@ def device_sms() -> int:
 
 def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
     """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
-    split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the larger of the
-    plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`)."""
+    split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the largest of the
+    plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`) and its SwiGLU
+    launch's (`gemm_f16_glu`)."""
     sizes = []
-    for cfg in (resolve_config(config), launch_config(config, nt, od, sms)):
+    for cfg in (resolve_config(config), launch_config(config, nt, od, sms), launch_config(config, nt, od, sms, True)):
         plan = split_plan(cfg, nt, od, kdim, sms)
         if plan.slices == 1:
             sizes.append(0)
@@ -455,7 +464,7 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     refused = glu_refusal(config, od)
     if refused is not None:
         raise KernelConstraintError(refused)
-    config = launch_config(config, nt, od)
+    config = launch_config(config, nt, od, glu=True)
     g = geometry(config, glu=True)
     ffn = od // 2
     if out is None:

@@ -14,7 +14,9 @@ KNOBS: dict[str, tuple] = {
     # swizzled cp.async or TMA tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async with
     # LOOP=addr32|pipe (see kernels.gemm_cp_async._wgmma) or STAGING=tma (kernels.gemm_tma).
     "MMA": ("mma_sync", "wmma", "wgmma"),
-    "TM": (64, 128, 256),  # od tile (B rows per block)
+    # od tile (B rows per block). 192 (STAGING=tma only): a third wgmma width (m64n192k16) for products whose 256-
+    # and 128-wide grids both quantize badly on the SMs (a 7B qkv at nt=512: 72 tiles of 256, 144 of 128, 96 of 192).
+    "TM": (64, 128, 192, 256),
     "TN": (64, 128),  # nt tile (A rows per block)
     "KS": (32, 64),  # k step per shared tile
     "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
@@ -52,12 +54,18 @@ KNOBS: dict[str, tuple] = {
 # AUTOTILE (STAGING=tma with TM=256; chooses between two compiled kernels at launch): 1 runs a product whose
 # 256-wide grid quantizes badly on the SMs with TM=128 instead (`kernels.gemm_f16.launch_config`: a 7B qkv at
 # nt=2048 is 288 tiles of 256, 2.2 waves, and 576 of 128; attn_output at nt=512 is 56 tiles of 256 on 132 SMs);
-# 0: the tile as configured.
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1)}
+# 0: the tile as configured. 3: the same whole-wave choice among TM=256, 192 and 128 (192 not for the SwiGLU
+# epilogue, whose gate and up halves are TM / 2 = 64-aligned column blocks; `kernels.gemm_f16.launch_config`). 2 was
+# the choice priced with each tile's split-K plan: it lost (ledger #320-#322) and is deleted.
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3)}
 LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
+MID_TILE_TIME = 0.79
+"""Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=3's wave model: 0.75 of the
+work, plus part of the 128-wide tile's measured overhead (0.58 against 0.5). An estimate until its A/B
+(`minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0 --arm AUTOTILE=0,TM=192`: one wave of each) measures it."""
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12
 

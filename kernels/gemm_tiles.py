@@ -90,8 +90,10 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
     column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
     the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
-    threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64),
-    element (r, c) with n0 + r < nt and m0 + c < od landing at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0:
+    threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64); at
+    TM = 192 (48 chunks a row, which do not divide the threads) thread t takes chunks t, t + CONSUMERS, ... of the
+    tile in row-major order, so a warp still writes 512 contiguous bytes, across at most two rows. Element (r, c)
+    with n0 + r < nt and m0 + c < od lands at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0:
     every element a 4-byte store (an ``out`` whose rows are not 16-byte aligned); else 16-byte stores except at the
     od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
     warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
@@ -99,43 +101,59 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
     S = TM + C_PAD
     CH = TM // 4  # 16-byte chunks a row
-    RPI = CONSUMERS // CH  # rows a pass
-    assert CONSUMERS % CH == 0 and TN % RPI == 0 and TM % 32 == 0
+    assert TM % 32 == 0 and (TN * CH) % CONSUMERS == 0
     stage = _stage_fragments(MI, NJ, S, CONSUMERS)
 
     @cuda.jit(device=True, inline="always")
-    def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
-        stage(cs, acc, rl, cl)
-        cq = (tid % CH) * 4
+    def store_chunk(cs, out, r, cq, n0, m0, nt, od, roff, coff, cvec):
+        """Chunk ``cq`` (first column) of tile row ``r`` from ``cs`` to ``out``."""
+        rowi = n0 + r
         col = m0 + cq
-        for p in range(TN // RPI):
-            r = tid // CH + p * RPI
-            rowi = n0 + r
-            if rowi < nt and col < od:
-                x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
-                if cvec != 0 and col + 3 < od:
-                    if ACCUMULATE:
-                        y0, y1, y2, y3 = ld_global_v4_f32(out, roff + rowi, col - coff)
-                        x0, x1, x2, x3 = y0 + x0, y1 + x1, y2 + x2, y3 + x3
-                    st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
-                elif ACCUMULATE:
-                    out[roff + rowi, col - coff] += x0
-                    if col + 1 < od:
-                        out[roff + rowi, col + 1 - coff] += x1
-                    if col + 2 < od:
-                        out[roff + rowi, col + 2 - coff] += x2
-                    if col + 3 < od:
-                        out[roff + rowi, col + 3 - coff] += x3
-                else:
-                    out[roff + rowi, col - coff] = x0
-                    if col + 1 < od:
-                        out[roff + rowi, col + 1 - coff] = x1
-                    if col + 2 < od:
-                        out[roff + rowi, col + 2 - coff] = x2
-                    if col + 3 < od:
-                        out[roff + rowi, col + 3 - coff] = x3
+        if rowi < nt and col < od:
+            x0, x1, x2, x3 = ld_shared_v4_f32(cs, r * S + cq)
+            if cvec != 0 and col + 3 < od:
+                if ACCUMULATE:
+                    y0, y1, y2, y3 = ld_global_v4_f32(out, roff + rowi, col - coff)
+                    x0, x1, x2, x3 = y0 + x0, y1 + x1, y2 + x2, y3 + x3
+                st_global_v4_f32(out, roff + rowi, col - coff, x0, x1, x2, x3)
+            elif ACCUMULATE:
+                out[roff + rowi, col - coff] += x0
+                if col + 1 < od:
+                    out[roff + rowi, col + 1 - coff] += x1
+                if col + 2 < od:
+                    out[roff + rowi, col + 2 - coff] += x2
+                if col + 3 < od:
+                    out[roff + rowi, col + 3 - coff] += x3
+            else:
+                out[roff + rowi, col - coff] = x0
+                if col + 1 < od:
+                    out[roff + rowi, col + 1 - coff] = x1
+                if col + 2 < od:
+                    out[roff + rowi, col + 2 - coff] = x2
+                if col + 3 < od:
+                    out[roff + rowi, col + 3 - coff] = x3
 
-    return store_tile
+    if CONSUMERS % CH == 0:
+        RPI = CONSUMERS // CH  # rows a pass
+        assert TN % RPI == 0
+
+        @cuda.jit(device=True, inline="always")
+        def store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
+            stage(cs, acc, rl, cl)
+            cq = (tid % CH) * 4
+            for p in range(TN // RPI):
+                store_chunk(cs, out, tid // CH + p * RPI, cq, n0, m0, nt, od, roff, coff, cvec)
+
+        return store_tile
+
+    @cuda.jit(device=True, inline="always")
+    def store_tile_flat(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid):
+        stage(cs, acc, rl, cl)
+        for p in range(TN * CH // CONSUMERS):
+            chunk = tid + p * CONSUMERS
+            store_chunk(cs, out, chunk // CH, (chunk % CH) * 4, n0, m0, nt, od, roff, coff, cvec)
+
+    return store_tile_flat
 
 
 def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX: bool = False):

@@ -281,6 +281,9 @@ SIM_CASES = [
     ("tma: EPI=direct", dict(G.DEFAULT, TM=64, TN=64, STAGES=3, EPI="direct"), (33, 72, 128)),
     ("tma: EPI=direct, 128x128, 2 stages (the barriers right after the ring)",
      dict(G.DEFAULT, TM=128, STAGES=2, EPI="direct", AUTOTILE=0), (70, 136, 128)),
+    ("tma: 192x128, m64n192, 48 chunks a staged C row (a warp across two rows), od and nt tails",
+     dict(G.DEFAULT, TM=192, SPLITK=1), (70, 260, 128)),
+    ("tma: 192x128, EPI=direct", dict(G.DEFAULT, TM=192, EPI="direct", SPLITK=1), (33, 200, 128)),
 ]
 
 TMA = dict(G.DEFAULT, STAGING="tma")
@@ -339,6 +342,8 @@ ADD_CASES = [  # (config, (nt, od, id), SMs, out one float into its buffer: 4-by
     ("EPI=direct", dict(SMALL_TMA, EPI="direct"), (33, 70, 128), 132, False),
     ("every tile in 3 slices", dict(SMALL_TMA, SPLITK=3), (33, 70, 192), 132, False),
     ("the last wave's tiles in 2 slices", dict(SMALL_TMA, SPLITK=0), (33, 200, 128), 3, False),
+    ("192-wide tiles, 4-byte rows at the od tail", dict(G.DEFAULT, TM=192, SPLITK=1), (20, 198, 128), 132, False),
+    ("192-wide tiles in 3 slices", dict(G.DEFAULT, TM=192, SPLITK=3), (20, 200, 192), 132, False),
 ]
 
 
@@ -406,6 +411,7 @@ def test_wgmma_invalid_combinations_are_refused():
         (dict(G.MMA_SYNC_BEST, STAGING="tma", KS=64), r"STAGING=tma \(the default\) needs MMA=wgmma"),
         (dict(WG, LOOP="v1"), "LOOP=addr32 or pipe"),
         (dict(WG, STAGES=2), "STAGES >= 3"),
+        (dict(WG, TM=192), "TM=192 is a STAGING=tma tile"),
     ):
         with pytest.raises(KernelConstraintError, match=match):
             G.resolve_config(bad)
@@ -418,8 +424,8 @@ def test_wgmma_geometry():
     assert G.geometry(dict(WG, TN=64, TM=64)).threads == 128
     n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma" and c["STAGING"] == "cp_async")
     assert n_wgmma == 3 * 2 * 2 * 3 * (3 + 2) * 2  # TM x TN x KS x GROUP x (addr32: 3 stage counts, pipe: 2) x NOCALL
-    # TM x TN x STAGES x GROUP x EPI x NOCALL
-    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 3 * 2 * 3 * 3 * 2 * 2
+    # TM (64, 128, 192, 256) x TN x STAGES x GROUP x EPI x NOCALL
+    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 4 * 2 * 3 * 3 * 2 * 2
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).threads == 256 + 32  # plus the producer warp
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).smem_bytes == 4 * (256 + 128) * 128 + 4 * 16
 
@@ -462,8 +468,9 @@ def test_wgmma_ptx(config):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("config", [TMA, dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, EPI="direct")],
-                         ids=["default", "128x64", "EPI=direct"])
+@pytest.mark.parametrize("config", [TMA, dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, EPI="direct"),
+                                    dict(TMA, TM=192)],
+                         ids=["default", "128x64", "EPI=direct", "192x128"])
 def test_tma_ptx(config):
     """STAGING=tma: the producer's box copies and mbarriers, the consumers' wgmma at n = the warpgroup's od columns
     with one batch in flight, no cp.async, nothing in local memory; ptxas accepts it for sm_90a."""
@@ -573,9 +580,10 @@ def _torch_rel(a, b, out) -> float:
 @pytest.mark.parametrize("config", [G.DEFAULT, WG, dict(WG, LOOP="addr32"), dict(WG, TM=128, TN=128),
                                     dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32"), TMA,
                                     dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3), dict(G.DEFAULT, NOCALL=0),
-                                    dict(TMA, SPLITK=3, NOCALL=1), dict(WG, NOCALL=1)],
+                                    dict(TMA, SPLITK=3, NOCALL=1), dict(WG, NOCALL=1), dict(TMA, TM=192),
+                                    dict(TMA, TM=192, SPLITK=3)],
                          ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3",
-                              "default-nocall0", "nocall-split3", "nocall-ks32"])
+                              "default-nocall0", "nocall-split3", "nocall-ks32", "tma-192", "tma-192-split3"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_wgmma_gpu_matches_torch(config, shape):
     pytest.importorskip("torch")
@@ -588,7 +596,8 @@ def test_wgmma_gpu_matches_torch(config, shape):
     got = out.copy_to_host()
     assert np.isfinite(got).all()
     assert _torch_rel(a, b, got) < 1e-3
-    if config.get("STAGING") == "tma":  # the same bits as the cp.async path's (same wgmma order, same k split)
+    if config.get("STAGING") == "tma" and config.get("TM") != 192:  # the same bits as the cp.async path's (same
+        # wgmma order, same k split; TM=192 is a tma tile only)
         ref = cuda.to_device(np.full((nt, od), np.nan, np.float32))
         loop = "pipe" if config.get("STAGES", G.DEFAULT["STAGES"]) >= 3 else "addr32"
         G.gemm_f16(cuda.to_device(a), cuda.to_device(b), ref, config=dict(config, STAGING="cp_async", LOOP=loop))

@@ -159,7 +159,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                    legacy=1)]
     knobs += [Knob("AUTOTILE", tuple(gemm_f16.LAUNCH_KNOBS["AUTOTILE"]), gemm_f16.LAUNCH_DEFAULT["AUTOTILE"],
                    "prefill (pp): 1 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
-                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 0 the configured tile everywhere",
+                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 3 the same choice among 256-, 192- and "
+                   "128-wide tiles (the SwiGLU epilogue's among 256 and 128); 0 the configured tile everywhere",
                    legacy=0)]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
                    legacy=attention.LEGACY.get(k))
