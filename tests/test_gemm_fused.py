@@ -117,6 +117,7 @@ def _bad_calls():
         (lambda: F.fused_geometry(None, "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
         (lambda: F.fused_geometry(dict(G.DEFAULT, STAGING="cp_async"), "Q4_K"), "needs STAGING=tma"),
         (lambda: F.fused_geometry(dict(G.DEFAULT, STAGES=2), "Q4_K"), "STAGES >= 3"),
+        (lambda: F.fused_geometry(dict(G.DEFAULT, TM=192), "Q4_K"), "TM=192 has no fused B producer"),
         (lambda: F.check_segments(np.zeros((4, 128), np.float16), [(raw, 2)], "Q4_K"), "multiple of 256"),
         (lambda: F.check_segments(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: F.check_segments(a, [(raw.view(np.uint16), 2)], "Q4_K"), "1-D uint8"),
