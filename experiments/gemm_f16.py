@@ -53,6 +53,9 @@ _DOCS = {
     "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
                 "kernels.gemm_f16.launch_config); 3: the same choice among TM=256, 192 and 128; 0: the tile as "
                 "configured",
+    "NARROWTAIL": "1: the whole waves of 256-wide tiles a grid holds, then the last, partial wave's columns as "
+                  "128-wide tiles in a second launch (STAGING=tma, TM=256, no split; kernels.gemm_f16.tail_plan); "
+                  "0: one launch",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
@@ -180,8 +183,9 @@ class GemmF16Experiment(Experiment):
         only they have wgmma for ptxas to serialize); EPI as direct
         for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (IMPL=fused,
         STAGING other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
-        AUTOTILE=1 runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
-        badly, so a TM=128 vs TM=256 A/B there would time one kernel twice)."""
+        AUTOTILE runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
+        badly, so a TM=128 vs TM=256 A/B there would time one kernel twice); NARROWTAIL as 0 where it cannot act
+        (as AUTOTILE, and on ``workload`` with a device, where `kernels.gemm_f16.tail_plan` keeps one launch)."""
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
         eff = dict(config)
@@ -193,12 +197,18 @@ class GemmF16Experiment(Experiment):
         if (config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma"
                 or config.get("TM", _DEFAULT["TM"]) != 256):
             eff["AUTOTILE"] = 0
-        elif eff.get("AUTOTILE", _DEFAULT["AUTOTILE"]) and workload is not None and _has_device():
+            eff["NARROWTAIL"] = 0
+        elif workload is not None and _has_device():
             from kernels import gemm_f16 as kernel
 
-            eff["TM"] = kernel.launch_config({k: config[k] for k in _TABLE if k in config}, workload.shape["nt"],
-                                             workload.shape["od"])["TM"]
-            eff["AUTOTILE"] = 0
+            knobs, s = {k: config[k] for k in _TABLE if k in config}, workload.shape
+            if kernel.tail_plan(knobs, s["nt"], s["od"], s["id"]):
+                eff["AUTOTILE"] = 0  # the two launches' tiles are 256 and 128 wide whatever AUTOTILE says
+            else:
+                eff["NARROWTAIL"] = 0
+                if eff.get("AUTOTILE", _DEFAULT["AUTOTILE"]):
+                    eff["TM"] = kernel.launch_config(knobs, s["nt"], s["od"])["TM"]
+                    eff["AUTOTILE"] = 0
         return eff
 
     def kernels(self, config, workload):

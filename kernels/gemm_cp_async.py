@@ -90,7 +90,7 @@ def _v1(g: Geometry):
     tile_origin = tiles.program_order(TN, TM, GROUP)
     store_c = tiles.c_fragment_store(MT, NT8, 16)
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         cscr = cuda.shared.array(0, types.float32, alignment=SMEM_ALIGN)  # wmma epilogue C tile (reuses the ring)
         tid = cuda.threadIdx.x
@@ -362,7 +362,7 @@ def _v2(g: Geometry):
     store_c = tiles.c_fragment_store(MT, NT8, 16)
     SMEM_ALIGN = None if SIMULATOR else 128
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -531,14 +531,14 @@ def _wgmma(g: Geometry):
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         wg = tid >> 7
         row0 = (wg % WG_N) * WTN
         col0 = (wg // WG_N) * N
 
-        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, m_lo, m_hi)
         dst = parts if nsl > 1 else out
 
         # No zero fill: the first k tile's wgmma runs with scale-d = 0 (D = A·B), which also spares the 128-iteration

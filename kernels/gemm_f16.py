@@ -36,6 +36,7 @@ Triton's matmul tutorial (grouped order).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,11 +186,13 @@ def _make_kernel(g: Geometry):
 
 SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, ::1], types.float32[:, ::1], types.int64,
                        types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1],
-                       types.int64)
+                       types.int64, types.int64, types.int64)
+"""(a, b, out, split target, nt, od, kdim, whole, count, A's tensor map, B's, cvec, m_lo, m_hi): the columns m_lo ..
+m_hi - 1 are the launch's (`tail_plan`); the mma_sync / wmma kernels, which NARROWTAIL never splits, take all od."""
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 SIGNATURE_GLU = types.void(types.float16[::1], types.float16[::1], types.uint32[::1], types.float32[:, ::1],
                            types.int64, types.int64, types.int64, types.int64, types.int64, types.uint64[::1],
-                           types.uint64[::1], types.int64)
+                           types.uint64[::1], types.int64, types.int64, types.int64)
 """`gemm_f16_glu`'s kernel: ``out`` is the f16 activation as flat uint32 words."""
 _CACHE_GLU = KernelCache("gemm_f16_glu", SIGNATURE_GLU)
 
@@ -270,6 +273,36 @@ def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None,
         if waves * tile_time < best_time:
             best, best_time = other, waves * tile_time
     return best
+
+
+def tail_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None, glu: bool = False) -> int:
+    """NARROWTAIL=1: the od column where a launch of ``config`` for C[nt, od] over ``kdim`` on ``sms`` SMs (the
+    current device's by
+    default) switches from 256-wide to 128-wide tiles, or 0 for one launch as `launch_config` says. The columns
+    before it hold whole waves of 256-wide tiles (nt tiles x their od tiles a multiple of ``sms``); a second launch
+    runs the rest, the grid's last, partial wave, as 128-wide tiles (`gemm_f16_config.NARROW_TILE_TIME`), which
+    keeps more SMs busy with no split-K partials to write and read. Taken when its whole waves finish before those
+    of `launch_config`'s choice, and only where that choice splits nothing (STAGING=tma, TM=256, SPLITK 0 or 1; a
+    split plan already fills the last wave). ``glu``: `gemm_f16_glu`'s launch (the tail at TM=128 takes 64 gate
+    and 64 up columns a tile). A 7B ffn_gate_up at nt=512 on 132 SMs: 528 tiles of 256 (4 waves), then 128 of 128
+    (one), against 5 waves of 592."""
+    cfg = resolve_config(config)
+    if not cfg["NARROWTAIL"] or gemm_f16_config.narrow_tail_refusal(cfg) is not None:
+        return 0
+    sms = sms or device_sms()
+    chosen = launch_config(cfg, nt, od, sms, glu)
+    if split_plan(chosen, nt, od, kdim, sms).slices > 1:
+        return 0
+    tn = cfg["TN"]
+    nt_tiles, od_tiles = -(-nt // tn), -(-od // 256)
+    step = sms // math.gcd(nt_tiles, sms)  # od tiles a whole number of waves holds
+    wide = (od_tiles - 1) // step * step
+    if wide == 0:
+        return 0
+    tail_tiles = nt_tiles * -(-(od - wide * 256) // 128)
+    time = nt_tiles * wide // sms + -(-tail_tiles // sms) * gemm_f16_config.NARROW_TILE_TIME
+    tile_time = {256: 1.0, 192: gemm_f16_config.MID_TILE_TIME, 128: gemm_f16_config.NARROW_TILE_TIME}[chosen["TM"]]
+    return wide * 256 if time < -(-geometry(chosen).grid(nt, od) // sms) * tile_time else 0
 
 
 def device_sms() -> int:
@@ -384,7 +417,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
     each, into f32 partial tiles in ``partials`` (a flat f32 device array of at least `partials_elements` elements;
     allocated here when None, which a CUDA graph capture cannot do: callers that capture pass their own); a second
     kernel adds each tile's slices in slice order into C (the result does not depend on which block finished
-    first).
+    first). NARROWTAIL=1 may make it two launches, neither split (`launches`, `tail_plan`).
 
     Constraints (KernelConstraintError, a ValueError, one line): both operands 2-D, float16, C-contiguous; inner
     dimensions equal; ``id % 32 == 0`` (16-byte cp.async chunks never straddle a row; all GGUF block sizes are
@@ -400,9 +433,9 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
         raise KernelConstraintError("gemm_f16: accumulate adds the product to out; pass the f32 [nt, od] array")
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    config = launch_config(config, nt, od)
-    plan, parts = _launch(a, b, out, config, stream, partials, accumulate)
-    sum_parts(plan, parts, out, config, stream, accumulate)
+    for cfg, m_lo, m_hi in launches(config, nt, od, kdim):
+        plan, parts = _launch(a, b, out, cfg, stream, partials, accumulate, m_lo, m_hi)
+        sum_parts(plan, parts, out, cfg, stream, accumulate)
     return out
 
 
@@ -416,11 +449,12 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
     nt, od, kdim = check_inputs(a, b, out)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    config = launch_config(config, nt, od)
-    plan, parts = _launch(a, b, out, config, stream, partials)
-    if plan.whole == 0 and plan.slices > 1:
-        return parts, plan.slices
-    sum_parts(plan, parts, out, config, stream)
+    runs = launches(config, nt, od, kdim)
+    for cfg, m_lo, m_hi in runs:
+        plan, parts = _launch(a, b, out, cfg, stream, partials, False, m_lo, m_hi)
+        if plan.whole == 0 and plan.slices > 1:  # one launch (NARROWTAIL's two split nothing)
+            return parts, plan.slices
+        sum_parts(plan, parts, out, cfg, stream)
     return out.reshape(nt * od), 1
 
 
@@ -447,8 +481,8 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
 
     a: f16 [nt, id] as `gemm_f16`; b: the f16 gate|up weight [2 ffn, id] (gate rows 0 .. ffn - 1, then up);
     out: optional C-contiguous f16 [nt, ffn] device array at a 16-byte aligned address (allocated when None);
-    config, partials: as `gemm_f16` (AUTOTILE picks TM; split-K plans as `gemm_f16`, the slices summed by a second
-    kernel that applies the SwiGLU). Each tile of TM columns multiplies gate rows m0 / 2 .. m0 / 2 + TM / 2 - 1 and
+    config, partials: as `gemm_f16` (AUTOTILE picks TM, NARROWTAIL may make two launches; split-K plans as
+    `gemm_f16`, the slices summed by a second kernel that applies the SwiGLU). Each tile of TM columns multiplies gate rows m0 / 2 .. m0 / 2 + TM / 2 - 1 and
     the same up rows (two boxes of one tensor map: `kernels.gemm_tma`), so its staged C tile holds each output's
     gate and up values; the epilogue rounds ``silu_mul(g, u)`` (`kernels.activation`) to f16 as swiglu does. Every
     C value is the one `gemm_f16` computes for that (row, weight row), so with NOCALL=0 act equals `gemm_f16` +
@@ -464,8 +498,6 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     refused = glu_refusal(config, od)
     if refused is not None:
         raise KernelConstraintError(refused)
-    config = launch_config(config, nt, od, glu=True)
-    g = geometry(config, glu=True)
     ffn = od // 2
     if out is None:
         out = cuda.device_array((nt, ffn), dtype=np.float16, stream=stream)
@@ -475,23 +507,25 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     elif device_address(out) % 16:
         raise KernelConstraintError(f"gemm_f16_glu: out must start at a 16-byte aligned address (its rows are written "
                                     f"16 bytes at a time), got address % 16 = {device_address(out) % 16}")
-    built = build(config, glu=True)
-    plan = split_plan(config, nt, od, kdim)
-    parts, target = split_target(plan, g, nt, od, _no_parts(), partials, stream)
-    amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm // 2)
     words = out.view(np.uint32).reshape(nt * ffn // 2)
-    built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), words, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap,
-        gemm_tma.c_vectors(target, target)
-    )
-    if plan.slices > 1 and plan.whole == 0:
-        n = nt * ffn
-        _sum_slices_glu[-(-n // 256), 256, stream](parts, out, nt, od, plan.slices, g.tm)
-    elif plan.slices > 1:
-        rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
-        n = rest * g.tn * g.tm // 2
-        _sum_tiles_glu[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od,
-                                                  plan.whole, plan.slices, g.tn, g.tm, g.group)
+    for cfg, m_lo, m_hi in launches(config, nt, od, kdim, glu=True):
+        built = build(cfg, glu=True)
+        g = built.geometry
+        plan = split_plan(cfg, nt, m_hi - m_lo, kdim)
+        parts, target = split_target(plan, g, nt, od, _no_parts(), partials, stream)
+        amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm // 2)
+        built.kernel[plan.blocks(g.grid(nt, m_hi - m_lo)), g.threads, stream, g.smem_bytes](
+            a.reshape(nt * kdim), b.reshape(od * kdim), words, target, nt, od, kdim, plan.whole, plan.slices, amap,
+            bmap, gemm_tma.c_vectors(target, target), m_lo, m_hi
+        )
+        if plan.slices > 1 and plan.whole == 0:
+            n = nt * ffn
+            _sum_slices_glu[-(-n // 256), 256, stream](parts, out, nt, od, plan.slices, g.tm)
+        elif plan.slices > 1:
+            rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
+            n = rest * g.tn * g.tm // 2
+            _sum_tiles_glu[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od,
+                                                      plan.whole, plan.slices, g.tn, g.tm, g.group)
     return out
 
 
@@ -545,21 +579,35 @@ def _sum_tiles_glu(parts, act, nt, od, whole, count, tn, tm, group):
         act[row, col] = silu_mul(gate, up)
 
 
-def _launch(a, b, out, config, stream, partials, accumulate: bool = False):
-    """Enqueue the GEMM kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan, the flat
-    partials used or None)."""
+def launches(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None,
+             glu: bool = False) -> list[tuple[dict, int, int]]:
+    """The launches of `gemm_f16` (``glu``: `gemm_f16_glu`) with ``config`` for C[nt, od] over ``kdim`` on ``sms``
+    SMs (the current device's by default), as (resolved knob dict, first column, end column): one launch of
+    `launch_config`'s choice over all od, or NARROWTAIL's two (`tail_plan`: 256-wide tiles up to its column, then
+    128-wide ones; neither split)."""
+    cut = tail_plan(config, nt, od, kdim, sms, glu)
+    if cut:
+        cfg = dict(resolve_config(config), SPLITK=1)
+        return [(cfg, 0, cut), (dict(cfg, TM=128), cut, od)]
+    return [(launch_config(config, nt, od, sms, glu), 0, od)]
+
+
+def _launch(a, b, out, config, stream, partials, accumulate: bool = False, m_lo: int = 0, m_hi: int | None = None):
+    """Enqueue the GEMM kernel (``accumulate``: with the residual epilogue) for C's columns ``m_lo`` .. ``m_hi`` - 1
+    (all od by default) with its split plan; return (plan, the flat partials used or None)."""
     nt, od, kdim = check_inputs(a, b, out)
+    m_hi = od if m_hi is None else m_hi
     built = build(config, accumulate=accumulate)
     g = built.geometry
-    plan = split_plan(config, nt, od, kdim)
+    plan = split_plan(config, nt, m_hi - m_lo, kdim)
     parts, target = split_target(plan, g, nt, od, out, partials, stream)
     if g.staging == "tma":
         amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm)
     else:
         amap = bmap = gemm_tma.no_map()
-    built.kernel[plan.blocks(g.grid(nt, od)), g.threads, stream, g.smem_bytes](
+    built.kernel[plan.blocks(g.grid(nt, m_hi - m_lo)), g.threads, stream, g.smem_bytes](
         a.reshape(nt * kdim), b.reshape(od * kdim), out, target, nt, od, kdim, plan.whole, plan.slices, amap, bmap,
-        gemm_tma.c_vectors(out, target)
+        gemm_tma.c_vectors(out, target), m_lo, m_hi
     )
     return plan, parts
 

@@ -57,8 +57,11 @@ KNOBS: dict[str, tuple] = {
 # 0: the tile as configured. 3: the same whole-wave choice among TM=256, 192 and 128 (192 not for the SwiGLU
 # epilogue, whose gate and up halves are TM / 2 = 64-aligned column blocks; `kernels.gemm_f16.launch_config`). 2 was
 # the choice priced with each tile's split-K plan: it lost (ledger #320-#322) and is deleted.
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1}
+# NARROWTAIL (STAGING=tma with TM=256): 1 runs the whole waves of 256-wide tiles a grid holds, then its last,
+# partial wave's columns as 128-wide tiles in a second launch (`kernels.gemm_f16.tail_plan`: a 7B ffn_gate_up at
+# nt=512 is 592 tiles of 256, 4.5 waves; 528 of them, then 128 of 128); 0: one launch.
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3), "NARROWTAIL": (0, 1)}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 0}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
@@ -103,6 +106,17 @@ def accumulate_refusal(cfg: dict) -> str | None:
     if staging != "tma":
         return (f"gemm_f16's residual epilogue (C += A·B^T) is in the STAGING=tma kernels only (got STAGING="
                 f"{staging})")
+    return None
+
+
+def narrow_tail_refusal(cfg: dict) -> str | None:
+    """Why the knobs of ``cfg`` (a knob dict; missing knobs at their defaults) never take NARROWTAIL's two launches
+    (`kernels.gemm_f16.tail_plan`), in one line, or None: it splits the 256-wide tiles of the STAGING=tma kernels
+    with SPLITK 0 or 1."""
+    staging, tm, splitk = cfg.get("STAGING", DEFAULT["STAGING"]), cfg.get("TM", DEFAULT["TM"]), cfg.get("SPLITK", 0)
+    if staging != "tma" or int(tm) != 256 or int(splitk) > 1:
+        return (f"NARROWTAIL splits the 256-wide tiles of the STAGING=tma kernels without a fixed SPLITK (got "
+                f"STAGING={staging}, TM={tm}, SPLITK={splitk})")
     return None
 
 

@@ -251,7 +251,7 @@ def _make_kernel(fg: FusedGeometry):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
-        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, 0, od)
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             for s in range(STAGES):

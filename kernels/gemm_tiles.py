@@ -349,8 +349,10 @@ def ktile_mma(K16: int, MT64: int, NH: int, N: int, M64_B: int):
 
 
 def split_work(TN: int, TM: int, GROUP: int, U32: bool = False):
-    """``block_work(pid, nt, od, whole, count) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share of a
-    `kernels.gemm_f16_config.SplitPlan`. Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
+    """``block_work(pid, nt, od, whole, count, m_lo, m_hi) -> (n0, m0, sl, nsl, roff, coff)``: block ``pid``'s share
+    of a `kernels.gemm_f16_config.SplitPlan` over the C columns ``m_lo`` .. ``m_hi`` - 1 (0 .. od - 1 but for
+    NARROWTAIL's two launches, `kernels.gemm_f16.tail_plan`; the tiles are those of the od = m_hi - m_lo columns,
+    moved right by m_lo). Blocks below ``whole`` multiply C tile pid over all of k (sl 0 of nsl 1,
     written to C: roff = coff = 0); block whole + q * count + sl takes k slice sl of tile whole + q (nsl = count),
     written to the partials: with whole == 0 (every tile split) at rows sl * nt .. of [count * nt, od] (roff = sl *
     nt), else as compact partial tile q * count + sl of [(tiles - whole) * count * TN, TM] (roff, coff move the
@@ -360,13 +362,14 @@ def split_work(TN: int, TM: int, GROUP: int, U32: bool = False):
     div, _ = index_division(U32)
 
     @cuda.jit(device=True, inline="always")
-    def block_work(pid, nt, od, whole, count):
+    def block_work(pid, nt, od, whole, count, m_lo, m_hi):
         if pid < whole:
-            n0, m0 = tile_origin(pid, nt, od)
-            return n0, m0, 0, 1, 0, 0
+            n0, m0 = tile_origin(pid, nt, m_hi - m_lo)
+            return n0, m_lo + m0, 0, 1, 0, 0
         q = div(pid - whole, count)
         sl = pid - whole - q * count
-        n0, m0 = tile_origin(whole + q, nt, od)
+        n0, m0 = tile_origin(whole + q, nt, m_hi - m_lo)
+        m0 += m_lo
         if count == 1:
             return n0, m0, 0, 1, 0, 0
         if whole == 0:

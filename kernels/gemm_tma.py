@@ -73,11 +73,11 @@ def make_kernel(g: Geometry):
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec):
+    def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
-        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count)
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, m_lo, m_hi)
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             for s in range(STAGES):

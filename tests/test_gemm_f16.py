@@ -184,6 +184,27 @@ def test_autotile_3_adds_the_192_wide_tile():
             assert G.partials_elements(cfg, nt, od, id_, sms=132) <= G.partials_capacity(cfg, nt, od, 132)
 
 
+def test_narrow_tail_splits_the_last_wave_into_128_wide_tiles():
+    """NARROWTAIL=1 on 132 SMs (host arithmetic): a 7B gate|up at nt=512 runs 528 tiles of 256 (4 waves, columns
+    0 .. 33791), then 128 of 128 (one wave) against 5 waves; at nt=128 one wave of 256 and one of 128 against three
+    of 128 (AUTOTILE's choice); the 1.5B gate|up at nt=512 and 2048 and the output head of a last token take it too;
+    a 7B gate|up at nt=2048 (17.9 waves), qkv and ffn_down at nt=512 (no whole wave of 256-wide tiles to keep) do
+    not; NARROWTAIL=0, another TM, STAGING or a fixed SPLITK: one launch. Both launches split nothing."""
+    on = dict(NARROWTAIL=1)
+    cut = {k: G.tail_plan(on, nt, od, id_, 132, glu)
+           for k, (nt, od, id_, glu) in {"gate_up_512": (512, 37888, 3584, True), "gate_up_128": (128, 37888, 3584, True),
+                                         "gate_up_2048": (2048, 37888, 3584, True), "qkv_512": (512, 4608, 3584, False),
+                                         "down_512": (512, 3584, 18944, False), "small_512": (512, 17920, 1536, True),
+                                         "small_2048": (2048, 17920, 1536, True), "head": (1, 152064, 3584, False)}.items()}
+    assert cut == {"gate_up_512": 33792, "gate_up_128": 33792, "gate_up_2048": 0, "qkv_512": 0, "down_512": 0,
+                   "small_512": 16896, "small_2048": 16896, "head": 135168}
+    for off in (dict(), dict(on, TM=128), dict(on, STAGING="cp_async"), dict(on, SPLITK=2)):
+        assert G.tail_plan(off, 512, 37888, 3584, 132) == 0
+        assert len(G.launches(off, 512, 37888, 3584, 132)) == 1
+    runs = G.launches(on, 512, 37888, 3584, 132, glu=True)
+    assert [(c["TM"], c["SPLITK"], lo, hi) for c, lo, hi in runs] == [(256, 1, 0, 33792), (128, 1, 33792, 37888)]
+
+
 def test_experiment_effective_config_sees_autotile(monkeypatch):
     """`ab` refuses arms that run one kernel: the gemm_f16 experiment's effective configuration drops AUTOTILE where
     it cannot act and, on a workload with a device present, resolves the tile AUTOTILE=1 runs there

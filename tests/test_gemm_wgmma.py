@@ -648,6 +648,39 @@ def test_gemm_glu_simulator_is_gemm_and_swiglu_bit_for_bit(config, shape):
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 
+NARROW_TAIL = dict(TMA, NARROWTAIL=1, NOCALL=0)
+
+
+@sim
+def test_narrow_tail_launches_write_every_column_once(monkeypatch):
+    """NARROWTAIL=1 on 2 SMs: C[20, 640] runs as one wave of two 256-wide tiles, then one 128-wide tile over the
+    last 128 columns (`tail_plan`: 512): every element written (poisoned out), float64 within 1e-3, the residual
+    epilogue adds each product once (x0 + the product, bit for bit); the SwiGLU launch of a [20, 768] gate|up (two
+    wide tiles, then two narrow ones whose 64 gate and 64 up rows start at gate row 256) equals gemm_f16 + swiglu
+    bit for bit and float64's silu(g) * u within 2e-3."""
+    monkeypatch.setattr(G, "device_sms", lambda: 2)
+    nt, od, id_ = 20, 640, 128
+    assert G.tail_plan(NARROW_TAIL, nt, od, id_) == 512 and G.tail_plan(NARROW_TAIL, nt, 768, id_, glu=True) == 512
+    assert [(c["TM"], lo, hi) for c, lo, hi in G.launches(NARROW_TAIL, nt, od, id_)] == [(256, 0, 512), (128, 512, 640)]
+    rng = np.random.default_rng()
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    b = rng.standard_normal((od, id_)).astype(np.float16)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=NARROW_TAIL)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    x0 = rng.standard_normal((nt, od)).astype(np.float32)
+    x = cuda.to_device(x0)
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), x, config=NARROW_TAIL, accumulate=True)
+    assert np.array_equal(x.copy_to_host(), x0 + got)
+    fused, unfused, ref = _glu_case(NARROW_TAIL, nt, 384, id_, seed=int(rng.integers(1 << 30)))
+    assert not np.isnan(fused).any()
+    assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
 @sim
 def test_gemm_glu_nocall_simulator_matches_gemm_and_swiglu():
     """NOCALL=1: the SwiGLU epilogue divides with div.approx (exact f32 division in the simulator) and the indices in
@@ -714,6 +747,34 @@ def test_glu_ptx():
     assert "ld.local" not in ptx and "st.local" not in ptx
     res = ptxas_resources(ptx)
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(512, 37888, 3584), (128, 37888, 3584), (512, 17920, 1536)], ids=str)
+def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
+    """NARROWTAIL=1 where `tail_plan` splits the launch (7B / 1.5B gate|up products at pp512 / pp128 on the GPU's
+    SMs): the product within 1e-3 of torch's (poisoned out), and the SwiGLU launch's activations within one f16 ulp
+    of NARROWTAIL=0's (the narrow tail's tiles are other kernels: the same sums, maybe another wgmma order)."""
+    pytest.importorskip("torch")
+    nt, od, id_ = shape
+    config = dict(TMA, NARROWTAIL=1)
+    assert G.tail_plan(config, nt, od, id_) and G.tail_plan(config, nt, od, id_, glu=True)
+    rng = np.random.default_rng()
+    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
+    b = (rng.standard_normal((od, id_), dtype=np.float32) * 0.5).astype(np.float16)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(da, db, out, config=config)
+    got = out.copy_to_host()
+    assert np.isfinite(got).all() and _torch_rel(a, b, got) < 1e-3
+    acts = []
+    for tail in (1, 0):
+        act = cuda.to_device(np.full((nt, od // 2), np.nan, np.float16))
+        G.gemm_f16_glu(da, db, act, config=dict(TMA, NARROWTAIL=tail))
+        acts.append(act.copy_to_host())
+    assert not np.isnan(acts[0]).any()
+    ulp = np.abs(acts[0].view(np.int16).astype(np.int64) - acts[1].view(np.int16).astype(np.int64))
+    assert ulp.max() <= 1
 
 
 @pytest.mark.gpu

@@ -162,6 +162,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "(e.g. 2.2 waves) with 128-wide tiles (the default); 3 the same choice among 256-, 192- and "
                    "128-wide tiles (the SwiGLU epilogue's among 256 and 128); 0 the configured tile everywhere",
                    legacy=0)]
+    knobs += [Knob("NARROWTAIL", tuple(gemm_f16.LAUNCH_KNOBS["NARROWTAIL"]), gemm_f16.LAUNCH_DEFAULT["NARROWTAIL"],
+                   "prefill (pp): 1 runs a gemm_f16 product's whole waves of 256-wide tiles, then its last, partial "
+                   "wave's columns as 128-wide tiles in a second launch, where that finishes sooner "
+                   "(kernels.gemm_f16.tail_plan: a 7B ffn_gate_up at pp512 is 4 waves, then one of 128-wide tiles, "
+                   "instead of 5); 0 one launch")]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
                    legacy=attention.LEGACY.get(k))
               for k, v in attention.KNOBS.items()]
@@ -179,8 +184,10 @@ def idle_fusions(config: Config) -> dict[str, str]:
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
-    (`kernels.gemm_f16_config.accumulate_refusal`). Empty when each applies."""
-    from kernels.gemm_f16_config import accumulate_refusal, glu_tile_refusal  # numba-free: no compiler before the GPU check
+    (`kernels.gemm_f16_config.accumulate_refusal`); NARROWTAIL with GEMM knobs it does not split
+    (`kernels.gemm_f16_config.narrow_tail_refusal`). Empty when each applies."""
+    from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
+        accumulate_refusal, glu_tile_refusal, narrow_tail_refusal)
 
     idle = {}
     if config.get("PFUSE_GLU") and (why := glu_tile_refusal(config)) is not None:
@@ -190,6 +197,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = "PFUSE_RESID=1 does nothing with FUSE_ADD_NORM=1 (its norm kernel adds the products)"
         elif (why := accumulate_refusal(config)) is not None:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
+    if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
+        idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
     return idle
 
 
