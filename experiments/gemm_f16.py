@@ -145,8 +145,8 @@ class GemmF16Experiment(Experiment):
                 gemm_fused.gemm_fused(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream, partials=partials)
 
             return launch_fused
-        # compile (and opt in to >48 KB shared memory) now, outside any timing or capture
-        kernel.build(kernel.launch_config(cfg, s["nt"], s["od"]))
+        for run, _, _ in kernel.launches(cfg, s["nt"], s["od"], s["id"]):  # compile (and opt in to >48 KB shared
+            kernel.build(run)  # memory) every kernel of the product now, outside any timing or capture
 
         def launch(inputs, output, stream):
             a, b, _ = inputs
@@ -203,7 +203,8 @@ class GemmF16Experiment(Experiment):
 
             knobs, s = {k: config[k] for k in _TABLE if k in config}, workload.shape
             if kernel.tail_plan(knobs, s["nt"], s["od"], s["id"]):
-                eff["AUTOTILE"] = 0  # the two launches' tiles are 256 and 128 wide whatever AUTOTILE says
+                eff["AUTOTILE"] = 0  # the two launches' tiles are 256 and 128 wide whatever AUTOTILE says,
+                eff["SPLITK"] = 1  # and neither is split
             else:
                 eff["NARROWTAIL"] = 0
                 if eff.get("AUTOTILE", _DEFAULT["AUTOTILE"]):
@@ -226,11 +227,14 @@ class GemmF16Experiment(Experiment):
             name = f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group},EPI={g.epi}]"
             return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
         s = workload.shape
-        built = kernel.build(kernel.launch_config({k: config[k] for k in _TABLE}, s["nt"], s["od"]))
-        g = built.geometry
-        name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},LOOP={g.loop},"
-                f"EPI={g.epi}]")
-        return [KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes)]
+        found = []
+        for run, _, _ in kernel.launches({k: config[k] for k in _TABLE}, s["nt"], s["od"], s["id"]):
+            built = kernel.build(run)
+            g = built.geometry
+            name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},"
+                    f"LOOP={g.loop},EPI={g.epi}]")
+            found.append(KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes))
+        return found
 
     def check(self, config, workload, inputs, output) -> float:
         a, b, _ = inputs

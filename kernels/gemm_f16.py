@@ -188,7 +188,8 @@ SIGNATURE = types.void(types.float16[::1], types.float16[::1], types.float32[:, 
                        types.int64, types.int64, types.int64, types.int64, types.uint64[::1], types.uint64[::1],
                        types.int64, types.int64, types.int64)
 """(a, b, out, split target, nt, od, kdim, whole, count, A's tensor map, B's, cvec, m_lo, m_hi): the columns m_lo ..
-m_hi - 1 are the launch's (`tail_plan`); the mma_sync / wmma kernels, which NARROWTAIL never splits, take all od."""
+m_hi - 1 are the launch's (`tail_plan`), in the wgmma kernels (STAGING=tma and cp_async); the mma_sync / wmma
+kernels, which NARROWTAIL never splits, ignore them and take all od."""
 _CACHE = KernelCache("gemm_f16", SIGNATURE)
 SIGNATURE_GLU = types.void(types.float16[::1], types.float16[::1], types.uint32[::1], types.float32[:, ::1],
                            types.int64, types.int64, types.int64, types.int64, types.int64, types.uint64[::1],
@@ -277,9 +278,8 @@ def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None,
 
 def tail_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None, glu: bool = False) -> int:
     """NARROWTAIL=1: the od column where a launch of ``config`` for C[nt, od] over ``kdim`` on ``sms`` SMs (the
-    current device's by
-    default) switches from 256-wide to 128-wide tiles, or 0 for one launch as `launch_config` says. The columns
-    before it hold whole waves of 256-wide tiles (nt tiles x their od tiles a multiple of ``sms``); a second launch
+    current device's by default) switches from 256-wide to 128-wide tiles, or 0 for one launch as `launch_config`
+    says. The columns before it hold whole waves of 256-wide tiles (nt tiles x their od tiles a multiple of ``sms``); a second launch
     runs the rest, the grid's last, partial wave, as 128-wide tiles (`gemm_f16_config.NARROW_TILE_TIME`), which
     keeps more SMs busy with no split-K partials to write and read. Taken when its whole waves finish before those
     of `launch_config`'s choice, and only where that choice splits nothing (STAGING=tma, TM=256, SPLITK 0 or 1; a

@@ -51,7 +51,7 @@ KNOBS: dict[str, tuple] = {
 # nt=128 is 14 tiles of 256x128 on 132 SMs) and the last, partial wave of a larger grid (a 7B ffn_gate_up at
 # nt=128 is 148 tiles: one full wave and 16). 0: auto, the plan `split_plan` gives the shape; 1: no split;
 # s > 1: every tile in s slices. MMA=wgmma only.
-# AUTOTILE (STAGING=tma with TM=256; chooses between two compiled kernels at launch): 1 runs a product whose
+# AUTOTILE (STAGING=tma with TM=256; chooses among compiled kernels at launch): 1 runs a product whose
 # 256-wide grid quantizes badly on the SMs with TM=128 instead (`kernels.gemm_f16.launch_config`: a 7B qkv at
 # nt=2048 is 288 tiles of 256, 2.2 waves, and 576 of 128; attn_output at nt=512 is 56 tiles of 256 on 132 SMs);
 # 0: the tile as configured. 3: the same whole-wave choice among TM=256, 192 and 128 (192 not for the SwiGLU
@@ -115,7 +115,7 @@ def narrow_tail_refusal(cfg: dict) -> str | None:
     with SPLITK 0 or 1."""
     staging, tm, splitk = cfg.get("STAGING", DEFAULT["STAGING"]), cfg.get("TM", DEFAULT["TM"]), cfg.get("SPLITK", 0)
     if staging != "tma" or int(tm) != 256 or int(splitk) > 1:
-        return (f"NARROWTAIL splits the 256-wide tiles of the STAGING=tma kernels without a fixed SPLITK (got "
+        return (f"NARROWTAIL splits the 256-wide tiles of the STAGING=tma kernels with SPLITK 0 or 1 (got "
                 f"STAGING={staging}, TM={tm}, SPLITK={splitk})")
     return None
 

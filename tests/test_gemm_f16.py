@@ -354,8 +354,8 @@ def test_each_knob_value_compiles_and_changes_the_code(knob, value):
     config = dict(B, **{knob: value})
     if value == "wgmma":
         config["LOOP"] = "addr32"  # wgmma has no LOOP=v1 (the baseline's)
-    if value == "tma":
-        config.update(MMA="wgmma", KS=64, LOOP="pipe")  # STAGING=tma's only kernel
+    if value == "tma" or (knob, value) == ("TM", 192):  # TM=192 is a STAGING=tma tile
+        config.update(MMA="wgmma", KS=64, LOOP="pipe", STAGING="tma")  # STAGING=tma's only kernel
     ptx = _ptx(config)
     _assert_instructions(config, ptx)
     if value != B[knob]:

@@ -653,14 +653,14 @@ NARROW_TAIL = dict(TMA, NARROWTAIL=1, NOCALL=0)
 
 @sim
 def test_narrow_tail_launches_write_every_column_once(monkeypatch):
-    """NARROWTAIL=1 on 2 SMs: C[20, 640] runs as one wave of two 256-wide tiles, then one 128-wide tile over the
-    last 128 columns (`tail_plan`: 512): every element written (poisoned out), float64 within 1e-3, the residual
-    epilogue adds each product once (x0 + the product, bit for bit); the SwiGLU launch of a [20, 768] gate|up (two
-    wide tiles, then two narrow ones whose 64 gate and 64 up rows start at gate row 256) equals gemm_f16 + swiglu
-    bit for bit and float64's silu(g) * u within 2e-3."""
+    """NARROWTAIL=1 on 2 SMs: C[140, 640] (two rows of tiles) runs as two waves of 256-wide tiles over columns 0 ..
+    511, then 128-wide tiles over the last 128 columns (`tail_plan`: 512): every element written (poisoned out),
+    float64 within 1e-3, the residual epilogue adds each product once (x0 + the product, bit for bit); the SwiGLU
+    launch of a [20, 768] gate|up (two wide tiles, then two narrow ones whose 64 gate and 64 up rows start at gate
+    row 256) equals gemm_f16 + swiglu bit for bit and float64's silu(g) * u within 2e-3."""
     monkeypatch.setattr(G, "device_sms", lambda: 2)
-    nt, od, id_ = 20, 640, 128
-    assert G.tail_plan(NARROW_TAIL, nt, od, id_) == 512 and G.tail_plan(NARROW_TAIL, nt, 768, id_, glu=True) == 512
+    nt, od, id_ = 140, 640, 128
+    assert G.tail_plan(NARROW_TAIL, nt, od, id_) == 512 and G.tail_plan(NARROW_TAIL, 20, 768, id_, glu=True) == 512
     assert [(c["TM"], lo, hi) for c, lo, hi in G.launches(NARROW_TAIL, nt, od, id_)] == [(256, 0, 512), (128, 512, 640)]
     rng = np.random.default_rng()
     a = rng.standard_normal((nt, id_)).astype(np.float16)
@@ -675,7 +675,7 @@ def test_narrow_tail_launches_write_every_column_once(monkeypatch):
     x = cuda.to_device(x0)
     G.gemm_f16(cuda.to_device(a), cuda.to_device(b), x, config=NARROW_TAIL, accumulate=True)
     assert np.array_equal(x.copy_to_host(), x0 + got)
-    fused, unfused, ref = _glu_case(NARROW_TAIL, nt, 384, id_, seed=int(rng.integers(1 << 30)))
+    fused, unfused, ref = _glu_case(NARROW_TAIL, 20, 384, id_, seed=int(rng.integers(1 << 30)))
     assert not np.isnan(fused).any()
     assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
@@ -758,7 +758,8 @@ def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
     pytest.importorskip("torch")
     nt, od, id_ = shape
     config = dict(TMA, NARROWTAIL=1)
-    assert G.tail_plan(config, nt, od, id_) and G.tail_plan(config, nt, od, id_, glu=True)
+    if not (G.tail_plan(config, nt, od, id_) and G.tail_plan(config, nt, od, id_, glu=True)):
+        pytest.skip(f"NARROWTAIL keeps one launch for {shape} on {G.device_sms()} SMs")
     rng = np.random.default_rng()
     a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
     b = (rng.standard_normal((od, id_), dtype=np.float32) * 0.5).astype(np.float16)

@@ -180,12 +180,14 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
 
 
 def idle_fusions(config: Config) -> dict[str, str]:
-    """The prefill fusion knobs a full engine knob configuration sets to 1 that its other knobs make a no-op, each
+    """The prefill knobs (the fusions, NARROWTAIL) a full engine knob configuration sets to 1 that its other knobs
+    make a no-op, each
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
     (`kernels.gemm_f16_config.accumulate_refusal`); NARROWTAIL with GEMM knobs it does not split
-    (`kernels.gemm_f16_config.narrow_tail_refusal`). Empty when each applies."""
+    (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
+    launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
         accumulate_refusal, glu_tile_refusal, narrow_tail_refusal)
 
