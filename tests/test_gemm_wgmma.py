@@ -255,15 +255,20 @@ def test_wgmma_simulator_catches_a_wrong_sbo():
 # ---- gemm_f16 MMA=wgmma in the simulator ----------------------------------------------------------------------
 
 
-def _run(config, nt, od, id_, seed=0):
-    rng = np.random.default_rng(seed)
+def _product(config, nt, od, id_, rng):
+    """(a, b, got, ref): random f16 operands A[nt, id_], B[od, id_], gemm_f16's C into a NaN-poisoned output (every
+    element checked written) and float64's A Bᵀ."""
     a = rng.standard_normal((nt, id_)).astype(np.float16)
     b = rng.standard_normal((od, id_)).astype(np.float16)
     out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
     G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=config)
     got = out.copy_to_host()
-    ref = a.astype(np.float64) @ b.astype(np.float64).T
     assert np.isfinite(got).all(), "some outputs were never written"
+    return a, b, got, a.astype(np.float64) @ b.astype(np.float64).T
+
+
+def _run(config, nt, od, id_, seed=0):
+    _, _, got, ref = _product(config, nt, od, id_, np.random.default_rng(seed))
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
@@ -663,13 +668,7 @@ def test_narrow_tail_launches_write_every_column_once(monkeypatch):
     assert G.tail_plan(NARROW_TAIL, nt, od, id_) == 512 and G.tail_plan(NARROW_TAIL, 20, 768, id_, glu=True) == 512
     assert [(c["TM"], lo, hi) for c, lo, hi in G.launches(NARROW_TAIL, nt, od, id_)] == [(256, 0, 512), (128, 512, 640)]
     rng = np.random.default_rng()
-    a = rng.standard_normal((nt, id_)).astype(np.float16)
-    b = rng.standard_normal((od, id_)).astype(np.float16)
-    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
-    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=NARROW_TAIL)
-    got = out.copy_to_host()
-    ref = a.astype(np.float64) @ b.astype(np.float64).T
-    assert np.isfinite(got).all()
+    a, b, got, ref = _product(NARROW_TAIL, nt, od, id_, rng)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
     x0 = rng.standard_normal((nt, od)).astype(np.float32)
     x = cuda.to_device(x0)
