@@ -680,6 +680,67 @@ def test_narrow_tail_launches_write_every_column_once(monkeypatch):
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 
+STREAM_K = dict(TMA, TM=64, TN=64, STAGES=3, STREAMK=1, NOCALL=0)
+STREAM_CASES = [
+    # (what, shape, SMs, MIN_KTILES_PER_SLICE, (whole, blocks)); TM = TN = 64
+    ("2 x 3 tiles on 4 SMs: 4 whole, 2 over 4 runs of 2-3 k tiles (one partial a tile), nt and od tails",
+     (70, 150, 320), 4, 2, (4, 4)),
+    ("5 tiles on 4 SMs: 4 whole, the last over 4 runs of 2 (its last block adds 3 partials)", (33, 300, 512), 4, 2,
+     (4, 4)),
+    ("3 tiles, no whole wave, 2 runs of 6 k tiles: a whole tile and a part in each block", (64, 192, 256), 4, 6,
+     (0, 2)),
+]
+
+
+@sim
+@pytest.mark.parametrize("shape,sms,min_ktiles,plan", [c[1:] for c in STREAM_CASES], ids=[c[0] for c in STREAM_CASES])
+def test_stream_k_simulator_matches_float64(monkeypatch, shape, sms, min_ktiles, plan):
+    """STREAMK=1 (`stream_plan`): the blocks past the whole waves each take one run of the flat (tile, k tile)
+    range, a tile shared between blocks is finished by the block holding its last k tile with the others' partial
+    slots added (flags counted and reset): every element written (poisoned out and slots), float64 within 1e-3, the
+    flags back at zero; the residual epilogue adds each product once (x0 + the product, bit for bit)."""
+    from kernels import gemm_f16_config
+
+    monkeypatch.setattr(G, "device_sms", lambda: sms)
+    monkeypatch.setattr(gemm_f16_config, "MIN_KTILES_PER_SLICE", min_ktiles)
+    nt, od, id_ = shape
+    assert G.stream_plan(STREAM_K, nt, od, id_) == plan
+    assert G.launches(STREAM_K, nt, od, id_)[0][0]["STREAMK"] == 1
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal((n, id_)).astype(np.float16) for n in (nt, od))
+    parts = cuda.to_device(np.full(G.partials_elements(STREAM_K, nt, od, id_), np.nan, np.float32))
+    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=STREAM_K, partials=parts)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.isfinite(got).all(), "some outputs were never written"
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+    assert not G.stream_flags(1).copy_to_host().any()
+    x0 = rng.standard_normal((nt, od)).astype(np.float32)
+    x = cuda.to_device(x0)
+    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), x, config=STREAM_K, partials=parts, accumulate=True)
+    assert np.array_equal(x.copy_to_host(), x0 + got)
+
+
+@sim
+def test_stream_k_glu_simulator_is_gemm_and_swiglu(monkeypatch):
+    """STREAMK=1 with the SwiGLU epilogue, 2 x 3 tiles of 64 x 128 on 4 SMs (4 whole, 2 over 4 runs): each shared
+    tile's last block adds the partials and leaves through the SwiGLU epilogue: every activation written, float64's
+    silu(g) * u within 2e-3, gemm_f16 + swiglu within one f16 ulp (not bit for bit: a C value's k runs follow its
+    tile, and a gate|up tile holds other columns than gemm_f16's tile of the same index)."""
+    from kernels import gemm_f16_config
+
+    monkeypatch.setattr(G, "device_sms", lambda: 4)
+    monkeypatch.setattr(gemm_f16_config, "MIN_KTILES_PER_SLICE", 2)
+    config = dict(STREAM_K, TM=128)
+    assert G.stream_plan(config, 70, 384, 320) == (4, 4)
+    fused, unfused, ref = _glu_case(config, 70, 192, 320, seed=17, partials=True)
+    assert not np.isnan(fused).any(), "some activations were never written"
+    ulp = np.abs(fused.view(np.int16).astype(np.int64) - unfused.view(np.int16).astype(np.int64))
+    assert ulp.max() <= 1
+    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
 @sim
 def test_gemm_glu_nocall_simulator_matches_gemm_and_swiglu():
     """NOCALL=1: the SwiGLU epilogue divides with div.approx (exact f32 division in the simulator) and the indices in
