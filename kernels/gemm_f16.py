@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,13 +85,6 @@ class Geometry:
 
     def grid(self, nt: int, od: int) -> int:
         return -(-nt // self.tn) * -(-od // self.tm)
-
-    @property
-    def max_registers(self) -> int | None:
-        """STREAMK's kernel: the registers a thread that one block's threads fill an SM with (a multiple of 8: 224
-        for 288 threads), its compile bound instead of the block size, whose whole-warpgroup budget (168) spills
-        its run loop's state; None (the block size bounds it) for the others."""
-        return (65536 // self.threads) // 8 * 8 if self.streamk else None
 
 
 def resolve_config(config: dict | None) -> dict:
@@ -225,11 +217,7 @@ def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False, accumulat
     ``streamk``: STREAMK's; compiled with NVVM for ``cc``, sm_90a by default -- the target a CUDA launch on an H200
     compiles for, and the only one where MMA=wgmma exists; needs no GPU; not under the simulator)."""
     g = geometry(config, glu, accumulate, streamk)
-    bounds = None if g.max_registers else (g.threads,)
-    ptx, _ = cuda.compile_ptx(_make_kernel(g), _CACHES[glu, streamk].signature, cc=cc, launch_bounds=bounds)
-    if g.max_registers:  # the build's -maxrregcount, as the entry's .maxnreg directive (PTX ISA "Performance-Tuning
-        # Directives"), so that ptxas budgets this text as it does the build
-        ptx = re.sub(r"(\.entry[^{]*?\))(\s*\{)", rf"\1\n.maxnreg {g.max_registers}\2", ptx, count=1)
+    ptx, _ = cuda.compile_ptx(_make_kernel(g), _CACHES[glu, streamk].signature, cc=cc, launch_bounds=(g.threads,))
     return ptx
 
 
@@ -239,8 +227,7 @@ def build(config: dict | None = None, glu: bool = False, accumulate: bool = Fals
     ``accumulate``: with the residual epilogue; ``streamk``: STREAMK's). Refuses a combination whose shared memory
     exceeds the device's opt-in limit; opts in above 48 KB (kernels/specialize.py)."""
     g = geometry(config, glu, accumulate, streamk)
-    return _CACHES[glu, streamk].get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower TM/TN/KS/STAGES",
-                                     max_registers=g.max_registers)
+    return _CACHES[glu, streamk].get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower TM/TN/KS/STAGES")
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:

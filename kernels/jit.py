@@ -248,28 +248,20 @@ def _attach_cache(dispatcher, func: Callable) -> None:
         return
     if _DiskCache is None:
         _DiskCache = _disk_cache_class()
-    options = dispatcher.targetoptions
-    dispatcher._cache = _DiskCache(func, (options.get("launch_bounds"), options.get("max_registers")))
+    dispatcher._cache = _DiskCache(func, dispatcher.targetoptions.get("launch_bounds"))
 
 
-def kernel(func: Callable, signature=None, *, threads: int | None = None, min_blocks: int = 0,
-           max_registers: int | None = None):
+def kernel(func: Callable, signature=None, *, threads: int | None = None, min_blocks: int = 0):
     """A numba-cuda kernel dispatcher for ``func``, with the disk cache attached.
 
     ``signature``: a numba signature to compile now (else on first launch, per argument types); ``threads``: the
     block size promised to the compiler (``__launch_bounds__``), with ``min_blocks`` its second number (blocks per
-    SM the registers must fit; 0: no bound); ``max_registers``: a cap on registers a thread instead of the block
-    size (ptxas's ``-maxrregcount``; ``threads`` is then not passed: from a block size ptxas budgets whole
-    warpgroups, 168 registers for 288 threads, where 288 threads of 224 registers fit an SM). Under the simulator
-    the simulator's kernel (no signature, no bounds).
+    SM the registers must fit; 0: no bound). Under the simulator the simulator's kernel (no signature, no bounds).
     """
     if SIMULATOR:
         return cuda.jit(func)
     bounds = None if threads is None else ((threads, min_blocks) if min_blocks else (threads,))
-    if max_registers is not None:
-        dispatcher = cuda.jit(func, max_registers=max_registers)
-    else:
-        dispatcher = cuda.jit(func, launch_bounds=bounds)
+    dispatcher = cuda.jit(func, launch_bounds=bounds)
     _attach_cache(dispatcher, func)
     if signature is not None:
         from numba.cuda.core import sigutils

@@ -76,11 +76,9 @@ class KernelCache:
         self._built: dict[Hashable, BuiltKernel] = {}
         self._lock = threading.Lock()
 
-    def get(self, geometry, make: Callable[[Any], Callable], smem_bytes: int, threads: int, hint: str = "",
-            max_registers: int | None = None) -> BuiltKernel:
-        """The kernel for ``geometry`` (compiled by ``make(geometry)`` on first use; ``max_registers``: a register
-        cap instead of the ``threads`` launch bound, `kernels.jit.kernel`). Raises KernelConstraintError when
-        ``smem_bytes`` exceeds the device's opt-in limit (``hint`` says what to lower)."""
+    def get(self, geometry, make: Callable[[Any], Callable], smem_bytes: int, threads: int, hint: str = "") -> BuiltKernel:
+        """The kernel for ``geometry`` (compiled by ``make(geometry)`` on first use). Raises KernelConstraintError
+        when ``smem_bytes`` exceeds the device's opt-in limit (``hint`` says what to lower)."""
         with self._lock:
             built = self._built.get(geometry)
             if built is not None:
@@ -91,7 +89,7 @@ class KernelCache:
                     f"{self.family} config needs {smem_bytes} bytes of shared memory per block; the device allows "
                     f"{limit}" + (f" ({hint})" if hint else "")
                 )
-            kernel = jit_kernel(make(geometry), self.signature, threads=threads, max_registers=max_registers)
+            kernel = jit_kernel(make(geometry), self.signature, threads=threads)
             if not SIMULATOR and smem_bytes > STATIC_SMEM_LIMIT:
                 opt_in_dynamic_smem(kernel, smem_bytes, self.family)
             built = self._built[geometry] = BuiltKernel(geometry, kernel)

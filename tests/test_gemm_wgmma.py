@@ -809,23 +809,6 @@ def test_glu_ptx():
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("glu,accumulate", [(False, False), (False, True), (True, False)], ids=["c", "acc", "glu"])
-def test_stream_k_ptx(glu, accumulate):
-    """STREAMK's kernels (plain, residual, SwiGLU): the flag's atomic add and read, the memory fence, the watchdog's
-    trap, the register cap instead of the block-size bound (`Geometry.max_registers`); ptxas keeps the wgmma
-    asynchronous and spills nothing under the cap, and one block's 288 threads fit an SM's 65536 registers."""
-    from ptx_assembly import ptxas_resources
-
-    ptx = G.kernel_ptx(TMA, glu=glu, accumulate=accumulate, streamk=True)
-    for needle in ("atom.global.add", "membar.gl", "trap;", ".maxnreg 224", "cp.async.bulk.tensor.2d"):
-        assert needle in ptx, needle
-    assert ".maxntid" not in ptx
-    res = ptxas_resources(ptx)
-    assert res["spill_bytes"] == 0 and res["local_bytes"] == 0 and not res["wgmma_serialized"]
-    assert res["registers"] * G.geometry(TMA, glu, accumulate, streamk=True).threads <= 65536
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 37888, 3584), (128, 37888, 3584), (512, 17920, 1536)], ids=str)
 def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
