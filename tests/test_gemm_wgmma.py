@@ -809,6 +809,21 @@ def test_glu_ptx():
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("glu,accumulate", [(False, False), (False, True), (True, False)], ids=["c", "acc", "glu"])
+def test_stream_k_ptx(glu, accumulate):
+    """STREAMK's kernels (plain, residual, SwiGLU): the flag's atomic add and read, the memory fence, the watchdog's
+    trap; ptxas keeps the wgmma asynchronous within the 288-thread block's bound (168 registers: the hardware
+    budgets whole warpgroups, so a 224-register cap fails to launch)."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = G.kernel_ptx(TMA, glu=glu, accumulate=accumulate, streamk=True)
+    for needle in ("atom.global.add", "membar.gl", "trap;", ".maxntid 288", "cp.async.bulk.tensor.2d"):
+        assert needle in ptx, needle
+    res = ptxas_resources(ptx)
+    assert not res["wgmma_serialized"] and res["registers"] <= 168
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 37888, 3584), (128, 37888, 3584), (512, 17920, 1536)], ids=str)
 def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
