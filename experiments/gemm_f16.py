@@ -56,9 +56,6 @@ _DOCS = {
     "NARROWTAIL": "1: the whole waves of 256-wide tiles a grid holds, then the last, partial wave's columns as "
                   "128-wide tiles in a second launch (STAGING=tma, TM=256, no split; kernels.gemm_f16.tail_plan); "
                   "0: one launch",
-    "STREAMK": "1: the whole waves of tiles as usual, the k tiles of the rest as even runs of the flat (tile, k tile) "
-               "range over one wave of blocks, a tile shared by blocks finished by its last one (STAGING=tma; "
-               "kernels.gemm_f16.stream_plan; AUTOTILE, SPLITK and NARROWTAIL then do not apply); 0: the tile plans",
     "SPLITK": "k slices per C tile (MMA=wgmma; a launch parameter, not compiled in): f32 partials summed in slice "
               "order by a second kernel; 0 = auto (enough slices to fill the GPU when the tiles do not); 1 = none",
 }
@@ -149,8 +146,7 @@ class GemmF16Experiment(Experiment):
 
             return launch_fused
         for run, _, _ in kernel.launches(cfg, s["nt"], s["od"], s["id"]):  # compile (and opt in to >48 KB shared
-            kernel.build(run, streamk=bool(run["STREAMK"]))  # memory) every kernel of the product now, outside any
-            # timing or capture
+            kernel.build(run)  # memory) every kernel of the product now, outside any timing or capture
 
         def launch(inputs, output, stream):
             a, b, _ = inputs
@@ -189,10 +185,7 @@ class GemmF16Experiment(Experiment):
         STAGING other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
         AUTOTILE runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
         badly, so a TM=128 vs TM=256 A/B there would time one kernel twice); NARROWTAIL as 0 where it cannot act
-        (as AUTOTILE, and on ``workload`` with a device, where `kernels.gemm_f16.tail_plan` keeps one launch);
-        STREAMK as 0 where it cannot act (IMPL=fused, STAGING other than tma, and on ``workload`` with a device, a
-        grid of whole waves: `kernels.gemm_f16.stream_plan`), and where it runs, AUTOTILE, NARROWTAIL as 0 and
-        SPLITK as 1 (its launch uses none of them)."""
+        (as AUTOTILE, and on ``workload`` with a device, where `kernels.gemm_f16.tail_plan` keeps one launch)."""
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
         eff = dict(config)
@@ -201,17 +194,6 @@ class GemmF16Experiment(Experiment):
         if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
             eff["SPLITK"] = 1
             eff["NOCALL"] = 0
-        if config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma":
-            eff["STREAMK"] = 0
-        elif config.get("STREAMK", _DEFAULT["STREAMK"]):
-            eff.update(AUTOTILE=0, NARROWTAIL=0, SPLITK=1)
-            if workload is not None and _has_device():
-                from kernels import gemm_f16 as kernel
-
-                s = workload.shape
-                knobs = {k: config[k] for k in _TABLE if k in config}
-                eff["STREAMK"] = int(kernel.stream_plan(knobs, s["nt"], s["od"], s["id"]) is not None)
-            return eff
         if (config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma"
                 or config.get("TM", _DEFAULT["TM"]) != 256):
             eff["AUTOTILE"] = 0
@@ -247,12 +229,11 @@ class GemmF16Experiment(Experiment):
         s = workload.shape
         found = []
         for run, _, _ in kernel.launches({k: config[k] for k in _TABLE}, s["nt"], s["od"], s["id"]):
-            built = kernel.build(run, streamk=bool(run["STREAMK"]))
+            built = kernel.build(run)
             g = built.geometry
             name = (f"gemm_f16[{g.mma},{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},{g.staging},GROUP={g.group},"
-                    f"LOOP={g.loop},EPI={g.epi}{',STREAMK' if g.streamk else ''}]")
-            signature = kernel.SIGNATURE_SK if g.streamk else kernel.SIGNATURE
-            found.append(KernelInstance(name, built.kernel, signature, g.threads, g.smem_bytes))
+                    f"LOOP={g.loop},EPI={g.epi}]")
+            found.append(KernelInstance(name, built.kernel, kernel.SIGNATURE, g.threads, g.smem_bytes))
         return found
 
     def check(self, config, workload, inputs, output) -> float:

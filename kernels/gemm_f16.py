@@ -76,7 +76,6 @@ class Geometry:
     smem_bytes: int
     glu: bool = False  # the gate|up product with the SwiGLU epilogue (`gemm_f16_glu`)
     accumulate: bool = False  # C += A · B^T: the residual epilogue (`gemm_f16`'s ``accumulate``)
-    streamk: bool = False  # STREAMK's kernel (`stream_plan`): blocks past the whole tiles take runs of k tiles
 
     @property
     def threads(self) -> int:
@@ -136,14 +135,11 @@ def _invalid(cfg: dict) -> str | None:
     return None
 
 
-def geometry(config: dict | None, glu: bool = False, accumulate: bool = False, streamk: bool = False) -> Geometry:
+def geometry(config: dict | None, glu: bool = False, accumulate: bool = False) -> Geometry:
     """The `Geometry` of a knob dict (``glu``: `gemm_f16_glu`'s kernel; ``accumulate``: the residual epilogue, C += A ·
-    B^T; ``streamk``: STREAMK's kernel). KernelConstraintError for a knob the table refuses, ``glu`` with a kernel
-    other than STAGING=tma, EPI=staged, TM a multiple of 128, ``accumulate`` or ``streamk`` with a kernel other than
-    STAGING=tma, or glu and accumulate both."""
+    B^T). KernelConstraintError for a knob the table refuses, ``glu`` with a kernel other than STAGING=tma,
+    EPI=staged, TM a multiple of 128, ``accumulate`` with a kernel other than STAGING=tma, or both."""
     cfg = resolve_config(config)
-    if streamk and (why := gemm_f16_config.stream_k_refusal(cfg)) is not None:
-        raise KernelConstraintError(why)
     if glu and (why := gemm_f16_config.glu_tile_refusal(cfg)) is not None:
         raise KernelConstraintError(why)
     if accumulate and (why := gemm_f16_config.accumulate_refusal(cfg)) is not None:
@@ -162,12 +158,11 @@ def geometry(config: dict | None, glu: bool = False, accumulate: bool = False, s
         smem = max(smem, tiles.c_tile_bytes(tn, tm))  # the staged C tile reuses the ring
     if cfg["STAGING"] == "tma":
         smem += 16 * stages  # a full and an empty mbarrier a stage, after the ring (or the C tile)
-        smem += 8 if streamk else 0  # and STREAMK's "segment stored" mbarrier
     if cfg["MMA"] == "wmma":
         smem = max(smem, tn * (tm + 4) * 4)  # the epilogue's f32 C tile reuses the ring
     nocall = bool(cfg["NOCALL"]) and cfg["MMA"] == "wgmma"  # the other kernels issue no wgmma to serialize
     return Geometry(cfg["MMA"], tm, tn, ks, stages, cfg["STAGING"], cfg["GROUP"], cfg["LOOP"], epi, nocall, warps,
-                    warps_m, warps_n, row, smem, bool(glu), bool(accumulate), bool(streamk))
+                    warps_m, warps_n, row, smem, bool(glu), bool(accumulate))
 
 
 def all_configs():
@@ -201,33 +196,24 @@ SIGNATURE_GLU = types.void(types.float16[::1], types.float16[::1], types.uint32[
                            types.uint64[::1], types.int64, types.int64, types.int64)
 """`gemm_f16_glu`'s kernel: ``out`` is the f16 activation as flat uint32 words."""
 _CACHE_GLU = KernelCache("gemm_f16_glu", SIGNATURE_GLU)
-SIGNATURE_SK = types.void(*SIGNATURE.args, types.int32[::1])
-"""STREAMK's kernel (`stream_plan`): `SIGNATURE` and the int32 flags its blocks count a shared tile's partials on
-(zero between launches: `stream_flags`); ``whole`` is the plan's whole tiles and ``count`` the tiles after them."""
-SIGNATURE_GLU_SK = types.void(*SIGNATURE_GLU.args, types.int32[::1])
-_CACHES = {(False, False): _CACHE, (True, False): _CACHE_GLU,
-           (False, True): KernelCache("gemm_f16_sk", SIGNATURE_SK),
-           (True, True): KernelCache("gemm_f16_glu_sk", SIGNATURE_GLU_SK)}
-"""(glu, streamk) -> the kernel cache of that signature."""
 
 
-def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False, accumulate: bool = False,
-               streamk: bool = False) -> str:
-    """PTX of the kernel for ``config`` (``glu``: `gemm_f16_glu`'s; ``accumulate``: with the residual epilogue;
-    ``streamk``: STREAMK's; compiled with NVVM for ``cc``, sm_90a by default -- the target a CUDA launch on an H200
-    compiles for, and the only one where MMA=wgmma exists; needs no GPU; not under the simulator)."""
-    g = geometry(config, glu, accumulate, streamk)
-    ptx, _ = cuda.compile_ptx(_make_kernel(g), _CACHES[glu, streamk].signature, cc=cc, launch_bounds=(g.threads,))
+def kernel_ptx(config: dict | None, cc=(9, 0, "a"), glu: bool = False, accumulate: bool = False) -> str:
+    """PTX of the kernel for ``config`` (``glu``: `gemm_f16_glu`'s; ``accumulate``: with the residual epilogue; compiled
+    with NVVM for ``cc``, sm_90a by default -- the target a CUDA launch on an H200 compiles for, and the only one
+    where MMA=wgmma exists; needs no GPU; not under the simulator)."""
+    g = geometry(config, glu, accumulate)
+    ptx, _ = cuda.compile_ptx(_make_kernel(g), SIGNATURE_GLU if glu else SIGNATURE, cc=cc, launch_bounds=(g.threads,))
     return ptx
 
 
-def build(config: dict | None = None, glu: bool = False, accumulate: bool = False,
-          streamk: bool = False) -> BuiltKernel:
+def build(config: dict | None = None, glu: bool = False, accumulate: bool = False) -> BuiltKernel:
     """Compile (once per knob combination; cached) and return the kernel for ``config`` (``glu``: `gemm_f16_glu`'s;
-    ``accumulate``: with the residual epilogue; ``streamk``: STREAMK's). Refuses a combination whose shared memory
-    exceeds the device's opt-in limit; opts in above 48 KB (kernels/specialize.py)."""
-    g = geometry(config, glu, accumulate, streamk)
-    return _CACHES[glu, streamk].get(g, _make_kernel, g.smem_bytes, g.threads, hint="lower TM/TN/KS/STAGES")
+    ``accumulate``: with the residual epilogue). Refuses a combination whose shared memory exceeds the device's opt-in
+    limit; opts in above 48 KB (kernels/specialize.py)."""
+    g = geometry(config, glu, accumulate)
+    return (_CACHE_GLU if glu else _CACHE).get(g, _make_kernel, g.smem_bytes, g.threads,
+                                               hint="lower TM/TN/KS/STAGES")
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:
@@ -319,41 +305,6 @@ def tail_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None 
     return wide * 256 if time < -(-geometry(chosen).grid(nt, od) // sms) * tile_time else 0
 
 
-def stream_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> tuple[int, int] | None:
-    """STREAMK=1: ``(whole, blocks)`` of a launch of ``config`` for C[nt, od] over ``kdim`` on ``sms`` SMs (the
-    current device's by default), or None for an ordinary one-block-a-tile launch (STREAMK=0, a kernel without it:
-    `kernels.gemm_f16_config.stream_k_refusal`, or a grid of whole waves). The first ``whole`` tiles (whole waves,
-    program order) run a block each; the k tiles of the rest (``tiles % sms`` of them) run as ``blocks`` even,
-    contiguous runs of the flat (tile, k tile) range -- one wave, fewer where a run would be under
-    `kernels.gemm_f16_config.MIN_KTILES_PER_SLICE` k tiles -- so no SM idles in the last wave. A 7B ffn_down at
-    nt=512 on 132 SMs: 56 tiles of 296 k tiles as 132 runs of ~126 (against 56 blocks of 296). Source: Osama et
-    al., "Stream-K" (PPoPP 2023), its data-parallel + stream-K hybrid."""
-    cfg = resolve_config(config)
-    if not cfg["STREAMK"] or gemm_f16_config.stream_k_refusal(cfg) is not None:
-        return None
-    sms = sms or device_sms()
-    g = geometry(cfg)
-    tiles = g.grid(nt, od)
-    rest = tiles % sms
-    if rest == 0:
-        return None
-    total = rest * -(-kdim // g.ks)
-    return tiles - rest, max(1, min(sms, total // gemm_f16_config.MIN_KTILES_PER_SLICE))
-
-
-STREAM_FLAGS: list = []
-
-
-def stream_flags(count: int):
-    """The int32 device flags of STREAMK launches, zeros, at least ``count`` of them (allocated once, at least
-    1024: a launch's split tiles are fewer than the SMs; a capture cannot allocate, so the eager run before it does).
-    Each launch leaves them at zero (a tile's last block resets its flag), so launches on one stream reuse them;
-    STREAMK launches on different streams must not overlap."""
-    if not STREAM_FLAGS or STREAM_FLAGS[0].shape[0] < count:
-        STREAM_FLAGS[:] = [cuda.to_device(np.zeros(max(count, 1024), np.int32))]
-    return STREAM_FLAGS[0]
-
-
 def device_sms() -> int:
     """The current device's SM count (the waves `split_plan` plans for)."""
     return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
@@ -363,11 +314,8 @@ def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int
     """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
     split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the largest of the
     plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`) and its SwiGLU
-    launch's (`gemm_f16_glu`); with STREAMK, also its blocks * TN * TM (`stream_plan`: a slot a block)."""
+    launch's (`gemm_f16_glu`)."""
     sizes = []
-    if (sk := stream_plan(config, nt, od, kdim, sms)) is not None:
-        g = geometry(config)
-        sizes.append(sk[1] * g.tn * g.tm)
     for cfg in (resolve_config(config), launch_config(config, nt, od, sms), launch_config(config, nt, od, sms, True)):
         plan = split_plan(cfg, nt, od, kdim, sms)
         if plan.slices == 1:
@@ -383,12 +331,10 @@ def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int
 def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
     """f32 elements of a partials buffer that serves every launch of ``config`` with nt <= ``max_nt`` and od <=
     ``max_od`` on ``sms`` SMs: SPLITK=0 (auto) keeps the split tiles' blocks within one wave, so split tiles x
-    slices <= sms and the partials <= sms * TN * TM elements, as STREAMK's (a slot a block, one wave); a fixed
-    SPLITK=s needs s * max_nt * max_od; 0 with SPLITK=1."""
+    slices <= sms and the partials <= sms * TN * TM elements; a fixed SPLITK=s needs s * max_nt * max_od; 0 with
+    SPLITK=1."""
     cfg = resolve_config(config)
     g = geometry(cfg)
-    if cfg["STREAMK"] and gemm_f16_config.stream_k_refusal(cfg) is None:
-        return max(sms * g.tn * g.tm, 0 if cfg["SPLITK"] in (0, 1) else int(cfg["SPLITK"]) * max_nt * max_od)
     if cfg["SPLITK"] == 0:
         return sms * g.tn * g.tm if g.mma == "wgmma" else 0
     return 0 if cfg["SPLITK"] == 1 else int(cfg["SPLITK"]) * max_nt * max_od
@@ -563,10 +509,6 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
                                     f"16 bytes at a time), got address % 16 = {device_address(out) % 16}")
     words = out.view(np.uint32).reshape(nt * ffn // 2)
     for cfg, m_lo, m_hi in launches(config, nt, od, kdim, glu=True):
-        if (sk := stream_plan(cfg, nt, od, kdim)) is not None:
-            _launch_stream(build(cfg, glu=True, streamk=True), sk, a, b, words, _no_parts(), partials, nt, od, kdim,
-                           stream)
-            continue
         built = build(cfg, glu=True)
         g = built.geometry
         plan = split_plan(cfg, nt, m_hi - m_lo, kdim)
@@ -642,12 +584,7 @@ def launches(config: dict | None, nt: int, od: int, kdim: int, sms: int | None =
     """The launches of `gemm_f16` (``glu``: `gemm_f16_glu`) with ``config`` for C[nt, od] over ``kdim`` on ``sms``
     SMs (the current device's by default), as (resolved knob dict, first column, end column): one launch of
     `launch_config`'s choice over all od, or NARROWTAIL's two (`tail_plan`: 256-wide tiles up to its column, then
-    128-wide ones; neither split); with STREAMK=1 (and a kernel that has it), one launch of the configured tile,
-    STREAMK still 1 where `stream_plan` spreads the last wave, else 0 (whole waves), never split."""
-    cfg = resolve_config(config)
-    if cfg["STREAMK"] and gemm_f16_config.stream_k_refusal(cfg) is None:
-        plain = dict(cfg, SPLITK=1, AUTOTILE=0, NARROWTAIL=0)
-        return [(dict(plain, STREAMK=int(stream_plan(plain, nt, od, kdim, sms) is not None)), 0, od)]
+    128-wide ones; neither split)."""
     cut = tail_plan(config, nt, od, kdim, sms, glu)
     if cut:
         cfg = dict(resolve_config(config), SPLITK=1)
@@ -660,10 +597,6 @@ def _launch(a, b, out, config, stream, partials, accumulate: bool = False, m_lo:
     (all od by default) with its split plan; return (plan, the flat partials used or None)."""
     nt, od, kdim = check_inputs(a, b, out)
     m_hi = od if m_hi is None else m_hi
-    if (sk := stream_plan(config, nt, od, kdim)) is not None:
-        built = build(config, accumulate=accumulate, streamk=True)
-        _launch_stream(built, sk, a, b, out, out, partials, nt, od, kdim, stream)
-        return SplitPlan(built.geometry.grid(nt, od), 1), None
     built = build(config, accumulate=accumulate)
     g = built.geometry
     plan = split_plan(config, nt, m_hi - m_lo, kdim)
@@ -678,29 +611,6 @@ def _launch(a, b, out, config, stream, partials, accumulate: bool = False, m_lo:
     )
     return plan, parts
 
-
-
-def _launch_stream(built: BuiltKernel, sk: tuple[int, int], a, b, out, cout, partials, nt: int, od: int, kdim: int,
-                   stream) -> None:
-    """Enqueue STREAMK's kernel ``built`` for plan ``sk`` (`stream_plan`: whole, blocks) writing ``out`` (gemm_f16's
-    f32 C or gemm_f16_glu's f16 words; ``cout``: the f32 array the C-row alignment check reads), its blocks'
-    partial slots in ``partials`` (allocated when None). KernelConstraintError when ``partials`` is too small."""
-    g = built.geometry
-    whole, blocks = sk
-    need = blocks * g.tn * g.tm
-    if partials is None:
-        partials = cuda.device_array(need, dtype=np.float32, stream=stream)
-    if np.dtype(partials.dtype) != np.float32 or partials.ndim != 1 or partials.shape[0] < need:
-        raise KernelConstraintError(
-            f"gemm_f16: STREAMK over {blocks} blocks needs a flat float32 partials array of at least {need} "
-            f"elements, got {partials.dtype} {tuple(partials.shape)}")
-    consumers = 32 * g.warps
-    slots = partials[:need].reshape(need // consumers, consumers)
-    amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm // 2 if g.glu else g.tm)
-    rest = g.grid(nt, od) - whole
-    built.kernel[whole + blocks, g.threads, stream, g.smem_bytes](
-        a.reshape(nt * kdim), b.reshape(od * kdim), out, slots, nt, od, kdim, whole, rest, amap, bmap,
-        gemm_tma.c_vectors(cout, cout), 0, od, stream_flags(rest))
 
 
 def split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, stream):

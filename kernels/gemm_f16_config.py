@@ -60,14 +60,8 @@ KNOBS: dict[str, tuple] = {
 # NARROWTAIL (STAGING=tma with TM=256): 1 runs the whole waves of 256-wide tiles a grid holds, then its last,
 # partial wave's columns as 128-wide tiles in a second launch (`kernels.gemm_f16.tail_plan`: a 7B ffn_gate_up at
 # nt=512 is 592 tiles of 256, 4.5 waves; 528 of them, then 128 of 128); 0: one launch.
-# STREAMK (STAGING=tma): 1 runs the tiles of a grid's whole waves as usual and spreads the k tiles of the rest (all
-# of them when the grid is less than a wave) evenly over one wave of blocks, each taking one contiguous run of the
-# flat (tile, k tile) range (`kernels.gemm_f16.stream_plan`); a tile split between blocks is finished by the block
-# that holds its last k tile, which adds the others' partials. No second kernel, no idle SMs in the last wave; the
-# tile is the configured one (AUTOTILE, SPLITK and NARROWTAIL do not apply). 0: the tile plans above.
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3), "NARROWTAIL": (0, 1),
-                                  "STREAMK": (0, 1)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 0, "STREAMK": 0}
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3), "NARROWTAIL": (0, 1)}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 0}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
@@ -123,15 +117,6 @@ def narrow_tail_refusal(cfg: dict) -> str | None:
     if staging != "tma" or int(tm) != 256 or int(splitk) > 1:
         return (f"NARROWTAIL splits the 256-wide tiles of the STAGING=tma kernels with SPLITK 0 or 1 (got "
                 f"STAGING={staging}, TM={tm}, SPLITK={splitk})")
-    return None
-
-
-def stream_k_refusal(cfg: dict) -> str | None:
-    """Why the knobs of ``cfg`` (a knob dict; missing knobs at their defaults) never take STREAMK's launch
-    (`kernels.gemm_f16.stream_plan`), in one line, or None: only the STAGING=tma kernel has it."""
-    staging = cfg.get("STAGING", DEFAULT["STAGING"])
-    if staging != "tma":
-        return f"STREAMK is a STAGING=tma kernel's launch (got STAGING={staging})"
     return None
 
 

@@ -14,7 +14,7 @@ from numba import cuda, float32, int64, uint32, uint64
 
 from kernels.activation import silu_mul, silu_mul_approx
 from kernels.ptx import (bar_sync, ld_global_v4_f32, ld_shared_v4_f32, st_global_v4_f32, st_global_v4_u32,
-                         st_shared_v2_f32, trap)
+                         st_shared_v2_f32)
 from kernels.ptx.wgmma import wgmma_commit_group, wgmma_fence, wgmma_m64nNk16_f32_f16, wgmma_wait_group
 from kernels.quant.bits import f16x2_bits
 
@@ -380,51 +380,6 @@ def split_work(TN: int, TM: int, GROUP: int, U32: bool = False):
     return block_work
 
 
-
-
-FLAG_SPINS = 1 << 22
-"""Reads of a stream-K tile's flag before its owner gives up (`stream_partials`' ``wait_flag``): far more than
-the ~µs a contributing block's part of one tile takes; past it the kernel traps (a launch error, not a hang)."""
-
-
-def stream_partials(ACC_N: int, CONSUMERS: int):
-    """``(store_partial, wait_flag, add_partials)``: how stream-K blocks (`kernels.gemm_tma`, STREAMK=1) that share
-    a C tile meet. Slot q of ``parts`` (f32 [blocks * ACC_N, CONSUMERS]) holds stream-K block q's partial
-    accumulators in register order (element i of consumer thread tid at ``parts[q * ACC_N + i, tid]``: every store
-    and load coalesced, no C layout); a block writes at most one, for the tile its k range ends inside.
-
-    * ``store_partial(parts, acc, q, tid)``: thread tid's ACC_N accumulators into slot q.
-    * ``wait_flag(flags, u, n)``: one thread spins until the int32 counter ``flags[u]`` (each contributing block
-      adds 1 after a memory fence and a barrier of its consumers) reaches ``n``, resets it to 0 for the next launch
-      and fences; traps after FLAG_SPINS reads.
-    * ``add_partials(parts, acc, first, q, tid)``: adds slots first .. q - 1 to ``acc`` in slot order (the tile's
-      sum does not depend on which block finished first).
-
-    Source: Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix Multiplication on
-    the GPU" (PPoPP 2023), its fixup of partial tiles."""
-
-    @cuda.jit(device=True, inline="always")
-    def store_partial(parts, acc, q, tid):
-        for i in range(ACC_N):
-            parts[q * ACC_N + i, tid] = acc[i]
-
-    @cuda.jit(device=True, inline="always")
-    def wait_flag(flags, u, n):
-        spins = 0
-        while cuda.atomic.add(flags, u, 0) < n:
-            spins += 1
-            if spins == FLAG_SPINS:
-                trap()
-        flags[u] = 0
-        cuda.threadfence()
-
-    @cuda.jit(device=True, inline="always")
-    def add_partials(parts, acc, first, q, tid):
-        for r in range(first, q):
-            for i in range(ACC_N):
-                acc[i] += parts[r * ACC_N + i, tid]
-
-    return store_partial, wait_flag, add_partials
 
 
 def warpgroup_split(g: Geometry) -> tuple[int, int, int, int, int, int]:

@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from kernels import gemm_tiles as tiles
-from kernels.ptx import SIMULATOR, bar_sync
+from kernels.ptx import SIMULATOR
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_2d
 from kernels.ptx.wgmma import SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
@@ -71,52 +71,7 @@ def make_kernel(g: Geometry):
     HALF_E = TM // 2 * KS  # GLU: the up box's element offset in the B tile
     epilogue = tiles.consumer_epilogue(MT64, N, TN, TM, CONSUMERS, STAGED, GLU, g.nocall, g.accumulate)
     ktile_mma = tiles.ktile_mma(K16, MT64, NH, N, M64_B)
-    div, _ = tiles.index_division(g.nocall)
-    store_partial, wait_flag, add_partials = tiles.stream_partials(ACC_N, CONSUMERS)
     SMEM_ALIGN = None if SIMULATOR else 1024
-
-    @cuda.jit(device=True, inline="always")
-    def produce(smem, bars, amap, bmap, n0, m0, od, kt0, ktiles, s, phase):
-        """The producer's copies of k tiles kt0 .. kt0 + ktiles - 1 of tile (n0, m0) into the ring from slot ``s``
-        at ``phase``; returns the slot and phase after them."""
-        for i in range(ktiles):
-            while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
-                pass
-            mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
-            k0 = (kt0 + i) * KS
-            cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
-            if GLU:  # gate rows m0 / 2 .. and up rows od / 2 + m0 / 2 .. as the tile's two halves
-                cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0 // 2, bars,
-                                            FULL0 + s)
-                cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS + HALF_E, bmap, 0, k0,
-                                            od // 2 + m0 // 2, bars, FULL0 + s)
-            else:
-                cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars, FULL0 + s)
-            s += 1
-            if s == STAGES:
-                s = 0
-                phase ^= uint32(1)
-        return s, phase
-
-    @cuda.jit(device=True, inline="always")
-    def consume(smem, bars, acc, desc_a0, desc_b0, lane, ktiles, s, phase):
-        """A consumer warp's wgmma batches over the ``ktiles`` k tiles the ring delivers from slot ``s`` at
-        ``phase`` (acc = their product: the first batch runs with scale-d = 0), releasing each slot once the next
-        batch is issued; returns (the slot after them, the last one's slot, still held, the phase)."""
-        prev = 0
-        for i in range(ktiles):
-            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
-                pass
-            ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
-            wgmma_wait_group(1)
-            if i > 0 and lane == 0:
-                mbarrier_arrive(bars, FULL0 + STAGES + prev)
-            prev = s
-            s += 1
-            if s == STAGES:
-                s = 0
-                phase ^= uint32(1)
-        return s, prev, phase
 
     def gemm_kernel(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -133,7 +88,26 @@ def make_kernel(g: Geometry):
 
         if tid >= CONSUMERS:
             if tid == CONSUMERS:
-                produce(smem, bars, amap, bmap, n0, m0, od, kt0, ktiles, 0, uint32(0))
+                s = 0
+                phase = uint32(0)
+                for i in range(ktiles):
+                    while mbarrier_try_wait_parity(bars, FULL0 + STAGES + s, phase ^ uint32(1)) == 0:
+                        pass
+                    mbarrier_arrive_expect_tx(bars, FULL0 + s, STAGE_B)
+                    k0 = (kt0 + i) * KS
+                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, k0, n0, bars, FULL0 + s)
+                    if GLU:  # gate rows m0 / 2 .. and up rows od / 2 + m0 / 2 .. as the tile's two halves
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0 // 2, bars,
+                                                    FULL0 + s)
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS + HALF_E, bmap, 0, k0,
+                                                    od // 2 + m0 // 2, bars, FULL0 + s)
+                    else:
+                        cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS + A_ELEMS, bmap, 0, k0, m0, bars,
+                                                    FULL0 + s)
+                    s += 1
+                    if s == STAGES:
+                        s = 0
+                        phase ^= uint32(1)
             return
 
         wg = tid >> 7
@@ -143,97 +117,24 @@ def make_kernel(g: Geometry):
         acc = cuda.local.array(ACC_N, float32)  # the first k tile runs with scale-d = 0: no zero fill
         desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
         desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        consume(smem, bars, acc, desc_a0, desc_b0, lane, ktiles, 0, uint32(0))
+        s = 0
+        prev = 0
+        phase = uint32(0)
+        for i in range(ktiles):
+            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
+                pass
+            ktile_mma(smem, acc, desc_a0, desc_b0, uint64((s * STAGE_B) >> 4), i > 0)
+            wgmma_wait_group(1)
+            if i > 0 and lane == 0:
+                mbarrier_arrive(bars, FULL0 + STAGES + prev)
+            prev = s
+            s += 1
+            if s == STAGES:
+                s = 0
+                phase ^= uint32(1)
         epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)
 
-    if not g.streamk:
-        return gemm_kernel
-
-    EPI_BAR = FULL0 + 2 * STAGES  # the consumers' "segment stored" mbarrier (the producer waits before reusing the ring)
-
-    @cuda.jit(device=True, inline="always")
-    def segment(end, lo, ktotal):
-        """The last segment of the flat k-tile range lo .. end - 1: (tile t, its first flat k tile beg)."""
-        t = div(end - 1, ktotal)
-        return t, max(lo, t * ktotal)
-
-    def gemm_kernel_sk(a, b, out, parts, nt, od, kdim, whole, count, amap, bmap, cvec, m_lo, m_hi, flags):
-        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
-        bars = cuda.shared.array(0, types.uint64)
-        tid = cuda.threadIdx.x
-        pid = cuda.blockIdx.x
-        ktotal = (kdim + KS - 1) // KS
-        # the block's flat k tiles (tile t's are t * ktotal ..): a tile below `whole`, else its even share of the
-        # `count` tiles after them (`kernels.gemm_f16.stream_plan`)
-        p = pid - whole
-        nsk = cuda.gridDim.x - whole
-        total = count * ktotal
-        if p < 0:
-            lo = pid * ktotal
-            hi = lo + ktotal
-        else:
-            lo = whole * ktotal + div(p * total, nsk)
-            hi = whole * ktotal + div((p + 1) * total, nsk)
-        if tid == 0:
-            for s in range(STAGES):
-                mbarrier_init(bars, FULL0 + s, 1)
-                mbarrier_init(bars, FULL0 + STAGES + s, CONSUMER_WARPS)
-            mbarrier_init(bars, EPI_BAR, CONSUMER_WARPS)
-            fence_proxy_async_shared()
-        cuda.syncthreads()
-
-        if tid >= CONSUMERS:
-            if tid == CONSUMERS:
-                s = 0
-                phase = uint32(0)
-                done = uint32(0)
-                end = hi
-                while end > lo:
-                    t, beg = segment(end, lo, ktotal)
-                    n0, m0, _, _, _, _ = block_work(t, nt, od, t + 1, 1, m_lo, m_hi)
-                    if done > 0:  # the previous segment's epilogue staged C over the ring: wait until it is out
-                        while mbarrier_try_wait_parity(bars, EPI_BAR, (done - uint32(1)) & uint32(1)) == 0:
-                            pass
-                    s, phase = produce(smem, bars, amap, bmap, n0, m0, od, beg - t * ktotal, end - beg, s, phase)
-                    done += uint32(1)
-                    end = beg
-            return
-
-        wg = tid >> 7
-        row0 = (wg % WG_N) * WTN
-        col0 = (wg // WG_N) * N
-        lane = tid & 31
-        acc = cuda.local.array(ACC_N, float32)
-        desc_a0 = wgmma_desc(smem, row0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        desc_b0 = wgmma_desc(smem, SA_B + col0 * ROWB, LBO, SBO, SWIZZLE_128B)
-        s = 0
-        phase = uint32(0)
-        end = hi
-        while end > lo:
-            t, beg = segment(end, lo, ktotal)
-            n0, m0, _, _, _, _ = block_work(t, nt, od, t + 1, 1, m_lo, m_hi)
-            s, prev, phase = consume(smem, bars, acc, desc_a0, desc_b0, lane, end - beg, s, phase)
-            wgmma_wait_group(0)
-            if end < (t + 1) * ktotal:  # the tile's first part: a partial for the block that ends the tile
-                store_partial(parts, acc, p, tid)
-                cuda.threadfence()
-                bar_sync(1, CONSUMERS)
-                if tid == 0:
-                    cuda.atomic.add(flags, t - whole, 1)
-            else:
-                if beg > t * ktotal:  # the tile's last part: add the earlier blocks' partials, in block order
-                    first = div(((t - whole) * ktotal + 1) * nsk - 1, total)
-                    if tid == 0:
-                        wait_flag(flags, t - whole, p - first)
-                    bar_sync(1, CONSUMERS)
-                    add_partials(parts, acc, first, p, tid)
-                epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, 1, 0, 0, cvec)
-            if lane == 0:
-                mbarrier_arrive(bars, FULL0 + STAGES + prev)  # the segment's last slot, held since its batch
-                mbarrier_arrive(bars, EPI_BAR)
-            end = beg
-
-    return gemm_kernel_sk
+    return gemm_kernel
 
 
 def c_vectors(out, target) -> int:

@@ -205,32 +205,6 @@ def test_narrow_tail_splits_the_last_wave_into_128_wide_tiles():
     assert [(c["TM"], c["SPLITK"], lo, hi) for c, lo, hi in runs] == [(256, 1, 0, 33792), (128, 1, 33792, 37888)]
 
 
-def test_stream_k_spreads_the_last_wave_over_one_wave_of_blocks():
-    """STREAMK=1 on 132 SMs (host arithmetic): the 7B products of a pp512 run their whole waves as tiles and the
-    rest as 132 runs of the flat k-tile range (ffn_down: 56 tiles, none whole; gate|up: 528 whole tiles, 64 over 132
-    runs); whole waves (a 7B gate|up at nt=2048 on 148 SMs) and STREAMK=0 or a cp.async kernel: no stream-K launch.
-    With it one launch of the configured 256-wide tile (AUTOTILE, SPLITK, NARROWTAIL off); its partial slots, a
-    block's each, fit `partials_capacity`."""
-    on = dict(STREAMK=1)
-    plans = {k: G.stream_plan(on, nt, od, id_, 132)
-             for k, (nt, od, id_) in {"down_512": (512, 3584, 18944), "qkv_512": (512, 4608, 3584),
-                                      "gate_up_512": (512, 37888, 3584), "attn_output_128": (128, 3584, 3584),
-                                      "qkv_2048": (2048, 4608, 3584)}.items()}
-    assert plans == {"down_512": (0, 132), "qkv_512": (0, 132), "gate_up_512": (528, 132),
-                     "attn_output_128": (0, 65), "qkv_2048": (264, 112)}  # 14 tiles x 56 k tiles / 12 = 65 runs
-    assert G.stream_plan(on, 2048, 37888, 3584, 148) is None  # 2368 tiles = 16 waves of 148
-    for off in (dict(), dict(on, STREAMK=0), dict(on, STAGING="cp_async")):
-        assert G.stream_plan(off, 512, 3584, 18944, 132) is None
-    (run, lo, hi), = G.launches(dict(on, NARROWTAIL=1, SPLITK=3), 512, 37888, 3584, 132, glu=True)
-    assert (run["TM"], run["AUTOTILE"], run["SPLITK"], run["NARROWTAIL"], run["STREAMK"], lo, hi) == (
-        256, 0, 1, 0, 1, 0, 37888)
-    assert G.launches(on, 2048, 37888, 3584, 148)[0][0]["STREAMK"] == 0
-    for nt in (1, 100, 512, 2048):
-        for od, id_ in ((3584, 18944), (4608, 3584), (37888, 3584), (3072, 1536)):
-            assert G.partials_elements(on, nt, od, id_, sms=132) <= G.partials_capacity(on, nt, od, 132)
-    assert G.partials_elements(on, 512, 3584, 18944, sms=132) == 132 * 128 * 256
-
-
 def test_experiment_effective_config_sees_autotile(monkeypatch):
     """`ab` refuses arms that run one kernel: the gemm_f16 experiment's effective configuration drops AUTOTILE where
     it cannot act and, on a workload with a device present, resolves the tile AUTOTILE=1 runs there

@@ -680,67 +680,6 @@ def test_narrow_tail_launches_write_every_column_once(monkeypatch):
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 
-STREAM_K = dict(TMA, TM=64, TN=64, STAGES=3, STREAMK=1, NOCALL=0)
-STREAM_CASES = [
-    # (what, shape, SMs, MIN_KTILES_PER_SLICE, (whole, blocks)); TM = TN = 64
-    ("2 x 3 tiles on 4 SMs: 4 whole, 2 over 4 runs of 2-3 k tiles (one partial a tile), nt and od tails",
-     (70, 150, 320), 4, 2, (4, 4)),
-    ("5 tiles on 4 SMs: 4 whole, the last over 4 runs of 2 (its last block adds 3 partials)", (33, 300, 512), 4, 2,
-     (4, 4)),
-    ("3 tiles, no whole wave, 2 runs of 6 k tiles: a whole tile and a part in each block", (64, 192, 256), 4, 6,
-     (0, 2)),
-]
-
-
-@sim
-@pytest.mark.parametrize("shape,sms,min_ktiles,plan", [c[1:] for c in STREAM_CASES], ids=[c[0] for c in STREAM_CASES])
-def test_stream_k_simulator_matches_float64(monkeypatch, shape, sms, min_ktiles, plan):
-    """STREAMK=1 (`stream_plan`): the blocks past the whole waves each take one run of the flat (tile, k tile)
-    range, a tile shared between blocks is finished by the block holding its last k tile with the others' partial
-    slots added (flags counted and reset): every element written (poisoned out and slots), float64 within 1e-3, the
-    flags back at zero; the residual epilogue adds each product once (x0 + the product, bit for bit)."""
-    from kernels import gemm_f16_config
-
-    monkeypatch.setattr(G, "device_sms", lambda: sms)
-    monkeypatch.setattr(gemm_f16_config, "MIN_KTILES_PER_SLICE", min_ktiles)
-    nt, od, id_ = shape
-    assert G.stream_plan(STREAM_K, nt, od, id_) == plan
-    assert G.launches(STREAM_K, nt, od, id_)[0][0]["STREAMK"] == 1
-    rng = np.random.default_rng()
-    a, b = (rng.standard_normal((n, id_)).astype(np.float16) for n in (nt, od))
-    parts = cuda.to_device(np.full(G.partials_elements(STREAM_K, nt, od, id_), np.nan, np.float32))
-    out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
-    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), out, config=STREAM_K, partials=parts)
-    got = out.copy_to_host()
-    ref = a.astype(np.float64) @ b.astype(np.float64).T
-    assert np.isfinite(got).all(), "some outputs were never written"
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
-    assert not G.stream_flags(1).copy_to_host().any()
-    x0 = rng.standard_normal((nt, od)).astype(np.float32)
-    x = cuda.to_device(x0)
-    G.gemm_f16(cuda.to_device(a), cuda.to_device(b), x, config=STREAM_K, partials=parts, accumulate=True)
-    assert np.array_equal(x.copy_to_host(), x0 + got)
-
-
-@sim
-def test_stream_k_glu_simulator_is_gemm_and_swiglu(monkeypatch):
-    """STREAMK=1 with the SwiGLU epilogue, 2 x 3 tiles of 64 x 128 on 4 SMs (4 whole, 2 over 4 runs): each shared
-    tile's last block adds the partials and leaves through the SwiGLU epilogue: every activation written, float64's
-    silu(g) * u within 2e-3, gemm_f16 + swiglu within one f16 ulp (not bit for bit: a C value's k runs follow its
-    tile, and a gate|up tile holds other columns than gemm_f16's tile of the same index)."""
-    from kernels import gemm_f16_config
-
-    monkeypatch.setattr(G, "device_sms", lambda: 4)
-    monkeypatch.setattr(gemm_f16_config, "MIN_KTILES_PER_SLICE", 2)
-    config = dict(STREAM_K, TM=128)
-    assert G.stream_plan(config, 70, 384, 320) == (4, 4)
-    fused, unfused, ref = _glu_case(config, 70, 192, 320, seed=17, partials=True)
-    assert not np.isnan(fused).any(), "some activations were never written"
-    ulp = np.abs(fused.view(np.int16).astype(np.int64) - unfused.view(np.int16).astype(np.int64))
-    assert ulp.max() <= 1
-    assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
-
-
 @sim
 def test_gemm_glu_nocall_simulator_matches_gemm_and_swiglu():
     """NOCALL=1: the SwiGLU epilogue divides with div.approx (exact f32 division in the simulator) and the indices in
@@ -809,21 +748,6 @@ def test_glu_ptx():
     assert res["spill_bytes"] == 0 and res["local_bytes"] == 0
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("glu,accumulate", [(False, False), (False, True), (True, False)], ids=["c", "acc", "glu"])
-def test_stream_k_ptx(glu, accumulate):
-    """STREAMK's kernels (plain, residual, SwiGLU): the flag's atomic add and read, the memory fence, the watchdog's
-    trap; ptxas keeps the wgmma asynchronous within the 288-thread block's bound (168 registers: the hardware
-    budgets whole warpgroups, so a 224-register cap fails to launch)."""
-    from ptx_assembly import ptxas_resources
-
-    ptx = G.kernel_ptx(TMA, glu=glu, accumulate=accumulate, streamk=True)
-    for needle in ("atom.global.add", "membar.gl", "trap;", ".maxntid 288", "cp.async.bulk.tensor.2d"):
-        assert needle in ptx, needle
-    res = ptxas_resources(ptx)
-    assert not res["wgmma_serialized"] and res["registers"] <= 168
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 37888, 3584), (128, 37888, 3584), (512, 17920, 1536)], ids=str)
 def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
@@ -851,46 +775,6 @@ def test_narrow_tail_gpu_matches_torch_and_one_launch(shape):
     assert not np.isnan(acts[0]).any()
     ulp = np.abs(acts[0].view(np.int16).astype(np.int64) - acts[1].view(np.int16).astype(np.int64))
     assert ulp.max() <= 1
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(512, 3584, 18944), (512, 4608, 3584), (512, 3584, 3584), (2047, 4609, 3584),
-                                   (512, 37888, 3584)], ids=str)
-def test_stream_k_gpu_matches_torch(shape):
-    """STREAMK=1 at the 7B products of a pp512 (and a tail shape) on the GPU's SMs, where `stream_plan` spreads the
-    last wave: torch within 1e-3 (poisoned out), the flags back at zero, the same bits on a second run (a shared
-    tile's partials are added in block order, whichever block finished first), the residual epilogue adding each
-    product once; the SwiGLU launch within one f16 ulp of STREAMK=0's (the same sums in another order)."""
-    pytest.importorskip("torch")
-    nt, od, id_ = shape
-    config = dict(TMA, STREAMK=1)
-    if G.stream_plan(config, nt, od, id_) is None:
-        pytest.skip(f"{shape} is whole waves on {G.device_sms()} SMs")
-    rng = np.random.default_rng()
-    a = rng.standard_normal((nt, id_), dtype=np.float32).astype(np.float16)
-    b = (rng.standard_normal((od, id_), dtype=np.float32) * 0.5).astype(np.float16)
-    da, db = cuda.to_device(a), cuda.to_device(b)
-    runs = []
-    for _ in range(2):
-        out = cuda.to_device(np.full((nt, od), np.nan, np.float32))
-        G.gemm_f16(da, db, out, config=config)
-        runs.append(out.copy_to_host())
-    assert np.isfinite(runs[0]).all() and _torch_rel(a, b, runs[0]) < 1e-3
-    assert np.array_equal(runs[0], runs[1])
-    assert not G.stream_flags(1).copy_to_host().any()
-    x0 = rng.standard_normal((nt, od)).astype(np.float32)
-    x = cuda.to_device(x0)
-    G.gemm_f16(da, db, x, config=config, accumulate=True)
-    assert np.array_equal(x.copy_to_host(), x0 + runs[0])
-    if od % 256 == 0:
-        acts = []
-        for streamk in (1, 0):
-            act = cuda.to_device(np.full((nt, od // 2), np.nan, np.float16))
-            G.gemm_f16_glu(da, db, act, config=dict(TMA, STREAMK=streamk))
-            acts.append(act.copy_to_host())
-        assert not np.isnan(acts[0]).any()
-        ulp = np.abs(acts[0].view(np.int16).astype(np.int64) - acts[1].view(np.int16).astype(np.int64))
-        assert ulp.max() <= 1
 
 
 @pytest.mark.gpu

@@ -18,8 +18,7 @@ Modules:
     wmma        wmma m16n16k16 load / mma / store
     tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.2d, 128-byte swizzle) and their host-side maps
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
-    sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter,
-                trap
+    sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter
     arith       dp4a, prmt, sub / fma .f16x2
 
 Every helper is importable from here (``from kernels.ptx import ldmatrix_x4``).
@@ -79,7 +78,6 @@ from kernels.ptx.sync import (
     pdl_enter,
     shfl_xor_f32,
     syncwarp,
-    trap,
 )
 from kernels.ptx.tma import BOX_COLS, MAP_WORDS, cp_async_bulk_tensor_2d_g2s, tensor_map_2d, tensor_map_bytes_2d
 from kernels.ptx.wgmma import (
@@ -173,7 +171,6 @@ __all__ = [
     "syncwarp",
     "tensor_map_2d",
     "tensor_map_bytes_2d",
-    "trap",
     "unpack_f16x2",
     "wgmma_commit_group",
     "wgmma_desc",

@@ -1,7 +1,7 @@
 """Warp synchronisation and exchange (`bar.warp.sync`, `shfl.sync.bfly`), named block barriers (`barrier.sync`
 with an id and a thread count: a subset of the block's warps meets while the others run on) and programmatic
 dependent launch (`griddepcontrol.wait` / `.launch_dependents`, sm_90, and `pdl_enter`, the two at the top of a
-kernel), and `trap` (abort the kernel: a spin-wait's watchdog reports instead of hanging)."""
+kernel)."""
 
 from __future__ import annotations
 
@@ -121,30 +121,6 @@ else:
             bits = builder.bitcast(f, i32)
             res = _asm(builder, i32, [bits, m], "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r", True)
             return builder.bitcast(res, ir.FloatType())
-
-        return sig, codegen
-
-
-# ---- trap ------------------------------------------------------------------------------------------------------
-
-if SIMULATOR:
-
-    def trap():
-        """Simulator form of `trap`: RuntimeError (the kernel launch fails)."""
-        raise RuntimeError("trap: a kernel's watchdog aborted it (a spin-wait never saw what it waited for)")
-
-else:
-
-    @intrinsic
-    def trap(typingctx):
-        """`trap` (PTX ISA, miscellaneous instructions: "trap"): abort the kernel; the launch's stream reports an
-        error to the host (cudaErrorLaunchFailure) instead of the kernel running on. For a bounded spin-wait's
-        watchdog."""
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            _asm(builder, ir.VoidType(), [], "trap;", "~{memory}", True)
-            return context.get_dummy_value()
 
         return sig, codegen
 

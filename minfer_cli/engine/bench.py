@@ -167,11 +167,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "wave's columns as 128-wide tiles in a second launch, where that finishes sooner "
                    "(kernels.gemm_f16.tail_plan: a 7B ffn_gate_up at pp512 is 4 waves, then one of 128-wide tiles, "
                    "instead of 5); 0 one launch")]
-    knobs += [Knob("STREAMK", tuple(gemm_f16.LAUNCH_KNOBS["STREAMK"]), gemm_f16.LAUNCH_DEFAULT["STREAMK"],
-                   "prefill (pp): 1 runs a gemm_f16 product's whole waves of tiles as usual and spreads the k tiles of "
-                   "the rest evenly over one wave of blocks, a tile shared by blocks finished by its last one "
-                   "(kernels.gemm_f16.stream_plan: a 7B ffn_down at pp512 is 56 tiles, 132 runs of ~126 k tiles "
-                   "instead of 56 blocks); AUTOTILE, SPLITK and NARROWTAIL then do not apply; 0 the tile plans")]
     knobs += [Knob(FA_PREFIX + k, tuple(v), attention.DEFAULT[k], f"flash attention {k}",
                    legacy=attention.LEGACY.get(k))
               for k, v in attention.KNOBS.items()]
@@ -185,16 +180,16 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
 
 
 def idle_fusions(config: Config) -> dict[str, str]:
-    """The prefill knobs (the fusions, NARROWTAIL, STREAMK) a full engine knob configuration sets to 1 that its
-    other knobs make a no-op, each with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
+    """The prefill knobs (the fusions, NARROWTAIL) a full engine knob configuration sets to 1 that its other knobs
+    make a no-op, each
+    with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
     (`kernels.gemm_f16_config.accumulate_refusal`); NARROWTAIL with GEMM knobs it does not split
     (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
-    launch, the others still split); STREAMK with GEMM knobs whose kernel has no stream-K launch
-    (`kernels.gemm_f16_config.stream_k_refusal`). Empty when each applies."""
+    launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
-        accumulate_refusal, glu_tile_refusal, narrow_tail_refusal, stream_k_refusal)
+        accumulate_refusal, glu_tile_refusal, narrow_tail_refusal)
 
     idle = {}
     if config.get("PFUSE_GLU") and (why := glu_tile_refusal(config)) is not None:
@@ -206,8 +201,6 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
-    if config.get("STREAMK") and (why := stream_k_refusal(config)) is not None:
-        idle["STREAMK"] = f"STREAMK=1 does nothing with these GEMM knobs ({why})"
     return idle
 
 
