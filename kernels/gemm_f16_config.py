@@ -61,11 +61,11 @@ KNOBS: dict[str, tuple] = {
 # partial wave's columns as 128-wide tiles in a second launch (`kernels.gemm_f16.tail_plan`: a 7B ffn_gate_up at
 # nt=512 is 592 tiles of 256, 4.5 waves; 528 of them, then 128 of 128); 0: one launch.
 LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3), "NARROWTAIL": (0, 1)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 0}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 1}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
-MID_TILE_TIME = 0.79
+MID_TILE_TIME = 0.86
 """Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=3's wave model: 0.75 of the
 work, plus part of the 128-wide tile's measured overhead (0.58 against 0.5). An estimate until its A/B
 (`minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0 --arm AUTOTILE=0,TM=192`: one wave of each) measures it."""
