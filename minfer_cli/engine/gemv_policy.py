@@ -27,6 +27,11 @@ GEMV_MMVQ_DEEP = {"Q4_K": {"rows_per_block": 4, "warps_per_row": 4},
 """`GEMV_MMVQ_DEEP` (DEEP=1): format -> the launch of its matrices of at least ``DEEP_COLS`` columns (ffn_down),
 plus MINB for one wave."""
 DEEP_COLS = 8192
+GEMV_MMVQ_FEW = {"rows_per_block": 2, "warps_per_row": 2}
+"""`GEMV_MMVQ_FEW` (FEW_ROWS=1): MMVQ matrices of at most ``FEW_ROWS`` rows (the 1.5B's stacked q|k|v, 2048 rows,
+and attention output, 1536): twice the CUDA blocks of the general shape, so a small grid reaches more SMs' worth of
+warps (the gemv sweeps of those shapes in the ledger)."""
+FEW_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class GemvPolicy:
         self._f32 = {**GEMV_F32, **override}
         self._mmvq = {**GEMV_MMVQ, **override}
         self._wide = {**GEMV_MMVQ_WIDE, **override}
+        self._few = {**GEMV_MMVQ_FEW, **override}
         self.deep_launches: dict[tuple, dict | None] = {}  # (format, od, weight) -> DEEP=1 launch knobs or None
         self._configs: dict[tuple, object] = {}  # (format, launch shape, x form, glu, residual) -> GemvConfig
 
@@ -99,7 +105,7 @@ class GemvPolicy:
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
-        least DEEP_COLS columns, not GLU), else the f32-input kernel and shape; ``glu``: the SwiGLU kernel;
+        least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else the f32-input kernel and shape; ``glu``: the SwiGLU kernel;
         ``residual``: the fused-add epilogue. The config's ``mmvq`` says which input the caller passes. Each
         configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
@@ -111,6 +117,8 @@ class GemvPolicy:
             launch = self._wide
         elif self.options.deep and m.id >= DEEP_COLS and not glu and (deep := self.deep_launch(m)) is not None:
             launch = deep
+        elif self.options.few_rows and m.od <= FEW_ROWS and not glu:
+            launch = self._few
         else:
             launch = self._mmvq
         key = (m.qtype, id(launch), mmvq, glu, residual)

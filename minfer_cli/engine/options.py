@@ -66,7 +66,9 @@ class DecodeOptions:
     fuse_glu (FUSE_GLU): gate, up and SwiGLU as one kernel (`kernels.gemv.gemv_glu`, True) or three (False).
     deep (DEEP, with mmvq): the Q4_K and Q6_K mat-vecs of long rows (ffn_down) take
     `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds for one wave (True) or the general shape
-    (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each may
+    (False). few_rows (FEW_ROWS, with mmvq): the MMVQ mat-vecs of at most
+    `minfer_cli.engine.gemv_policy.FEW_ROWS` rows take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_FEW` (True) or the
+    general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each may
     start before the previous one ends and waits for it before reading its output; True) or ordinary ones (False).
     fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each
     (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
@@ -87,6 +89,7 @@ class DecodeOptions:
     fuse_add: bool = True
     fuse_glu: bool = True
     deep: bool = True
+    few_rows: bool = False
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
