@@ -66,9 +66,9 @@ NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
 MID_TILE_TIME = 0.86
-"""Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=3's wave model: 0.75 of the
-work, plus part of the 128-wide tile's measured overhead (0.58 against 0.5). An estimate until its A/B
-(`minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0 --arm AUTOTILE=0,TM=192`: one wave of each) measures it."""
+"""Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=3's wave model: one wave of
+each on a 7B qkv at nt=512 (72 tiles of 256, 96 of 192), the 192-wide one 16.1% faster (ledger #333, H100:
+`minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0 --arm AUTOTILE=0,TM=192`), so 1 / 1.161."""
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12
 

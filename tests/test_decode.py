@@ -236,6 +236,52 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
         assert policy.config(m, True, wide=True) == GemvConfig(m.qtype, mmvq=True, **GEMV_MMVQ, pdl=1, xres=True), m
 
 
+def test_few_rows_launch_only_for_mmvq_mat_vecs_of_at_most_2048_rows(monkeypatch):
+    """FEW_ROWS=1 (the default, on 132 SMs): an MMVQ mat-vec of at most FEW_ROWS rows (the 1.5B's q|k|v, 2048, and
+    attention output, 1536; with or without the residual epilogue) takes `GEMV_MMVQ_FEW`; one more row, the SwiGLU
+    kernel, an f32-input mat-vec and a long-row (DEEP) one keep theirs; FEW_ROWS=0 the general shape."""
+    from kernels.gemv import GemvConfig, one_wave_min_blocks
+    from minfer_cli.engine import gemv_policy
+    from minfer_cli.engine.gemv_policy import (DEEP_COLS, FEW_ROWS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW,
+                                               GemvOperand, GemvPolicy)
+
+    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
+    on, off = GemvPolicy(DecodeOptions(graphs=False)), GemvPolicy(DecodeOptions(graphs=False, few_rows=False))
+    for od, residual in ((FEW_ROWS, False), (1536, True), (256, False)):
+        m = GemvOperand(None, "Q4_K", od, 1536)
+        assert on.config(m, True, wide=True, residual=residual) == GemvConfig(
+            "Q4_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, residual=residual), od
+        assert off.config(m, True, wide=True, residual=residual) == GemvConfig(
+            "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, residual=residual), od
+    general = GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
+    assert on.config(GemvOperand(None, "Q6_K", FEW_ROWS + 1, 1536), True, wide=True) == general
+    assert on.config(GemvOperand(None, "Q4_K", 1536, 1536), True, wide=False, glu=True) == GemvConfig(
+        "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, glu=True)
+    assert on.config(GemvOperand(None, "Q4_K", 1536, 1536), False, wide=True) == GemvConfig(
+        "Q4_K", mmvq=False, **GEMV_F32, pdl=1)
+    assert on.config(GemvOperand(None, "Q4_K", 1536, DEEP_COLS), True, wide=True) == GemvConfig(
+        "Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, xres=True, min_blocks=one_wave_min_blocks(384, 132, 4))
+
+
+def test_few_rows_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch):
+    """The engine's default launch shapes (no override): every mat-vec of the micro model (at most 256 rows) but the
+    SwiGLU one takes FEW_ROWS=1's two rows a block; one eager step within 1e-2 of the float64 forward."""
+    import kernels.gemv
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.gemv_policy import GEMV_MMVQ_FEW
+    from minfer_cli.engine.reference import Reference
+
+    shapes, gemv_q = [], kernels.gemv.gemv_q
+    monkeypatch.setattr(kernels.gemv, "gemv_q", lambda *a, **k: (
+        shapes.append((k["config"].rows_per_block, k["config"].warps_per_row)), gemv_q(*a, **k))[1])
+    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False), splits=1)
+    engine.start(first, 0)
+    got = engine.step().copy_to_host()
+    assert shapes and set(shapes) == {(GEMV_MMVQ_FEW["rows_per_block"], GEMV_MMVQ_FEW["warps_per_row"])}, shapes
+    assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
+
+
 def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     """AHEAD=4 (with PDL): every mat-vec kernel without the ring prefetches its warps' first 4 chunks before its
     wait (`kernels.gemv.GemvConfig.lookahead`); DEEP's Q6_K ring keeps its own prologue (and its deep launch);
@@ -333,6 +379,8 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_SPLIT": "0"}, "e")).decode.fuse_norm_split
     assert knobs["FUSE_NORM_SPLIT"].default == 1 and "FUSE_NORM_SPLIT" in DECODE_KNOBS
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
+    assert not engine_options(resolve_config(engine_knobs(), {"FEW_ROWS": "0"}, "e")).decode.few_rows
+    assert knobs["FEW_ROWS"].default == 1 and "FEW_ROWS" in DECODE_KNOBS
     assert knobs["FUSE_QKV_MIXED"].default == 1 and "FUSE_QKV_MIXED" in DECODE_KNOBS
     assert "FUSE_GLU_Q8" not in knobs  # deleted after its A/Bs (ledger #287, #297)
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)

@@ -198,7 +198,7 @@ def test_narrow_tail_splits_the_last_wave_into_128_wide_tiles():
                                          "small_2048": (2048, 17920, 1536, True), "head": (1, 152064, 3584, False)}.items()}
     assert cut == {"gate_up_512": 33792, "gate_up_128": 33792, "gate_up_2048": 0, "qkv_512": 0, "down_512": 0,
                    "small_512": 16896, "small_2048": 16896, "head": 135168}
-    for off in (dict(), dict(on, TM=128), dict(on, STAGING="cp_async"), dict(on, SPLITK=2)):
+    for off in (dict(NARROWTAIL=0), dict(on, TM=128), dict(on, STAGING="cp_async"), dict(on, SPLITK=2)):
         assert G.tail_plan(off, 512, 37888, 3584, 132) == 0
         assert len(G.launches(off, 512, 37888, 3584, 132)) == 1
     runs = G.launches(on, 512, 37888, 3584, 132, glu=True)

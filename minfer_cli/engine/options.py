@@ -89,7 +89,7 @@ class DecodeOptions:
     fuse_add: bool = True
     fuse_glu: bool = True
     deep: bool = True
-    few_rows: bool = False
+    few_rows: bool = True
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
