@@ -28,7 +28,7 @@ STAGE_VALUES = (0, 2, 3, 4)
 FOLD_VALUES = (0, 1)
 PDL_VALUES = (0, 1)
 AHEAD_VALUES = (1, 2, 4, 8)
-MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16, 18, 20, 24)
+MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 STAGE_SMEM_LIMIT = 48 * 1024
 """Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
 ``WPR * STAGE * RPB * (2 with GLU) * window`` bytes (`stage_smem_bytes`)."""
