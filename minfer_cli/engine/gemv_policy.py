@@ -7,7 +7,8 @@ Q4_K with many rows (``WIDE_ROWS``: ffn_gate/ffn_up, the vocabulary head), where
 rows that shape leaves too few warps for the SMs); more warps a row did not pay in general. Long rows
 (id >= ``DEEP_COLS``: ffn_down) with DEEP=1: four warps a row, compiled for the grid's one wave (MINB,
 `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the offset fold
-(FOLD=1): the combination that pays there.
+(FOLD=1): the combination that pays there. Few rows (od <= ``FEW_ROWS``: the 1.5B's q|k|v and attention output)
+with FEW_ROWS=1: two rows a block, twice the blocks of the general shape for the SMs.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ class GemvPolicy:
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
-        least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else the f32-input kernel and shape; ``glu``: the SwiGLU kernel;
-        ``residual``: the fused-add epilogue. The config's ``mmvq`` says which input the caller passes. Each
-        configuration is made once."""
+        least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
+        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
