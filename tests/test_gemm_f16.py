@@ -164,15 +164,15 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
 def test_autotile_3_adds_the_192_wide_tile():
     """AUTOTILE=3 on 132 SMs: the whole-wave rule over TM=256, 192 (MID_TILE_TIME) and 128. A 7B qkv runs 192-wide
     tiles at nt=512 (96 tiles, one wave, against 72 of 256 and two waves of 128) and at nt=2048 (3 waves of 192
-    against 3 of 256 and 5 of 128); attn_output / ffn_down at nt=512 stay 128-wide, ffn_down at nt=2048 256-wide; a
-    gate|up product is 192-wide alone and 256-wide for the SwiGLU launch (glu: its halves need TM / 2 = 64
-    columns); partials_elements covers every launch."""
+    against 3 of 256 and 5 of 128); attn_output / ffn_down at nt=512 stay 128-wide, ffn_down at nt=2048 and a
+    gate|up product at nt=512 256-wide (5 waves against 6 of 192 at 0.86 each); the SwiGLU launch never takes 192
+    (glu: its halves need TM / 2 = 64 columns); partials_elements covers every launch."""
     cfg = dict(AUTOTILE=3)
     shapes = {"qkv_512": (512, 4608), "qkv_2048": (2048, 4608), "down_512": (512, 3584), "down_2048": (2048, 3584),
               "gate_up_512": (512, 37888)}
     pick = {k: G.launch_config(cfg, nt, od, sms=132)["TM"] for k, (nt, od) in shapes.items()}
-    assert pick == {"qkv_512": 192, "qkv_2048": 192, "down_512": 128, "down_2048": 256, "gate_up_512": 192}
-    assert G.launch_config(cfg, 512, 37888, sms=132, glu=True)["TM"] == 256
+    assert pick == {"qkv_512": 192, "qkv_2048": 192, "down_512": 128, "down_2048": 256, "gate_up_512": 256}
+    assert G.launch_config(cfg, 512, 4608, sms=132, glu=True)["TM"] == 256  # the qkv shape, as a SwiGLU launch
     assert G.launch_config(cfg, 128, 37888, sms=132, glu=True)["TM"] == 128
     assert G.launch_config(None, 512, 4608, sms=132)["TM"] == 256  # AUTOTILE=1 never picks 192
     mid = G.launch_config(cfg, 512, 4608, sms=132)
