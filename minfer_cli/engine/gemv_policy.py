@@ -76,8 +76,8 @@ class GemvPolicy:
 
     def deep_launch(self, m: GemvOperand) -> dict | None:
         """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
-        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
-        has no deep launch, when its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
+        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers); Q4_K's with DEEP_STAGE's ring, when
+        set. None (the general shape) when m's format has no deep launch, when its ring (STAGE) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
         `weight_refusal`), or when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid
         in one wave (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 is
         slower than the general shape)."""
@@ -89,6 +89,8 @@ class GemvPolicy:
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self.override}
+                if m.qtype == "Q4_K" and self.options.deep_stage:
+                    launch["stage"] = self.options.deep_stage
                 if launch.get("stage"):  # the ring prefetches its own first chunks (AHEAD is the ring-less prologue's)
                     launch.pop("lookahead", None)
                 grid = -(-m.od // launch["rows_per_block"])
