@@ -143,9 +143,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                              "slots (gemv STAGE; STAGE - 1 chunks in flight, read back with 16-byte "
                                              "shared loads); 0 loads them straight into registers", legacy=0)]
     knobs += [Knob("FEW_ROWS", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the MMVQ mat-vecs of at most 2048 rows "
-                                          "(the 1.5B's q|k|v and attention output) two rows a CUDA block (RPB=2, "
-                                          "WPR=2: twice the blocks of the general shape for the SMs; the default: "
-                                          "+1.9% tg128 on the 1.5B); 0 the general shape (RPB=4, WPR=2)", legacy=0)]
+                                          "(the 1.5B's q|k|v and attention output; the 7B's v where it has its own "
+                                          "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
+                                          "general shape for the SMs; the default: +1.9% tg128 on the 1.5B); 0 the "
+                                          "general shape (RPB=4, WPR=2)", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "

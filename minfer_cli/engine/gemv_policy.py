@@ -7,8 +7,9 @@ Q4_K with many rows (``WIDE_ROWS``: ffn_gate/ffn_up, the vocabulary head), where
 rows that shape leaves too few warps for the SMs); more warps a row did not pay in general. Long rows
 (id >= ``DEEP_COLS``: ffn_down) with DEEP=1: four warps a row, compiled for the grid's one wave (MINB,
 `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the offset fold
-(FOLD=1): the combination that pays there. Few rows (od <= ``FEW_ROWS``: the 1.5B's q|k|v and attention output)
-with FEW_ROWS=1: two rows a block, twice the blocks of the general shape for the SMs.
+(FOLD=1): the combination that pays there. Few rows (od <= ``FEW_ROWS``: the 1.5B's q|k|v and attention output,
+the 7B's v in the layers where it is Q6_K and q|k Q4_K) with FEW_ROWS=1: two rows a block, twice the blocks of the
+general shape for the SMs.
 """
 
 from __future__ import annotations
