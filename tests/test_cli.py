@@ -168,7 +168,8 @@ def test_bad_input_is_one_line(args, needle):
 
 def test_a_default_knob_that_other_knobs_make_a_no_op_is_said():
     """PFUSE_GLU=1 (the default) with GEMM tiles whose kernel has no SwiGLU epilogue runs the gate/up product and
-    swiglu apart: `bench` says so on stderr before it does anything else (here it then stops: no GPU)."""
+    swiglu apart, and NARROWTAIL=1 (the default) splits no launch of another TM or STAGING: `bench` says so on stderr
+    before it does anything else (here it then stops: no GPU)."""
     from minfer_cli.engine.bench import engine_conflict, engine_knobs, idle_fusions
     from minfer_cli.knobs import resolve_config
 
@@ -177,12 +178,13 @@ def test_a_default_knob_that_other_knobs_make_a_no_op_is_said():
 
     narrow = resolve_config(engine_knobs(), {"TM": "64"}, "e")
     assert engine_conflict(narrow) is None
-    assert list(idle(TM=64)) == ["PFUSE_GLU"]
+    assert list(idle(TM=64)) == ["PFUSE_GLU", "NARROWTAIL"]
     assert idle(TM=64)["PFUSE_GLU"].startswith("PFUSE_GLU=1 does nothing with these GEMM")
-    assert idle() == {} and idle(TM=64, PFUSE_GLU=0) == {} and idle(PFUSE_RESID=1) == {}
+    assert idle(TM=64)["NARROWTAIL"].startswith("NARROWTAIL=1 does nothing with these GEMM knobs")
+    assert idle() == {} and idle(TM=64, PFUSE_GLU=0, NARROWTAIL=0) == {} and idle(PFUSE_RESID=1) == {}
     assert idle(PFUSE_RESID=1, FUSE_ADD_NORM=1)["PFUSE_RESID"].startswith("PFUSE_RESID=1 does nothing with FUSE_ADD")
     cp_async = idle(PFUSE_RESID=1, STAGING="cp_async", KS=64, LOOP="pipe")
-    assert set(cp_async) == {"PFUSE_GLU", "PFUSE_RESID"} and "STAGING=cp_async" in cp_async["PFUSE_RESID"]
+    assert set(cp_async) == {"PFUSE_GLU", "PFUSE_RESID", "NARROWTAIL"} and "STAGING=cp_async" in cp_async["PFUSE_RESID"]
     r = invoke("bench", "--preset", "tiny", "-p", "16", "-n", "0", "--arm", "TM=64")
     assert "PFUSE_GLU=1 does nothing with these GEMM knobs (gemm_f16_glu's SwiGLU epilogue" in r.output, r.output
 
