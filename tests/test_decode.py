@@ -292,7 +292,8 @@ def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     PDL=0 has no prologue, so AHEAD is not passed on."""
     from kernels.gemv import GemvConfig, one_wave_min_blocks
     from minfer_cli.engine import gemv_policy
-    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, GemvOperand, GemvPolicy
+    from minfer_cli.engine.gemv_policy import (DEEP_COLS, GEMV_MMVQ, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW, GemvOperand,
+                                               GemvPolicy)
 
     monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
     policy = GemvPolicy(DecodeOptions(graphs=False, ahead=4))
@@ -301,8 +302,10 @@ def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     assert q4 == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, min_blocks=minb, xres=True, lookahead=4)
     q6 = policy.config(GemvOperand(None, "Q6_K", 3584, DEEP_COLS), True, wide=True)
     assert q6 == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_DEEP["Q6_K"], pdl=1, min_blocks=minb, xres=True)
-    small = policy.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False)
-    assert small == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=4)
+    general = policy.config(GemvOperand(None, "Q6_K", 4608, 3584), True, wide=False)
+    assert general == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=4)
+    small = policy.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False)  # FEW_ROWS's shape
+    assert small == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, lookahead=4)
     plain = GemvPolicy(DecodeOptions(graphs=False, ahead=4, pdl=False))
     assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False).lookahead == 1
 
