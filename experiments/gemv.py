@@ -4,7 +4,7 @@ Knobs: the fields of `kernels.gemv.GemvConfig` (`GemvConfig.knob_specs`, one kno
 every one `kernels.gemv` supports), RPB (rows per CUDA block, decoded together by each warp so x is loaded once per
 RPB rows), WPR (warps per row; threads per block = 32 * WPR), STAGE (shared-memory slots per warp that chunks pass
 through before they are decoded: 2-4 a cp.async ring that keeps STAGE - 1 chunks in flight; the 2-byte-aligned
-TYPEs and Q4_K, `kernels.gemv.STAGE_TYPES`, W a whole number of 16-byte vectors), MINB (CUDA blocks per SM the kernel is
+TYPEs `kernels.gemv.STAGE_TYPES`, W a whole number of 16-byte vectors), MINB (CUDA blocks per SM the kernel is
 compiled for: ``__launch_bounds__``'s register cap, 0 none), FOLD (1: Q6_K's -32 offset enters each plane's dp4a
 chain once per chunk from x, not per word and row; MMVQ=1), PDL (1: programmatic dependent launch, each timed
 launch starting in the previous one's tail: `kernels.launch`), GLU (1: decode's fused gate/up pass,

@@ -215,8 +215,7 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
     `GEMV_MMVQ_DEEP` (Q6_K: the cp.async ring and the offset fold) and MINB for its grid's one wave
     (`kernels.gemv.one_wave_min_blocks`); shorter rows, other formats, a Q6_K weight the ring cannot read (not a
     whole number of 16-byte vectors) and a grid no bound of >= 72 registers fits in one wave (od 4096: MINB=8) keep
-    the general MMVQ shape; without Q8_1 input blocks every format takes the f32-input kernel. DEEP_STAGE=3 gives
-    the Q4_K launch the cp.async ring (and drops AHEAD's ring-less prologue)."""
+    the general MMVQ shape; without Q8_1 input blocks every format takes the f32-input kernel."""
     from kernels.gemv import GemvConfig, one_wave_min_blocks
     from minfer_cli.engine import gemv_policy
     from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GemvOperand, GemvPolicy
@@ -230,9 +229,6 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
         assert config == GemvConfig(qtype, mmvq=True, **GEMV_MMVQ_DEEP[qtype], pdl=1, min_blocks=minb, xres=True)
         f32 = policy.config(GemvOperand(None, qtype, 3584, DEEP_COLS), False, wide=True)
         assert f32 == GemvConfig(qtype, mmvq=False, **GEMV_F32, pdl=1)
-    ring = GemvPolicy(DecodeOptions(graphs=False, deep=True, deep_stage=3, ahead=2)).config(
-        GemvOperand(None, "Q4_K", 3584, DEEP_COLS), True, wide=True)
-    assert ring == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], stage=3, pdl=1, min_blocks=minb, xres=True)
     odd = cuda.to_device(np.zeros(3 * 8 + 1, dtype=np.uint16))  # 50 bytes: not a whole number of 16-byte vectors
     for m in (GemvOperand(None, "Q4_K", 3584, DEEP_COLS - 256), GemvOperand(None, "Q8_0", 3584, DEEP_COLS),
               GemvOperand(odd, "Q6_K", 3584, DEEP_COLS), GemvOperand(None, "Q4_K", 4096, DEEP_COLS),
@@ -283,6 +279,50 @@ def test_few_rows_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch
     engine.start(first, 0)
     got = engine.step().copy_to_host()
     assert shapes and set(shapes) == {(GEMV_MMVQ_FEW["rows_per_block"], GEMV_MMVQ_FEW["warps_per_row"])}, shapes
+    assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
+
+
+def test_fold_reaches_every_q6_k_mmvq_mat_vec(monkeypatch):
+    """FOLD=1: every Q6_K MMVQ launch (the general shape: the vocabulary head; FEW_ROWS's: v) folds the offset;
+    Q4_K and f32-input launches do not (FOLD takes only Q6_K's MMVQ dot); FOLD=0 leaves them unfolded and DEEP's
+    Q6_K launch folded."""
+    from kernels.gemv import GemvConfig, one_wave_min_blocks
+    from minfer_cli.engine import gemv_policy
+    from minfer_cli.engine.gemv_policy import (DEEP_COLS, FEW_ROWS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW,
+                                               GemvOperand, GemvPolicy)
+
+    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
+    on, off = GemvPolicy(DecodeOptions(graphs=False, fold=True)), GemvPolicy(DecodeOptions(graphs=False))
+    head, v = GemvOperand(None, "Q6_K", 151936, 1536), GemvOperand(None, "Q6_K", 256, 1536)
+    for policy, fold in ((on, 1), (off, 0)):
+        assert policy.config(head, True, wide=True) == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True,
+                                                                   fold=fold)
+        assert policy.config(v, True, wide=True) == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True,
+                                                                fold=fold)
+        assert policy.config(head, False, wide=True) == GemvConfig("Q6_K", mmvq=False, **GEMV_F32, pdl=1)
+        assert policy.config(GemvOperand(None, "Q4_K", FEW_ROWS + 1, 1536), True, wide=False) == GemvConfig(
+            "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
+        deep = policy.config(GemvOperand(None, "Q6_K", 3584, DEEP_COLS), True, wide=True)
+        assert deep == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_DEEP["Q6_K"], pdl=1, xres=True,
+                                  min_blocks=one_wave_min_blocks(896, 132, 4)) and deep.fold == 1
+
+
+def test_fold_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch):
+    """FOLD=1 on the micro model (v and the vocabulary head Q6_K): its Q6_K mat-vecs run folded and one eager
+    step is within 1e-2 of the float64 forward."""
+    from minfer_cli.engine.decode import DecodeEngine
+    from minfer_cli.engine.gemv_policy import GemvPolicy
+    from minfer_cli.engine.reference import Reference
+
+    configs, config = [], GemvPolicy.config
+    monkeypatch.setattr(GemvPolicy, "config", lambda self, *a, **k: (configs.append(config(self, *a, **k)),
+                                                                     configs[-1])[1])
+    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
+    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fold=True), splits=1)
+    engine.start(first, 0)
+    got = engine.step().copy_to_host()
+    q6 = {c.fold for c in configs if c.qtype == "Q6_K" and c.mmvq}
+    assert q6 == {1}, configs
     assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
@@ -388,12 +428,12 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
     assert not engine_options(resolve_config(engine_knobs(), {"FEW_ROWS": "0"}, "e")).decode.few_rows
     assert knobs["FEW_ROWS"].default == 1 and "FEW_ROWS" in DECODE_KNOBS
-    assert engine_options(resolve_config(engine_knobs(), {"DEEP_STAGE": "3"}, "e")).decode.deep_stage == 3
-    assert knobs["DEEP_STAGE"].default == 0 and "DEEP_STAGE" in DECODE_KNOBS
-    assert "needs DEEP=1" in engine_conflict(resolve_config(engine_knobs(), {"DEEP_STAGE": "2", "DEEP": "0"}, "e"))
+    assert engine_options(resolve_config(engine_knobs(), {"FOLD": "1"}, "e")).decode.fold
+    assert knobs["FOLD"].default == 0 and "FOLD" in DECODE_KNOBS
     assert knobs["FUSE_QKV_MIXED"].default == 1 and "FUSE_QKV_MIXED" in DECODE_KNOBS
     assert "FUSE_GLU_Q8" not in knobs  # deleted after its A/Bs (ledger #287, #297)
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
+    assert "DEEP_STAGE" not in knobs  # deleted after its A/B (ledger #349)
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
     assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
@@ -698,11 +738,9 @@ def test_deep_launch_at_ffn_down_against_float64_and_the_general_launch(micro_we
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("deep_stage", [0, 3], ids=["DEEP_STAGE=0", "DEEP_STAGE=3"])
-def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model(deep_stage):
-    """DEEP=1 (the default; with DEEP_STAGE=3 the Q4_K launch's ring) against DEEP=0 on Qwen2-7B's shapes cut to 2
-    layers (ffn_down Q4_K in layer 0, Q6_K in layer 1: both deep launches are used), graph-replayed for 8 steps
-    teacher-forced on DEEP=0's tokens: logits
+def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
+    """DEEP=1 (the default) against DEEP=0 on Qwen2-7B's shapes cut to 2 layers (ffn_down Q4_K in layer 0, Q6_K in
+    layer 1: both deep launches are used), graph-replayed for 8 steps teacher-forced on DEEP=0's tokens: logits
     within 1e-2 of max |logit| (the torch check's bound: float32 rounding differences grow to ~1e-3 through this
     random model; the kernels themselves agree within 1e-5, measured ~1e-7 on the H200:
     `test_deep_launch_at_ffn_down_against_float64_and_the_general_launch`)."""
@@ -718,7 +756,7 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model(dee
     general.start(first, 0)
     tokens, want = _generate_with_logits(general, 8)
     general.close()
-    deep = DecodeEngine(weights, 16, DecodeOptions(deep=True, deep_stage=deep_stage))
+    deep = DecodeEngine(weights, 16, DecodeOptions(deep=True))
     for pos, token in enumerate([first] + tokens[:-1]):
         deep.start(token, pos)
         deep.generate(1)
@@ -729,7 +767,6 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model(dee
     if launches["Q4_K"] is None:
         pytest.skip("this GPU fits no deep launch in one wave (H200: MINB=7); the logits above were the general shape's")
     assert launches["Q4_K"]["warps_per_row"] == 4 and launches["Q6_K"]["stage"] == 2 and launches["Q6_K"]["fold"] == 1
-    assert launches["Q4_K"].get("stage", 0) == deep_stage
 
 
 @pytest.mark.gpu

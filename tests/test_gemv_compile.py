@@ -94,23 +94,6 @@ def test_xres_runs_a_second_dp4a_chain_in_registers():
     assert ".local" not in comp
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("stage", [2, 3])
-def test_q4_k_ring_reads_its_windows_with_16_byte_shared_loads(stage):
-    """Q4_K with the ring (DEEP_STAGE's launch: RPB=4, WPR=4, MINB=7, XRES, residual): W reaches shared memory only
-    by ``cp.async`` and is read back with two ``ld.shared.v4`` a row (header, the lane's qs); no 16-byte global load
-    is left but x's; the same dp4a count as the direct kernel and nothing in local memory."""
-    def ptx(stage):
-        return _config_ptx(GemvConfig("Q4_K", rows_per_block=4, warps_per_row=4, mmvq=True, xres=True, pdl=1,
-                                      min_blocks=7, residual=True, stage=stage))
-
-    ring, direct = ptx(stage), ptx(0)
-    assert ring.count("ld.shared.v4") == 2 * 4 and "cp.async.cg.shared.global" in ring
-    assert "cp.async" not in direct and ring.count("dp4a.s32.s32") == direct.count("dp4a.s32.s32") > 0
-    assert _load_widths(ring).get(16, 0) < _load_widths(direct).get(16, 0)
-    assert ".local" not in ring
-
-
 _FIELD_CHANGES = {
     "qtype": ({"qtype": "Q4_K"}, {"qtype": "Q6_K"}),
     "rows_per_block": ({}, {"rows_per_block": 2}),

@@ -30,8 +30,7 @@ Work split (the same for every format):
 
 Loads: never wider than the format's ``align`` (`kernels.quant.formats`): Q4_K, Q5_K, F16, BF16, F32 use 16-byte
 ``ld.global.v4.u32``; Q5_1 8-byte; Q4_1, Q2_K 4-byte; the 2-byte-aligned Q4_0, Q5_0, Q8_0, Q3_K, Q6_K halfwords;
-MXFP4 bytes; with STAGE, W's chunks reach shared memory by 16-byte ``cp.async`` and Q4_K's ring fetch reads them
-with 16-byte ``ld.shared.v4.b32``. x (16-byte aligned, f32) is always read with 16-byte loads; Q8_1 x with 16-byte loads (Q4_K, Q8_0)
+MXFP4 bytes. x (16-byte aligned, f32) is always read with 16-byte loads; Q8_1 x with 16-byte loads (Q4_K, Q8_0)
 or 4-byte words (Q6_K).
 
 Knobs (compile-time: one specialised kernel per combination, cached): ``RPB`` rows per CUDA block (rows each warp

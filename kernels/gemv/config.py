@@ -64,10 +64,9 @@ class GemvConfig:
     warps_per_row: int = _knob("WPR", WPR_VALUES, "warps per row (split of each row's blocks); threads = 32*WPR", 4)
     """Warps per row (each takes every WPR-th chunk of the row); threads per block = 32 * WPR."""
     stage: int = _knob("STAGE", STAGE_VALUES, "shared slots per warp that chunks pass through: 2-4 a cp.async ring "
-                       "(STAGE-1 chunks ahead); the 2-byte-aligned TYPEs and Q4_K", 0)
-    """Shared-memory slots per warp that W's chunks pass through before they are decoded, for ``STAGE_TYPES``: the
-    2-byte-aligned formats, whose decode otherwise issues one 2-byte global load per halfword, and Q4_K (the ring's
-    copies keep more of W in flight than its direct 16-byte loads); 0: decode straight
+                       "(STAGE-1 chunks ahead); 2-byte-aligned TYPEs", 0)
+    """Shared-memory slots per warp that W's chunks pass through before they are decoded, for the 2-byte-aligned
+    formats ``STAGE_TYPES``, whose decode otherwise issues one 2-byte global load per halfword; 0: decode straight
     from global memory. 2, 3, 4: a ring of that many slots filled by ``cp.async`` (`_ring_loop`): the copies of the
     next STAGE - 1 chunks are in flight while the warp decodes the current one, without holding registers. 0 by
     default: alone the ring is slower; it pays with FOLD=1, four warps a row and one-wave launch bounds (the decode
@@ -138,8 +137,8 @@ class GemvConfig:
             return "the SwiGLU kernel (glu) has no residual epilogue"
         if self.stage:
             if self.qtype not in STAGE_TYPES:
-                return (f"stage={self.stage} takes {', '.join(STAGE_TYPES)} (the 2-byte-aligned formats and Q4_K); "
-                        f"{self.qtype} has no ring decode, use stage=0")
+                return (f"stage={self.stage} takes the 2-byte-aligned formats {', '.join(STAGE_TYPES)}; {self.qtype} "
+                        "already loads its blocks with aligned words, use stage=0")
             need = self.smem_bytes
             if need > STAGE_SMEM_LIMIT:
                 return (f"stage={self.stage} with rows_per_block={self.rows_per_block}, warps_per_row={wpr}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from kernels.ptx import ld_shared_v4_b32
 from kernels.quant.bits import SIMULATOR, f32_from_bits, f32_from_f16_bits, ld_global_v4_u32
 
 
@@ -179,18 +178,6 @@ def _k4_header(raw4, base, j):
     """d, dmin and the (scale, min) of sub-blocks 2i, 2i+1 from a Q4_K/Q5_K block's first 16 bytes."""
     hd, ha, hc, he = ld_global_v4_u32(raw4, base)
     return _k4_scales(hd, ha, hc, he, j)
-
-
-@cuda.jit(device=True, inline="always")
-def _q4_k_lane_at(raw, base, j):
-    """A Q4_K lane's decoded header (d, dmin, the (scale, min) of sub-blocks 2i and 2i+1, i = j/2) and its qs
-    words (bytes 16j..16j+15 of qs), from the block starting at element ``base`` of the uint16 shared array ``raw``
-    (72 elements a block): two 16-byte shared loads. STAGE=2..4's ring fetch, where W is 16-byte aligned, so every
-    144-byte block of a window is too (the global-memory dots: `kernels.gemv.dots._dot_q4_k`)."""
-    hd, ha, hc, he = ld_shared_v4_b32(raw, base)
-    q0, q1, q2, q3 = ld_shared_v4_b32(raw, base + 8 + 8 * j)
-    d, dmin, sc0, mn0, sc1, mn1 = _k4_scales(hd, ha, hc, he, j)
-    return d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3
 
 
 @cuda.jit(device=True, inline="always")

@@ -245,13 +245,6 @@ def _dot_q4_k(raw4, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
-def _math_q4_k(t, j, xs):
-    """`_dot_q4_k`'s decode of a ring fetch (`kernels.gemv.device._q4_k_lane_at`)."""
-    d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3 = t
-    return _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, xs)
-
-
-@cuda.jit(device=True, inline="always")
 def _q4_k_sum(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, xs):
     """Q4_K x f32 of one lane: its decoded scales and qs words against its x values."""
     w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)

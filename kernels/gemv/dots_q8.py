@@ -95,31 +95,11 @@ def _dotqr_q4_k(raw4, bi, j, xs):
     base = bi * 36
     d, dmin, sc0, mn0, sc1, mn1 = _k4_header(raw4, base, j)
     q0, q1, q2, q3 = ld_global_v4_u32(raw4, base + 4 + 4 * j)
-    return _q4_k_sumqr(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _q4_k_sumqr(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs):
-    """`_q4_k_sumq` with compensated x: its decoded scales and qs words against the int8 x and residual words."""
     w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
     lo, hi = _q4_k_ints(w0, w1, w2, w3, xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7], 0, 0)
     lo, hi = _q4_k_ints(w0, w1, w2, w3, xs[12], xs[13], xs[14], xs[15], xs[16], xs[17], xs[18], xs[19],
                         lo * R, hi * R)
     return _q4_k_scaled(d, dmin, sc0, mn0, sc1, mn1, lo, hi, j, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _mathq_q4_k(t, j, xs):
-    """`_dotq_q4_k`'s decode of a ring fetch (`kernels.gemv.device._q4_k_lane_at`)."""
-    d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3 = t
-    return _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs)
-
-
-@cuda.jit(device=True, inline="always")
-def _mathqr_q4_k(t, j, xs):
-    """`_dotqr_q4_k`'s decode of a ring fetch (`kernels.gemv.device._q4_k_lane_at`)."""
-    d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3 = t
-    return _q4_k_sumqr(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs)
 
 
 @cuda.jit(device=True, inline="always")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.gemv.device import _q4_k_lane_at, _q6_k_lane_at
+from kernels.gemv.device import _q6_k_lane_at
 from kernels.gemv.dots import (
     _dot_bf16,
     _dot_f16,
@@ -24,7 +24,6 @@ from kernels.gemv.dots import (
     _dot_q5_k,
     _dot_q6_k,
     _dot_q8_0,
-    _math_q4_k,
     _math_q6_k,
     _x_float,
     _x_k_nibbles,
@@ -38,8 +37,6 @@ from kernels.gemv.dots_q8 import (
     _dotq_q6_k_fold,
     _dotq_q8_0,
     _dotqr_q4_k,
-    _mathq_q4_k,
-    _mathqr_q4_k,
     _dotqr_q6_k,
     _dotqr_q6_k_fold,
     _dotqr_q8_0,
@@ -110,8 +107,7 @@ assert MMVQ_TYPES == tuple(_MMVQ_IMPLS) == tuple(_MMVQ_RES_IMPLS), "kernels.gemv
 # it returned with f32 x, with Q8_1 x, with compensated Q8_1 x); the block dot computes decode(fetch(...)), so the
 # ring computes what STAGE=0 does (`kernels.gemv.codegen._ring_loop`). The other STAGE_TYPES decode a slice of the
 # window with their block dot.
-_RING_FETCH = {"Q6_K": (_q6_k_lane_at, _math_q6_k, _mathq_q6_k, _mathqr_q6_k),
-               "Q4_K": (_q4_k_lane_at, _math_q4_k, _mathq_q4_k, _mathqr_q4_k)}
+_RING_FETCH = {"Q6_K": (_q6_k_lane_at, _math_q6_k, _mathq_q6_k, _mathqr_q6_k)}
 # FOLD=1: name -> (x loader, Q8_1-x dot, the dot's decode half for the ring), plain and compensated x
 _FOLD = {"Q6_K": (_xq_k_planes_fold, _dotq_q6_k_fold, _mathq_q6_k_fold)}
 _FOLD_RES = {"Q6_K": (_xqr_k_planes_fold, _dotqr_q6_k_fold, _mathqr_q6_k_fold)}

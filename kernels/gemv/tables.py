@@ -24,10 +24,9 @@ GEMV_TYPES = tuple(SUPPORTED)
 MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 """Formats with an MMVQ kernel (x given as `kernels.quantize_q8.Q8Blocks`): the default preset's Q4_K and Q6_K,
 and Q8_0."""
-STAGE_TYPES = tuple(name for name in SUPPORTED if FORMATS[name].align == 2 or name == "Q4_K")
-"""Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views),
-Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, and Q4_K, whose 16-byte-aligned blocks the ring's fetch reads from shared memory
-with 16-byte loads (for the bytes in flight: STAGE - 1 chunks ahead without holding registers)."""
+STAGE_TYPES = tuple(name for name in SUPPORTED if FORMATS[name].align == 2)
+"""Formats STAGE > 0 takes: the ones whose blocks are only 2-byte aligned (their kernels read ``uint16`` views):
+Q4_0, Q5_0, Q8_0, Q3_K, Q6_K."""
 FOLD_TYPES = ("Q6_K",)
 """Formats FOLD=1 takes: Q6_K, whose MMVQ dot subtracts 32 from every stored q."""
 

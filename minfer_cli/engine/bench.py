@@ -41,7 +41,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "DEEP_STAGE", "FEW_ROWS", "PDL",
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "FOLD", "PDL",
                 "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
@@ -138,15 +138,14 @@ def engine_knobs() -> tuple[Knob, ...]:
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
                                       "effect with MMVQ=0 (f32 inputs keep the f32 shape)", legacy=0)]
-    knobs += [Knob("DEEP_STAGE", (0, 2, 3), 0, "decode (tg, DEEP=1): the Q4_K long-row mat-vec (ffn_down) passes its "
-                                             "weight chunks through a per-warp cp.async ring of this many shared "
-                                             "slots (gemv STAGE; STAGE - 1 chunks in flight, read back with 16-byte "
-                                             "shared loads); 0 loads them straight into registers", legacy=0)]
     knobs += [Knob("FEW_ROWS", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the MMVQ mat-vecs of at most 2048 rows "
                                           "(the 1.5B's q|k|v and attention output; the 7B's v where it has its own "
                                           "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
                                           "general shape for the SMs; the default: +1.9% tg128 on the 1.5B); 0 the "
                                           "general shape (RPB=4, WPR=2)", legacy=0)]
+    knobs += [Knob("FOLD", (0, 1), 0, "decode (tg, MMVQ=1): 1 makes every Q6_K MMVQ mat-vec (the vocabulary head, "
+                                      "v) fold the format's -32 offset into its dp4a chains once per chunk (gemv "
+                                      "FOLD=1, the same bits); 0 only DEEP's ffn_down launch does", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
@@ -218,9 +217,6 @@ def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
     if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
         return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
-    if config.get("DEEP_STAGE", 0) and not (config.get("DEEP", 1) and config.get("MMVQ", 1)):
-        return (f"DEEP_STAGE={config['DEEP_STAGE']} is the ring of DEEP's Q4_K MMVQ launch: it needs DEEP=1 and "
-                f"MMVQ=1")
     from kernels import gemm_f16_config as table
 
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
@@ -260,8 +256,8 @@ def engine_options(config: Config) -> EngineOptions:
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),
-                           deep=bool(config.get("DEEP", 1)), deep_stage=int(config.get("DEEP_STAGE", 0)),
-                           few_rows=bool(config.get("FEW_ROWS", 1)), pdl=bool(config.get("PDL", 1)),
+                           deep=bool(config.get("DEEP", 1)),
+                           few_rows=bool(config.get("FEW_ROWS", 1)), fold=bool(config.get("FOLD", 0)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),

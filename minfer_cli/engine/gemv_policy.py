@@ -77,8 +77,8 @@ class GemvPolicy:
 
     def deep_launch(self, m: GemvOperand) -> dict | None:
         """DEEP=1's launch knobs for ``m``: `GEMV_MMVQ_DEEP` of its format and MINB for the grid's one wave
-        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers); Q4_K's with DEEP_STAGE's ring, when
-        set. None (the general shape) when m's format has no deep launch, when its ring (STAGE) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
+        (qwen2-7b's ffn_down on 132 SMs: 896 blocks, MINB=7, 72 registers). None (the general shape) when m's format
+        has no deep launch, when its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig` and its
         `weight_refusal`), or when no bound of at least `kernels.gemv.MINB_REGISTER_FLOOR` registers fits the grid
         in one wave (llama 7B/8B's od 4096 would need MINB=8, 64 registers and spills; unbounded, RPB=4, WPR=4 is
         slower than the general shape)."""
@@ -90,8 +90,6 @@ class GemvPolicy:
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self.override}
-                if m.qtype == "Q4_K" and self.options.deep_stage:
-                    launch["stage"] = self.options.deep_stage
                 if launch.get("stage"):  # the ring prefetches its own first chunks (AHEAD is the ring-less prologue's)
                     launch.pop("lookahead", None)
                 grid = -(-m.od // launch["rows_per_block"])
@@ -110,9 +108,10 @@ class GemvPolicy:
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
-        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        the f32-input kernel and shape; with FOLD=1 every Q6_K MMVQ launch folds the offset (`GEMV_MMVQ_DEEP`'s
+        Q6_K always does); ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
         config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
-        from kernels.gemv import MMVQ_TYPES, GemvConfig
+        from kernels.gemv import FOLD_TYPES, MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
         if not mmvq:
@@ -125,9 +124,10 @@ class GemvPolicy:
             launch = self._few
         else:
             launch = self._mmvq
-        key = (m.qtype, id(launch), mmvq, glu, residual)
+        fold = int(mmvq and m.qtype in FOLD_TYPES and (self.options.fold or launch.get("fold", 0)))
+        key = (m.qtype, id(launch), mmvq, glu, residual, fold)
         config = self._configs.get(key)
         if config is None:
             config = self._configs[key] = GemvConfig(m.qtype, mmvq=mmvq, glu=glu, residual=residual,
-                                                     xres=mmvq and self.options.xres, **launch)
+                                                     xres=mmvq and self.options.xres, **{**launch, "fold": fold})
         return config
