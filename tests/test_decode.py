@@ -282,50 +282,6 @@ def test_few_rows_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch
     assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
-def test_fold_reaches_every_q6_k_mmvq_mat_vec(monkeypatch):
-    """FOLD=1: every Q6_K MMVQ launch (the general shape: the vocabulary head; FEW_ROWS's: v) folds the offset;
-    Q4_K and f32-input launches do not (FOLD takes only Q6_K's MMVQ dot); FOLD=0 leaves them unfolded and DEEP's
-    Q6_K launch folded."""
-    from kernels.gemv import GemvConfig, one_wave_min_blocks
-    from minfer_cli.engine import gemv_policy
-    from minfer_cli.engine.gemv_policy import (DEEP_COLS, FEW_ROWS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW,
-                                               GemvOperand, GemvPolicy)
-
-    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
-    on, off = GemvPolicy(DecodeOptions(graphs=False, fold=True)), GemvPolicy(DecodeOptions(graphs=False))
-    head, v = GemvOperand(None, "Q6_K", 151936, 1536), GemvOperand(None, "Q6_K", 256, 1536)
-    for policy, fold in ((on, 1), (off, 0)):
-        assert policy.config(head, True, wide=True) == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True,
-                                                                   fold=fold)
-        assert policy.config(v, True, wide=True) == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True,
-                                                                fold=fold)
-        assert policy.config(head, False, wide=True) == GemvConfig("Q6_K", mmvq=False, **GEMV_F32, pdl=1)
-        assert policy.config(GemvOperand(None, "Q4_K", FEW_ROWS + 1, 1536), True, wide=False) == GemvConfig(
-            "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
-        deep = policy.config(GemvOperand(None, "Q6_K", 3584, DEEP_COLS), True, wide=True)
-        assert deep == GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_DEEP["Q6_K"], pdl=1, xres=True,
-                                  min_blocks=one_wave_min_blocks(896, 132, 4)) and deep.fold == 1
-
-
-def test_fold_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch):
-    """FOLD=1 on the micro model (v and the vocabulary head Q6_K): its Q6_K mat-vecs run folded and one eager
-    step is within 1e-2 of the float64 forward."""
-    from minfer_cli.engine.decode import DecodeEngine
-    from minfer_cli.engine.gemv_policy import GemvPolicy
-    from minfer_cli.engine.reference import Reference
-
-    configs, config = [], GemvPolicy.config
-    monkeypatch.setattr(GemvPolicy, "config", lambda self, *a, **k: (configs.append(config(self, *a, **k)),
-                                                                     configs[-1])[1])
-    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fold=True), splits=1)
-    engine.start(first, 0)
-    got = engine.step().copy_to_host()
-    q6 = {c.fold for c in configs if c.qtype == "Q6_K" and c.mmvq}
-    assert q6 == {1}, configs
-    assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
-
-
 def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     """AHEAD=4 (with PDL): every mat-vec kernel without the ring prefetches its warps' first 4 chunks before its
     wait (`kernels.gemv.GemvConfig.lookahead`); DEEP's Q6_K ring keeps its own prologue (and its deep launch);
@@ -428,8 +384,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
     assert not engine_options(resolve_config(engine_knobs(), {"FEW_ROWS": "0"}, "e")).decode.few_rows
     assert knobs["FEW_ROWS"].default == 1 and "FEW_ROWS" in DECODE_KNOBS
-    assert engine_options(resolve_config(engine_knobs(), {"FOLD": "1"}, "e")).decode.fold
-    assert knobs["FOLD"].default == 0 and "FOLD" in DECODE_KNOBS
+    assert "FOLD" not in knobs  # every Q6_K mat-vec folded: neutral (ledger #353, #354), deleted
     assert knobs["FUSE_QKV_MIXED"].default == 1 and "FUSE_QKV_MIXED" in DECODE_KNOBS
     assert "FUSE_GLU_Q8" not in knobs  # deleted after its A/Bs (ledger #287, #297)
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)

@@ -41,8 +41,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "FOLD", "PDL",
-                "ATTN_SPLITS")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -143,9 +142,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
                                           "general shape for the SMs; the default: +1.9% tg128 on the 1.5B); 0 the "
                                           "general shape (RPB=4, WPR=2)", legacy=0)]
-    knobs += [Knob("FOLD", (0, 1), 0, "decode (tg, MMVQ=1): 1 makes every Q6_K MMVQ mat-vec (the vocabulary head, "
-                                      "v) fold the format's -32 offset into its dp4a chains once per chunk (gemv "
-                                      "FOLD=1, the same bits); 0 only DEEP's ffn_down launch does", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
@@ -257,7 +253,7 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),
                            deep=bool(config.get("DEEP", 1)),
-                           few_rows=bool(config.get("FEW_ROWS", 1)), fold=bool(config.get("FOLD", 0)), pdl=bool(config.get("PDL", 1)),
+                           few_rows=bool(config.get("FEW_ROWS", 1)), pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),

@@ -108,10 +108,9 @@ class GemvPolicy:
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
-        the f32-input kernel and shape; with FOLD=1 every Q6_K MMVQ launch folds the offset (`GEMV_MMVQ_DEEP`'s
-        Q6_K always does); ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
         config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
-        from kernels.gemv import FOLD_TYPES, MMVQ_TYPES, GemvConfig
+        from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
         if not mmvq:
@@ -124,10 +123,9 @@ class GemvPolicy:
             launch = self._few
         else:
             launch = self._mmvq
-        fold = int(mmvq and m.qtype in FOLD_TYPES and (self.options.fold or launch.get("fold", 0)))
-        key = (m.qtype, id(launch), mmvq, glu, residual, fold)
+        key = (m.qtype, id(launch), mmvq, glu, residual)
         config = self._configs.get(key)
         if config is None:
             config = self._configs[key] = GemvConfig(m.qtype, mmvq=mmvq, glu=glu, residual=residual,
-                                                     xres=mmvq and self.options.xres, **{**launch, "fold": fold})
+                                                     xres=mmvq and self.options.xres, **launch)
         return config
