@@ -406,6 +406,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert "FUSE_GLU_Q8" not in knobs  # deleted after its A/Bs (ledger #287, #297)
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
     assert "DEEP_STAGE" not in knobs  # deleted after its A/B (ledger #349)
+    assert "ATTN_ONE" not in knobs  # one decode-attention kernel, its last block combining: deleted (#357, #358)
     assert engine_options(resolve_config(engine_knobs(), {"ATTN_ONE": "1"}, "e")).decode.attn_one
     assert knobs["ATTN_ONE"].default == 0 and "ATTN_ONE" in DECODE_KNOBS
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
