@@ -1,8 +1,7 @@
 """Experiment `attention_decode`: decode attention of one token over a filled f16 KV cache (flash-decoding,
 `kernels.attention_decode`), the kernel behind `bench`'s tg at a depth.
 
-Knobs: SPLITS (blocks per KV head along the cache, the engine's ATTN_SPLITS); ONE (1: one kernel, the last block of
-each KV head combines; the engine's ATTN_ONE); MINB (a register cap by launch bound)
+Knobs: SPLITS (blocks per KV head along the cache, the engine's ATTN_SPLITS); MINB (a register cap by launch bound)
 was deleted after its sweep (ledger #170: every cap spilled and was slower). Workloads: the 7B preset's heads (28 query / 4 KV) over 4,096 and 16,384 cached
 rows, the 1.5B preset's (12 / 2) over 16,384, Llama-3.2-1B's (32 / 8, head_dim 64) over 16,384, and tiny shapes with
 tails for the CUDA simulator (head_dim 128 and 64). Cost: the fewest bytes are the L K and V rows read once
@@ -31,8 +30,6 @@ class AttentionDecodeExperiment(Experiment):
     knobs = (
         Knob("SPLITS", (16, 32, 64, 128), 64, "blocks per KV head along the cache, 4 warp partitions each "
                                                "(the engine's ATTN_SPLITS)"),
-        Knob("ONE", (0, 1), 0, "1: one kernel, whose last block per KV head combines (an atomic arrival count); 0 a "
-                               "partial and a combine kernel (the engine's ATTN_ONE)", legacy=0),
     )
     removed_knobs = {"MINB": 0}
     """MINB (the partial kernel's launch bound) lost its sweep (ledger #170); 0, no bound, is what runs."""
@@ -40,8 +37,6 @@ class AttentionDecodeExperiment(Experiment):
         Workload("qwen2_7b_d16384", _shape(16384, 28, 4), "7B preset heads (28 query / 4 KV), 16,384 cached rows"),
         Workload("qwen2_7b_d4096", _shape(4096, 28, 4), "7B preset heads, 4,096 cached rows"),
         Workload("qwen2_1_5b_d16384", _shape(16384, 12, 2), "1.5B preset heads (12 query / 2 KV), 16,384 cached rows"),
-        Workload("qwen2_7b_d128", _shape(128, 28, 4), "7B preset heads, 128 cached rows (the end of a tg128)"),
-        Workload("qwen2_1_5b_d128", _shape(128, 12, 2), "1.5B preset heads, 128 cached rows (the end of a tg128)"),
         Workload("llama3_2_1b_d16384", _shape(16384, 32, 8, head_dim=64),
                  "Llama-3.2-1B heads (32 query / 8 KV, head_dim 64), 16,384 cached rows"),
         Workload("phi3_mini_d16384", _shape(16384, 32, 32, head_dim=96),
@@ -90,14 +85,13 @@ class AttentionDecodeExperiment(Experiment):
         from kernels import attention_decode as kernel  # numba: imported when GPU work starts
 
         s = workload.shape
-        splits, one = int(config["SPLITS"]), bool(config["ONE"])
-        kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, head_dim=s["head_dim"], one=one)  # compile now
+        splits = int(config["SPLITS"])
+        kernel.build(s["n_heads"] // s["n_kv_heads"], np.float32, head_dim=s["head_dim"])  # compile now, untimed
         workspace = self._workspace(s["n_heads"], splits, s["head_dim"])  # once, outside any graph capture
 
         def launch(inputs, output, stream):
             q, k, v, length = inputs
-            kernel.decode_attention(q, k, v, length, output, splits=splits, workspace=workspace, stream=stream,
-                                    one=one)
+            kernel.decode_attention(q, k, v, length, output, splits=splits, workspace=workspace, stream=stream)
 
         return launch
 

@@ -24,13 +24,6 @@ Two kernels (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023):
    denominator over all rows itself (shuffles, no barrier) and sums every 8th row's acc with four rows' loads in
    flight; one shared-memory sum joins the 8 warps.
 
-3. ``one`` (decode's ATTN_ONE): the partial kernel alone, its blocks counting their arrivals per KV head with an
-   atomic in the workspace (after a ``threadfence``); the last block of each KV head combines that head's G query
-   heads (every output of the group: per head M, the blocks' weights 2^(m_p - M) and 1 / denominator in shared
-   memory, then a thread per output sums the blocks' rows, read past L1, four loads in flight) and resets the
-   count, so no second launch waits for the first's grid to drain (the threadFenceReduction pattern of the CUDA
-   samples).
-
 Plain FMA (memory-bound: each step reads 2 · L · n_kv_heads · D · 2 bytes of cache). Sources: Flash-Decoding
 (https://crfm.stanford.edu/2023/10/12/flashdecoding.html); online softmax (Milakov & Gimelshein 2018).
 """
@@ -48,7 +41,7 @@ from kernels.attention_config import head_dim_refusal, padded_head_dim
 from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
-from kernels.ptx import SIMULATOR, ld_global_cg_f32, ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
+from kernels.ptx import SIMULATOR, ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
 from kernels.quantize_q8 import check_q8, quantize_warp_block, store_residual
 
 WARPS = 4
@@ -57,7 +50,6 @@ COMBINE_WARPS = 8
 DEFAULT_SPLITS = 64
 """The engine's ATTN_SPLITS default: 64 tied 128 at tg128 and beat it by 5.2% at 16384 cached tokens (the ledger)."""
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
-MAX_SPLITS = max(SPLITS_VALUES)
 MAX_GROUP = 16
 """Largest GQA group G = n_heads / n_kv_heads at head_dim <= 128: a block joins its warps' G x D accumulators in
 32 KiB of static shared memory at G = 16, D = 128 (48 KiB is the static limit); ptxas keeps G <= 9 in registers,
@@ -81,11 +73,7 @@ def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:
     return max(1, min(parts, L))
 
 
-def _make_partial(G: int, D: int, one: bool = False, q8_mode: int = 0):
-    """The partial kernel for group ``G`` and head dim ``D``; ``one``: the single-kernel form (`decode_attention`'s
-    one=True), whose last block of each KV head also combines and writes out (and its Q8_1 blocks: ``q8_mode``)."""
-    ONE = one
-    Q8 = q8_mode
+def _make_partial(G: int, D: int):
     DCH = D // 8  # 8-dim chunks of a row: lanes sub >= DCH (D = 80, 96) own padding and load nothing
     LR = padded_head_dim(D) // 8  # lanes of one cache row (8 dims each): 8, 16 or 32
     LSH = LR.bit_length() - 1
@@ -102,9 +90,8 @@ def _make_partial(G: int, D: int, one: bool = False, q8_mode: int = 0):
     NP = WARPS
     NT = NP * 32
 
-    @cuda.jit(device=True, inline="always")
-    def partial_body(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
-        """The block's keys into its workspace rows; returns the blocks in use (0 when this block is idle)."""
+    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
+        pdl_enter()
         tid = cuda.threadIdx.x
         lane = tid & 31
         slot = lane >> LSH
@@ -116,7 +103,7 @@ def _make_partial(G: int, D: int, one: bool = False, q8_mode: int = 0):
         L = min(length[0], l_max)
         parts = max(1, min(cuda.gridDim.x * NP, L))
         if blk * NP >= parts:
-            return 0  # the whole block idle (uniform: no barrier is skipped)
+            return  # the whole block idle (uniform: no barrier is skipped)
         chunk = (L + parts - 1) // parts
         kbeg = p * chunk
         kend = min(L, kbeg + chunk) if p < parts else kbeg
@@ -243,94 +230,8 @@ def _make_partial(G: int, D: int, one: bool = False, q8_mode: int = 0):
                     den += math.exp2(sm_ml[w, gi, 0] - mm) * sm_ml[w, gi, 1]
                 ws_ml[row * 2] = mm
                 ws_ml[row * 2 + 1] = den
-        return (parts + NP - 1) // NP
 
-    if not ONE:
-        def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
-            pdl_enter()
-            partial_body(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads)
-
-        return partial_kernel
-
-    E = G * D  # outputs of one KV head's G query heads, contiguous in out: hk·G·D .. + E - 1
-
-    def one_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads, counter, out, q8q, q8d, q8s, q8r):
-        pdl_enter()
-        blocks = partial_body(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads)
-        if blocks == 0:
-            return
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        hk = cuda.blockIdx.y
-        last = cuda.shared.array(1, types.int32)
-        cuda.threadfence()  # this block's workspace rows before its arrival
-        cuda.syncthreads()
-        if tid == 0:
-            last[0] = 1 if cuda.atomic.add(counter, hk, 1) == blocks - 1 else 0
-        cuda.syncthreads()
-        if last[0] == 0:
-            return
-        # the last block of KV head hk: every other block's rows are written (its fence came before its arrival)
-        if tid == 0:
-            counter[hk] = 0  # for the next launch (every block of this one has arrived)
-        cuda.threadfence()
-        wts = cuda.shared.array((G, MAX_SPLITS), float32)
-        inv = cuda.shared.array(G, float32)
-        for gi in range(warp, G, NP):  # warp w: heads w, w + 4, ...: M, each block's weight 2^(m - M), 1 / den
-            h = hk * G + gi
-            mx = M_INIT
-            for r in range(lane, blocks, 32):
-                mx = max(mx, ld_global_cg_f32(ws_ml, (r * n_heads + h) * 2))
-            for off in (16, 8, 4, 2, 1):
-                mx = max(mx, shfl_xor_f32(mx, off))
-            den = ZERO
-            for r in range(lane, blocks, 32):
-                row = r * n_heads + h
-                wr = math.exp2(ld_global_cg_f32(ws_ml, row * 2) - mx)
-                wts[gi, r] = wr
-                den += wr * ld_global_cg_f32(ws_ml, row * 2 + 1)
-            for off in (16, 8, 4, 2, 1):
-                den += shfl_xor_f32(den, off)
-            if lane == 0:
-                inv[gi] = float32(1.0) / den if den > ZERO else ZERO
-        cuda.syncthreads()
-        base = hk * E
-        for e0 in range(0, E, NT):  # a warp's 32 lanes: 32 consecutive outputs (one Q8_1 block when D % 32 == 0)
-            e = e0 + tid
-            ok = e < E
-            ec = e if ok else E - 1
-            gi = ec // D
-            hrow = hk * G + gi
-            off = hrow * D + ec - gi * D
-            n0 = ZERO
-            n1 = ZERO
-            n2 = ZERO
-            n3 = ZERO
-            r = 0
-            while r + 3 < blocks:  # four rows' loads in flight
-                a0 = ld_global_cg_f32(ws_acc, r * n_heads * D + off)
-                a1 = ld_global_cg_f32(ws_acc, (r + 1) * n_heads * D + off)
-                a2 = ld_global_cg_f32(ws_acc, (r + 2) * n_heads * D + off)
-                a3 = ld_global_cg_f32(ws_acc, (r + 3) * n_heads * D + off)
-                n0 += wts[gi, r] * a0
-                n1 += wts[gi, r + 1] * a1
-                n2 += wts[gi, r + 2] * a2
-                n3 += wts[gi, r + 3] * a3
-                r += 4
-            while r < blocks:
-                n0 += wts[gi, r] * ld_global_cg_f32(ws_acc, r * n_heads * D + off)
-                r += 1
-            v = ((n0 + n1) + (n2 + n3)) * inv[gi]
-            if ok:
-                out[base + e] = v
-            if Q8 != 0 and e0 + warp * 32 < E:  # D % 32 == 0 (`decode_attention` refuses q8 otherwise), so E too:
-                # a warp's 32 outputs are all in range or all past it
-                scaled, qv = quantize_warp_block(v, base + e, q8q, q8d, q8s)
-                if Q8 == 2:
-                    store_residual(scaled, qv, base + e, q8r)
-
-    return one_kernel
+    return partial_kernel
 
 
 Q8_MODES = (0, 1, 2)
@@ -410,16 +311,12 @@ def _make_combine(q8_mode: int, D: int):
     return combine_kernel
 
 
-def partial_signature(q_dtype, one: bool = False) -> types.Signature:
-    """The partial kernel's arguments; with ``one`` (the single-kernel form) also the arrival counters (int32, one a
-    KV head), out and the Q8_1 blocks' q, d, s, r (as the combine's)."""
+def partial_signature(q_dtype) -> types.Signature:
     qt = types.float32 if np.dtype(q_dtype) == np.float32 else types.float16
-    args = (qt[::1], types.float16[::1], types.float16[::1], types.int32[::1], types.float32[::1], types.float32[::1],
-            types.int64, types.int64, types.int64)
-    if one:
-        args += (types.int32[::1], types.float32[::1], types.int8[::1], types.float32[::1], types.float32[::1],
-                 types.int8[::1])
-    return types.void(*args)
+    return types.void(
+        qt[::1], types.float16[::1], types.float16[::1], types.int32[::1], types.float32[::1], types.float32[::1],
+        types.int64, types.int64, types.int64,
+    )
 
 
 COMBINE_SIGNATURE = types.void(types.float32[::1], types.float32[::1], types.float32[::1], types.int32[::1], types.int64,
@@ -432,45 +329,36 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32, q8_mode: int = 0, head_dim: int = 128, one: bool = False):
+def build(group: int, q_dtype=np.float32, q8_mode: int = 0, head_dim: int = 128):
     """(partial, combine) dispatchers for GQA group size ``group``, q dtype, the combine's ``q8_mode`` (`Q8_MODES`)
-    and ``head_dim`` (one of HEAD_DIMS; compiled once; cached); with ``one``, (the single kernel, None). The partial
-    kernel has no launch bound beyond its block size (ptxas may take up to 255 registers a thread: capping them
-    spilled G = 7's accumulators and lost, ledger #170)."""
-    key = (int(group), np.dtype(q_dtype).name, int(q8_mode), int(head_dim), bool(one))
+    and ``head_dim`` (one of HEAD_DIMS; compiled once; cached). The partial kernel has no launch bound beyond its
+    block size (ptxas may take up to 255 registers a thread: capping them spilled G = 7's accumulators and lost,
+    ledger #170)."""
+    key = (int(group), np.dtype(q_dtype).name, int(q8_mode), int(head_dim))
     with _BUILD_LOCK:
         if key not in _BUILT:
-            if one:
-                _BUILT[key] = (kernel(_make_partial(int(group), int(head_dim), True, int(q8_mode)),
-                                      partial_signature(q_dtype, True), threads=WARPS * 32), None)
-            else:
-                _BUILT[key] = (
-                    kernel(_make_partial(int(group), int(head_dim)), partial_signature(q_dtype), threads=WARPS * 32),
-                    kernel(_make_combine(int(q8_mode), int(head_dim)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
-                )
+            _BUILT[key] = (
+                kernel(_make_partial(int(group), int(head_dim)), partial_signature(q_dtype), threads=WARPS * 32),
+                kernel(_make_combine(int(q8_mode), int(head_dim)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
+            )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), q8_mode: int = 0, head_dim: int = 128,
-               one: bool = False) -> tuple[str, str | None]:
-    """PTX of (partial, combine) for ``group``, ``q8_mode`` and ``head_dim``; with ``one`` (the single kernel, None)
-    (NVVM; no GPU needed; not under the simulator)."""
-    a, _ = cuda.compile_ptx(_make_partial(group, head_dim, one, q8_mode), partial_signature(q_dtype, one), cc=cc,
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), q8_mode: int = 0, head_dim: int = 128) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group``, ``q8_mode`` and ``head_dim`` (NVVM; no GPU needed; not under the
+    simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group, head_dim), partial_signature(q_dtype), cc=cc,
                             launch_bounds=(WARPS * 32,))
-    if one:
-        return a, None
     b, _ = cuda.compile_ptx(_make_combine(q8_mode, head_dim), COMBINE_SIGNATURE, cc=cc,
                             launch_bounds=(COMBINE_WARPS * 32,))
     return a, b
 
 
 def decode_workspace(n_heads: int, splits: int = DEFAULT_SPLITS, stream=0, head_dim: int = 128):
-    """Device workspace (ml f32 [splits*n_heads*2], acc f32 [splits*n_heads*head_dim]: one row per block and head;
-    counter int32 [n_heads], zeros: the single kernel's arrivals per KV head, back at zero after every call) for
-    `decode_attention`'s ``workspace``; allocate it once, outside any graph capture, and pass it on every call."""
+    """Device workspace (ml f32 [splits*n_heads*2], acc f32 [splits*n_heads*head_dim]: one row per block and head)
+    for `decode_attention`'s ``workspace``; allocate it once, outside any graph capture, and pass it on every call."""
     return (cuda.device_array(splits * n_heads * 2, dtype=np.float32, stream=stream),
-            cuda.device_array(splits * n_heads * head_dim, dtype=np.float32, stream=stream),
-            cuda.to_device(np.zeros(n_heads, dtype=np.int32), stream=stream))
+            cuda.device_array(splits * n_heads * head_dim, dtype=np.float32, stream=stream))
 
 
 def _is_contiguous(x) -> bool:
@@ -487,19 +375,10 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _check_workspace(workspace, n_heads: int, splits: int, head_dim: int, one: bool) -> None:
-    if not (isinstance(workspace, tuple) and (len(workspace) == 3 or len(workspace) == 2 and not one)):
-        raise KernelConstraintError("decode_attention: workspace must be the (ml, acc) pair or the (ml, acc, counter) "
-                                    "triple (one=True needs the triple) decode_workspace(n_heads, splits, "
-                                    f"head_dim=...) returns, got {type(workspace).__name__} of "
-                                    f"{len(workspace) if isinstance(workspace, tuple) else 1}")
-    if one:
-        c = workspace[2]
-        if not (devicearray.is_cuda_ndarray(c) and c.ndim == 1 and np.dtype(c.dtype) == np.int32 and _is_contiguous(c)
-                and c.shape[0] >= n_heads):
-            raise KernelConstraintError(f"decode_attention: workspace counter must be a contiguous 1-D int32 device "
-                                        f"array of at least {n_heads} zeros (decode_workspace), got "
-                                        f"{getattr(c, 'dtype', type(c).__name__)} {tuple(getattr(c, 'shape', ()))}")
+def _check_workspace(workspace, n_heads: int, splits: int, head_dim: int) -> None:
+    if not (isinstance(workspace, tuple) and len(workspace) == 2):
+        raise KernelConstraintError("decode_attention: workspace must be the (ml, acc) pair decode_workspace(n_heads, "
+                                    f"splits, head_dim=...) returns, got {type(workspace).__name__}")
     for name, w, need in (("ml", workspace[0], splits * n_heads * 2),
                           ("acc", workspace[1], splits * n_heads * head_dim)):
         if not (devicearray.is_cuda_ndarray(w) and w.ndim == 1 and np.dtype(w.dtype) == np.float32 and _is_contiguous(w)
@@ -554,7 +433,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, q8=None, one: bool = False):
+                     stream=0, pdl: bool = False, q8=None):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, D], D = head_dim one of HEAD_DIMS (64, 80, 96, 128, 256). k_cache, v_cache: f16
@@ -567,11 +446,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     out's Q8_1 blocks (and residual values when they are compensated), bit for bit what `quantize_q8_1(out, q8)`
     would. workspace: from `decode_workspace(n_heads, splits, head_dim=D)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
-    kernel before it first: `kernels.ptx.pdl_enter`). one: a single kernel instead of two: the last block of each
-    KV head to finish its partition (an atomic count per KV head in the workspace, reset by that block) combines
-    the KV head's G query heads and writes their outputs (and Q8_1 blocks) itself, reading the other blocks' rows
-    past L1 (`kernels.ptx.ld_global_cg_f32`); the same f32 combine, not bit for bit the two kernels' (another
-    order of the row sums, a multiply by 1 / denominator).
+    kernel before it first: `kernels.ptx.pdl_enter`).
 
     Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, one head_dim in HEAD_DIMS,
     n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= max_group(D) (16; 8 at D = 256); q8 needs D a multiple of 32
@@ -588,26 +463,22 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
                                         f"32 outputs must lie in one head), got {hd}; quantize out separately")
         check_q8(q8, n_heads * hd, "q8")
         q8_mode = 2 if q8.compensated else 1
-    partial, combine = build(group, q.dtype, q8_mode, hd, one)
+    partial, combine = build(group, q.dtype, q8_mode, hd)
     if out is None:
         out = cuda.device_array((n_heads, hd), dtype=np.float32, stream=stream)
     if workspace is None:
         workspace = decode_workspace(n_heads, splits, stream, head_dim=hd)
-    _check_workspace(workspace, n_heads, splits, hd, one)
-    ws_ml, ws_acc = workspace[:2]
+    _check_workspace(workspace, n_heads, splits, hd)
+    ws_ml, ws_acc = workspace
     parts = WARPS * splits
     flat = l_max * n_kv_heads * hd
+    launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
+                  (q.reshape(n_heads * hd), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,
+                   ws_acc, l_max, n_heads, n_kv_heads), pdl=pdl)
     if q8 is None:  # typed stand-ins the mode-0 kernel never touches
         q8_args = (ws_acc.view(np.int8), ws_ml, ws_ml, ws_acc.view(np.int8))
     else:
         q8_args = (q8.q, q8.d, q8.s, q8.r if q8.r is not None else q8.q)
-    args = (q.reshape(n_heads * hd), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml, ws_acc, l_max,
-            n_heads, n_kv_heads)
-    if one:
-        launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
-                      args + (workspace[2], out.reshape(n_heads * hd)) + q8_args, pdl=pdl)
-        return out
-    launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream, args, pdl=pdl)
     launch_kernel(combine, (n_heads, -(-hd // 32)), COMBINE_WARPS * 32, stream,
                   (ws_ml, ws_acc, out.reshape(n_heads * hd), length_dev, l_max, parts, n_heads) + q8_args,
                   pdl=pdl)

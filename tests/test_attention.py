@@ -84,23 +84,17 @@ def test_prefill_non_causal():
 # ---- simulator: decode numbers ------------------------------------------------------------------------------
 
 
-def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None, one=False):
+def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((h, hd)).astype(q_dtype)
     k = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
     v = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
     out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
-    ws_ml, ws_acc, counter = DEC.decode_workspace(h, splits, head_dim=hd)
+    ws_ml, ws_acc = DEC.decode_workspace(h, splits, head_dim=hd)
     for ws in (ws_ml, ws_acc):
         ws.copy_to_device(np.full(ws.shape, np.nan, np.float32))
-    args = (cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), cuda.to_device(np.array([L], np.int32)), out)
-    if one:  # twice on one workspace: the second call needs the counts the first left at zero
-        for _ in range(2):
-            out.copy_to_device(np.full((h, hd), np.nan, np.float32))
-            DEC.decode_attention(*args, splits=splits, workspace=(ws_ml, ws_acc, counter), one=True)
-        assert not counter.copy_to_host().any()
-    else:
-        DEC.decode_attention(*args, splits=splits, workspace=(ws_ml, ws_acc))
+    DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits, workspace=(ws_ml, ws_acc))
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all()
     ref = reference_numpy(q[None].astype(np.float64), k[:L], v[:L], causal=False)[0]
@@ -134,30 +128,14 @@ def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
 
 
 @sim
-@pytest.mark.parametrize("L,l_max,h,hk,splits,q_dtype,hd", [
-    (300, 320, 4, 2, 16, np.float32, 128),
-    (29, 32, 7, 1, 2, np.float16, 128),
-    (37, 48, 6, 2, 4, np.float32, 80),
-    (1, 8, 4, 2, 2, np.float32, 64),
-], ids=["L=300: 16 blocks a KV head, 2 KV heads", "L=29 G=7: 2 blocks, 7 heads combined",
-        "head_dim 80, G=3: 240 outputs a KV head, a partial last pass", "L=1: one block of two in use"])
-def test_decode_one_kernel_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
-    """ATTN_ONE's single kernel (the last block of each KV head combines) against float64, twice on one workspace
-    (NaN-poisoned workspace and out; the arrival counts are back at zero after each call)."""
-    assert _decode(L, l_max, h, hk, splits, q_dtype, hd, one=True) < 1e-4
-
-
-@sim
-@pytest.mark.parametrize("compensated,hd,one", [(False, 128, False), (True, 128, False), (True, 64, False),
-                                                 (True, 96, False), (True, 128, True), (False, 96, True)])
-def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd, one):
+@pytest.mark.parametrize("compensated,hd", [(False, 128), (True, 128), (True, 64), (True, 96)])
+def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd):
     """FUSE_ATTN_Q8's combine: the Q8_1 blocks (q, d, s and, compensated, r) it writes beside out equal
-    `quantize_q8_1(out)`'s bit for bit (the blocks are NaN/garbage-poisoned before); also from the single kernel
-    (one=True, ATTN_ONE), whose last pass over a KV head's 3 x 96 outputs leaves a warp past them."""
+    `quantize_q8_1(out)`'s bit for bit (the blocks are NaN/garbage-poisoned before)."""
     from kernels.quantize_q8 import q8_blocks, quantize_q8_1
 
     rng = np.random.default_rng()
-    h, hk, L = (6, 2, 7) if one else (4, 2, 7)
+    h, hk, L = 4, 2, 7
     q = cuda.to_device(rng.standard_normal((h, hd)).astype(np.float32))
     k, v = (cuda.to_device(rng.standard_normal((8, hk, hd)).astype(np.float16)) for _ in range(2))
     out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
@@ -165,8 +143,7 @@ def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd, one):
     for blocks in (fused, separate):
         for a in (blocks.q, blocks.d, blocks.s) + ((blocks.r,) if compensated else ()):
             a.copy_to_device(np.full(a.shape, 0x55 if a.dtype == np.int8 else np.nan, a.dtype))
-    DEC.decode_attention(q, k, v, cuda.to_device(np.array([L], np.int32)), out, splits=2 if one else 1, q8=fused,
-                         one=one)
+    DEC.decode_attention(q, k, v, cuda.to_device(np.array([L], np.int32)), out, splits=1, q8=fused)
     quantize_q8_1(out.reshape(h * hd), separate)
     for field in ("q", "d", "s") + (("r",) if compensated else ()):
         got, want = getattr(fused, field).copy_to_host(), getattr(separate, field).copy_to_host()
@@ -402,27 +379,6 @@ def test_decode_compiles_at_other_head_dims(group, hd):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("group,q8_mode,hd", [(7, 2, 128), (6, 2, 128), (DEC.MAX_GROUP, 0, 128),
-                                              (DEC.max_group(256), 1, 256), (3, 0, 80)],
-                         ids=["G=7 compensated Q8_1 (7B)", "G=6 compensated Q8_1 (1.5B)", "largest G",
-                              "largest G at hd=256, Q8_1", "G=3 hd=80"])
-def test_decode_one_kernel_compiles(group, q8_mode, hd):
-    """ATTN_ONE's single kernel: one atomic add per block on the arrival count, the fence before it, the other
-    blocks' rows read with ld.global.cg (past L1), the Q8_1 bytes stored when asked; the 7B's and 1.5B's groups
-    keep their registers (no spills, no stack), and the largest groups' shared memory (join + the combine's
-    weights) fits the static 48 KiB."""
-    from ptx_assembly import ptxas_resources
-
-    one, none = DEC.kernel_ptx(group, q8_mode=q8_mode, head_dim=hd, one=True)
-    assert none is None
-    assert "atom.global.add" in one and "membar.gl" in one and "ld.global.cg.f32" in one
-    assert ("st.global.u8" in one or "st.global.s8" in one) == (q8_mode > 0)
-    got = ptxas_resources(one)
-    if group <= 7:
-        assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
-
-
-@pytest.mark.compile
 def test_decode_partial_kernel_does_not_spill():
     """ptxas (nvJitLink): the G = 7 partial kernel (the 7B preset's group) keeps its accumulators in registers, no
     spills and no stack."""
@@ -487,10 +443,7 @@ def test_prefill_gpu_prefix_matches_float64():
     (1, 128, 128, 28, 4), (3, 128, 128, 28, 4), (4097, 128, 128, 28, 4), (4352, 128, 128, 28, 4),
     (4097, 32, 128, 28, 4), (517, 1, 128, 28, 4), (4352, 64, 128, 28, 4),
     (4097, 64, 64, 32, 8), (3, 64, 64, 32, 8), (4097, 64, 256, 16, 2), (4097, 64, 80, 32, 8), (517, 64, 96, 32, 32)])
-@pytest.mark.parametrize("one", [False, True], ids=["two kernels", "ATTN_ONE"])
-def test_decode_gpu_matches_torch(L, splits, hd, h, hk, one):
-    """Against torch's SDPA in float32 on the same f16 rows; ATTN_ONE's single kernel three times on one workspace
-    (its arrival counts back at zero after each call, out re-poisoned)."""
+def test_decode_gpu_matches_torch(L, splits, hd, h, hk):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     l_max = 4352
@@ -498,12 +451,8 @@ def test_decode_gpu_matches_torch(L, splits, hd, h, hk, one):
     k = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
     v = rng.standard_normal((l_max, hk, hd)).astype(np.float16)
     out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
-    workspace = DEC.decode_workspace(h, splits, head_dim=hd)
-    for _ in range(3 if one else 1):
-        out.copy_to_device(np.full((h, hd), np.nan, np.float32))
-        DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
-                             cuda.to_device(np.array([L], np.int32)), out, splits=splits, workspace=workspace, one=one)
-    assert not workspace[2].copy_to_host().any()
+    DEC.decode_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                         cuda.to_device(np.array([L], np.int32)), out, splits=splits)
     tq = torch.from_numpy(q).cuda()[None, :, None]  # [1, h, 1, hd]
     tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)
     tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)

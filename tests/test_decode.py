@@ -282,23 +282,6 @@ def test_few_rows_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch
     assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
-def test_attn_one_decode_steps_within_the_accuracy_bar(micro_weights):
-    """ATTN_ONE=1 on the micro model: two eager steps (the second reads the first's cache row and needs the arrival
-    counts the first left at zero), each within 1e-2 of the float64 forward of the sequence so far."""
-    from minfer_cli.engine.decode import DecodeEngine
-    from minfer_cli.engine.reference import Reference
-
-    rng = np.random.default_rng()
-    seq = [int(t) for t in rng.integers(0, micro_weights.config.vocab, 2)]
-    engine = DecodeEngine(micro_weights, 4, DecodeOptions(graphs=False, attn_one=True), splits=2)
-    ref = Reference(micro_weights)
-    for pos, token in enumerate(seq):
-        engine.start(token, pos)
-        got = engine.step().copy_to_host()
-        assert _rel(got, ref.forward(seq[:pos + 1], last_only=True)) < 1e-2, pos
-    assert not engine.attn_workspace[2].copy_to_host().any()
-
-
 def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     """AHEAD=4 (with PDL): every mat-vec kernel without the ring prefetches its warps' first 4 chunks before its
     wait (`kernels.gemv.GemvConfig.lookahead`); DEEP's Q6_K ring keeps its own prologue (and its deep launch);
@@ -407,8 +390,6 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
     assert "DEEP_STAGE" not in knobs  # deleted after its A/B (ledger #349)
     assert "ATTN_ONE" not in knobs  # one decode-attention kernel, its last block combining: deleted (#357, #358)
-    assert engine_options(resolve_config(engine_knobs(), {"ATTN_ONE": "1"}, "e")).decode.attn_one
-    assert knobs["ATTN_ONE"].default == 0 and "ATTN_ONE" in DECODE_KNOBS
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
     assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
@@ -742,33 +723,6 @@ def test_deep_and_general_launches_give_close_logits_on_a_qwen2_shaped_model():
     if launches["Q4_K"] is None:
         pytest.skip("this GPU fits no deep launch in one wave (H200: MINB=7); the logits above were the general shape's")
     assert launches["Q4_K"]["warps_per_row"] == 4 and launches["Q6_K"]["stage"] == 2 and launches["Q6_K"]["fold"] == 1
-
-
-@pytest.mark.gpu
-def test_attn_one_gives_close_logits_on_a_qwen2_shaped_model():
-    """ATTN_ONE=1 (one decode-attention kernel a layer) against the two kernels on Qwen2-7B's shapes cut to 2 layers,
-    graph-replayed for 24 steps teacher-forced on the two kernels' tokens (the arrival counts must be back at zero
-    for every layer and replay): logits within 1e-2 of max |logit| (the same f32 combine in another order; float32
-    rounding differences grow to ~1e-3 through this random model, as in the DEEP test)."""
-    from minfer_cli.engine.decode import DecodeEngine
-    from minfer_cli.engine.weights import synth_weights
-
-    rng = np.random.default_rng()
-    weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    first = int(rng.integers(0, weights.config.vocab))
-    two = DecodeEngine(weights, 32, DecodeOptions(attn_one=False), splits=2)
-    two.start(first, 0)
-    tokens, want = _generate_with_logits(two, 24)
-    two.close()
-    one = DecodeEngine(weights, 32, DecodeOptions(attn_one=True), splits=2)
-    one.start(first, 0)
-    for pos, token in enumerate(tokens):
-        one.generate(1)
-        got = one.logits.copy_to_host().astype(np.float64)
-        assert np.isfinite(got).all() and np.abs(got - want[pos]).max() <= 1e-2 * np.abs(want[pos]).max(), pos
-        one.start(token, pos + 1)  # teacher-forced: the next step starts from the two kernels' token
-    assert not one.attn_workspace[2].copy_to_host().any()
-    one.close()
 
 
 @pytest.mark.gpu

@@ -48,7 +48,6 @@ from kernels.ptx.bulk import (
     setmaxnreg_inc,
 )
 from kernels.ptx.memory import (
-    ld_global_cg_f32,
     ld_global_v2_b32,
     ld_global_v4_f32,
     ld_global_v4_b32,
@@ -139,7 +138,6 @@ __all__ = [
     "fma_f16x2",
     "griddepcontrol_launch_dependents",
     "griddepcontrol_wait",
-    "ld_global_cg_f32",
     "ld_global_v2_b32",
     "ld_global_v4_f32",
     "ld_global_v4_b32",

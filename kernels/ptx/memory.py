@@ -73,34 +73,6 @@ else:
         return sig, codegen
 
 
-# ---- loads of data other CUDA blocks of the same launch wrote ---------------------------------------------------
-
-if SIMULATOR:
-
-    def ld_global_cg_f32(array, index):
-        """Simulator form of `ld.global.cg.f32`: element ``index`` of a float32 array."""
-        return np.float32(array[index])
-
-else:
-
-    @intrinsic
-    def ld_global_cg_f32(typingctx, array, index):
-        """`ld.global.cg.f32 d, [addr]` (PTX ISA §9.7.9.8 "ld", cache operator .cg: cached in L2, not in L1):
-        element ``index`` of a 1-D float32 array, read past the SM's L1, whose lines may hold an older copy of
-        data another CUDA block wrote (after that block's ``threadfence`` and an atomic that orders the two). A
-        volatile asm with a memory clobber: never hoisted above the atomic."""
-        _check_1d_array("ld_global_cg_f32", array, index)
-        if array.dtype != types.float32:
-            raise TypeError(f"ld_global_cg_f32 reads float32 arrays, got {array.dtype}")
-        sig = types.float32(array, index)
-
-        def codegen(context, builder, sig, args):
-            ptr = _any_element_pointer(context, builder, sig.args[0], args[0], args[1])
-            return _asm(builder, ir.FloatType(), [ptr], "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}", True)
-
-        return sig, codegen
-
-
 # ---- 8- and 16-byte vector loads / stores of any element type ------------------------------------------------
 
 if SIMULATOR:

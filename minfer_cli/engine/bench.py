@@ -41,8 +41,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS",
-                "ATTN_ONE")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -155,9 +154,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                     "cache (4 warp partitions each; 64 the default: it tied 128 at "
                                                     "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
                    legacy=32)]
-    knobs += [Knob("ATTN_ONE", (0, 1), 0, "decode (tg): 1 runs decode attention as one kernel whose last CUDA block "
-                                         "per KV head combines the blocks' partial softmax sums (an atomic arrival "
-                                         "count, no second launch); 0 a partial and a combine kernel", legacy=0)]
     knobs += [Knob(k, tuple(v), gemm_f16.DEFAULT[k], f"gemm_f16 {k} (see `minfer experiments list`)",
                    legacy={"EPI": "direct", "NOCALL": 0}.get(k))  # what records from before the knob ran
               for k, v in gemm_f16.KNOBS.items()]
@@ -263,7 +259,6 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
-                           attn_one=bool(config.get("ATTN_ONE", 0)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 

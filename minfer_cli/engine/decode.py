@@ -375,8 +375,7 @@ class DecodeEngine:
             mark("rope_kv")
             fused_q8 = self._q8_attn if self.fuse_attn_q8 else None
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p, q8=fused_q8,
-                             one=self.options.attn_one)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p, q8=fused_q8)
             mark("attention")
             aq = fused_q8 if fused_q8 is not None else self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)

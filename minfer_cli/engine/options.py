@@ -81,9 +81,7 @@ class DecodeOptions:
     as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
     (AHEAD, with pdl): chunks of weight each mat-vec warp
     prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
-    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`).
-    attn_one (ATTN_ONE): decode attention as one kernel whose last block per KV head combines
-    (`kernels.attention_decode.decode_attention`'s one, True) or a partial and a combine kernel (False)."""
+    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -100,7 +98,6 @@ class DecodeOptions:
     fuse_qkv_mixed: bool = True
     ahead: int = 1
     attn_splits: int = 64
-    attn_one: bool = False
 
 
 @dataclass(frozen=True)
