@@ -112,8 +112,8 @@ def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
-    if cfg["TM"] == 192 and cfg["STAGING"] != "tma":
-        return (f"gemm_f16 TM=192 is a STAGING=tma tile (the cp.async kernels split TM over 2 or 4 warps in "
+    if cfg["TM"] in (112, 144, 192) and cfg["STAGING"] != "tma":
+        return (f"gemm_f16 TM={cfg['TM']} is a STAGING=tma tile (the cp.async kernels split TM over 2 or 4 warps in "
                 f"power-of-two widths; got STAGING={cfg['STAGING']}); use TM=128 or 256 there")
     if cfg["STAGING"] == "tma":
         if cfg["MMA"] != "wgmma" or cfg["KS"] != 64 or cfg["LOOP"] != "pipe":
@@ -260,15 +260,18 @@ def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None,
     default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
     `gemm_f16_config.NARROW_TILE_TIME`, finishes before the 256-wide grid's whole waves (wave quantization: a grid
     of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). AUTOTILE=3:
-    the same rule over TM=256, 192 (`gemm_f16_config.MID_TILE_TIME`; not with ``glu``, `gemm_f16_glu`'s launch)
-    and 128, the wider on a tie. Otherwise the config itself. Idempotent."""
+    the same rule over TM=256, 192 (`gemm_f16_config.MID_TILE_TIME`) and 128; AUTOTILE=4 over 256, 192, 144, 128
+    and 112 (`gemm_f16_config.TILE_TIME`); the wider on a tie; ``glu`` (`gemm_f16_glu`'s launch) only among
+    multiples of 128. Otherwise the config itself. Idempotent."""
     cfg = resolve_config(config)
     if cfg["AUTOTILE"] == 0 or cfg["TM"] != 256 or cfg["STAGING"] != "tma":
         return cfg
     sms = sms or device_sms()
     best, best_time = cfg, -(-geometry(cfg).grid(nt, od) // sms)
-    times = {192: gemm_f16_config.MID_TILE_TIME} if cfg["AUTOTILE"] == 3 and not glu else {}
-    for tm, tile_time in {**times, 128: gemm_f16_config.NARROW_TILE_TIME}.items():
+    for tm in gemm_f16_config.AUTOTILE_WIDTHS[cfg["AUTOTILE"]][1:]:
+        if glu and tm % 128:
+            continue
+        tile_time = gemm_f16_config.TILE_TIME[tm]
         other = dict(cfg, TM=tm)
         waves = -(-geometry(other).grid(nt, od) // sms)
         if waves * tile_time < best_time:
@@ -301,7 +304,7 @@ def tail_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None 
         return 0
     tail_tiles = nt_tiles * -(-(od - wide * 256) // 128)
     time = nt_tiles * wide // sms + -(-tail_tiles // sms) * gemm_f16_config.NARROW_TILE_TIME
-    tile_time = {256: 1.0, 192: gemm_f16_config.MID_TILE_TIME, 128: gemm_f16_config.NARROW_TILE_TIME}[chosen["TM"]]
+    tile_time = gemm_f16_config.TILE_TIME[chosen["TM"]]
     return wide * 256 if time < -(-geometry(chosen).grid(nt, od) // sms) * tile_time else 0
 
 

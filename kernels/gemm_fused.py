@@ -93,14 +93,14 @@ def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) ->
     """The FusedGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: the raw ring gets the slots (up to
     `MAX_RAW`) that fit beside the f16 ring in the H200's 227 KB. KernelConstraintError (one line) for a format
     without a dequantizer or knobs the fused kernel does not take (it is the STAGING=tma kernel: MMA=wgmma, KS=64,
-    LOOP=pipe; and STAGES >= 3, TM not 192). ``accumulate``: with the residual epilogue (`kernels.gemm_f16.geometry`)."""
+    LOOP=pipe; and STAGES >= 3, TM 64, 128 or 256). ``accumulate``: with the residual epilogue (`kernels.gemm_f16.geometry`)."""
     if qtype not in FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
     g = geometry(config, accumulate=accumulate)
-    if g.tm == 192:
-        raise KernelConstraintError("gemm_fused: TM=192 has no fused B producer (its dequantizing threads and header "
-                                    "boxes are laid out for TM 64, 128 or 256); use TM=128 or 256")
+    if g.tm in (112, 144, 192):
+        raise KernelConstraintError(f"gemm_fused: TM={g.tm} has no fused B producer (its dequantizing threads and "
+                                    f"header boxes are laid out for TM 64, 128 or 256); use TM=128 or 256")
     if g.staging != "tma" or g.stages < 3:
         raise KernelConstraintError(f"gemm_fused needs STAGING=tma (the default) and STAGES >= 3 (tile i + 1's B is "
                                     f"written while the batch of tile i - 1 may still read its slot; got STAGING="

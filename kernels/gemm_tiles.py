@@ -91,9 +91,9 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
     the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
     threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64); at
-    TM = 192 (48 chunks a row, which do not divide the threads) thread t takes chunks t, t + CONSUMERS, ... of the
-    tile in row-major order, so a warp writes 512 bytes of one row, or two runs at the end of one row and the start
-    of the next (one warp in three at TM = 192). Element (r, c)
+    TM = 112, 144, 192 (28, 36, 48 chunks a row, which do not divide the threads) thread t takes chunks t, t +
+    CONSUMERS, ... of the tile in row-major order, so a warp writes 512 bytes of one row, or two runs at the end of
+    one row and the start of the next. Element (r, c)
     with n0 + r < nt and m0 + c < od lands at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0:
     every element a 4-byte store (an ``out`` whose rows are not 16-byte aligned); else 16-byte stores except at the
     od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
@@ -102,7 +102,8 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
     S = TM + C_PAD
     CH = TM // 4  # 16-byte chunks a row
-    assert TM % 32 == 0 and (TN * CH) % CONSUMERS == 0
+    assert TM % 16 == 0 and (TN * CH) % CONSUMERS == 0  # row stride TM + 8 = 8 or 24 banks mod 32: either keeps a
+    # half-warp's four fragment rows on distinct banks
     stage = _stage_fragments(MI, NJ, S, CONSUMERS)
 
     @cuda.jit(device=True, inline="always")

@@ -161,6 +161,25 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
                 dict(cfg, AUTOTILE=0), nt, od, id_, sms=132)
 
 
+def test_autotile_4_chooses_among_every_tma_width():
+    """AUTOTILE=4 on 132 SMs: the whole-wave rule over TM=256, 192, 144, 128 and 112 (`TILE_TIME`). At nt=512 a 7B
+    qkv (od 4608) takes 144 (128 tiles, one wave), attn_output / ffn_down (od 3584) 112 (128 tiles against 112 of
+    128), a gate|up product stays 256-wide; the SwiGLU launch only multiples of 128; AUTOTILE=3 never picks 144 or
+    112; idempotent; partials_elements covers every launch."""
+    cfg = dict(AUTOTILE=4)
+    shapes = {"qkv_512": (512, 4608), "down_512": (512, 3584), "gate_up_512": (512, 37888), "down_2048": (2048, 3584)}
+    pick = {k: G.launch_config(cfg, nt, od, sms=132)["TM"] for k, (nt, od) in shapes.items()}
+    assert pick == {"qkv_512": 144, "down_512": 112, "gate_up_512": 256, "down_2048": 256}, pick
+    assert G.launch_config(cfg, 512, 3584, sms=132, glu=True)["TM"] % 128 == 0
+    assert G.launch_config(dict(AUTOTILE=3), 512, 3584, sms=132)["TM"] == 128
+    got = G.launch_config(cfg, 512, 4608, sms=132)
+    assert G.launch_config(got, 512, 4608, sms=132) == got
+    for nt, od, id_ in ((128, 37888, 3584), (512, 4608, 3584), (512, 3584, 18944)):
+        run = G.launch_config(cfg, nt, od, sms=132)
+        assert G.partials_elements(cfg, nt, od, id_, sms=132) >= G.partials_elements(
+            dict(run, AUTOTILE=0), nt, od, id_, sms=132)
+
+
 def test_autotile_3_adds_the_192_wide_tile():
     """AUTOTILE=3 on 132 SMs: the whole-wave rule over TM=256, 192 (MID_TILE_TIME) and 128. A 7B qkv runs 192-wide
     tiles at nt=512 (96 tiles, one wave, against 72 of 256 and two waves of 128) and at nt=2048 (3 waves of 192
@@ -291,8 +310,9 @@ def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
 def test_every_combination_fits_the_h200():
     sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
     # LOOP=addr32/pipe only with mma_sync + cp_async; wgmma: cp_async, addr32 (2-4 stages) or pipe (3-4 stages)
-    # + STAGING=tma: wgmma, KS=64, LOOP=pipe, TM 64|128|192|256; EPI staged/direct; every wgmma one also with NOCALL=1
-    assert len(sizes) == 432 + 2 * 108 + 2 * 180 + 2 * 2 * 72
+    # + STAGING=tma: wgmma, KS=64, LOOP=pipe, TM 64|112|128|144|192|256; EPI staged/direct; every wgmma one also with
+    # NOCALL=1
+    assert len(sizes) == 432 + 2 * 108 + 2 * 180 + 2 * 2 * 108
     assert max(sizes) <= H200_SMEM_OPTIN
 
 
@@ -354,7 +374,7 @@ def test_each_knob_value_compiles_and_changes_the_code(knob, value):
     config = dict(B, **{knob: value})
     if value == "wgmma":
         config["LOOP"] = "addr32"  # wgmma has no LOOP=v1 (the baseline's)
-    if value == "tma" or (knob, value) == ("TM", 192):  # TM=192 is a STAGING=tma tile
+    if value == "tma" or (knob, value) in (("TM", 112), ("TM", 144), ("TM", 192)):  # STAGING=tma tiles
         config.update(MMA="wgmma", KS=64, LOOP="pipe", STAGING="tma")  # STAGING=tma's only kernel
     ptx = _ptx(config)
     _assert_instructions(config, ptx)
