@@ -50,9 +50,9 @@ _DOCS = {
     "NOCALL": "MMA=wgmma: 1 = no subroutine call in the kernel (index divisions in uint32, the GLU epilogue's "
               "division div.approx), so ptxas keeps the wgmma asynchronous; 0 = 64-bit divisions, and ptxas "
               "serializes every wgmma (its warning C7509)",
-    "AUTOTILE": "1: a shape whose 256-wide grid quantizes badly on the SMs runs TM=128 (STAGING=tma, TM=256; "
-                "kernels.gemm_f16.launch_config); 3: the same choice among TM=256, 192 and 128; 0: the tile as "
-                "configured",
+    "AUTOTILE": "4: a shape whose 256-wide grid quantizes badly on the SMs runs the TM=192, 144 or 128 tiles whose "
+                "whole waves finish first (STAGING=tma, TM=256; kernels.gemm_f16.launch_config); 1: only TM=128; 0: "
+                "the tile as configured",
     "NARROWTAIL": "1: the whole waves of 256-wide tiles a grid holds, then the last, partial wave's columns as "
                   "128-wide tiles in a second launch (STAGING=tma, TM=256, no split; kernels.gemm_f16.tail_plan); "
                   "0: one launch",

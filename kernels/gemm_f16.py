@@ -112,7 +112,7 @@ def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
-    if cfg["TM"] in (112, 144, 192) and cfg["STAGING"] != "tma":
+    if cfg["TM"] in (144, 192) and cfg["STAGING"] != "tma":
         return (f"gemm_f16 TM={cfg['TM']} is a STAGING=tma tile (the cp.async kernels split TM over 2 or 4 warps in "
                 f"power-of-two widths; got STAGING={cfg['STAGING']}); use TM=128 or 256 there")
     if cfg["STAGING"] == "tma":
@@ -259,10 +259,9 @@ def launch_config(config: dict | None, nt: int, od: int, sms: int | None = None,
     """The resolved knob dict a launch of ``config`` runs for C[nt, od] on ``sms`` SMs (the current device's by
     default). AUTOTILE=1 with STAGING=tma and TM=256: TM=128 when its grid, in whole waves times
     `gemm_f16_config.NARROW_TILE_TIME`, finishes before the 256-wide grid's whole waves (wave quantization: a grid
-    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). AUTOTILE=3:
-    the same rule over TM=256, 192 (`gemm_f16_config.MID_TILE_TIME`) and 128; AUTOTILE=4 over 256, 192, 144, 128
-    and 112 (`gemm_f16_config.TILE_TIME`); the wider on a tie; ``glu`` (`gemm_f16_glu`'s launch) only among
-    multiples of 128. Otherwise the config itself. Idempotent."""
+    of 2.2 waves takes 3; split-K's partials, the other cure, cost a tile's worth of memory traffic). AUTOTILE=4
+    (the default): the same rule over TM=256, 192, 144 and 128 (`gemm_f16_config.TILE_TIME`); the wider on a tie;
+    ``glu`` (`gemm_f16_glu`'s launch) only among multiples of 128. Otherwise the config itself. Idempotent."""
     cfg = resolve_config(config)
     if cfg["AUTOTILE"] == 0 or cfg["TM"] != 256 or cfg["STAGING"] != "tma":
         return cfg
@@ -464,7 +463,7 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
 def glu_refusal(config: dict | None, od: int | None = None) -> str | None:
     """Why `gemm_f16_glu` cannot multiply a gate|up weight of ``od`` (= 2 ffn) rows with knob dict ``config``, in
     one line, or None: its kernel needs STAGING=tma, EPI=staged and TM a multiple of 128 (`geometry`), and od a
-    multiple of TM (every tile takes TM / 2 gate rows and the same up rows; AUTOTILE only narrows 256 to 128, so a
+    multiple of TM (every tile takes TM / 2 gate rows and the same up rows; AUTOTILE only narrows its 256 to 128, so a
     multiple of the configured TM fits either tile; od None: the kernel alone). The prefill engine asks it to
     choose between `gemm_f16_glu` and `gemm_f16` + swiglu."""
     try:

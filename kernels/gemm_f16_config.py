@@ -14,10 +14,11 @@ KNOBS: dict[str, tuple] = {
     # swizzled cp.async or TMA tiles), one warpgroup per 64 nt rows x N od columns; needs STAGING=cp_async with
     # LOOP=addr32|pipe (see kernels.gemm_cp_async._wgmma) or STAGING=tma (kernels.gemm_tma).
     "MMA": ("mma_sync", "wmma", "wgmma"),
-    # od tile (B rows per block). 112, 144, 192 (STAGING=tma only): other wgmma widths (m64nNk16, N any multiple of
-    # 8) for products whose 256- and 128-wide grids both quantize badly on the SMs (a 7B qkv at nt=512: 72 tiles of
-    # 256, 144 of 128, 96 of 192, 128 of 144; its ffn_down and attn_output, od 3584: 112 of 128, 128 of 112).
-    "TM": (64, 112, 128, 144, 192, 256),
+    # od tile (B rows per block). 144, 192 (STAGING=tma only): other wgmma widths (m64nNk16, N any multiple of 8)
+    # for products whose 256- and 128-wide grids both quantize badly on the SMs (a 7B qkv at nt=512: 72 tiles of
+    # 256, 144 of 128, 96 of 192, 128 of 144). 112 (one wave of 128 tiles where 128-wide ones leave 20 of 132 SMs
+    # idle, a 7B ffn_down at nt=512) took the same time as 128 (ledger #360) and was deleted.
+    "TM": (64, 128, 144, 192, 256),
     "TN": (64, 128),  # nt tile (A rows per block)
     "KS": (32, 64),  # k step per shared tile
     "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
@@ -55,28 +56,30 @@ KNOBS: dict[str, tuple] = {
 # AUTOTILE (STAGING=tma with TM=256; chooses among compiled kernels at launch): 1 runs a product whose
 # 256-wide grid quantizes badly on the SMs with TM=128 instead (`kernels.gemm_f16.launch_config`: a 7B qkv at
 # nt=2048 is 288 tiles of 256, 2.2 waves, and 576 of 128; attn_output at nt=512 is 56 tiles of 256 on 132 SMs);
-# 0: the tile as configured. 3: the same whole-wave choice among TM=256, 192 and 128 (192 not for the SwiGLU
-# epilogue, whose gate and up halves are TM / 2 = 64-aligned column blocks; `kernels.gemm_f16.launch_config`). 4: the
-# same choice among every STAGING=tma width, 256, 192, 144, 128 and 112 (`TILE_TIME`). 2 was
-# the choice priced with each tile's split-K plan: it lost (ledger #320-#322) and is deleted.
+# 0: the tile as configured. 4 (the default): the same whole-wave choice among TM=256, 192, 144 and 128 (`TILE_TIME`;
+# 192 and 144 not for the SwiGLU epilogue, whose gate and up halves are TM / 2 = 64-aligned column blocks;
+# `kernels.gemm_f16.launch_config`): a 7B qkv at nt=512 runs one wave of 144 (ledger #361: pp512 +1.4%). 2 was the
+# choice priced with each tile's split-K plan: it lost (ledger #320-#322); 3, the choice among 256, 192 and 128,
+# was neutral three times (#335, #336, #340) and 4 holds it: both deleted.
 # NARROWTAIL (STAGING=tma with TM=256): 1 runs the whole waves of 256-wide tiles a grid holds, then its last,
 # partial wave's columns as 128-wide tiles in a second launch (`kernels.gemm_f16.tail_plan`: a 7B ffn_gate_up at
 # nt=512 is 592 tiles of 256, 4.5 waves; 528 of them, then 128 of 128); 0: one launch.
-LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 3, 4),
+LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 4),
                                   "NARROWTAIL": (0, 1)}
-LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 1, "NARROWTAIL": 1}
+LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 4, "NARROWTAIL": 1}
 NARROW_TILE_TIME = 0.58
 """Time of a 128-wide (TM=128) tile over a 256-wide one's, in full waves at the same k (ledger #232: ffn_gate_up at
 nt=512, 9 waves of 128 in 249.8 µs, 5 waves of 256 in 239.5 µs); `launch_config`'s wave model."""
 MID_TILE_TIME = 0.86
-"""Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=3's wave model: one wave of
+"""Time of a 192-wide (TM=192) tile over a 256-wide one's at the same k, AUTOTILE=4's wave model: one wave of
 each on a 7B qkv at nt=512 (72 tiles of 256, 96 of 192), the 192-wide one 16.1% faster (ledger #333, H100:
 `minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0 --arm AUTOTILE=0,TM=192`), so 1 / 1.161."""
-TILE_TIME = {256: 1.0, 192: MID_TILE_TIME, 144: 0.65, 128: NARROW_TILE_TIME, 112: 0.51}
-"""Wave model of AUTOTILE=3 and 4: time of one wave of TM-wide tiles over a 256-wide one's at the same k. 128 and 192
-measured (NARROW_TILE_TIME, MID_TILE_TIME); 144 and 112 on the line through those two (0.28 a 64 columns), not yet
-measured: `minfer ab gemm_f16 -w W --arm AUTOTILE=0 --arm AUTOTILE=0,TM=112` puts a figure on them."""
-AUTOTILE_WIDTHS = {1: (256, 128), 3: (256, 192, 128), 4: (256, 192, 144, 128, 112)}
+TILE_TIME = {256: 1.0, 192: MID_TILE_TIME, 144: 0.76, 128: NARROW_TILE_TIME}
+"""The wave model of `kernels.gemm_f16.launch_config`: time of one wave of TM-wide tiles over a 256-wide one's at
+the same k. 144: one wave of a 7B qkv at nt=512 in 128 tiles of 144 took 0.880 of its 96 tiles of 192 (ledger #359,
+H100: `minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0,TM=192 --arm AUTOTILE=0,TM=144`), so 0.880 *
+MID_TILE_TIME."""
+AUTOTILE_WIDTHS = {1: (256, 128), 4: (256, 192, 144, 128)}
 """The STAGING=tma widths each AUTOTILE value chooses among (the SwiGLU epilogue takes only multiples of 128)."""
 MAX_SLICES = 16
 MIN_KTILES_PER_SLICE = 12

@@ -98,7 +98,7 @@ def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) ->
         raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
     g = geometry(config, accumulate=accumulate)
-    if g.tm in (112, 144, 192):
+    if g.tm in (144, 192):
         raise KernelConstraintError(f"gemm_fused: TM={g.tm} has no fused B producer (its dequantizing threads and "
                                     f"header boxes are laid out for TM 64, 128 or 256); use TM=128 or 256")
     if g.staging != "tma" or g.stages < 3:

@@ -141,11 +141,11 @@ def test_split_k_plans():
 
 
 def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
-    """AUTOTILE=1 (the default) on 132 SMs: TM=128 where its waves x NARROW_TILE_TIME beat the 256-wide grid's
+    """AUTOTILE=1 on 132 SMs: TM=128 where its waves x NARROW_TILE_TIME beat the 256-wide grid's
     waves (7B qkv at nt=2048: 288 tiles, 2.2 waves; attn_output / ffn_down at nt=512: 56 tiles; short prompts),
     TM=256 for the full-wave grids (ffn_gate_up at nt 512 and 2048, the output head); AUTOTILE=0, another TM or a
     cp.async kernel: the config as given. partials_elements serves both plans (any session: host arithmetic)."""
-    pick = {(nt, od): G.launch_config(None, nt, od, sms=132)["TM"]
+    pick = {(nt, od): G.launch_config(dict(AUTOTILE=1), nt, od, sms=132)["TM"]
             for nt, od in ((2048, 37888), (2048, 4608), (2048, 3584), (512, 37888), (512, 4608), (512, 3584),
                            (128, 37888), (128, 3584), (128, 152064))}
     assert pick == {(2048, 37888): 256, (2048, 4608): 128, (2048, 3584): 256, (512, 37888): 256, (512, 4608): 256,
@@ -153,7 +153,7 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
     assert G.launch_config(dict(AUTOTILE=0), 512, 3584, sms=132)["TM"] == 256
     assert G.launch_config(dict(TM=64), 512, 3584, sms=132)["TM"] == 64
     assert G.launch_config(dict(STAGING="cp_async"), 512, 3584, sms=132)["TM"] == 256
-    narrow = G.launch_config(None, 128, 37888, sms=132)
+    narrow = G.launch_config(dict(AUTOTILE=1), 128, 37888, sms=132)
     assert G.launch_config(narrow, 128, 37888, sms=132) == narrow  # idempotent
     for nt, od, id_ in ((128, 37888, 3584), (128, 3584, 18944), (512, 3584, 3584), (2048, 4608, 3584)):
         for cfg in (dict(G.DEFAULT, AUTOTILE=0), G.launch_config(None, nt, od, sms=132)):
@@ -162,45 +162,27 @@ def test_autotile_runs_badly_quantized_grids_with_128_wide_tiles():
 
 
 def test_autotile_4_chooses_among_every_tma_width():
-    """AUTOTILE=4 on 132 SMs: the whole-wave rule over TM=256, 192, 144, 128 and 112 (`TILE_TIME`). At nt=512 a 7B
-    qkv (od 4608) takes 144 (128 tiles, one wave), attn_output / ffn_down (od 3584) 112 (128 tiles against 112 of
-    128), a gate|up product stays 256-wide; the SwiGLU launch only multiples of 128; AUTOTILE=3 never picks 144 or
-    112; idempotent; partials_elements covers every launch."""
-    cfg = dict(AUTOTILE=4)
-    shapes = {"qkv_512": (512, 4608), "down_512": (512, 3584), "gate_up_512": (512, 37888), "down_2048": (2048, 3584)}
-    pick = {k: G.launch_config(cfg, nt, od, sms=132)["TM"] for k, (nt, od) in shapes.items()}
-    assert pick == {"qkv_512": 144, "down_512": 112, "gate_up_512": 256, "down_2048": 256}, pick
-    assert G.launch_config(cfg, 512, 3584, sms=132, glu=True)["TM"] % 128 == 0
-    assert G.launch_config(dict(AUTOTILE=3), 512, 3584, sms=132)["TM"] == 128
-    got = G.launch_config(cfg, 512, 4608, sms=132)
-    assert G.launch_config(got, 512, 4608, sms=132) == got
-    for nt, od, id_ in ((128, 37888, 3584), (512, 4608, 3584), (512, 3584, 18944)):
-        run = G.launch_config(cfg, nt, od, sms=132)
-        assert G.partials_elements(cfg, nt, od, id_, sms=132) >= G.partials_elements(
-            dict(run, AUTOTILE=0), nt, od, id_, sms=132)
-
-
-def test_autotile_3_adds_the_192_wide_tile():
-    """AUTOTILE=3 on 132 SMs: the whole-wave rule over TM=256, 192 (MID_TILE_TIME) and 128. A 7B qkv runs 192-wide
-    tiles at nt=512 (96 tiles, one wave, against 72 of 256 and two waves of 128) and at nt=2048 (3 waves of 192
-    against 3 of 256 and 5 of 128); attn_output / ffn_down at nt=512 stay 128-wide, ffn_down at nt=2048 and a
-    gate|up product at nt=512 256-wide (5 waves against 6 of 192 at 0.86 each); the SwiGLU launch never takes 192
-    (glu: its halves need TM / 2 = 64 columns); partials_elements covers every launch."""
-    cfg = dict(AUTOTILE=3)
+    """AUTOTILE=4 (the default) on 132 SMs: the whole-wave rule over TM=256, 192, 144 and 128 (`TILE_TIME`), the
+    wider on a tie. At nt=512 a 7B qkv (od 4608) runs one wave of 144 (128 tiles, against 72 of 256, 96 of 192 and
+    two waves of 128) and at nt=2048 three waves of 192 (against 3 of 256, 4 of 144, 5 of 128); attn_output /
+    ffn_down at nt=512 stay 128-wide, ffn_down at nt=2048 and the gate|up products 256-wide; the SwiGLU launch only
+    multiples of 128; AUTOTILE=1 never picks 192 or 144; idempotent; partials_elements covers every launch."""
     shapes = {"qkv_512": (512, 4608), "qkv_2048": (2048, 4608), "down_512": (512, 3584), "down_2048": (2048, 3584),
-              "gate_up_512": (512, 37888)}
-    pick = {k: G.launch_config(cfg, nt, od, sms=132)["TM"] for k, (nt, od) in shapes.items()}
-    assert pick == {"qkv_512": 192, "qkv_2048": 192, "down_512": 128, "down_2048": 256, "gate_up_512": 256}
-    assert G.launch_config(cfg, 512, 4608, sms=132, glu=True)["TM"] == 256  # the qkv shape, as a SwiGLU launch
-    assert G.launch_config(cfg, 128, 37888, sms=132, glu=True)["TM"] == 128
-    assert G.launch_config(None, 512, 4608, sms=132)["TM"] == 256  # AUTOTILE=1 never picks 192
-    mid = G.launch_config(cfg, 512, 4608, sms=132)
-    assert G.launch_config(mid, 512, 4608, sms=132) == mid  # idempotent
-    for nt, od, id_ in ((128, 37888, 3584), (512, 4608, 3584), (2048, 4608, 3584)):
-        for run in (G.launch_config(cfg, nt, od, sms=132), G.launch_config(cfg, nt, od, sms=132, glu=True)):
-            assert G.partials_elements(cfg, nt, od, id_, sms=132) >= G.partials_elements(
+              "gate_up_512": (512, 37888), "gate_up_2048": (2048, 37888)}
+    for cfg in (None, dict(AUTOTILE=4)):
+        pick = {k: G.launch_config(cfg, nt, od, sms=132)["TM"] for k, (nt, od) in shapes.items()}
+        assert pick == {"qkv_512": 144, "qkv_2048": 192, "down_512": 128, "down_2048": 256, "gate_up_512": 256,
+                        "gate_up_2048": 256}, pick
+    assert G.launch_config(None, 512, 4608, sms=132, glu=True)["TM"] == 256  # the qkv shape, as a SwiGLU launch
+    assert G.launch_config(None, 128, 37888, sms=132, glu=True)["TM"] == 128
+    assert G.launch_config(dict(AUTOTILE=1), 512, 4608, sms=132)["TM"] == 256
+    got = G.launch_config(None, 512, 4608, sms=132)
+    assert G.launch_config(got, 512, 4608, sms=132) == got  # idempotent
+    for nt, od, id_ in ((128, 37888, 3584), (512, 4608, 3584), (2048, 4608, 3584), (512, 3584, 18944)):
+        for run in (G.launch_config(None, nt, od, sms=132), G.launch_config(None, nt, od, sms=132, glu=True)):
+            assert G.partials_elements(None, nt, od, id_, sms=132) >= G.partials_elements(
                 dict(run, AUTOTILE=0), nt, od, id_, sms=132)
-            assert G.partials_elements(cfg, nt, od, id_, sms=132) <= G.partials_capacity(cfg, nt, od, 132)
+            assert G.partials_elements(None, nt, od, id_, sms=132) <= G.partials_capacity(None, nt, od, 132)
 
 
 def test_narrow_tail_splits_the_last_wave_into_128_wide_tiles():
@@ -226,7 +208,7 @@ def test_narrow_tail_splits_the_last_wave_into_128_wide_tiles():
 
 def test_experiment_effective_config_sees_autotile(monkeypatch):
     """`ab` refuses arms that run one kernel: the gemm_f16 experiment's effective configuration drops AUTOTILE where
-    it cannot act and, on a workload with a device present, resolves the tile AUTOTILE=1 runs there
+    it cannot act and, on a workload with a device present, resolves the tile AUTOTILE (the default 4) runs there
     (attn_output_nt512: TM=256 runs as 128, so TM=128 vs TM=256 is one kernel twice; ffn_gate_up: two kernels)."""
     import experiments.gemm_f16 as E
     from minfer_cli.commands.options import check_same_work
@@ -238,7 +220,7 @@ def test_experiment_effective_config_sees_autotile(monkeypatch):
     wide, narrow = dict(E._DEFAULT), dict(E._DEFAULT, TM=128)
     small = exp.workload("attn_output_nt512", [wide])
     big = exp.workload("ffn_gate_up", [wide])
-    assert exp.effective(narrow)["AUTOTILE"] == 0 and exp.effective(wide)["AUTOTILE"] == 1
+    assert exp.effective(narrow)["AUTOTILE"] == 0 and exp.effective(wide)["AUTOTILE"] == G.LAUNCH_DEFAULT["AUTOTILE"]
     assert exp.effective(wide, small) == exp.effective(narrow, small)
     assert exp.effective(wide, big) != exp.effective(narrow, big)
     assert exp.effective(dict(wide, AUTOTILE=0), small) != exp.effective(narrow, small)
@@ -310,9 +292,9 @@ def test_shared_memory_over_the_device_limit_is_refused(monkeypatch):
 def test_every_combination_fits_the_h200():
     sizes = [G.geometry(c).smem_bytes for c in G.all_configs()]
     # LOOP=addr32/pipe only with mma_sync + cp_async; wgmma: cp_async, addr32 (2-4 stages) or pipe (3-4 stages)
-    # + STAGING=tma: wgmma, KS=64, LOOP=pipe, TM 64|112|128|144|192|256; EPI staged/direct; every wgmma one also with
+    # + STAGING=tma: wgmma, KS=64, LOOP=pipe, TM 64|128|144|192|256; EPI staged/direct; every wgmma one also with
     # NOCALL=1
-    assert len(sizes) == 432 + 2 * 108 + 2 * 180 + 2 * 2 * 108
+    assert len(sizes) == 432 + 2 * 108 + 2 * 180 + 2 * 2 * 90
     assert max(sizes) <= H200_SMEM_OPTIN
 
 
@@ -374,7 +356,7 @@ def test_each_knob_value_compiles_and_changes_the_code(knob, value):
     config = dict(B, **{knob: value})
     if value == "wgmma":
         config["LOOP"] = "addr32"  # wgmma has no LOOP=v1 (the baseline's)
-    if value == "tma" or (knob, value) in (("TM", 112), ("TM", 144), ("TM", 192)):  # STAGING=tma tiles
+    if value == "tma" or (knob, value) in (("TM", 144), ("TM", 192)):  # STAGING=tma tiles
         config.update(MMA="wgmma", KS=64, LOOP="pipe", STAGING="tma")  # STAGING=tma's only kernel
     ptx = _ptx(config)
     _assert_instructions(config, ptx)

@@ -289,7 +289,7 @@ SIM_CASES = [
     ("tma: 192x128, m64n192, 48 chunks a staged C row (a warp across two rows), od and nt tails",
      dict(G.DEFAULT, TM=192, SPLITK=1), (70, 260, 128)),
     ("tma: 192x128, EPI=direct", dict(G.DEFAULT, TM=192, EPI="direct", SPLITK=1), (33, 200, 128)),
-    ("tma: 112x128, m64n112, 28 chunks a staged C row, od and nt tails", dict(G.DEFAULT, TM=112, SPLITK=1),
+    ("tma: 144x128, m64n144, 36 chunks a staged C row, od and nt tails", dict(G.DEFAULT, TM=144, SPLITK=1),
      (70, 236, 128)),
     ("tma: 144x128, m64n144, 36 chunks a staged C row, EPI=direct, tails", dict(G.DEFAULT, TM=144, EPI="direct",
                                                                                   SPLITK=1), (33, 150, 128)),
@@ -353,8 +353,7 @@ ADD_CASES = [  # (config, (nt, od, id), SMs, out one float into its buffer: 4-by
     ("the last wave's tiles in 2 slices", dict(SMALL_TMA, SPLITK=0), (33, 200, 128), 3, False),
     ("192-wide tiles, 4-byte rows at the od tail", dict(G.DEFAULT, TM=192, SPLITK=1), (20, 198, 128), 132, False),
     ("192-wide tiles in 3 slices", dict(G.DEFAULT, TM=192, SPLITK=3), (20, 200, 192), 132, False),
-    ("112-wide tiles, an od tail (ffn_down's and attn_output's residual add)", dict(G.DEFAULT, TM=112, SPLITK=1),
-     (20, 230, 128), 132, False),
+    ("144-wide tiles, an od tail", dict(G.DEFAULT, TM=144, SPLITK=1), (20, 230, 128), 132, False),
 ]
 
 
@@ -592,11 +591,11 @@ def _torch_rel(a, b, out) -> float:
                                     dict(WG, TM=64, TN=128, STAGES=2, LOOP="addr32"), TMA,
                                     dict(TMA, TM=128, TN=64, STAGES=2), dict(TMA, SPLITK=3), dict(G.DEFAULT, NOCALL=0),
                                     dict(TMA, SPLITK=3, NOCALL=1), dict(WG, NOCALL=1), dict(TMA, TM=192),
-                                    dict(TMA, TM=192, SPLITK=3), dict(TMA, TM=112, SPLITK=1),
+                                    dict(TMA, TM=192, SPLITK=3), dict(TMA, TM=144, SPLITK=1),
                                     dict(TMA, TM=144, SPLITK=3)],
                          ids=["default", "ks32", "addr32", "128x128", "128x64", "tma", "tma-128x64", "tma-split3",
                               "default-nocall0", "nocall-split3", "nocall-ks32", "tma-192", "tma-192-split3",
-                              "tma-112", "tma-144-split3"])
+                              "tma-144", "tma-144-split3"])
 @pytest.mark.parametrize("shape", [(2048, 18944, 3584), (2048, 3584, 18944), (33, 70, 256), (2047, 4609, 3584)], ids=str)
 def test_wgmma_gpu_matches_torch(config, shape):
     pytest.importorskip("torch")
@@ -609,8 +608,8 @@ def test_wgmma_gpu_matches_torch(config, shape):
     got = out.copy_to_host()
     assert np.isfinite(got).all()
     assert _torch_rel(a, b, got) < 1e-3
-    if config.get("STAGING") == "tma" and config.get("TM") not in (112, 144, 192):  # the same bits as the cp.async
-        # path's (same wgmma order, same k split; TM=112, 144, 192 are tma tiles only)
+    if config.get("STAGING") == "tma" and config.get("TM") not in (144, 192):  # the same bits as the cp.async
+        # path's (same wgmma order, same k split; TM=144 and 192 are tma tiles only)
         ref = cuda.to_device(np.full((nt, od), np.nan, np.float32))
         loop = "pipe" if config.get("STAGES", G.DEFAULT["STAGES"]) >= 3 else "addr32"
         G.gemm_f16(cuda.to_device(a), cuda.to_device(b), ref, config=dict(config, STAGING="cp_async", LOOP=loop))

@@ -163,10 +163,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                    "prompts' products leave most SMs idle otherwise); 1 none",
                    legacy=1)]
     knobs += [Knob("AUTOTILE", tuple(gemm_f16.LAUNCH_KNOBS["AUTOTILE"]), gemm_f16.LAUNCH_DEFAULT["AUTOTILE"],
-                   "prefill (pp): 1 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
-                   "(e.g. 2.2 waves) with 128-wide tiles (the default); 3 the same choice among 256-, 192- and "
-                   "128-wide tiles, 4 among 256, 192, 144, 128 and 112 (the SwiGLU epilogue's among 256 and 128); "
-                   "0 the configured tile everywhere",
+                   "prefill (pp): 4 runs a gemm_f16 product whose 256-wide tile grid quantizes badly on the SMs "
+                   "(e.g. 2.2 waves) with the 192-, 144- or 128-wide tiles whose whole waves finish first (the "
+                   "default; the SwiGLU epilogue's only 128); 1 chooses only between 256 and 128; 0 the configured "
+                   "tile everywhere",
                    legacy=0)]
     knobs += [Knob("NARROWTAIL", tuple(gemm_f16.LAUNCH_KNOBS["NARROWTAIL"]), gemm_f16.LAUNCH_DEFAULT["NARROWTAIL"],
                    "prefill (pp): 1 runs a gemm_f16 product's whole waves of 256-wide tiles, then its last, partial "
