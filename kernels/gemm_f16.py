@@ -167,9 +167,9 @@ def geometry(config: dict | None, glu: bool = False, accumulate: bool = False) -
 
 def all_configs():
     """Every valid knob combination, as dicts: 432 with LOOP=v1, plus 2 x 108 mma_sync + cp_async ones with LOOP
-    addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 72 MMA=wgmma +
-    tma ones (KS=64, LOOP=pipe; TM=192 only there) with each EPI: 972 (EPI=direct for the others: their EPI=staged
-    is the same kernel); the 324 MMA=wgmma ones also with NOCALL=1: 1296."""
+    addr32 / pipe (648), plus 180 MMA=wgmma + cp_async ones (addr32, or pipe with 3-4 stages), plus 90 MMA=wgmma +
+    tma ones (KS=64, LOOP=pipe; TM=144 and 192 only there) with each EPI: 1008 (EPI=direct for the others: their
+    EPI=staged is the same kernel); the 360 MMA=wgmma ones also with NOCALL=1: 1368."""
     keys = list(KNOBS)
     for values in itertools.product(*(KNOBS[k] for k in keys)):
         cfg = dict(zip(keys, values))

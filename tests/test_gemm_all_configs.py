@@ -3,7 +3,7 @@ knob that silently changes nothing, or a helper that silently falls back, fails 
 
 In CI (`compile`): a covering set — every pair of knob values that some valid combination holds appears in at least
 one compiled combination (greedy all-pairs over the valid ones), plus the default, the baseline and
-MMA_SYNC_BEST. On the GPU machine (`gpu`, for its cores, not its GPU): all 1296 valid combinations (648 of them
+MMA_SYNC_BEST. On the GPU machine (`gpu`, for its cores, not its GPU): all 1368 valid combinations (720 of them
 MMA=wgmma for sm_90a). Both compile in parallel."""
 
 from __future__ import annotations
@@ -71,5 +71,5 @@ def test_every_gemm_knob_combination_compiles_with_its_instructions():
     from kernels import gemm_f16 as G
 
     configs = list(G.all_configs())
-    assert len(configs) == 1296
+    assert len(configs) == 1368
     _compile_all(configs)

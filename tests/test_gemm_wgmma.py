@@ -434,8 +434,8 @@ def test_wgmma_geometry():
     assert G.geometry(dict(WG, TN=64, TM=64)).threads == 128
     n_wgmma = sum(1 for c in G.all_configs() if c["MMA"] == "wgmma" and c["STAGING"] == "cp_async")
     assert n_wgmma == 3 * 2 * 2 * 3 * (3 + 2) * 2  # TM x TN x KS x GROUP x (addr32: 3 stage counts, pipe: 2) x NOCALL
-    # TM (64, 128, 192, 256) x TN x STAGES x GROUP x EPI x NOCALL
-    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 4 * 2 * 3 * 3 * 2 * 2
+    # TM (64, 128, 144, 192, 256) x TN x STAGES x GROUP x EPI x NOCALL
+    assert sum(1 for c in G.all_configs() if c["STAGING"] == "tma") == 5 * 2 * 3 * 3 * 2 * 2
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).threads == 256 + 32  # plus the producer warp
     assert G.geometry(dict(G.DEFAULT, STAGING="tma")).smem_bytes == 4 * (256 + 128) * 128 + 4 * 16
 
