@@ -112,7 +112,7 @@ def _invalid(cfg: dict) -> str | None:
     """Why a (complete) knob combination is refused, or None."""
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
-    if cfg["TM"] in (144, 192) and cfg["STAGING"] != "tma":
+    if cfg["TM"] in gemm_f16_config.TMA_ONLY_TM and cfg["STAGING"] != "tma":
         return (f"gemm_f16 TM={cfg['TM']} is a STAGING=tma tile (the cp.async kernels split TM over 2 or 4 warps in "
                 f"power-of-two widths; got STAGING={cfg['STAGING']}); use TM=128 or 256 there")
     if cfg["STAGING"] == "tma":

@@ -45,6 +45,7 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16 import Geometry, geometry
+from kernels.gemm_f16_config import TMA_ONLY_TM
 from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b32, st_shared_v4_b32, sub_f16x2, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
@@ -98,7 +99,7 @@ def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) ->
         raise KernelConstraintError(f"gemm_fused: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(FUSED_TYPES)}")
     g = geometry(config, accumulate=accumulate)
-    if g.tm in (144, 192):
+    if g.tm in TMA_ONLY_TM:
         raise KernelConstraintError(f"gemm_fused: TM={g.tm} has no fused B producer (its dequantizing threads and "
                                     f"header boxes are laid out for TM 64, 128 or 256); use TM=128 or 256")
     if g.staging != "tma" or g.stages < 3:

@@ -91,7 +91,7 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
     the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
     threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64); at
-    TM = 112, 144, 192 (28, 36, 48 chunks a row, which do not divide the threads) thread t takes chunks t, t +
+    TM = 144, 192 (36, 48 chunks a row, which do not divide the threads) thread t takes chunks t, t +
     CONSUMERS, ... of the tile in row-major order, so a warp writes 512 bytes of one row, or two runs at the end of
     one row and the start of the next. Element (r, c)
     with n0 + r < nt and m0 + c < od lands at ``out[roff + n0 + r, m0 + c - coff]``. ``cvec`` 0:
