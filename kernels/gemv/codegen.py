@@ -17,8 +17,10 @@ from numba import cuda
 from kernels.activation import silu_mul
 from kernels.gemv.config import GemvConfig, stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
+from kernels.gemv.dots_q8 import SHARED_X_LOADERS
 from kernels.gemv.formats import _FOLD, _FOLD_RES, _IMPLS, _MMVQ_IMPLS, _MMVQ_RES_IMPLS, _RING_FETCH
 from kernels.jit import kernel_from_source
+from kernels.norm import _inv_rms
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
@@ -28,12 +30,13 @@ from kernels.ptx import (
     prefetch_l2,
     syncwarp,
 )
-from kernels.quant.bits import SIMULATOR
+from kernels.quant.bits import SIMULATOR, u32_words
 from kernels.quant.formats import block_format
+from kernels.quantize_q8 import quantize_warp_block, store_residual
 
 
 _KERNEL_TEMPLATE = """
-def {fname}(raw, {wargs}{xargs}, y, res, od, id):
+def {fname}(raw, {wargs}{params}, y, res, od, id):
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -89,7 +92,7 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
 
 
 def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
-               at: bool = False, pdl: bool = False) -> str:
+               at: bool = False, pdl: bool = False, prologue: tuple = ()) -> str:
     """The chunk loop with STAGE = ``slots`` >= 2: a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
@@ -100,7 +103,8 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
     instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
     ``pdl``: the first copies (W only)
-    are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it."""
+    are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it. ``prologue``: lines run after
+    the first copies (and the wait), before the loop (`_norm_prologue`)."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
     step = wpr
@@ -109,6 +113,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
     lines += ["    griddepcontrol_wait()"] if pdl else []
+    lines += list(prologue)
     lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):",
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
               *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
@@ -148,6 +153,28 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
                   f"                {v} += part[({m * wpr} + w) * {rpb} + tid]"]
     lines.append(f"            y[row] = {value('v', 'u', 'row')}")
     return "\n".join(lines)
+
+
+def _norm_prologue(width: int, xres: bool, wpr: int) -> list[str]:
+    """The lines of a fused-RMSNorm kernel (`GemvConfig.norm` = ``width``) that make its x: every thread takes part
+    in ``inv = 1 / sqrt(mean(xf²) + eps)`` (`kernels.norm._inv_rms`, the RMSNorm's own arithmetic over this block's
+    threads), then warp w quantizes Q8_1 blocks w, w + WPR, ... of ``(xf * inv) * nw`` into shared memory
+    (`kernels.quantize_q8.quantize_warp_block`, and `store_residual` with XRES: the values `kernels.norm.rms_norm_q8`
+    writes, up to the scale's rounding at another thread count), and after a barrier the loop reads ``xq``, ``xd``,
+    ``xsum`` (``xr``) from there as it would read them from global memory."""
+    align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
+    lines = [f"    xq8 = cuda.shared.array({width}, np.int8, alignment={align})",
+             f"    xd = cuda.shared.array({width // 32}, np.float32)",
+             f"    xsum = cuda.shared.array({width // 32}, np.float32)",
+             "    inv = _inv_rms(xf, 0, eps)",
+             f"    for qb in range(warp, {width // 32}, {wpr}):",
+             "        qc = qb * 32 + lane",
+             "        qs_, qv_ = quantize_warp_block((xf[0, qc] * inv) * nw[qc], qc, xq8, xd, xsum)"]
+    if xres:
+        lines.insert(1, f"    xr8 = cuda.shared.array({width}, np.int8, alignment={align})")
+        lines += ["        store_residual(qs_, qv_, qc, xr8)"]
+    lines += ["    cuda.syncthreads()", "    xq = u32_words(xq8)"] + (["    xr = u32_words(xr8)"] if xres else [])
+    return lines
 
 
 def lookahead_lines(chunk_bytes: int) -> int:
@@ -190,27 +217,32 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     math = math_q8r if xres else math_q8 if mmvq else math_f32
     if fold:
         xload, dot, math = (_FOLD_RES if xres else _FOLD)[name]
+    norm = config.norm
+    if norm:  # x is made in shared memory by the prologue
+        xload = SHARED_X_LOADERS.get(xload, xload)
+    prologue = _norm_prologue(norm, xres, wpr) if norm else []
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
              f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}"
-             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}")
+             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}{f'_norm{norm}' if norm else ''}")
     xargs = ("xq, xd, xsum, xr" if xres else "xq, xd, xsum") if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
     if stage:
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl)
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl,
+                          prologue)
     else:
         first = [line for j in range(config.lookahead)
                  for line in _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, f"warp + {j * wpr}")]
         first += ["    griddepcontrol_wait()"]
-        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr}):",
+        loop = "\n".join([*(first if pdl else []), *prologue, f"    for c in range(warp, nchunks, {wpr}):",
                           _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
-        xargs=xargs,
+        params=_params(config),
         lpb=lpb,
         bs=bs,
         bpc=32 // lpb,
@@ -229,8 +261,18 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
              "griddepcontrol_wait": griddepcontrol_wait,
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
-             "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
+             "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group,
+             "_inv_rms": _inv_rms, "quantize_warp_block": quantize_warp_block, "store_residual": store_residual,
+             "u32_words": u32_words}
     return fname, src, scope
+
+
+def _params(config: GemvConfig) -> str:
+    """The kernel's x parameters: the residual stream, the RMSNorm weight and eps with a fused RMSNorm
+    (`GemvConfig.norm`), else x's Q8_1 arrays (q words, d, s, and r words with XRES) or f32 x as uint32 words."""
+    if config.norm:
+        return "xf, nw, eps"
+    return ("xq, xd, xsum, xr" if config.xres else "xq, xd, xsum") if config.mmvq else "xv"
 
 
 _PER_FORMAT = ("xload", "dot", "fetch", "math")
@@ -255,7 +297,7 @@ def _pair_source(first: GemvConfig, second: GemvConfig) -> tuple[str, str, dict]
         scope.update({k: v for k, v in sc.items() if k not in _PER_FORMAT})
         bodies.append('@cuda.jit(device=True, inline="always")' + src)
         names.append(body)
-    xargs = ("xq, xd, xsum, xr" if first.xres else "xq, xd, xsum") if first.mmvq else "xv"
+    xargs = _params(first)
     name = f"gemv_pair__{names[0]}__{names[1]}"
     kernel_src = (f"\ndef {name}(raw_a, {xargs}, y_a, res_a, od_a, id_a, raw_b, y_b, res_b, od_b, id_b, grid_a):\n"
                   "    bx = cuda.blockIdx.x\n"

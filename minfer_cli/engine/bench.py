@@ -41,7 +41,8 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS",
+                "FUSE_NORM_GEMV")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -128,6 +129,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                  "the row's scale (the same bits; the default: +9.3% / +3.0% tg128 "
                                                  "on the 1.5B / 7B); 0 quantizes in a separate kernel. No effect "
                                                  "with MMVQ=0", legacy=0)]
+    knobs += [Knob("FUSE_NORM_GEMV", (0, 1, 2), 0, "decode (tg, MMVQ=1): 1 computes the attention RMSNorm and its "
+                                                   "Q8_1 blocks inside the q/k/v mat-vecs (every CUDA block for "
+                                                   "itself, in shared memory: no norm launch); 2 also the FFN "
+                                                   "RMSNorm inside gate/up; 0 a norm launch each (FUSE_NORM_SPLIT). "
+                                                   "No effect with MMVQ=0")]
     knobs += [Knob("FUSE_QKV_MIXED", (0, 1), 1, "decode (tg, FUSE_ADD=1, FUSE_QKV=1): 1 runs the two q/k/v "
                                                 "mat-vecs FUSE_QKV leaves where the layer has two formats (Q4_K_M: "
                                                 "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
@@ -260,7 +266,7 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
-                           ahead=int(config.get("AHEAD", 1)))
+                           ahead=int(config.get("AHEAD", 1)), fuse_norm_gemv=int(config.get("FUSE_NORM_GEMV", 0)))
     return EngineOptions(prefill, decode)
 
 
