@@ -515,15 +515,20 @@ def _normed(id, rng, xres=True):
     return x, w, eps, NormedInput(cuda.to_device(x.reshape(1, id)), cuda.to_device(w), eps, xres)
 
 
-def _norm_q8(nx, id, threads, xres):
-    """The unfused input: `kernels.norm.rms_norm_q8`'s Q8_1 blocks at ``threads`` threads a CUDA block, the fused
-    kernel's block size, so its scale is summed in the same order (the same bits)."""
+def _norm_q8(nx, id, xres):
+    """The unfused input: `kernels.norm.rms_norm_q8`'s Q8_1 blocks of the same x, weight and eps."""
     from kernels.norm import rms_norm_q8
     from kernels.quantize_q8 import q8_blocks
 
     q8 = q8_blocks(id, compensated=xres)
-    rms_norm_q8(nx.x, nx.weight, nx.eps, cuda.device_array((1, id), np.float32), q8, tpb=threads)
+    rms_norm_q8(nx.x, nx.weight, nx.eps, cuda.device_array((1, id), np.float32), q8, tpb=64)
     return q8
+
+
+NORM_TOL = {True: 1e-4, False: 2e-3}
+"""The fused RMSNorm against the norm kernel's input (compensated, plain Q8_1 x): the scale's sum of squares is
+added in another order, and a last-bit change of the scale can move a value across a rounding boundary: one step
+of d/254 (compensated) or d (plain) in a few of the id values. A wrong block, scale or weight costs O(1)."""
 
 
 def _poisoned(n):
@@ -533,11 +538,11 @@ def _poisoned(n):
 @pytest.mark.parametrize("name, od, id, rpb, wpr, stage, fold, xres", [
     ("Q4_K", 5, 768, 2, 2, 0, 0, True), ("Q4_K", 9, 512, 8, 1, 0, 0, False), ("Q6_K", 5, 768, 4, 1, 0, 0, True),
     ("Q6_K", 4, 1536, 2, 2, 2, 1, True), ("Q8_0", 5, 800, 2, 2, 0, 0, True), ("Q8_0", 3, 1280, 4, 1, 0, 0, False)])
-def test_norm_gemv_equals_the_norm_kernel_then_the_product(name, od, id, rpb, wpr, stage, fold, xres):
+def test_norm_gemv_matches_the_norm_kernel_then_the_product(name, od, id, rpb, wpr, stage, fold, xres):
     """A kernel given the residual stream (`NormedInput`: RMSNorm and Q8_1 blocks made by every CUDA block in shared
-    memory) equals `kernels.norm.rms_norm_q8` at its thread count followed by the same product, bit for bit, every
-    MMVQ format, the direct loop and the ring, FOLD, plain and compensated x, a residual epilogue (odd od), tail
-    shapes; and with compensated x it matches float64 ``dequantize(W) @ (x / rms(x) * w)`` (no Q8_1 emulated)."""
+    memory) matches `kernels.norm.rms_norm_q8` followed by the same product within `NORM_TOL`, every MMVQ format,
+    the direct loop and the ring, FOLD, plain and compensated x, a residual epilogue (odd od), tail shapes; and
+    with compensated x it matches float64 ``dequantize(W) @ (x / rms(x) * w)`` (no Q8_1 emulated)."""
     rng = np.random.default_rng()
     raw = random_blocks(name, od, id, rng)
     dev = cuda.to_device(raw)
@@ -548,30 +553,30 @@ def test_norm_gemv_equals_the_norm_kernel_then_the_product(name, od, id, rpb, wp
               residual=residual is not None)
     fused, plain = _poisoned(od), _poisoned(od)
     gemv_q(dev, name, od, id, nx, fused, config=GemvConfig(name, norm=id, **kw), residual=res)
-    gemv_q(dev, name, od, id, _norm_q8(nx, id, 32 * wpr, xres), plain, config=GemvConfig(name, **kw), residual=res)
+    gemv_q(dev, name, od, id, _norm_q8(nx, id, xres), plain, config=GemvConfig(name, **kw), residual=res)
     got = fused.copy_to_host()
-    np.testing.assert_array_equal(got, plain.copy_to_host())
+    x64 = x.astype(np.float64)
+    h = (x64 / np.sqrt(np.mean(x64 * x64) + eps) * w).astype(np.float32)
+    _assert_close(got, plain.copy_to_host().astype(np.float64), _scale(raw, name, od, id, h, residual),
+                  tol=NORM_TOL[xres])
     if xres:
-        x64 = x.astype(np.float64)
-        h = (x64 / np.sqrt(np.mean(x64 * x64) + eps) * w).astype(np.float32)
         ref = _reference(raw, name, od, id, h) + (0.0 if residual is None else residual.astype(np.float64))
         _assert_close(got, ref, _scale(raw, name, od, id, h, residual), tol=2e-3)
 
 
-def test_norm_gemv_glu_and_pair_equal_the_norm_kernel_then_the_products():
+def test_norm_gemv_glu_and_pair_match_the_norm_kernel_then_the_products():
     """The fused RMSNorm in the SwiGLU kernel (gate/up) and in `gemv_pair` (q|k Q4_K and v Q6_K with biases: each
-    half computes the norm for its own CUDA blocks) gives the bits of the unfused input."""
+    half computes the norm for its own CUDA blocks) matches the unfused input's results within `NORM_TOL`."""
     rng = np.random.default_rng()
     id, wpr = 512, 2
     x, w, eps, nx = _normed(id, rng)
-    q8 = _norm_q8(nx, id, 32 * wpr, True)
+    q8 = _norm_q8(nx, id, True)
     wg, wu = (cuda.to_device(random_blocks("Q4_K", 5, id, rng)) for _ in range(2))
     outs = []
     for xin, norm in ((nx, id), (q8, 0)):
         config = GemvConfig("Q4_K", rows_per_block=2, warps_per_row=wpr, mmvq=True, xres=True, glu=True, norm=norm)
         outs.append(gemv_glu(wg, wu, "Q4_K", 5, id, xin, _poisoned(5), config=config).copy_to_host())
-    np.testing.assert_array_equal(*outs)
-    assert not np.isnan(outs[0]).any()
+    _assert_close(outs[0], outs[1].astype(np.float64), np.abs(outs[1]) + 1.0, tol=NORM_TOL[True])
     weights = [(cuda.to_device(random_blocks(n, od, id, rng)), n, od) for n, od in (("Q4_K", 5), ("Q6_K", 3))]
     biases = [cuda.to_device(rng.standard_normal(od).astype(np.float32)) for _, _, od in weights]
     results = []
@@ -582,8 +587,7 @@ def test_norm_gemv_glu_and_pair_equal_the_norm_kernel_then_the_products():
         gemv_pair(calls[0], calls[1], xin)
         results.append([c[4].copy_to_host() for c in calls])
     for fused, plain in zip(*results):
-        assert not np.isnan(fused).any()
-        np.testing.assert_array_equal(fused, plain)
+        _assert_close(fused, plain.astype(np.float64), np.abs(plain) + 1.0, tol=NORM_TOL[True])
 
 
 def test_norm_gemv_refusals():

@@ -10,6 +10,7 @@ joins the warps and stores y (`_epilogue`). Which x loader, block dot, fetch and
 from __future__ import annotations
 
 import re
+from math import sqrt
 
 import numpy as np
 from numba import cuda
@@ -20,7 +21,7 @@ from kernels.gemv.device import ZERO, _warp_sum
 from kernels.gemv.dots_q8 import SHARED_X_LOADERS
 from kernels.gemv.formats import _FOLD, _FOLD_RES, _IMPLS, _MMVQ_IMPLS, _MMVQ_RES_IMPLS, _RING_FETCH
 from kernels.jit import kernel_from_source
-from kernels.norm import _inv_rms
+from kernels.norm import block_allreduce_sum
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
@@ -32,7 +33,7 @@ from kernels.ptx import (
 )
 from kernels.quant.bits import SIMULATOR, u32_words
 from kernels.quant.formats import block_format
-from kernels.quantize_q8 import quantize_warp_block, store_residual
+from kernels.quantize_q8 import F127, F254, ONE, _roundf
 
 
 _KERNEL_TEMPLATE = """
@@ -155,24 +156,45 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
     return "\n".join(lines)
 
 
-def _norm_prologue(width: int, xres: bool, wpr: int) -> list[str]:
-    """The lines of a fused-RMSNorm kernel (`GemvConfig.norm` = ``width``) that make its x: every thread takes part
-    in ``inv = 1 / sqrt(mean(xf²) + eps)`` (`kernels.norm._inv_rms`, the RMSNorm's own arithmetic over this block's
-    threads), then warp w quantizes Q8_1 blocks w, w + WPR, ... of ``(xf * inv) * nw`` into shared memory
-    (`kernels.quantize_q8.quantize_warp_block`, and `store_residual` with XRES: the values `kernels.norm.rms_norm_q8`
-    writes, up to the scale's rounding at another thread count), and after a barrier the loop reads ``xq``, ``xd``,
-    ``xsum`` (``xr``) from there as it would read them from global memory."""
+def _tree(terms: list[str], op: str) -> str:
+    """The expression combining ``terms`` (32) as the xor butterfly of `kernels.quantize_q8.quantize_warp_block`
+    does for lane 0: pairs 16 apart first, then 8, 4, 2, 1, the lower index on the left (every lane's result is
+    this one: float addition is commutative)."""
+    while len(terms) > 1:
+        half = len(terms) // 2
+        terms = [(f"({a} + {b})" if op == "+" else f"max({a}, {b})") for a, b in zip(terms[:half], terms[half:])]
+    return terms[0]
+
+
+def _norm_prologue(width: int, xres: bool, threads: int) -> list[str]:
+    """The lines of a fused-RMSNorm kernel (`GemvConfig.norm` = ``width``) that make its x in shared memory, one
+    thread per Q8_1 block of 32 (thread t takes blocks t, t + threads, ...), no shuffles: each thread loads its
+    blocks' x (32 independent loads), the block sums the squares (`kernels.norm.block_allreduce_sum`) into
+    ``inv = 1 / sqrt(mean(x²) + eps)`` (correctly rounded sqrt and division, as `kernels.norm`), then each thread
+    quantizes ``(x * inv) * nw`` of its blocks with `kernels.quantize_q8.quantize_warp_block`'s operations (its
+    sum in the butterfly's order: `_tree`) into ``xq``, ``xd``, ``xsum`` (``xr``), which the loop then reads as it
+    reads them from global memory. The scale's sum of squares is added in another order than the norm kernel's."""
     align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
+    nb = width // 32
     lines = [f"    xq8 = cuda.shared.array({width}, np.int8, alignment={align})",
-             f"    xd = cuda.shared.array({width // 32}, np.float32)",
-             f"    xsum = cuda.shared.array({width // 32}, np.float32)",
-             "    inv = _inv_rms(xf, 0, eps)",
-             f"    for qb in range(warp, {width // 32}, {wpr}):",
-             "        qc = qb * 32 + lane",
-             "        qs_, qv_ = quantize_warp_block((xf[0, qc] * inv) * nw[qc], qc, xq8, xd, xsum)"]
-    if xres:
-        lines.insert(1, f"    xr8 = cuda.shared.array({width}, np.int8, alignment={align})")
-        lines += ["        store_residual(qs_, qv_, qc, xr8)"]
+             *([f"    xr8 = cuda.shared.array({width}, np.int8, alignment={align})"] if xres else []),
+             f"    xd = cuda.shared.array({nb}, np.float32)",
+             f"    xsum = cuda.shared.array({nb}, np.float32)",
+             "    nrm = cuda.shared.array(32, np.float32)",
+             "    ss = ZERO",
+             f"    for qb in range(tid, {nb}, {threads}):",
+             *[f"        u{k} = xf[0, qb * 32 + {k}]" for k in range(32)],
+             f"        ss += {_tree([f'u{k} * u{k}' for k in range(32)], '+')}",
+             f"    inv = ONE / sqrt(block_allreduce_sum(ss, nrm) / np.float32({width}) + eps)",
+             f"    for qb in range(tid, {nb}, {threads}):",
+             *[f"        v{k} = (xf[0, qb * 32 + {k}] * inv) * nw[qb * 32 + {k}]" for k in range(32)],
+             f"        dd = {_tree([f'abs(v{k})' for k in range(32)], 'max')} / F127",
+             "        di = ONE / dd if dd != ZERO else ZERO",
+             "        xd[qb] = dd",
+             f"        xsum[qb] = {_tree([f'v{k}' for k in range(32)], '+')}"]
+    for k in range(32):
+        lines += [f"        s{k} = v{k} * di", f"        q{k} = _roundf(s{k})", f"        xq8[qb * 32 + {k}] = np.int8(q{k})"]
+        lines += [f"        xr8[qb * 32 + {k}] = np.int8(_roundf((s{k} - q{k}) * F254))"] if xres else []
     lines += ["    cuda.syncthreads()", "    xq = u32_words(xq8)"] + (["    xr = u32_words(xr8)"] if xres else [])
     return lines
 
@@ -220,7 +242,7 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     norm = config.norm
     if norm:  # x is made in shared memory by the prologue
         xload = SHARED_X_LOADERS.get(xload, xload)
-    prologue = _norm_prologue(norm, xres, wpr) if norm else []
+    prologue = _norm_prologue(norm, xres, 32 * wpr) if norm else []
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
@@ -262,8 +284,8 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
              "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group,
-             "_inv_rms": _inv_rms, "quantize_warp_block": quantize_warp_block, "store_residual": store_residual,
-             "u32_words": u32_words}
+             "block_allreduce_sum": block_allreduce_sum, "_roundf": _roundf, "sqrt": sqrt, "ONE": ONE,
+             "F127": F127, "F254": F254, "u32_words": u32_words}
     return fname, src, scope
 
 
