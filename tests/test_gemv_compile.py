@@ -107,6 +107,7 @@ _FIELD_CHANGES = {
     "mmvq": ({}, {"mmvq": True}),
     "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),
     "residual": ({}, {"residual": True}),
+    "norm": ({"mmvq": True}, {"mmvq": True, "norm": 512}),
 }
 """Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
 
