@@ -157,32 +157,6 @@ def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
     assert _rel(engine.step().copy_to_host(), Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
-def test_fuse_norm_gemv_launches_no_layer_norm_and_stays_within_the_bar(micro_weights, monkeypatch):
-    """FUSE_NORM_GEMV=2: the q/k/v (one `gemv_pair` launch) and gate/up mat-vecs take the residual stream and
-    compute each RMSNorm themselves (`kernels.gemv.NormedInput`; that kernel against the norm kernel, bit for bit:
-    tests/test_gemv.py), so the only norm launch of a step is the output head's; one eager step within 1e-2 of the
-    float64 forward, as XRES=1's separate norms are. =1 fuses the attention RMSNorm only."""
-    import kernels.norm
-    from kernels.gemv import NormedInput
-    from minfer_cli.engine.decode import DecodeEngine
-    from minfer_cli.engine.reference import Reference
-
-    norms, norm_q8 = [], kernels.norm.rms_norm_q8
-    monkeypatch.setattr(kernels.norm, "rms_norm_q8", lambda *a, **k: (norms.append(1), norm_q8(*a, **k))[1])
-    first = int(np.random.default_rng().integers(0, micro_weights.config.vocab))
-    engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fuse_norm_gemv=2), splits=1,
-                          rows_per_block=8, warps_per_row=1)
-    engine.start(first, 0)
-    got = engine.step().copy_to_host()
-    assert len(norms) == 1  # the output head's
-    assert _rel(got, Reference(micro_weights).forward([first], last_only=True)) < 1e-2
-    one = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, fuse_norm_gemv=1), splits=1)
-    assert isinstance(one._norm_input(one.layers[0].attn_norm, [m for m, _, _ in one.layers[0].qkv]), NormedInput)
-    assert len(norms) == 1  # made without a launch
-    off = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, mmvq=False, fuse_norm_gemv=2), splits=1)
-    assert off.fuse_norm_gemv == 0  # no Q8_1 inputs: nothing to fuse into
-
-
 def test_fuse_qkv_stacks_runs_of_one_format_and_glu_pairs_gate_and_up(micro_weights):
     """FUSE_QKV=1 wiring: q and k (both Q4_K) become one mat-vec over their stacked rows, v (Q6_K) stays alone, each
     writing its own slice of the q|k|v vector; FUSE_GLU's kernel reads gate and up of one format. That the fused
@@ -407,8 +381,6 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["FUSE_ATTN_Q8"].default == 1 and "FUSE_ATTN_Q8" in DECODE_KNOBS
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_SPLIT": "0"}, "e")).decode.fuse_norm_split
     assert knobs["FUSE_NORM_SPLIT"].default == 1 and "FUSE_NORM_SPLIT" in DECODE_KNOBS
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_NORM_GEMV": "2"}, "e")).decode.fuse_norm_gemv == 2
-    assert knobs["FUSE_NORM_GEMV"].values == (0, 1, 2) and "FUSE_NORM_GEMV" in DECODE_KNOBS
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
     assert not engine_options(resolve_config(engine_knobs(), {"FEW_ROWS": "0"}, "e")).decode.few_rows
     assert knobs["FEW_ROWS"].default == 1 and "FEW_ROWS" in DECODE_KNOBS
@@ -418,6 +390,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert "ATTN_MINB" not in knobs  # deleted after its sweep (ledger #170)
     assert "DEEP_STAGE" not in knobs  # deleted after its A/B (ledger #349)
     assert "ATTN_ONE" not in knobs  # one decode-attention kernel, its last block combining: deleted (#357, #358)
+    assert "FUSE_NORM_GEMV" not in knobs  # each RMSNorm inside the mat-vecs it feeds: deleted (#365-#368)
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
     assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
@@ -838,32 +811,6 @@ def test_pdl_step_launches_the_layer_chain_with_programmatic_serialization(monke
     assert len(configs) >= 14 * weights.config.n_layers
     assert all(c.programmatic_stream_serialization for c in configs)
     np.testing.assert_array_equal(logits[0], logits[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("level", [1, 2])
-def test_fuse_norm_gemv_moves_the_logits_by_rounding_only(level):
-    """FUSE_NORM_GEMV computes each fused RMSNorm's scale over the mat-vec's CUDA block instead of the norm kernel's
-    (another summation order): 16 teacher-forced eager steps at real launch shapes give logits within 1e-3 of
-    the default's (a last-bit scale change can move a compensated Q8_1 value by one step of d/254)."""
-    from minfer_cli.engine.decode import DecodeEngine
-    from minfer_cli.engine.weights import synth_weights
-
-    rng = np.random.default_rng()
-    weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
-    tokens = rng.integers(0, weights.config.vocab, size=16)
-    runs = []
-    for options in (DecodeOptions(graphs=False), DecodeOptions(graphs=False, fuse_norm_gemv=level)):
-        engine = DecodeEngine(weights, 16, options)
-        steps = []
-        for i, token in enumerate(tokens):
-            engine.start(int(token), i)
-            steps.append(engine.step().copy_to_host(stream=engine.stream))
-        engine.stream.synchronize()
-        engine.close()
-        runs.append(np.array(steps, dtype=np.float64))
-    err = np.linalg.norm(runs[1] - runs[0], axis=1) / np.linalg.norm(runs[0], axis=1)
-    assert np.isfinite(runs[1]).all() and err.max() < 1e-3, err.max()
 
 
 @pytest.mark.gpu

@@ -19,8 +19,8 @@ import pytest
 from numba import cuda
 
 from kernels.errors import KernelConstraintError
-from kernels.gemv import (GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, NormedInput, gemv_glu, gemv_pair, gemv_q,
-                          kernel_for, pair_refusal)
+from kernels.gemv import (GEMV_TYPES, MMVQ_TYPES, STAGE_TYPES, GemvConfig, gemv_glu, gemv_pair, gemv_q, kernel_for,
+                          pair_refusal)
 from kernels.quant.dequant import _address
 from kernels.quant.formats import FORMATS
 from minfer_cli.quant_blocks import random_blocks
@@ -501,120 +501,6 @@ def test_pair_rejects_configs_that_cannot_share_a_launch():
     staged = GemvConfig("Q6_K", rows_per_block=4, warps_per_row=4, mmvq=True, stage=3)
     assert "over the 49152-byte static limit" in pair_refusal(staged, staged)
     assert pair_refusal(one[-1], one[-1]) is None
-
-
-# ---- simulator: the fused RMSNorm (decode's FUSE_NORM_GEMV) ----------------------------------------------
-
-
-def _normed(id, rng, xres=True):
-    """A residual stream x (f32, one random scale for the row), an RMSNorm weight, eps, and their `NormedInput`
-    on the device."""
-    x = (rng.standard_normal(id) * rng.uniform(0.1, 10.0)).astype(np.float32)
-    w = rng.uniform(0.2, 2.0, id).astype(np.float32)
-    eps = float(rng.choice([1e-6, 1e-5]))
-    return x, w, eps, NormedInput(cuda.to_device(x.reshape(1, id)), cuda.to_device(w), eps, xres)
-
-
-def _norm_q8(nx, id, xres):
-    """The unfused input: `kernels.norm.rms_norm_q8`'s Q8_1 blocks of the same x, weight and eps."""
-    from kernels.norm import rms_norm_q8
-    from kernels.quantize_q8 import q8_blocks
-
-    q8 = q8_blocks(id, compensated=xres)
-    rms_norm_q8(nx.x, nx.weight, nx.eps, cuda.device_array((1, id), np.float32), q8, tpb=64)
-    return q8
-
-
-NORM_TOL = {True: 1e-4, False: 2e-3}
-"""The fused RMSNorm against the norm kernel's input (compensated, plain Q8_1 x): the scale's sum of squares is
-added in another order, and a last-bit change of the scale can move a value across a rounding boundary: one step
-of d/254 (compensated) or d (plain) in a few of the id values. A wrong block, scale or weight costs O(1)."""
-
-
-def _poisoned(n):
-    return cuda.to_device(np.full(n, np.nan, dtype=np.float32))
-
-
-@pytest.mark.parametrize("name, od, id, rpb, wpr, stage, fold, xres", [
-    ("Q4_K", 5, 768, 2, 2, 0, 0, True), ("Q4_K", 9, 512, 8, 1, 0, 0, False), ("Q6_K", 5, 768, 4, 1, 0, 0, True),
-    ("Q6_K", 4, 1536, 2, 2, 2, 1, True), ("Q8_0", 5, 800, 2, 2, 0, 0, True), ("Q8_0", 3, 1280, 4, 1, 0, 0, False)])
-def test_norm_gemv_matches_the_norm_kernel_then_the_product(name, od, id, rpb, wpr, stage, fold, xres):
-    """A kernel given the residual stream (`NormedInput`: RMSNorm and Q8_1 blocks made by every CUDA block in shared
-    memory) matches `kernels.norm.rms_norm_q8` followed by the same product within `NORM_TOL`, every MMVQ format,
-    the direct loop and the ring, FOLD, plain and compensated x, a residual epilogue (odd od), tail shapes; and
-    with compensated x it matches float64 ``dequantize(W) @ (x / rms(x) * w)`` (no Q8_1 emulated)."""
-    rng = np.random.default_rng()
-    raw = random_blocks(name, od, id, rng)
-    dev = cuda.to_device(raw)
-    x, w, eps, nx = _normed(id, rng, xres)
-    residual = rng.standard_normal(od).astype(np.float32) if od % 2 else None
-    res = None if residual is None else cuda.to_device(residual)
-    kw = dict(rows_per_block=rpb, warps_per_row=wpr, stage=stage, fold=fold, mmvq=True, xres=xres,
-              residual=residual is not None)
-    fused, plain = _poisoned(od), _poisoned(od)
-    gemv_q(dev, name, od, id, nx, fused, config=GemvConfig(name, norm=id, **kw), residual=res)
-    gemv_q(dev, name, od, id, _norm_q8(nx, id, xres), plain, config=GemvConfig(name, **kw), residual=res)
-    got = fused.copy_to_host()
-    x64 = x.astype(np.float64)
-    h = (x64 / np.sqrt(np.mean(x64 * x64) + eps) * w).astype(np.float32)
-    _assert_close(got, plain.copy_to_host().astype(np.float64), _scale(raw, name, od, id, h, residual),
-                  tol=NORM_TOL[xres])
-    if xres:
-        ref = _reference(raw, name, od, id, h) + (0.0 if residual is None else residual.astype(np.float64))
-        _assert_close(got, ref, _scale(raw, name, od, id, h, residual), tol=2e-3)
-
-
-def test_norm_gemv_glu_and_pair_match_the_norm_kernel_then_the_products():
-    """The fused RMSNorm in the SwiGLU kernel (gate/up) and in `gemv_pair` (q|k Q4_K and v Q6_K with biases: each
-    half computes the norm for its own CUDA blocks) matches the unfused input's results within `NORM_TOL`."""
-    rng = np.random.default_rng()
-    id, wpr = 512, 2
-    x, w, eps, nx = _normed(id, rng)
-    q8 = _norm_q8(nx, id, True)
-    wg, wu = (cuda.to_device(random_blocks("Q4_K", 5, id, rng)) for _ in range(2))
-    outs = []
-    for xin, norm in ((nx, id), (q8, 0)):
-        config = GemvConfig("Q4_K", rows_per_block=2, warps_per_row=wpr, mmvq=True, xres=True, glu=True, norm=norm)
-        outs.append(gemv_glu(wg, wu, "Q4_K", 5, id, xin, _poisoned(5), config=config).copy_to_host())
-    _assert_close(outs[0], outs[1].astype(np.float64), np.abs(outs[1]) + 1.0, tol=NORM_TOL[True])
-    weights = [(cuda.to_device(random_blocks(n, od, id, rng)), n, od) for n, od in (("Q4_K", 5), ("Q6_K", 3))]
-    biases = [cuda.to_device(rng.standard_normal(od).astype(np.float32)) for _, _, od in weights]
-    results = []
-    for xin, norm in ((nx, id), (q8, 0)):
-        calls = [(wd, n, od, id, _poisoned(od), b,
-                  GemvConfig(n, rows_per_block=2, warps_per_row=wpr, mmvq=True, xres=True, residual=True, norm=norm))
-                 for (wd, n, od), b in zip(weights, biases)]
-        gemv_pair(calls[0], calls[1], xin)
-        results.append([c[4].copy_to_host() for c in calls])
-    for fused, plain in zip(*results):
-        _assert_close(fused, plain.astype(np.float64), np.abs(plain) + 1.0, tol=NORM_TOL[True])
-
-
-def test_norm_gemv_refusals():
-    from kernels.quantize_q8 import q8_blocks
-
-    with pytest.raises(KernelConstraintError, match="norm=100: .* needs mmvq=1 and a width that is a positive "
-                                                    "multiple of 32 up to 8192"):
-        GemvConfig("Q4_K", mmvq=True, norm=100)
-    with pytest.raises(KernelConstraintError, match="norm=512: .* needs mmvq=1"):
-        GemvConfig("Q4_K", norm=512)
-    with pytest.raises(KernelConstraintError, match="norm=8448"):
-        GemvConfig("Q4_K", mmvq=True, norm=8448)
-    nx = NormedInput(cuda.to_device(np.ones((1, 512), np.float32)), _x(512), 1e-6)
-    with pytest.raises(KernelConstraintError, match=r"x.x \(the residual stream\) must be a C-contiguous float32 "
-                                                    r"device array of 256 elements, got float32 of shape \(1, 512\)"):
-        gemv_q(_w(), "Q4_K", 2, 256, nx)
-    good = NormedInput(cuda.to_device(np.ones((1, 256), np.float32)), _x(512), 1e-6)
-    with pytest.raises(KernelConstraintError, match="x.weight must be a 1-D float32 device array of 256 elements"):
-        gemv_q(_w(), "Q4_K", 2, 256, good)
-    with pytest.raises(KernelConstraintError, match=r"config.norm=0 does not match this call \(x given as a "
-                                                    r"NormedInput of this width, 0 otherwise: 256\)"):
-        gemv_q(_w(), "Q4_K", 2, 256, NormedInput(good.x, _x(), 1e-6),
-               config=GemvConfig("Q4_K", mmvq=True, xres=True))
-    with pytest.raises(KernelConstraintError, match="config.norm=256 does not match"):
-        gemv_q(_w(), "Q4_K", 2, 256, q8_blocks(256), config=GemvConfig("Q4_K", mmvq=True, norm=256))
-    a, b = GemvConfig("Q4_K", mmvq=True, norm=256), GemvConfig("Q6_K", mmvq=True)
-    assert "must agree in norm (256 vs 0)" in pair_refusal(a, b)
 
 
 def test_glu_rejects_a_wrong_up_and_a_residual():

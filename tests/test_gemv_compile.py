@@ -107,7 +107,6 @@ _FIELD_CHANGES = {
     "mmvq": ({}, {"mmvq": True}),
     "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),
     "residual": ({}, {"residual": True}),
-    "norm": ({"mmvq": True}, {"mmvq": True, "norm": 512}),
 }
 """Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
 
@@ -252,16 +251,3 @@ def test_mmvq_kernels_use_dp4a_and_keep_weight_loads_aligned(name):
     widths = _load_widths(_ptx(name, 2, 2, mmvq=True))
     weight_widths = {w for w in widths if w != 16} if align < 16 else set(widths)
     assert max(weight_widths) <= max(align, 4), f"{name}: loads {widths} (align {align}; x words are 4 bytes)"
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("name", MMVQ_TYPES)
-def test_norm_kernels_compute_the_norm_and_read_x_from_shared_memory(name):
-    """FUSE_NORM_GEMV's kernels (`GemvConfig.norm`): the RMSNorm's correctly rounded sqrt and division are in the
-    kernel, no local memory, and the 16-byte x loads of the plain kernel become generic-address ``ld.v4.u32``
-    (x in shared memory): the same number of 16-byte loads, fewer of them global (W's only)."""
-    kw = dict(rows_per_block=4, warps_per_row=2, mmvq=True, xres=True, pdl=1)
-    plain, fused = (_config_ptx(GemvConfig(name, norm=norm, **kw)) for norm in (0, 1536))
-    assert ".local" not in fused and "sqrt.rn.f32" in fused and "sqrt.rn.f32" not in plain
-    assert fused.count("ld.global.v4.u32") + fused.count("ld.v4.u32") == plain.count("ld.global.v4.u32")
-    assert ("ld.v4.u32" in fused) == (name != "Q6_K")  # Q6_K's x loader reads single words

@@ -38,8 +38,7 @@ decodes together), ``WPR`` warps per row (threads per block = 32*WPR), ``STAGE``
 shared-memory windows W passes through), ``MINB`` (the launch bound), ``FOLD`` (Q6_K's offset taken from x),
 ``PDL`` (a programmatic
 dependent launch, `kernels.launch`), ``residual`` (fused ``y += residual``), the x form
-(f32, or Q8_1 blocks: the MMVQ kernels, which may also make them from the residual stream with a fused RMSNorm:
-`NormedInput`), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
+(f32, or Q8_1 blocks: the MMVQ kernels), and GLU (`gemv_glu`: two weights of one shape, gate and up, and
 ``y = silu(gate·x) * (up·x)`` in the epilogue).
 
 Package layout: `kernels.gemv.device` (float tricks, x loads, warp sum, the lane fetches both x forms share),
@@ -62,16 +61,14 @@ _SOURCES = {
     "lookahead_lines": "codegen",
     **dict.fromkeys((
         "DEFAULT_RPB", "DEFAULT_WPR", "FOLD_VALUES", "MAX_THREADS_PER_SM", "MINB_REGISTER_FLOOR", "MINB_VALUES",
-        "NORM_MAX", "PDL_VALUES", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_VALUES", "WPR_VALUES", "GemvConfig",
-        "min_blocks_registers", "norm_smem_bytes", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes",
-        "threads_per_block",
+        "PDL_VALUES", "RPB_VALUES", "STAGE_SMEM_LIMIT", "STAGE_VALUES", "WPR_VALUES", "GemvConfig",
+        "min_blocks_registers", "one_wave_min_blocks", "stage_smem_bytes", "stage_window_bytes", "threads_per_block",
     ), "config"),
     **dict.fromkeys(("M0", "M4", "M8", "M16", "M32", "M128", "MB", "N1", "N2", "N4", "U", "ZERO"), "device"),
     "Q6_OFFSET": "dots_q8",
     **dict.fromkeys(("FLOAT_GROUP", "FOLD_TYPES", "GEMV_TYPES", "MMVQ_TYPES", "STAGE_TYPES"), "tables"),
     **dict.fromkeys(("_IMPLS", "_MMVQ_IMPLS"), "formats"),
-    **dict.fromkeys(("NormedInput", "gemv_glu", "gemv_pair", "gemv_q", "kernel_for", "kernel_signature",
-                     "pair_refusal"), "launch"),
+    **dict.fromkeys(("gemv_glu", "gemv_pair", "gemv_q", "kernel_for", "kernel_signature", "pair_refusal"), "launch"),
 }
 
 

@@ -10,7 +10,6 @@ joins the warps and stores y (`_epilogue`). Which x loader, block dot, fetch and
 from __future__ import annotations
 
 import re
-from math import sqrt
 
 import numpy as np
 from numba import cuda
@@ -18,10 +17,8 @@ from numba import cuda
 from kernels.activation import silu_mul
 from kernels.gemv.config import GemvConfig, stage_window_bytes, threads_per_block
 from kernels.gemv.device import ZERO, _warp_sum
-from kernels.gemv.dots_q8 import SHARED_X_LOADERS
 from kernels.gemv.formats import _FOLD, _FOLD_RES, _IMPLS, _MMVQ_IMPLS, _MMVQ_RES_IMPLS, _RING_FETCH
 from kernels.jit import kernel_from_source
-from kernels.norm import block_allreduce_sum
 from kernels.ptx import (
     cp_async_16_off,
     cp_async_commit_group,
@@ -31,13 +28,12 @@ from kernels.ptx import (
     prefetch_l2,
     syncwarp,
 )
-from kernels.quant.bits import SIMULATOR, u32_words
+from kernels.quant.bits import SIMULATOR
 from kernels.quant.formats import block_format
-from kernels.quantize_q8 import F127, F254, ONE, _roundf
 
 
 _KERNEL_TEMPLATE = """
-def {fname}(raw, {wargs}{params}, y, res, od, id):
+def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     tid = cuda.threadIdx.x
     lane = tid & 31
     warp = tid >> 5
@@ -93,7 +89,7 @@ def _ring_copy(ind: str, chunk: str, slot: str, rows, mats, rpb: int, bpc: int, 
 
 
 def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int, xargs: str, slots: int,
-               at: bool = False, pdl: bool = False, prologue: tuple = ()) -> str:
+               at: bool = False, pdl: bool = False) -> str:
     """The chunk loop with STAGE = ``slots`` >= 2: a ring of ``slots`` shared windows per warp, weight
     and row. The warp first starts the copies of its first ``slots - 1`` chunks; each step then starts the copy of
     the chunk ``slots - 1`` steps ahead into the slot freed by the previous step, waits for the current chunk's
@@ -104,8 +100,7 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
     format has a `_RING_FETCH` (a lane's fetch from a block at any element of the window), used with ``math``
     instead of ``dot`` on a slice of the window: the same operations, without a slice's bounds arithmetic.
     ``pdl``: the first copies (W only)
-    are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it. ``prologue``: lines run after
-    the first copies (and the wait), before the loop (`_norm_prologue`)."""
+    are started before `kernels.ptx.griddepcontrol_wait`, the loop (x, y) after it."""
     win = stage_window_bytes(bpc * type_size) // 2
     per_slot = len(mats) * rpb * win
     step = wpr
@@ -114,7 +109,6 @@ def _ring_loop(rows, mats, rpb: int, wpr: int, bpc: int, bs: int, type_size: int
         lines += [f"    cc = warp + {p * step}", "    if cc < nchunks:",
                   *_ring_copy("        ", "cc", str(p), rows, mats, rpb, bpc, type_size), "    cp_async_commit_group()"]
     lines += ["    griddepcontrol_wait()"] if pdl else []
-    lines += list(prologue)
     lines += ["    sl = 0", f"    sw = {slots - 1}", f"    for c in range(warp, nchunks, {step}):",
               f"        cc = c + {(slots - 1) * step}", "        if cc < nchunks:",
               *_ring_copy("            ", "cc", "sw", rows, mats, rpb, bpc, type_size),
@@ -154,49 +148,6 @@ def _epilogue(rows, mats, rpb: int, wpr: int, residual: bool) -> str:
                   f"                {v} += part[({m * wpr} + w) * {rpb} + tid]"]
     lines.append(f"            y[row] = {value('v', 'u', 'row')}")
     return "\n".join(lines)
-
-
-def _tree(terms: list[str], op: str) -> str:
-    """The expression combining ``terms`` (32) as the xor butterfly of `kernels.quantize_q8.quantize_warp_block`
-    does for lane 0: pairs 16 apart first, then 8, 4, 2, 1, the lower index on the left (every lane's result is
-    this one: float addition is commutative)."""
-    while len(terms) > 1:
-        half = len(terms) // 2
-        terms = [(f"({a} + {b})" if op == "+" else f"max({a}, {b})") for a, b in zip(terms[:half], terms[half:])]
-    return terms[0]
-
-
-def _norm_prologue(width: int, xres: bool, threads: int) -> list[str]:
-    """The lines of a fused-RMSNorm kernel (`GemvConfig.norm` = ``width``) that make its x in shared memory, one
-    thread per Q8_1 block of 32 (thread t takes blocks t, t + threads, ...), no shuffles: each thread loads its
-    blocks' x (32 independent loads), the block sums the squares (`kernels.norm.block_allreduce_sum`) into
-    ``inv = 1 / sqrt(mean(x²) + eps)`` (correctly rounded sqrt and division, as `kernels.norm`), then each thread
-    quantizes ``(x * inv) * nw`` of its blocks with `kernels.quantize_q8.quantize_warp_block`'s operations (its
-    sum in the butterfly's order: `_tree`) into ``xq``, ``xd``, ``xsum`` (``xr``), which the loop then reads as it
-    reads them from global memory. The scale's sum of squares is added in another order than the norm kernel's."""
-    align = None if SIMULATOR else 16  # the simulator refuses the argument; its numpy arrays are 16-byte aligned
-    nb = width // 32
-    lines = [f"    xq8 = cuda.shared.array({width}, np.int8, alignment={align})",
-             *([f"    xr8 = cuda.shared.array({width}, np.int8, alignment={align})"] if xres else []),
-             f"    xd = cuda.shared.array({nb}, np.float32)",
-             f"    xsum = cuda.shared.array({nb}, np.float32)",
-             "    nrm = cuda.shared.array(32, np.float32)",
-             "    ss = ZERO",
-             f"    for qb in range(tid, {nb}, {threads}):",
-             *[f"        u{k} = xf[0, qb * 32 + {k}]" for k in range(32)],
-             f"        ss += {_tree([f'u{k} * u{k}' for k in range(32)], '+')}",
-             f"    inv = ONE / sqrt(block_allreduce_sum(ss, nrm) / np.float32({width}) + eps)",
-             f"    for qb in range(tid, {nb}, {threads}):",
-             *[f"        v{k} = (xf[0, qb * 32 + {k}] * inv) * nw[qb * 32 + {k}]" for k in range(32)],
-             f"        dd = {_tree([f'abs(v{k})' for k in range(32)], 'max')} / F127",
-             "        di = ONE / dd if dd != ZERO else ZERO",
-             "        xd[qb] = dd",
-             f"        xsum[qb] = {_tree([f'v{k}' for k in range(32)], '+')}"]
-    for k in range(32):
-        lines += [f"        s{k} = v{k} * di", f"        q{k} = _roundf(s{k})", f"        xq8[qb * 32 + {k}] = np.int8(q{k})"]
-        lines += [f"        xr8[qb * 32 + {k}] = np.int8(_roundf((s{k} - q{k}) * F254))"] if xres else []
-    lines += ["    cuda.syncthreads()", "    xq = u32_words(xq8)"] + (["    xr = u32_words(xr8)"] if xres else [])
-    return lines
 
 
 def lookahead_lines(chunk_bytes: int) -> int:
@@ -239,32 +190,27 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     math = math_q8r if xres else math_q8 if mmvq else math_f32
     if fold:
         xload, dot, math = (_FOLD_RES if xres else _FOLD)[name]
-    norm = config.norm
-    if norm:  # x is made in shared memory by the prologue
-        xload = SHARED_X_LOADERS.get(xload, xload)
-    prologue = _norm_prologue(norm, xres, 32 * wpr) if norm else []
     fmt = block_format(name)
     fname = (f"gemv_{name.lower()}_rpb{rpb}_wpr{wpr}{'_res' if residual else ''}{'_mmvq' if mmvq else ''}"
              f"{'_glu' if glu else ''}{f'_ring{stage}' if stage else ''}{f'_minb{min_blocks}' if min_blocks else ''}"
              f"{'_fold' if fold else ''}{'_pdl' if pdl else ''}{'_xres' if xres else ''}"
-             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}{f'_norm{norm}' if norm else ''}")
+             f"{f'_ahead{config.lookahead}' if config.lookahead > 1 else ''}")
     xargs = ("xq, xd, xsum, xr" if xres else "xq, xd, xsum") if mmvq else "xv"
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
     if stage:
-        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl,
-                          prologue)
+        loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl)
     else:
         first = [line for j in range(config.lookahead)
                  for line in _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, f"warp + {j * wpr}")]
         first += ["    griddepcontrol_wait()"]
-        loop = "\n".join([*(first if pdl else []), *prologue, f"    for c in range(warp, nchunks, {wpr}):",
+        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr}):",
                           _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
-        params=_params(config),
+        xargs=xargs,
         lpb=lpb,
         bs=bs,
         bpc=32 // lpb,
@@ -283,18 +229,8 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
              "griddepcontrol_wait": griddepcontrol_wait,
              "griddepcontrol_launch_dependents": griddepcontrol_launch_dependents,
              "syncwarp": syncwarp, "cp_async_16_off": cp_async_16_off,
-             "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group,
-             "block_allreduce_sum": block_allreduce_sum, "_roundf": _roundf, "sqrt": sqrt, "ONE": ONE,
-             "F127": F127, "F254": F254, "u32_words": u32_words}
+             "cp_async_commit_group": cp_async_commit_group, "cp_async_wait_group": cp_async_wait_group}
     return fname, src, scope
-
-
-def _params(config: GemvConfig) -> str:
-    """The kernel's x parameters: the residual stream, the RMSNorm weight and eps with a fused RMSNorm
-    (`GemvConfig.norm`), else x's Q8_1 arrays (q words, d, s, and r words with XRES) or f32 x as uint32 words."""
-    if config.norm:
-        return "xf, nw, eps"
-    return ("xq, xd, xsum, xr" if config.xres else "xq, xd, xsum") if config.mmvq else "xv"
 
 
 _PER_FORMAT = ("xload", "dot", "fetch", "math")
@@ -319,7 +255,7 @@ def _pair_source(first: GemvConfig, second: GemvConfig) -> tuple[str, str, dict]
         scope.update({k: v for k, v in sc.items() if k not in _PER_FORMAT})
         bodies.append('@cuda.jit(device=True, inline="always")' + src)
         names.append(body)
-    xargs = _params(first)
+    xargs = ("xq, xd, xsum, xr" if first.xres else "xq, xd, xsum") if first.mmvq else "xv"
     name = f"gemv_pair__{names[0]}__{names[1]}"
     kernel_src = (f"\ndef {name}(raw_a, {xargs}, y_a, res_a, od_a, id_a, raw_b, y_b, res_b, od_b, id_b, grid_a):\n"
                   "    bx = cuda.blockIdx.x\n"

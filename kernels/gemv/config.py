@@ -113,21 +113,9 @@ class GemvConfig:
     read twice (x is shared by every row of a CUDA block)."""
     residual: bool = _knob(None, (False, True), "fused y += residual in the epilogue", False)
     """The epilogue adds a residual vector (`gemv_q`'s ``residual``)."""
-    norm: int = _knob(None, None, "x's width when the kernel takes the residual stream and computes its RMSNorm "
-                      "and Q8_1 blocks itself (0: x given)", 0)
-    """0: x is given (f32, or its Q8_1 blocks). A width n (a multiple of 32, at most `NORM_MAX`, with MMVQ): the
-    kernel is given the residual stream x (f32 [n]), the RMSNorm's weight and eps (`kernels.gemv.NormedInput`), and
-    every CUDA block computes ``rms_norm(x) * weight`` and its (compensated, with XRES) Q8_1 blocks into shared
-    memory before its loop (`kernels.gemv.codegen._norm_prologue`): decode's FUSE_NORM_GEMV, no RMSNorm launch.
-    The width is a compile-time constant (the shared arrays' size)."""
 
     def __post_init__(self) -> None:
         for f in fields(self)[1:]:  # every field but qtype: a flag or an integer from its allowed values
-            if f.metadata["values"] is None:  # a width, checked in `_combination_refusal`
-                if not isinstance(getattr(self, f.name), numbers.Integral):
-                    raise KernelConstraintError(f"{f.name}={getattr(self, f.name)!r} must be an integer")
-                object.__setattr__(self, f.name, int(getattr(self, f.name)))
-                continue
             value, allowed = getattr(self, f.name), tuple(int(a) for a in f.metadata["values"])
             if not isinstance(value, (numbers.Integral, np.bool_)) or int(value) not in allowed:
                 raise KernelConstraintError(f"{f.name}={value!r} is not supported; allowed: "
@@ -169,9 +157,6 @@ class GemvConfig:
                     f"lookahead=1")
         if self.xres and not self.mmvq:
             return "xres=1 is a form of the Q8_1 x of the MMVQ kernel: it needs mmvq=1 (f32 x has no int8 rounding)"
-        if self.norm and (self.norm < 0 or self.norm % 32 or self.norm > NORM_MAX or not self.mmvq):
-            return (f"norm={self.norm}: the fused RMSNorm quantizes x to Q8_1 blocks in shared memory, so it needs "
-                    f"mmvq=1 and a width that is a positive multiple of 32 up to {NORM_MAX} (0: no fused RMSNorm)")
         return None
 
     @property
@@ -181,11 +166,9 @@ class GemvConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Static shared memory of the ring's windows (0 without STAGE; `stage_smem_bytes`) and of the fused
-        RMSNorm's Q8_1 x (`norm_smem_bytes`)."""
-        ring = stage_smem_bytes(self.qtype, self.rows_per_block, self.warps_per_row, self.glu, self.stage) \
+        """Static shared memory of the ring's windows (0 without STAGE; `stage_smem_bytes`)."""
+        return stage_smem_bytes(self.qtype, self.rows_per_block, self.warps_per_row, self.glu, self.stage) \
             if self.stage else 0
-        return ring + norm_smem_bytes(self.norm, self.xres)
 
     def grid(self, od: int) -> int:
         """CUDA blocks for ``od`` rows."""
@@ -258,15 +241,6 @@ def one_wave_min_blocks(grid: int, sm_count: int, warps_per_row: int) -> int:
     need = -(-int(grid) // int(sm_count))
     return next((m for m in MINB_VALUES if m >= need and m > 0 and m * 32 * warps_per_row <= MAX_THREADS_PER_SM
                  and min_blocks_registers(m, warps_per_row) >= MINB_REGISTER_FLOOR), 0)
-
-
-NORM_MAX = 8192
-"""The widest x a fused-RMSNorm kernel takes (`GemvConfig.norm`): its Q8_1 x in shared memory is 18 KiB there."""
-
-
-def norm_smem_bytes(width: int, xres: bool) -> int:
-    """Shared memory of a fused RMSNorm's x of ``width`` elements: int8 q (and r with XRES), f32 d and s per 32."""
-    return width * (1 + bool(xres)) + 8 * (width // 32) if width else 0
 
 
 def threads_per_block(warps_per_row: int) -> int:

@@ -20,62 +20,22 @@ from numba import cuda
 
 from kernels.gemv.device import N4, U, _i8, _k4_header, _q6_bytes, _q6_k_lane, _q8_0_words
 from kernels.ptx import dp4a_s32
-from kernels.quant.bits import ld_global_v4_u32, ld_v4_u32
+from kernels.quant.bits import ld_global_v4_u32
 from kernels.quantize_q8 import RES_SCALE
 
 R = RES_SCALE
 INV_R = np.float32(1.0 / RES_SCALE)
 
 
-def _vector_x_loaders(ld):
-    """The x loaders that read int8 x words four at a time, each with the 16-byte load ``ld`` (`ld_global_v4_u32`
-    for x in global memory; `ld_v4_u32`, a generic address, for x a kernel quantized into shared memory: the
-    fused-RMSNorm kernels of `kernels.gemv.codegen`): (`_xq_k_nibbles`, `_xqr_k_nibbles`, `_xq_q8_0`,
-    `_xqr_q8_0`)."""
-
-    @cuda.jit(device=True, inline="always")
-    def _xq_k_nibbles(xq, xd, xsum, wb, j):
-        """Q4_K, LPB = 8: lane j (i = j/2) has weights 64i + 16(j%2) + (0..15) of sub-block 2i and the same 16
-        positions of sub-block 2i+1: two 16-byte loads of int8 x, and both blocks' d and sum."""
-        o = (wb >> 2) + 16 * (j >> 1) + 4 * (j & 1)
-        b = (wb >> 5) + 2 * (j >> 1)
-        u0, u1, u2, u3 = ld(xq, o)
-        v0, v1, v2, v3 = ld(xq, o + 8)
-        return (u0, u1, u2, u3, v0, v1, v2, v3, xd[b], xd[b + 1], xsum[b], xsum[b + 1])
-
-    @cuda.jit(device=True, inline="always")
-    def _xqr_k_nibbles(xq, xd, xsum, xr, wb, j):
-        """`_xq_k_nibbles` for compensated x: d / 254 for both blocks, and the residual words at ``xs[12:20]``."""
-        o = (wb >> 2) + 16 * (j >> 1) + 4 * (j & 1)
-        b = (wb >> 5) + 2 * (j >> 1)
-        u0, u1, u2, u3 = ld(xq, o)
-        v0, v1, v2, v3 = ld(xq, o + 8)
-        p0, p1, p2, p3 = ld(xr, o)
-        t0, t1, t2, t3 = ld(xr, o + 8)
-        return (u0, u1, u2, u3, v0, v1, v2, v3, xd[b] * INV_R, xd[b + 1] * INV_R, xsum[b], xsum[b + 1],
-                p0, p1, p2, p3, t0, t1, t2, t3)
-
-    @cuda.jit(device=True, inline="always")
-    def _xq_q8_0(xq, xd, xsum, wb, j):
-        """Q8_0, LPB = 2: lane j has weights 16j .. 16j+15 (one 16-byte load of int8 x) and the block's d."""
-        u0, u1, u2, u3 = ld(xq, (wb >> 2) + 4 * j)
-        return (u0, u1, u2, u3, xd[wb >> 5])
-
-    @cuda.jit(device=True, inline="always")
-    def _xqr_q8_0(xq, xd, xsum, xr, wb, j):
-        """`_xq_q8_0` for compensated x: the block's d / 254, and the lane's residual words at ``xs[5:9]``."""
-        u0, u1, u2, u3 = ld(xq, (wb >> 2) + 4 * j)
-        p0, p1, p2, p3 = ld(xr, (wb >> 2) + 4 * j)
-        return (u0, u1, u2, u3, xd[wb >> 5] * INV_R, p0, p1, p2, p3)
-
-    return _xq_k_nibbles, _xqr_k_nibbles, _xq_q8_0, _xqr_q8_0
-
-
-_GLOBAL_VECTOR_X = _vector_x_loaders(ld_global_v4_u32)
-_xq_k_nibbles, _xqr_k_nibbles, _xq_q8_0, _xqr_q8_0 = _GLOBAL_VECTOR_X
-SHARED_X_LOADERS = dict(zip(_GLOBAL_VECTOR_X, _vector_x_loaders(ld_v4_u32)))
-"""x loader -> its form for x in shared memory (`SHARED_X_LOADERS.get(f, f)`: the loaders that index x one word
-at a time serve both)."""
+@cuda.jit(device=True, inline="always")
+def _xq_k_nibbles(xq, xd, xsum, wb, j):
+    """Q4_K, LPB = 8: lane j (i = j/2) has weights 64i + 16(j%2) + (0..15) of sub-block 2i and the same 16
+    positions of sub-block 2i+1: two 16-byte loads of int8 x, and both blocks' d and sum."""
+    o = (wb >> 2) + 16 * (j >> 1) + 4 * (j & 1)
+    b = (wb >> 5) + 2 * (j >> 1)
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, o)
+    v0, v1, v2, v3 = ld_global_v4_u32(xq, o + 8)
+    return (u0, u1, u2, u3, v0, v1, v2, v3, xd[b], xd[b + 1], xsum[b], xsum[b + 1])
 
 
 @cuda.jit(device=True, inline="always")
@@ -114,6 +74,19 @@ def _q4_k_sumq(d, dmin, sc0, mn0, sc1, mn1, q0, q1, q2, q3, j, xs):
     w0, w1, w2, w3 = int(q0), int(q1), int(q2), int(q3)
     lo, hi = _q4_k_ints(w0, w1, w2, w3, xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7], 0, 0)
     return _q4_k_scaled(d, dmin, sc0, mn0, sc1, mn1, lo, hi, j, xs)
+
+
+@cuda.jit(device=True, inline="always")
+def _xqr_k_nibbles(xq, xd, xsum, xr, wb, j):
+    """`_xq_k_nibbles` for compensated x: d / 254 for both blocks, and the residual words at ``xs[12:20]``."""
+    o = (wb >> 2) + 16 * (j >> 1) + 4 * (j & 1)
+    b = (wb >> 5) + 2 * (j >> 1)
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, o)
+    v0, v1, v2, v3 = ld_global_v4_u32(xq, o + 8)
+    p0, p1, p2, p3 = ld_global_v4_u32(xr, o)
+    t0, t1, t2, t3 = ld_global_v4_u32(xr, o + 8)
+    return (u0, u1, u2, u3, v0, v1, v2, v3, xd[b] * INV_R, xd[b + 1] * INV_R, xsum[b], xsum[b + 1],
+            p0, p1, p2, p3, t0, t1, t2, t3)
 
 
 @cuda.jit(device=True, inline="always")
@@ -297,6 +270,13 @@ def _dotq_q6_k_fold(raw, bi, j, xs):
 
 
 @cuda.jit(device=True, inline="always")
+def _xq_q8_0(xq, xd, xsum, wb, j):
+    """Q8_0, LPB = 2: lane j has weights 16j .. 16j+15 (one 16-byte load of int8 x) and the block's d."""
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, (wb >> 2) + 4 * j)
+    return (u0, u1, u2, u3, xd[wb >> 5])
+
+
+@cuda.jit(device=True, inline="always")
 def _dotq_q8_0(raw, bi, j, xs):
     """Q8_0 x Q8_1 (layout: `_q8_0_words`): d * dx * Σ(q·xq) over the lane's 16 int8 pairs."""
     return _mathq_q8_0(_q8_0_words(raw, bi, j), j, xs)
@@ -308,6 +288,14 @@ def _mathq_q8_0(w, j, xs):
     t = dp4a_s32(w[1], xs[0], dp4a_s32(w[2], xs[1], 0))
     t = dp4a_s32(w[3], xs[2], dp4a_s32(w[4], xs[3], t))
     return w[0] * xs[4] * np.float32(t)
+
+
+@cuda.jit(device=True, inline="always")
+def _xqr_q8_0(xq, xd, xsum, xr, wb, j):
+    """`_xq_q8_0` for compensated x: the block's d / 254, and the lane's residual words at ``xs[5:9]``."""
+    u0, u1, u2, u3 = ld_global_v4_u32(xq, (wb >> 2) + 4 * j)
+    p0, p1, p2, p3 = ld_global_v4_u32(xr, (wb >> 2) + 4 * j)
+    return (u0, u1, u2, u3, xd[wb >> 5] * INV_R, p0, p1, p2, p3)
 
 
 @cuda.jit(device=True, inline="always")

@@ -5,8 +5,6 @@ by `kernels.gemv.codegen`, cached per format and knob combination).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import cuda
 
@@ -19,21 +17,6 @@ from kernels.launch import launch_kernel
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import block_format
 from kernels.quantize_q8 import Q8Blocks, check_q8
-
-
-@dataclass(frozen=True)
-class NormedInput:
-    """A mat-vec input the kernel makes itself: ``rms_norm(x) * weight`` (eps ``eps``, `kernels.norm`'s
-    arithmetic) quantized to Q8_1 blocks, compensated when ``compensated`` (`kernels.quantize_q8`), computed by
-    every CUDA block into shared memory (`GemvConfig.norm`; decode's FUSE_NORM_GEMV: no RMSNorm launch and no x in
-    global memory). x: the residual stream, f32 device array ``[1, n]`` or ``[n]``; weight: f32 device array
-    ``[n]``. The product equals the one with `kernels.norm.rms_norm_q8`'s blocks up to the rounding of the scale
-    (its sum of squares is added in another order: another thread count)."""
-
-    x: object
-    weight: object
-    eps: float
-    compensated: bool = True
 
 
 _CACHE: dict[GemvConfig, object] = {}
@@ -59,8 +42,6 @@ def kernel_signature(config: GemvConfig) -> tuple:
     f32 = types.Array(types.float32, 1, "C")
     u32 = types.Array(types.uint32, 1, "C")
     x = ((u32, f32, f32, u32) if config.xres else (u32, f32, f32)) if config.mmvq else (u32,)
-    if config.norm:
-        x = (types.Array(types.float32, 2, "C"), f32, types.float32)
     w = types.Array(from_dtype(np.dtype(view)), 1, "C")
     return (*(w, w)[: 1 + bool(config.glu)], *x, f32, f32, types.int64, types.int64)
 
@@ -78,9 +59,7 @@ def gemv_q(raw, qtype, od: int, id: int, x, out=None, *, config: GemvConfig | No
     quantized to Q8_1 blocks (`kernels.quantize_q8.Q8Blocks`, from `quantize_q8_1`), which selects the MMVQ kernel
     (int8 x, ``dp4a`` integer dot products; formats ``MMVQ_TYPES``). Its result is the exact product with the
     quantized x (relative difference to the f32-x product ~1e-2..1e-3, the int8 rounding of x); compensated blocks
-    (``x.r``, `kernels.quantize_q8`) select the XRES kernel, exact with ``d * (q + r / 254)``; a `NormedInput`
-    (the residual stream, an RMSNorm weight and eps) selects the MMVQ kernel that makes those blocks itself, in
-    shared memory (`GemvConfig.norm` = ``id``, at most `kernels.gemv.NORM_MAX`).
+    (``x.r``, `kernels.quantize_q8`) select the XRES kernel, exact with ``d * (q + r / 254)``.
     out: optional 1-D C-contiguous float32 device array of ``od`` elements (allocated when None).
     config: the kernel (`kernels.gemv.GemvConfig`: launch shape, STAGE, MINB, FOLD, PDL); its qtype, mmvq and
     residual must be this call's (W's format, x given as Q8_1 blocks, a residual given); None: the defaults for
@@ -163,7 +142,7 @@ def pair_refusal(first: GemvConfig, second: GemvConfig) -> str | None:
     """Why two configurations cannot run as one `gemv_pair` launch, in one sentence, or None: one launch has one
     thread count, one PDL mode and one launch bound, and the two kernels' shared memory adds up (x's form is the
     call's, checked with each config)."""
-    for field in ("threads", "pdl", "min_blocks", "norm"):
+    for field in ("threads", "pdl", "min_blocks"):
         if getattr(first, field) != getattr(second, field):
             return (f"gemv_pair runs one launch: its two configs must agree in {field} "
                     f"({getattr(first, field)} vs {getattr(second, field)})")
@@ -184,15 +163,13 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
 def _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     """Check every argument (see `gemv_q`); return (the config, y, the kernel's arguments), the arguments None when
     od = 0 (nothing to launch). ``raw_up`` not None selects the GLU kernel."""
-    normed = isinstance(x, NormedInput)
-    mmvq, glu = isinstance(x, Q8Blocks) or normed, raw_up is not None
-    xres = mmvq and bool(x.compensated)
+    mmvq, glu = isinstance(x, Q8Blocks), raw_up is not None
+    xres = mmvq and x.compensated
     fmt = block_format(_format_name(qtype, mmvq))
-    norm = int(id) if normed else 0
     if config is None:
-        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None, xres=xres, norm=norm)
+        config = GemvConfig(fmt.name, mmvq=mmvq, glu=glu, residual=residual is not None, xres=xres)
     else:
-        _check_config(config, fmt.name, mmvq, glu, residual is not None, xres, norm)
+        _check_config(config, fmt.name, mmvq, glu, residual is not None, xres)
     if config.pdl and not stream:
         raise KernelConstraintError("pdl=1 orders the kernel after the previous one of its stream: pass a numba "
                                     "stream, not the default stream 0")
@@ -209,14 +186,7 @@ def _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
         reason = config.weight_refusal(w, what=name)
         if reason:
             raise KernelConstraintError(reason)
-    if normed:
-        xf = _as_device_array(x.x, "x.x")
-        xf = xf.reshape(1, xf.size) if xf.ndim == 1 else xf
-        if xf.dtype != np.float32 or xf.shape != (1, id) or not xf.is_c_contiguous():
-            raise KernelConstraintError(f"x.x (the residual stream) must be a C-contiguous float32 device array of "
-                                        f"{id} elements, got {xf.dtype} of shape {tuple(x.x.shape)}")
-        xargs = (xf, _check_vector(x.weight, "x.weight", id), np.float32(x.eps))
-    elif mmvq:
+    if mmvq:
         if x.size != id:
             raise KernelConstraintError(f"x holds {x.size} Q8_1 activations; W has id={id} columns")
         check_q8(x, id, "x")
@@ -241,14 +211,13 @@ def _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
                     out if residual is None else residual, od, id)
 
 
-def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool, norm: int) -> None:
+def _check_config(config, name: str, mmvq: bool, glu: bool, residual: bool, xres: bool) -> None:
     """Refuse a `GemvConfig` made for another call than this one (one sentence naming the field that differs)."""
     if not isinstance(config, GemvConfig):
         raise KernelConstraintError(f"config must be a kernels.gemv.GemvConfig, got {type(config).__name__}")
-    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual, "xres": xres, "norm": norm}
+    call = {"qtype": name, "mmvq": mmvq, "glu": glu, "residual": residual, "xres": xres}
     how = {"qtype": "W's format", "mmvq": "x given as Q8_1 blocks", "glu": "gemv_glu (two weights)",
-           "residual": "a residual given", "xres": "x given as compensated Q8_1 blocks",
-           "norm": "x given as a NormedInput of this width, 0 otherwise"}
+           "residual": "a residual given", "xres": "x given as compensated Q8_1 blocks"}
     for key, value in call.items():
         if getattr(config, key) != value:
             raise KernelConstraintError(f"config.{key}={getattr(config, key)!r} does not match this call "

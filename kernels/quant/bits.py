@@ -10,9 +10,7 @@ The kernels must reproduce gguf-py's float32 arithmetic bit for bit (their f16 o
   that. Every product that is then added or subtracted uses them. They are intrinsics, not device functions,
   because numba compiles a device function for the current device, which `compile_ptx` on a GPU-less CI
   machine does not have.
-* ``ld_global_v4_u32`` / ``st_global_v4_u32``: 16-byte loads and stores (``ld_v4_u32``: the load through a
-  generic address, for shared arrays too; ``u32_words``: an int8 array's bytes as uint32 words to load them with; same
-  semantics as
+* ``ld_global_v4_u32`` / ``st_global_v4_u32``: 16-byte loads and stores (same semantics as
   `kernels.ptx`'s helpers of the same names; duplicated because that module did not import while this one was
   written; prefer one copy).
 * ``f32_from_f16_bits`` (``cvt.f32.f16``), ``f16x2_bits`` (``cvt.rn.f16x2.f32``, sm_80+; round to nearest even,
@@ -64,13 +62,6 @@ if SIMULATOR:
     def ld_global_v4_u32(array, index):
         """Simulator form of ``ld.global.v4.u32``: elements index..index+3 of ``array`` as a 4-tuple."""
         return (array[index], array[index + 1], array[index + 2], array[index + 3])
-
-    ld_v4_u32 = ld_global_v4_u32
-    """Simulator form of the generic-address ``ld.v4.u32``: the same elements."""
-
-    def u32_words(array):
-        """Simulator form of `u32_words`: numpy's view of the bytes as uint32."""
-        return array.view(np.uint32)
 
     def st_global_v4_u32(array, index, x0, x1, x2, x3):
         """Simulator form of ``st.global.v4.u32``: store four uint32 at elements index..index+3."""
@@ -181,60 +172,20 @@ else:
         struct = context.make_array(array_type)(context, builder, value=array)
         return cgutils.get_item_pointer(context, builder, array_type, struct, [index], wraparound=False)
 
-    def _ld_v4_u32(space: str, doc: str):
-        """The implementation of an intrinsic emitting ``ld{space}.v4.u32`` of elements index..index+3 of a 1-D
-        uint32 array, named and documented (``doc``)."""
-
-        def impl(typingctx, array, index):
-            _check_u32_vector_access(impl.__name__, array, index)
-            sig = types.UniTuple(types.uint32, 4)(array, index)
-
-            def codegen(context, builder, sig, args):
-                ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                i32 = ir.IntType(32)
-                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-                asm = ir.InlineAsm(fnty, f"ld{space}.v4.u32 {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l",
-                                   side_effect=True)
-                result = builder.call(asm, [ptr])
-                return context.make_tuple(builder, sig.return_type,
-                                          [builder.extract_value(result, i) for i in range(4)])
-
-            return sig, codegen
-
-        impl.__name__ = f"ld{space.replace('.', '_')}_v4_u32"
-        impl.__doc__ = doc
-        return impl
-
-    ld_global_v4_u32 = intrinsic(_ld_v4_u32(".global", """``ld.global.v4.u32 {a,b,c,d}, [addr]`` (PTX ISA
-    §9.7.9.8 "ld"): elements index..index+3 of a 1-D uint32 array in global memory as a 4-tuple. ``index`` must be
-    a multiple of 4 and the array 16-byte aligned."""))
-    ld_v4_u32 = intrinsic(_ld_v4_u32("", """``ld.v4.u32 {a,b,c,d}, [addr]`` with a generic address (PTX ISA
-    §9.7.9.8 "ld", §6.4.1 "Generic Addressing"): `ld_global_v4_u32` for an array in global or shared memory (a
-    numba shared array's pointer is generic). Same alignment rule."""))
-
     @intrinsic
-    def u32_words(typingctx, array):
-        """The bytes of a 1-D C-contiguous int8 or uint8 array (global or shared memory) as a uint32 array of
-        ``size // 4`` elements over the same memory, no copy: numpy's ``array.view(np.uint32)``, which numba-cuda
-        lowers through a device-function compile that needs a GPU (this is a pointer cast, so `compile_ptx` on a
-        GPU-less machine can build it). The array must start 4-byte aligned for the words to be loaded."""
-        if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
-                and array.dtype in (types.int8, types.uint8)):
-            raise NumbaTypeError(f"u32_words needs a 1-D C-contiguous int8 or uint8 array, got {array}")
-        sig = types.Array(types.uint32, 1, "C")(array)
+    def ld_global_v4_u32(typingctx, array, index):
+        """``ld.global.v4.u32 {a,b,c,d}, [addr]`` (PTX ISA §9.7.9.8 "ld"): elements index..index+3 of a 1-D
+        uint32 array as a 4-tuple. ``index`` must be a multiple of 4 and the array 16-byte aligned."""
+        _check_u32_vector_access("ld_global_v4_u32", array, index)
+        sig = types.UniTuple(types.uint32, 4)(array, index)
 
         def codegen(context, builder, sig, args):
-            from numba.cuda import cgutils
-            from numba.cuda.np.arrayobj import populate_array
-
-            src = context.make_array(sig.args[0])(context, builder, value=args[0])
-            dst = context.make_array(sig.return_type)(context, builder)
-            intp = context.get_value_type(types.intp)
-            n = cgutils.unpack_tuple(builder, src.shape, 1)[0]
-            populate_array(dst, data=builder.bitcast(src.data, dst.data.type),
-                           shape=[builder.lshr(n, ir.Constant(intp, 2))], strides=[ir.Constant(intp, 4)],
-                           itemsize=ir.Constant(intp, 4), meminfo=None)
-            return dst._getvalue()
+            ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
+            asm = ir.InlineAsm(fnty, "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effect=True)
+            result = builder.call(asm, [ptr])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(result, i) for i in range(4)])
 
         return sig, codegen
 

@@ -41,18 +41,18 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS",
-                "FUSE_NORM_GEMV")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
-                 "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "SCHED": "grid", **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
+                 "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "SCHED": "grid", **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
-#170; FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297); each value here is what the engine still runs
+#170; FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368); each value here is what the engine still runs
 (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the
 half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no
-one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel); the prefill
+one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a launch, not
+recomputed by every CUDA block of the mat-vecs it feeds); the prefill
 flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED
 (persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
@@ -129,11 +129,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                  "the row's scale (the same bits; the default: +9.3% / +3.0% tg128 "
                                                  "on the 1.5B / 7B); 0 quantizes in a separate kernel. No effect "
                                                  "with MMVQ=0", legacy=0)]
-    knobs += [Knob("FUSE_NORM_GEMV", (0, 1, 2), 0, "decode (tg, MMVQ=1): 1 computes the attention RMSNorm and its "
-                                                   "Q8_1 blocks inside the q/k/v mat-vecs (every CUDA block for "
-                                                   "itself, in shared memory: no norm launch); 2 also the FFN "
-                                                   "RMSNorm inside gate/up; 0 a norm launch each (FUSE_NORM_SPLIT). "
-                                                   "No effect with MMVQ=0")]
     knobs += [Knob("FUSE_QKV_MIXED", (0, 1), 1, "decode (tg, FUSE_ADD=1, FUSE_QKV=1): 1 runs the two q/k/v "
                                                 "mat-vecs FUSE_QKV leaves where the layer has two formats (Q4_K_M: "
                                                 "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
@@ -266,7 +261,7 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
-                           ahead=int(config.get("AHEAD", 1)), fuse_norm_gemv=int(config.get("FUSE_NORM_GEMV", 0)))
+                           ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 
 

@@ -25,10 +25,8 @@ so host launch time dominates). Both run the same kernels on the same data: bit-
 Q8_1 blocks (`kernels.quantize_q8`) and the Q4_K / Q6_K / Q8_0 weights run the int8 dp4a kernels on it (one
 quantization serves q, k and v, and gate and up); other weight types keep the f32 input. ``FUSE_NORM_SPLIT=1``
 (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread over several CUDA blocks
-(`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_NORM_GEMV=1`` (``options.fuse_norm_gemv``) launches no
-attention RMSNorm: the q/k/v mat-vecs take x itself and every CUDA block computes the norm and its Q8_1 blocks into
-shared memory (`kernels.gemv.NormedInput`); ``=2`` the FFN RMSNorm inside gate/up too (not the output head's).
-``FUSE_QKV_MIXED=1`` (``options.fuse_qkv_mixed``, the default) runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one launch (`kernels.gemv.gemv_pair`).
+(`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1`` (``options.fuse_qkv_mixed``, the default)
+runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one launch (`kernels.gemv.gemv_pair`).
 ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead (each element also carries its
 rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their mat-vecs
@@ -141,7 +139,6 @@ class DecodeEngine:
         self.fuse_attn_q8 = bool(options.fuse_attn_q8) and c.head_dim % 32 == 0
         self.fuse_norm_split = bool(options.fuse_norm_split)
         self.fuse_qkv_mixed = bool(options.fuse_qkv_mixed)
-        self.fuse_norm_gemv = int(options.fuse_norm_gemv) if self.mmvq else 0
         self.pdl = bool(options.pdl)
         self.splits = int(splits or options.attn_splits)
         if self.splits not in SPLITS_VALUES:
@@ -294,22 +291,10 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, q8)
 
-    def _norm_input(self, weight, consumers):
-        """The input of the mat-vecs of ``consumers`` (GemvOperands) that take ``rms_norm(x) * weight``: with
-        FUSE_NORM_GEMV (the level checked by the caller) and an MMVQ kernel for every consumer, a
-        `kernels.gemv.NormedInput` that those kernels compute themselves (nothing enqueued); else `_norm`'s Q8_1
-        blocks (or None)."""
-        from kernels.gemv import MMVQ_TYPES, NORM_MAX, NormedInput
-        c = self.config
-        if self._q8_hidden is not None and c.hidden <= NORM_MAX and all(m.qtype in MMVQ_TYPES for m in consumers):
-            return NormedInput(self.x, weight, c.rms_eps, self.xres)
-        return self._norm(weight)
-
     def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False):
-        """The mat-vec input for weight ``m`` (x, its Q8_1 blocks ``xq``, or a `kernels.gemv.NormedInput` ``xq``)
-        and its kernel, as `GemvPolicy.config` chooses."""
-        from kernels.gemv import NormedInput
-        config = self.gemv.config(m, xq is not None, wide, glu, residual, norm=isinstance(xq, NormedInput))
+        """The mat-vec input for weight ``m`` (x, or its Q8_1 blocks ``xq``) and its kernel, as `GemvPolicy.config`
+        chooses."""
+        config = self.gemv.config(m, xq is not None, wide, glu, residual)
         return (xq if config.mmvq else x), config
 
     def _matvec(self, m: GemvOperand, x, out, residual=None, xq=None) -> None:
@@ -375,10 +360,7 @@ class DecodeEngine:
         embedding(*self.embedding, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
         mark("embedding")
         for layer in self.layers:
-            if self.fuse_norm_gemv >= 1:
-                hq = self._norm_input(layer.attn_norm, [m for m, _, _ in layer.qkv])
-            else:
-                hq = self._norm(layer.attn_norm)
+            hq = self._norm(layer.attn_norm)
             mark("attn_norm")
             self._qkv_matvecs(layer.qkv, hq)
             mark("qkv")
@@ -398,10 +380,7 @@ class DecodeEngine:
             aq = fused_q8 if fused_q8 is not None else self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)
             mark("attn_output")
-            if self.fuse_norm_gemv >= 2:
-                hq = self._norm_input(layer.ffn_norm, [layer.gate, layer.up])
-            else:
-                hq = self._norm(layer.ffn_norm)
+            hq = self._norm(layer.ffn_norm)
             mark("ffn_norm")
             if self.fuse_glu and layer.gate.qtype == layer.up.qtype:
                 self._matvec_glu(layer.gate, layer.up, self._h1, self._act1, xq=hq)

@@ -103,16 +103,13 @@ class GemvPolicy:
             self.deep_launches[key] = launch
         return self.deep_launches[key]
 
-    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False,
-               norm: bool = False):
+    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False):
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
-        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue; ``norm``
-        (with an MMVQ kernel): the input is a `kernels.gemv.NormedInput` (the kernel's fused RMSNorm,
-        `kernels.gemv.GemvConfig.norm` = m.id). The config's ``mmvq`` says which input the caller passes. Each
-        configuration is made once."""
+        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
@@ -126,10 +123,9 @@ class GemvPolicy:
             launch = self._few
         else:
             launch = self._mmvq
-        width = m.id if norm and mmvq else 0
-        key = (m.qtype, id(launch), mmvq, glu, residual, width)
+        key = (m.qtype, id(launch), mmvq, glu, residual)
         config = self._configs.get(key)
         if config is None:
             config = self._configs[key] = GemvConfig(m.qtype, mmvq=mmvq, glu=glu, residual=residual,
-                                                     xres=mmvq and self.options.xres, norm=width, **launch)
+                                                     xres=mmvq and self.options.xres, **launch)
         return config

@@ -81,11 +81,7 @@ class DecodeOptions:
     as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
     (AHEAD, with pdl): chunks of weight each mat-vec warp
     prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
-    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`).
-    fuse_norm_gemv (FUSE_NORM_GEMV, with mmvq): 0 every RMSNorm is a launch of its own; 1 the attention RMSNorm is
-    computed inside the q/k/v mat-vecs, every CUDA block for itself (`kernels.gemv.NormedInput`; no norm launch,
-    no h in memory); 2 the FFN RMSNorm inside the gate/up mat-vec too. Only where every consumer has an MMVQ
-    kernel; the output head's RMSNorm stays a launch (its many CUDA blocks would each recompute it)."""
+    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -102,7 +98,6 @@ class DecodeOptions:
     fuse_qkv_mixed: bool = True
     ahead: int = 1
     attn_splits: int = 64
-    fuse_norm_gemv: int = 0
 
 
 @dataclass(frozen=True)
