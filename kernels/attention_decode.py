@@ -48,7 +48,7 @@ WARPS = 4
 COMBINE_WARPS = 8
 """Warps of a combine block: each sums every 8th partition for one 32-dim slice of one head."""
 DEFAULT_SPLITS = 64
-"""The engine's ATTN_SPLITS default: 64 tied 128 at tg128 and beat it by 5.2% at 16384 cached tokens (the ledger)."""
+"""The engine's ATTN_SPLITS default: 64 tied 128 at tg128 and beat it at 16384 cached tokens (the ledger)."""
 SPLITS_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_GROUP = 16
 """Largest GQA group G = n_heads / n_kv_heads at head_dim <= 128: a block joins its warps' G x D accumulators in

@@ -69,31 +69,31 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ADD_NORM", (0, 1), 0, "prefill (pp): 1 adds the attention output and the FFN output (their "
                                                "split-K slices summed) to the residual stream in the next RMSNorm's "
                                                "kernel, its rows row_tpb threads wide with PNORM_WIDE; 0 a slice sum, a "
-                                               "residual add and an RMSNorm (0 the default: with 256 threads a row at "
-                                               "pp512 it lost -2.4% there and won +3.4% at pp128, ledger #313 / #314)")]
+                                               "residual add and an RMSNorm (0 the default: it won at pp128 but lost "
+                                               "at pp512)")]
     knobs += [Knob("PHEAD", ("gemm", "gemv"), "gemm", "prefill (pp): the last token's logits by the f16 GEMM on an f16 "
                                                        "copy of the output weight (gemm) or by the decode's f32-input "
                                                        "mat-vec on the quantized weight (gemv: no f16 copy, fewer bytes)")]
     knobs += [Knob("PNORM_WIDE", (0, 1), 1, "prefill (pp): 1 runs the RMSNorms of prompts under 256 tokens (and the "
                                             "last token's), and FUSE_ADD_NORM's at every length, with up to 1024 "
-                                            "threads a row, so a row takes one round of loads (the default: pp128 "
-                                            "+2.1%, ledger #207); 0 256 threads a row at every length", legacy=0)]
+                                            "threads a row, so a row takes one round of loads (the default: faster "
+                                            "at pp128); 0 256 threads a row at every length", legacy=0)]
     knobs += [Knob("PFUSE_ROPE_KV", (0, 1), 1, "prefill (pp): 1 writes the rotated q (f16) and the K/V cache rows from "
-                                               "the RoPE kernel, which also adds the q|k|v bias (the default: pp512 "
-                                               "+2.7%, pp128 +2.4%, ledger #316 / #317); 0 a bias kernel (qwen2), then "
+                                               "the RoPE kernel, which also adds the q|k|v bias (the default: faster "
+                                               "at pp128 and pp512); 0 a bias kernel (qwen2), then "
                                                "RoPE, then a KV-append kernel (decode's FUSE_ROPE_KV, plus q)", legacy=0)]
     knobs += [Knob("PFUSE_GLU", (0, 1), 1, "prefill (pp): 1 computes silu(gate) * up in the gate/up GEMM's epilogue "
                                            "and writes the f16 activation (kernels.gemm_f16.gemm_f16_glu: no f32 "
-                                           "[nt, 2 ffn] product written and read back; the default, pp512 +13.1%, "
-                                           "ledger #305); 0 the GEMM's f32 product, then swiglu (the same bits with "
+                                           "[nt, 2 ffn] product written and read back; the default: faster at "
+                                           "pp512); 0 the GEMM's f32 product, then swiglu (the same bits with "
                                            "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
                                            "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
     knobs += [Knob("PFUSE_RESID", (0, 1), 1, "prefill (pp): 1 adds the attention output's and the FFN's products to "
                                              "the residual stream in their GEMM's epilogue (C += A·B^T; split-K "
                                              "slices in the slice sum): no f32 [nt, hidden] product written, read "
-                                             "back and added by a kernel of its own (the default: pp512 +1.9%, "
-                                             "pp128 +2.9%, ledger #323 / #324); 0 that buffer and residual_add. "
+                                             "back and added by a kernel of its own (the default: faster at pp128 "
+                                             "and pp512); 0 that buffer and residual_add. "
                                              "The same numbers either way. Does nothing with FUSE_ADD_NORM=1 (its "
                                              "norm kernel adds) or STAGING other than tma", legacy=0)]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
@@ -101,8 +101,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                         "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
                                         "matrix as W16 says")]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
-                                              "(kernels.rope.rope_angles) for all layers (the default, pp512 +1.0%, "
-                                              "ledger #306); 0 in every layer's RoPE kernel (float64 angles per token "
+                                              "(kernels.rope.rope_angles) for all layers (the default: faster at "
+                                              "pp512); 0 in every layer's RoPE kernel (float64 angles per token "
                                               "and pair; the same values either way)", legacy=0)]
     knobs += [Knob("GRAPHS", (0, 1), 1, "decode (tg): 1 replays one captured CUDA graph per step; 0 launches eagerly", legacy=0)]
     knobs += [Knob("MMVQ", (0, 1), 1, "decode (tg): 1 quantizes mat-vec inputs to Q8_1 (int8, dp4a) for "
@@ -120,19 +120,19 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "one mat-vec each", legacy=0)]
     knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (0 the "
-                                              "default: +0.6-0.9%, under the 1% bar)")]
+                                              "default: its gain stayed under the A/B bar)")]
     knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
                                               "in decode attention's combine kernel (the default: one launch fewer "
                                               "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
     knobs += [Knob("FUSE_NORM_SPLIT", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes each RMSNorm's Q8_1 blocks from the "
                                                  "norm kernel, spread over several CUDA blocks that each recompute "
-                                                 "the row's scale (the same bits; the default: +9.3% / +3.0% tg128 "
-                                                 "on the 1.5B / 7B); 0 quantizes in a separate kernel. No effect "
+                                                 "the row's scale (the same bits; the default: faster tg on both "
+                                                 "presets); 0 quantizes in a separate kernel. No effect "
                                                  "with MMVQ=0", legacy=0)]
     knobs += [Knob("FUSE_QKV_MIXED", (0, 1), 1, "decode (tg, FUSE_ADD=1, FUSE_QKV=1): 1 runs the two q/k/v "
                                                 "mat-vecs FUSE_QKV leaves where the layer has two formats (Q4_K_M: "
                                                 "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
-                                                "same bits; the default: +2.1% / +1.5% tg128 on the 1.5B / 7B); 0 one "
+                                                "same bits; the default: faster tg on both presets); 0 one "
                                                 "launch each. No effect where q, k and v share a format", legacy=0)]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
@@ -141,7 +141,7 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FEW_ROWS", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the MMVQ mat-vecs of at most 2048 rows "
                                           "(the 1.5B's q|k|v and attention output; the 7B's v where it has its own "
                                           "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
-                                          "general shape for the SMs; the default: +1.9% tg128 on the 1.5B); 0 the "
+                                          "general shape for the SMs; the default: faster tg on both presets); 0 the "
                                           "general shape (RPB=4, WPR=2)", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
