@@ -168,17 +168,6 @@ def test_glu_kernel_runs_two_dp4a_chains_without_spills():
 
 
 @pytest.mark.compile
-def test_grid_stride_loops_in_registers_and_prefetches_the_next_group():
-    """GRID (decode's SwiGLU shape): the loop over row groups keeps every accumulator in registers, reads
-    ``%nctaid.x`` (its stride) and asks L2 for the next group's lines beside PDL's prologue (twice the prefetches of
-    the one-group kernel)."""
-    kw = dict(rows_per_block=4, warps_per_row=2, mmvq=True, xres=True, glu=True, pdl=1)
-    one, strided = (_config_ptx(GemvConfig("Q4_K", **kw, grid_stride=g)) for g in (0, 8))
-    assert ".local" not in strided and "%nctaid.x" in strided and "%nctaid.x" not in one
-    assert strided.count("prefetch.global.L2") == 2 * one.count("prefetch.global.L2") > 0
-
-
-@pytest.mark.compile
 def test_pair_kernel_runs_both_formats_without_spills():
     """`gemv_pair`'s kernel (FUSE_QKV_MIXED): the Q4_K and Q6_K bodies both inlined (their dp4a counts add up), no
     local memory, no call."""
