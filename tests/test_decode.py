@@ -306,30 +306,6 @@ def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False).lookahead == 1
 
 
-def test_grid_reaches_every_mat_vec_but_the_ring_and_the_pair(monkeypatch):
-    """GRID=8: every mat-vec kernel launches grid-stride at 8 CUDA blocks a SM, its deep launch's one-wave bound
-    computed on that grid; DEEP's Q6_K ring and the halves of a q|k|v pair launch keep one CUDA block per row
-    group; AHEAD passes on with GRID even without PDL, but not to a pair half then."""
-    from kernels.gemv import GemvConfig, one_wave_min_blocks
-    from minfer_cli.engine import gemv_policy
-    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW, GemvOperand, GemvPolicy
-
-    monkeypatch.setattr(gemv_policy, "sm_count", lambda: 132)
-    policy = GemvPolicy(DecodeOptions(graphs=False, grid=8))
-    q4 = policy.config(GemvOperand(None, "Q4_K", 1536, DEEP_COLS), True, wide=True)
-    assert q4 == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, xres=True, grid_stride=8,
-                            min_blocks=one_wave_min_blocks(384, 132, 4))
-    q6 = policy.config(GemvOperand(None, "Q6_K", 3584, DEEP_COLS), True, wide=True)
-    assert q6.stage == 2 and q6.grid_stride == 0
-    small = policy.config(GemvOperand(None, "Q4_K", 1792, 1536), True, wide=True, residual=True)
-    assert small == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, residual=True, grid_stride=8)
-    half = policy.config(GemvOperand(None, "Q4_K", 1792, 1536), True, wide=True, residual=True, pair=True)
-    assert half == GemvConfig("Q4_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, residual=True)
-    plain = GemvPolicy(DecodeOptions(graphs=False, grid=4, ahead=2, pdl=False))
-    assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False).lookahead == 2
-    assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False, pair=True).lookahead == 1
-
-
 def test_decode_refuses_what_does_not_fit(micro_weights):
     from minfer_cli.engine.decode import DecodeEngine
 
@@ -419,9 +395,6 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
     assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
         "AHEAD=2 is the prefetch before PDL's wait")
-    assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0, "GRID": 4}) is None
-    assert engine_options(resolve_config(engine_knobs(), {"GRID": "8"}, "e")).decode.grid == 8
-    assert knobs["GRID"].default == 0 and "GRID" in DECODE_KNOBS
     default = engine_options(resolve_config(engine_knobs(), {}, "e")).decode
     assert default.graphs is True and default.mmvq is True and default.fuse_add is True and default.fuse_glu is True
     assert default.xres is True and knobs["XRES"].default == 1 and knobs["XRES"].legacy == 0
@@ -873,11 +846,10 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
                                   {"fuse_qkv": False, "fuse_add": False}, {"pdl": False},
                                   {"fuse_rope_kv": True}, {"fuse_attn_q8": False}, {"fuse_attn_q8": False, "xres": False},
                                   {"ahead": 4}, {"fuse_norm_split": False}, {"fuse_norm_split": False, "xres": False},
-                                  {"fuse_qkv_mixed": False}, {"grid": 2}, {"grid": 16, "ahead": 2}],
+                                  {"fuse_qkv_mixed": False}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_QKV=0", "FUSE_QKV=0,FUSE_ADD=0",
                               "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=0", "FUSE_ATTN_Q8=0,XRES=0", "AHEAD=4",
-                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=0", "GRID=2",
-                              "GRID=16,AHEAD=2"])
+                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=0"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
     FUSE_ROPE_KV=1 (RoPE writes the cache rows), FUSE_ATTN_Q8=0 (a separate kernel writes the attention output's
@@ -888,8 +860,8 @@ def test_fusion_knobs_give_bit_identical_logits(knob):
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=0 only unstacks the default's one launch over q/k rows of one format (one launch shape for every mat-vec, so the
-    sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait, GRID only
-    changes which CUDA block decodes a row group: logits and tokens bit-identical over 8 graph-replayed steps."""
+    sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait: logits and
+    tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights
 

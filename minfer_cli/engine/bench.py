@@ -41,7 +41,7 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "GRID", "ATTN_SPLITS")
+                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -153,11 +153,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                                             "L2 before it waits for the previous kernel (kernels.gemv lookahead), "
                                             "so the next mat-vec's weights stream while the current kernel ends; 1 "
                                             "the first chunk. The Q6_K ring (DEEP) keeps its own")]
-    knobs += [Knob("GRID", (0, 1, 2, 4, 8, 16), 0, "decode (tg): CUDA blocks a SM of each mat-vec launched "
-                                                   "grid-stride (kernels.gemv GRID: every block loops over row "
-                                                   "groups, the next group's first chunks prefetched into L2; not the "
-                                                   "Q6_K ring or the q|k|v pair launch); 0 one CUDA block per row group "
-                                                   "(the default until measured)")]
     knobs += [Knob("ATTN_SPLITS", (32, 64, 128), 64, "decode (tg): decode-attention blocks per KV head along the "
                                                     "cache (4 warp partitions each; 64 the default: it tied 128 at "
                                                     "tg128 and beat it at 16384 cached tokens; 128 was chosen over 32)",
@@ -220,9 +215,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
 
 def engine_conflict(config: Config) -> str | None:
     """Why a full engine knob configuration cannot run, in one sentence, or None."""
-    if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1) and not config.get("GRID", 0):
-        return (f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel or of GRID's next "
-                f"row group: it needs PDL=1 or GRID > 0")
+    if config.get("AHEAD", 1) > 1 and not config.get("PDL", 1):
+        return f"AHEAD={config['AHEAD']} is the prefetch before PDL's wait for the previous kernel: it needs PDL=1"
     from kernels import gemm_f16_config as table
 
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
@@ -269,7 +263,7 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
-                           ahead=int(config.get("AHEAD", 1)), grid=int(config.get("GRID", 0)))
+                           ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 
 

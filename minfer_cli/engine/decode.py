@@ -291,11 +291,10 @@ class DecodeEngine:
         rms_norm(self.x, weight, eps, out=self.h, stream=self.stream, tpb=tpb, pdl=self.pdl)
         return self._quantize(self._h1, q8)
 
-    def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False,
-               pair: bool = False):
+    def _input(self, m: GemvOperand, x, xq, wide: bool, glu: bool = False, residual: bool = False):
         """The mat-vec input for weight ``m`` (x, or its Q8_1 blocks ``xq``) and its kernel, as `GemvPolicy.config`
-        chooses (``pair``: for a `kernels.gemv.gemv_pair` launch)."""
-        config = self.gemv.config(m, xq is not None, wide, glu, residual, pair)
+        chooses."""
+        config = self.gemv.config(m, xq is not None, wide, glu, residual)
         return (xq if config.mmvq else x), config
 
     def _matvec(self, m: GemvOperand, x, out, residual=None, xq=None) -> None:
@@ -326,7 +325,7 @@ class DecodeEngine:
         if self.fuse_qkv_mixed and self.fuse_add and len(qkv) == 2:
             calls = []
             for m, out, bias in qkv:
-                x_in, config = self._input(m, self._h1, hq, wide=True, residual=bias is not None, pair=True)
+                x_in, config = self._input(m, self._h1, hq, wide=True, residual=bias is not None)
                 calls.append(((m.raw, m.qtype, m.od, m.id, out, bias, config), x_in))
             (a, xa), (b, xb) = calls
             if xa is xb and pair_refusal(a[-1], b[-1]) is None:

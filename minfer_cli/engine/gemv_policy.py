@@ -65,10 +65,8 @@ class GemvPolicy:
         override = {k: int(v) for k, v in (("rows_per_block", rows_per_block), ("warps_per_row", warps_per_row))
                     if v is not None}
         override["pdl"] = int(options.pdl)
-        if (options.pdl or options.grid) and options.ahead > 1:
+        if options.pdl and options.ahead > 1:
             override["lookahead"] = int(options.ahead)
-        if options.grid:
-            override["grid_stride"] = int(options.grid)
         self.options, self.override = options, override
         self._f32 = {**GEMV_F32, **override}
         self._mmvq = {**GEMV_MMVQ, **override}
@@ -92,10 +90,9 @@ class GemvPolicy:
             launch = GEMV_MMVQ_DEEP.get(m.qtype)
             if launch is not None:
                 launch = {**launch, **self.override}
-                if launch.get("stage"):  # the ring prefetches its own chunks and runs one group a CUDA block
+                if launch.get("stage"):  # the ring prefetches its own first chunks (AHEAD is the ring-less prologue's)
                     launch.pop("lookahead", None)
-                    launch.pop("grid_stride", None)
-                grid = GemvConfig(m.qtype, mmvq=True, **launch).grid(m.od, sm_count())
+                grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, sm_count(), launch["warps_per_row"])
                 try:
                     refused = GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
@@ -106,15 +103,13 @@ class GemvPolicy:
             self.deep_launches[key] = launch
         return self.deep_launches[key]
 
-    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False,
-               pair: bool = False):
+    def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False):
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
-        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue; ``pair``:
-        for one half of a `kernels.gemv.gemv_pair` launch (no grid-stride: GRID is left out). The config's ``mmvq``
-        says which input the caller passes. Each configuration is made once."""
+        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
@@ -128,11 +123,7 @@ class GemvPolicy:
             launch = self._few
         else:
             launch = self._mmvq
-        if pair and launch.get("grid_stride"):
-            launch = {k: v for k, v in launch.items() if k != "grid_stride"}
-            if "lookahead" in launch and not self.options.pdl:
-                launch.pop("lookahead")
-        key = (m.qtype, tuple(sorted(launch.items())), mmvq, glu, residual)
+        key = (m.qtype, id(launch), mmvq, glu, residual)
         config = self._configs.get(key)
         if config is None:
             config = self._configs[key] = GemvConfig(m.qtype, mmvq=mmvq, glu=glu, residual=residual,

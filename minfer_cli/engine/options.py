@@ -81,10 +81,7 @@ class DecodeOptions:
     as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
     (AHEAD, with pdl): chunks of weight each mat-vec warp
     prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
-    first). grid (GRID): CUDA blocks a SM of the mat-vecs launched grid-stride (`kernels.gemv.GemvConfig.grid_stride`:
-    each block loops over row groups, prefetching the next one's first chunks; not the Q6_K ring nor the q|k|v pair
-    launch), 0 one CUDA block per row group. attn_splits (ATTN_SPLITS): decode-attention blocks per KV head
-    (`kernels.attention_decode.SPLITS_VALUES`)."""
+    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -100,7 +97,6 @@ class DecodeOptions:
     fuse_norm_split: bool = True
     fuse_qkv_mixed: bool = True
     ahead: int = 1
-    grid: int = 0
     attn_splits: int = 64
 
 
