@@ -34,13 +34,6 @@ def _compiled(dispatcher, args: tuple):
     return kernel
 
 
-def sm_count() -> int:
-    """SMs of the current device (1 in the CUDA simulator, whose device has no such attribute)."""
-    from numba import cuda
-
-    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
-
-
 def _dim(d):
     """A launch dimension as cuda.core takes it: an int or a tuple of ints (numba also takes lists and numpy
     integers)."""

@@ -55,7 +55,7 @@ def _scale(raw, name, od, id, x, residual=None):
 
 
 def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, mmvq=False, stage=0, min_blocks=0,
-         fold=0, pdl=0, stream=0, xres=False, lookahead=1, grid_stride=0):
+         fold=0, pdl=0, stream=0, xres=False, lookahead=1):
     """Run one product on fresh random W and x into a NaN-poisoned y; return (y, float64 reference, `_scale`).
     mmvq: x is quantized to Q8_1 on the device first (``xres``: compensated) and the reference is
     `experiments.gemv.reference_mmvq`."""
@@ -70,8 +70,7 @@ def _run(name, od, id, rpb=2, wpr=2, raw_device=None, residual=None, rng=None, m
     res = None if residual is None else cuda.to_device(residual)
     xd = quantize_q8_1(cuda.to_device(x), q8_blocks(id, compensated=xres)) if mmvq else cuda.to_device(x)
     config = GemvConfig(name, rows_per_block=rpb, warps_per_row=wpr, stage=stage, min_blocks=min_blocks, fold=fold,
-                        pdl=pdl, mmvq=mmvq, residual=residual is not None, xres=xres, lookahead=lookahead,
-                        grid_stride=grid_stride)
+                        pdl=pdl, mmvq=mmvq, residual=residual is not None, xres=xres, lookahead=lookahead)
     got = gemv_q(dev, name, od, id, xd, out, config=config, residual=res, stream=stream)
     assert got is out
     ref = reference_mmvq(raw, name, od, id, x, compensated=xres) if mmvq else _reference(raw, name, od, id, x)
@@ -156,68 +155,13 @@ def test_ahead_prefetches_each_warps_first_chunks_and_changes_no_number(monkeypa
     assert end < row_bytes or ahead == 8, "the case should leave chunks unprefetched"
 
 
-def test_ahead_needs_pdl_or_grid_stride_and_no_ring():
+def test_ahead_needs_pdl_and_no_ring():
     for kw in ({"pdl": 0}, {"pdl": 1, "stage": 2}):
-        with pytest.raises(KernelConstraintError, match="lookahead=2 is the prefetch before PDL's wait"):
+        with pytest.raises(KernelConstraintError, match="lookahead=2 is PDL's prefetch before the wait"):
             GemvConfig("Q6_K", lookahead=2, **kw)
-    assert GemvConfig("Q6_K", lookahead=2, grid_stride=4).lookahead == 2
     with pytest.raises(KernelConstraintError, match="lookahead=3 is not supported; allowed: 1, 2, 4, 8"):
         GemvConfig("Q4_K", pdl=1, lookahead=3)
     assert GemvConfig.from_knobs({"TYPE": "Q4_K", "PDL": 1, "AHEAD": 4}).lookahead == 4
-
-
-@pytest.mark.parametrize("name, od, rpb, wpr, mmvq, pdl, grid, ahead, residual", [
-    ("Q4_K", 11, 2, 2, True, 1, 2, 1, True), ("Q6_K", 5, 1, 1, False, 0, 4, 2, False),
-    ("Q8_0", 9, 4, 2, True, 1, 1, 4, False)])
-def test_grid_stride_covers_every_group_and_prefetches_the_next(monkeypatch, name, od, rpb, wpr, mmvq, pdl, grid, ahead,
-                                                                residual):
-    """GRID (the simulator has one SM: ``grid`` CUDA blocks looping over all row groups, the last one partial):
-    against float64 and bit for bit the one-block-per-group launch; every group after a block's first had the
-    lines of its first AHEAD chunks of each warp asked of L2 (all of a row that has fewer), every offset inside W."""
-    from kernels.gemv import _IMPLS, _MMVQ_IMPLS, codegen, launch
-
-    asked = []
-    real = codegen.prefetch_l2
-
-    def recording(array, byte_offset):
-        real(array, byte_offset)
-        asked.append(int(byte_offset))
-
-    monkeypatch.setattr(codegen, "prefetch_l2", recording)
-    monkeypatch.setattr(launch, "_CACHE", {})
-    seed = int(np.random.default_rng().integers(2**63))
-    stream = cuda.stream()
-    id = _tiny_id(name) * 2
-    res = np.random.default_rng(seed).standard_normal(od).astype(np.float32) if residual else None
-    runs = [_run(name, od, id, rpb=rpb, wpr=wpr, mmvq=mmvq, pdl=pdl, stream=stream, grid_stride=g, residual=res,
-                 lookahead=a, rng=np.random.default_rng(seed)) for g, a in ((grid, ahead), (0, 1))]
-    _assert_close(*runs[0])
-    np.testing.assert_array_equal(runs[0][0], runs[1][0])
-    fmt = FORMATS[name]
-    row_bytes = fmt.row_bytes(id)
-    chunk = 32 // (_MMVQ_IMPLS if mmvq else _IMPLS)[name][2] * fmt.type_size
-    end = min(ahead * wpr * chunk, row_bytes)
-    need = {(r * row_bytes + b) // 128 for r in range(grid * rpb, od) for b in range(end)}
-    assert need and not need - {a // 128 for a in asked}, "lines of a next group's first chunks were never prefetched"
-    assert all(0 <= a < od * row_bytes for a in asked)
-
-
-def test_grid_stride_refusals_and_grid():
-    """GRID: refused with the ring and in a pair launch; its grid is GRID a SM, never more than the row groups."""
-    with pytest.raises(KernelConstraintError, match="grid_stride=4 loops CUDA blocks over row groups, which the ring"):
-        GemvConfig("Q6_K", grid_stride=4, stage=2)
-    with pytest.raises(KernelConstraintError, match="grid_stride=3 is not supported; allowed: 0, 1, 2, 4, 8, 16"):
-        GemvConfig("Q4_K", grid_stride=3)
-    assert "grid-stride" in pair_refusal(GemvConfig("Q4_K", mmvq=True, grid_stride=2), GemvConfig("Q6_K", mmvq=True))
-    config = GemvConfig("Q4_K", rows_per_block=4, grid_stride=8)
-    assert config.grid(8960, 132) == 1056 and config.grid(1536, 132) == 384 and config.groups(8960) == 2240
-    assert GemvConfig("Q4_K", rows_per_block=4).grid(8960, 132) == 2240
-
-
-def test_grid_stride_glu_bit_for_bit():
-    one, strided = _glu_knob_off_and_on("Q4_K", 13, 512, "grid_stride", 2)
-    assert np.isfinite(one).all()
-    np.testing.assert_array_equal(strided, one)
 
 
 @pytest.mark.parametrize("name, rpb, wpr, mmvq, stage", [("Q4_K", 4, 4, True, 0), ("Q6_K", 2, 2, True, 2),

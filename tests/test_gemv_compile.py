@@ -107,7 +107,6 @@ _FIELD_CHANGES = {
     "mmvq": ({}, {"mmvq": True}),
     "xres": ({"mmvq": True}, {"mmvq": True, "xres": True}),
     "residual": ({}, {"residual": True}),
-    "grid_stride": ({}, {"grid_stride": 4}),
 }
 """Per `GemvConfig` field, two configurations that differ in it alone (`test_every_config_field_changes_the_kernel`)."""
 

@@ -43,7 +43,10 @@ def {fname}(raw, {wargs}{xargs}, y, res, od, id):
     last = od - 1
     nb = id // {bs}
     nchunks = (nb + {bpc} - 1) // {bpc}
-{launch_dependents}{body}
+{launch_dependents}{per_row_init}
+{loop}
+{per_row_reduce}
+{epilogue}
 """
 
 
@@ -154,10 +157,10 @@ def lookahead_lines(chunk_bytes: int) -> int:
     return chunk_bytes // 128 + 2
 
 
-def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk: str, row0: str = "row0") -> list[str]:
+def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk: str) -> list[str]:
     """The lines (indented ``ind``) that prefetch into L2 chunk ``chunk`` (an expression: PDL's ``warp``, the warp's
-    first chunk), every row and weight, of the row group starting at row ``row0`` (an expression), when it exists.
-    Lane slot ``q = lane + 32 t`` takes row ``q // lines`` of the group (clamped to ``od - 1``) and, of that row's chunk, the line ``q % lines`` after
+    first chunk), every row and weight, when it exists. Lane slot ``q = lane + 32 t`` takes row
+    ``q // lines`` of the CUDA block (clamped to ``od - 1``) and, of that row's chunk, the line ``q % lines`` after
     the chunk's start rounded down to 128 bytes (``lines``: `lookahead_lines`), clamped to the chunk's last byte;
     slots past ``RPB * lines`` repeat the last one (a line asked for twice: no branch). Every offset lies in its
     row's bytes or the row before (the rounding), inside W."""
@@ -167,30 +170,10 @@ def _lookahead(ind: str, mats, rpb: int, chunk_bytes: int, type_size: int, chunk
            f"{ind}    pe = min(pb + {chunk_bytes}, nb * {type_size}) - 1"]
     for t in range((slots + 31) // 32):
         out += [f"{ind}    pq = min(lane + {32 * t}, {slots - 1})",
-                f"{ind}    pr = min({row0} + pq // {lines}, last) * nb * {type_size}",
+                f"{ind}    pr = min(row0 + pq // {lines}, last) * nb * {type_size}",
                 f"{ind}    po = min(((pr + pb) & -128) + (pq % {lines}) * 128, pr + pe)"]
         out += [f"{ind}    prefetch_l2({w}, po)" for _, w in mats]
     return out
-
-
-def _grid_stride_body(wait: list[str], mats, rpb: int, wpr: int, chunk_bytes: int, type_size: int, ahead: int,
-                      group: list[str]) -> str:
-    """GRID's kernel body: PDL's prologue ``wait`` (the lookahead of the CUDA block's first row group, then the
-    wait) once, then a loop over the row groups ``blockIdx.x, blockIdx.x + gridDim.x, ...``; each iteration first
-    prefetches into L2 the first ``ahead`` chunks of the warp's next group (`_lookahead`, when there is one), then
-    runs ``group`` (the one-group code: accumulators, chunk loop, reduction, epilogue) indented under the loop with
-    ``row0`` its group's first row, and, with WPR > 1, a barrier before the next group rewrites the epilogue's
-    shared sums. The loop's trip count is the CUDA block's, so every barrier inside is reached by all its threads."""
-    nxt = [line for j in range(ahead)
-           for line in _lookahead("        ", mats, rpb, chunk_bytes, type_size, f"warp + {j * wpr}", "nrow0")]
-    lines = [*wait, f"    ngroups = (od + {rpb - 1}) // {rpb}",
-             "    for g in range(cuda.blockIdx.x, ngroups, cuda.gridDim.x):", f"        row0 = g * {rpb}",
-             f"        nrow0 = row0 + cuda.gridDim.x * {rpb}", "        if nrow0 < od:",
-             *("    " + line for line in nxt)]
-    lines += ["    " + line if line else line for part in group for line in part.split("\n")]
-    if wpr > 1:
-        lines.append("        cuda.syncthreads()")
-    return "\n".join(lines)
 
 
 def _source(config: GemvConfig) -> tuple[str, str, dict]:
@@ -216,24 +199,14 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
     mats = [("acc", "raw"), ("acu", "up")] if glu else [("acc", "raw")]
     rows = range(rpb)
     chunk_bytes = 32 // lpb * fmt.type_size
-    # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
-    per_row_init = "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
-                             for r in rows)
-    per_row_reduce = "\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats)
-    epilogue = _epilogue(rows, mats, rpb, wpr, residual)
-    first = [line for j in range(config.lookahead)
-             for line in _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, f"warp + {j * wpr}")]
-    first += ["    griddepcontrol_wait()"]
-    chunk_loop = "\n".join([f"    for c in range(warp, nchunks, {wpr}):", _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     if stage:
         loop = _ring_loop(rows, mats, rpb, wpr, 32 // lpb, bs, fmt.type_size, xargs, stage, name in _RING_FETCH, pdl)
-        body = "\n".join([_stage_init(mats, rpb, wpr, chunk_bytes, stage) + per_row_init, loop, per_row_reduce,
-                          epilogue])
-    elif config.grid_stride:
-        body = _grid_stride_body(first if pdl else [], mats, rpb, wpr, chunk_bytes, fmt.type_size, config.lookahead,
-                                 [per_row_init, chunk_loop, per_row_reduce, epilogue])
     else:
-        body = "\n".join([per_row_init, *(first if pdl else []), chunk_loop, per_row_reduce, epilogue])
+        first = [line for j in range(config.lookahead)
+                 for line in _lookahead("    ", mats, rpb, chunk_bytes, fmt.type_size, f"warp + {j * wpr}")]
+        first += ["    griddepcontrol_wait()"]
+        loop = "\n".join([*(first if pdl else []), f"    for c in range(warp, nchunks, {wpr}):",
+                          _chunk_body(rows, mats, 32 // lpb, bs, xargs)])
     src = _KERNEL_TEMPLATE.format(
         fname=fname,
         wargs="up, " if glu else "",
@@ -243,7 +216,13 @@ def _source(config: GemvConfig) -> tuple[str, str, dict]:
         bpc=32 // lpb,
         rpb=rpb,
         launch_dependents="    griddepcontrol_launch_dependents()\n" if pdl else "",
-        body=body,
+        # rows past od (last CUDA block) re-read row od - 1: valid memory, never written
+        per_row_init=(_stage_init(mats, rpb, wpr, chunk_bytes, stage) if stage else "")
+        + "\n".join(f"    rb{r} = min(row0 + {r}, last) * nb\n" + "\n".join(f"    {p}{r} = ZERO" for p, _ in mats)
+                    for r in rows),
+        loop=loop,
+        per_row_reduce="\n".join(f"    {p}{r} = _warp_sum({p}{r})" for r in rows for p, _ in mats),
+        epilogue=_epilogue(rows, mats, rpb, wpr, residual),
     )
     scope = {"cuda": cuda, "np": np, "ZERO": ZERO, "_warp_sum": _warp_sum, "silu_mul": silu_mul, "xload": xload,
              "dot": dot, "fetch": fetch, "math": math, "prefetch_l2": prefetch_l2,

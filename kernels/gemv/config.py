@@ -28,7 +28,6 @@ STAGE_VALUES = (0, 2, 3, 4)
 FOLD_VALUES = (0, 1)
 PDL_VALUES = (0, 1)
 AHEAD_VALUES = (1, 2, 4, 8)
-GRID_VALUES = (0, 1, 2, 4, 8, 16)
 MINB_VALUES = (0, 1, 2, 4, 7, 8, 14, 16)
 STAGE_SMEM_LIMIT = 48 * 1024
 """Bytes of static shared memory a staged kernel may use (CUDA's static limit): its windows are
@@ -52,8 +51,8 @@ class GemvConfig:
 
     Raises KernelConstraintError (one sentence) for a value outside a field's allowed set or an impossible
     combination: MMVQ for a format without an int8 kernel, GLU with a residual, STAGE for a format or shape it
-    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, XRES without Q8_1 x, GRID with STAGE,
-    MINB beyond the SM's threads.
+    cannot take, FOLD without Q8_1 x or for a format without Q6_K's offset, XRES without Q8_1 x, MINB beyond the
+    SM's threads.
     """
 
     qtype: str = field(metadata={"knob": "TYPE", "values": GEMV_TYPES, "default": "Q4_K",
@@ -93,24 +92,13 @@ class GemvConfig:
     that kernel (`kernels.ptx.griddepcontrol_wait`) it touches only W: the ring's first copies (STAGE 2..4), else an
     L2 prefetch of its warp's first chunk (`_lookahead`). x, the residual and y come after the wait. Needs a stream
     other than 0, hence 0 by default here (the decode engine launches with 1)."""
-    lookahead: int = _knob("AHEAD", AHEAD_VALUES, "PDL=1 or GRID without STAGE: each warp's first AHEAD chunks "
-                           "prefetched into L2 before the wait for the previous kernel, and with GRID those of its "
-                           "next row group (1: the first chunk)", 1)
+    lookahead: int = _knob("AHEAD", AHEAD_VALUES, "PDL=1 without STAGE: each warp's first AHEAD chunks prefetched "
+                           "into L2 before the wait for the previous kernel (1: the first chunk)", 1)
     """With PDL=1 and no ring: before `kernels.ptx.griddepcontrol_wait` each warp prefetches into L2 the chunks
     its loop takes first, AHEAD of them (chunks warp, warp + WPR, ...: `_lookahead` each), so that while the
     previous kernel finishes (a decode step's kernels are short and wait on each other) the memory system already
-    streams this one's weights; with GRID the same chunks of the warp's next row group, before it decodes the
-    current one. 1 by default (one chunk, the original PDL prologue); a CUDA block whose rows span fewer chunks
-    prefetches those."""
-    grid_stride: int = _knob("GRID", GRID_VALUES, "CUDA blocks a SM, each looping over row groups (grid-stride; the "
-                             "next group's first chunks prefetched into L2 while the current one is decoded); 0: one "
-                             "CUDA block per row group", 0)
-    """Grid-stride launch: ``GRID * SMs`` CUDA blocks (at most one per row group), block b decoding row groups b,
-    b + grid, ... (`kernels.gemv.codegen._grid_stride_body`), so every SM gets the same number of groups whatever
-    the grid's waves would have been, and each warp prefetches into L2 the first AHEAD chunks of its next group
-    before it decodes the current one (`_lookahead`): the next group's weights stream while this one's dots,
-    reduction and store run. 0 (one CUDA block per row group) by default: the launch every shape was tuned with.
-    Refused with STAGE (the ring's slots run per group) and in `gemv_pair` (its CUDA blocks are split by index)."""
+    streams this one's weights. 1 by default (one chunk, the original PDL prologue); a CUDA block whose rows
+    span fewer chunks prefetches those."""
     glu: bool = _knob("GLU", (0, 1), "1: gate and up weights in one kernel, y = silu(W·x) * (W_up·x) (decode's "
                       "FUSE_GLU)", False)
     """The two-weight SwiGLU kernel of `gemv_glu` (gate and up of one format and shape; no residual)."""
@@ -163,13 +151,10 @@ class GemvConfig:
             if not self.mmvq:
                 return ("fold=1 folds the offset into the dp4a dots of the MMVQ kernel: it needs Q8_1 x (MMVQ=1), "
                         "not f32 x")
-        if self.lookahead > 1 and (not (self.pdl or self.grid_stride) or self.stage):
-            return (f"lookahead={self.lookahead} is the prefetch before PDL's wait (pdl=1) or of the next row group "
-                    f"(grid_stride) of a kernel without the ring (stage=0; the ring starts its own copies there): got "
-                    f"pdl={self.pdl}, grid_stride={self.grid_stride}, stage={self.stage}; use lookahead=1")
-        if self.grid_stride and self.stage:
-            return (f"grid_stride={self.grid_stride} loops CUDA blocks over row groups, which the ring (stage="
-                    f"{self.stage}) does not follow: use stage=0 or grid_stride=0")
+        if self.lookahead > 1 and (not self.pdl or self.stage):
+            return (f"lookahead={self.lookahead} is PDL's prefetch before the wait (pdl=1) of a kernel without the ring "
+                    f"(stage=0; the ring starts its own copies there): got pdl={self.pdl}, stage={self.stage}; use "
+                    f"lookahead=1")
         if self.xres and not self.mmvq:
             return "xres=1 is a form of the Q8_1 x of the MMVQ kernel: it needs mmvq=1 (f32 x has no int8 rounding)"
         return None
@@ -185,14 +170,9 @@ class GemvConfig:
         return stage_smem_bytes(self.qtype, self.rows_per_block, self.warps_per_row, self.glu, self.stage) \
             if self.stage else 0
 
-    def groups(self, od: int) -> int:
-        """Row groups (RPB rows each) of ``od`` rows."""
+    def grid(self, od: int) -> int:
+        """CUDA blocks for ``od`` rows."""
         return -(-od // self.rows_per_block)
-
-    def grid(self, od: int, sm_count: int = 1) -> int:
-        """CUDA blocks for ``od`` rows on ``sm_count`` SMs: one per row group, or with GRID at most GRID a SM."""
-        groups = self.groups(od)
-        return min(groups, self.grid_stride * int(sm_count)) if self.grid_stride else groups
 
     def weight_refusal(self, raw=None, *, nbytes: int | None = None, what: str = "raw") -> str | None:
         """Why W cannot feed this kernel, in one sentence, or None: with STAGE, W (``raw``, a device array named

@@ -13,7 +13,7 @@ from kernels.gemv.codegen import _build
 from kernels.gemv.config import STAGE_SMEM_LIMIT, GemvConfig
 from kernels.gemv.formats import _IMPLS, _MMVQ_IMPLS
 from kernels.gemv.tables import FLOAT_GROUP, _format_name
-from kernels.launch import launch_kernel, sm_count
+from kernels.launch import launch_kernel
 from kernels.quant.dequant import _address, _as_device_array, _check_raw, _check_shape
 from kernels.quant.formats import block_format
 from kernels.quantize_q8 import Q8Blocks, check_q8
@@ -142,8 +142,6 @@ def pair_refusal(first: GemvConfig, second: GemvConfig) -> str | None:
     """Why two configurations cannot run as one `gemv_pair` launch, in one sentence, or None: one launch has one
     thread count, one PDL mode and one launch bound, and the two kernels' shared memory adds up (x's form is the
     call's, checked with each config)."""
-    if first.grid_stride or second.grid_stride:
-        return "gemv_pair splits its CUDA blocks by index, which a grid-stride launch (grid_stride) does not follow"
     for field in ("threads", "pdl", "min_blocks"):
         if getattr(first, field) != getattr(second, field):
             return (f"gemv_pair runs one launch: its two configs must agree in {field} "
@@ -158,7 +156,7 @@ def _launch(raw, raw_up, qtype, od, id, x, out, residual, config, stream):
     """Check every argument (see `gemv_q`), then enqueue the kernel; ``raw_up`` not None selects the GLU kernel."""
     config, out, args = _arguments(raw, raw_up, qtype, od, id, x, out, residual, config, stream)
     if args is not None:
-        launch_kernel(kernel_for(config), config.grid(od, sm_count()), config.threads, stream, args, pdl=config.pdl)
+        launch_kernel(kernel_for(config), config.grid(od), config.threads, stream, args, pdl=config.pdl)
     return out
 
 

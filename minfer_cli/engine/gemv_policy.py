@@ -47,10 +47,10 @@ class GemvOperand:
 
 
 def sm_count() -> int:
-    """SMs of the current device (`kernels.launch.sm_count`; a name of this module so tests can set it)."""
-    from kernels.launch import sm_count as device_sm_count
+    """SMs of the current device (1 in the CUDA simulator, whose device has no such attribute)."""
+    from numba import cuda
 
-    return device_sm_count()
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
 class GemvPolicy:
