@@ -186,7 +186,7 @@ class GemvExperiment(Experiment):
     )
     ceiling = "copy"
     work_knobs = ("TYPE", "GLU")
-    removed_knobs = {"UNROLL": 1, "PREFETCH": 0, "HOIST": 0, "VLOAD": 0}
+    removed_knobs = {"UNROLL": 1, "PREFETCH": 0, "HOIST": 0, "VLOAD": 0, "GRID": 0}
     """Variants deleted after they lost their A/B (their records name the commit that had them); each value here is
     what the code still runs."""
 

@@ -391,6 +391,7 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert "DEEP_STAGE" not in knobs  # deleted after its A/B (ledger #349)
     assert "ATTN_ONE" not in knobs  # one decode-attention kernel, its last block combining: deleted (#357, #358)
     assert "FUSE_NORM_GEMV" not in knobs  # each RMSNorm inside the mat-vecs it feeds: deleted (#365-#368)
+    assert "GRID" not in knobs  # grid-stride mat-vecs, the next row group prefetched: deleted (#369, #370)
     assert engine_options(resolve_config(engine_knobs(), {"AHEAD": "4"}, "e")).decode.ahead == 4
     assert knobs["AHEAD"].default == 1 and "AHEAD" in DECODE_KNOBS
     assert engine_conflict({**{k: v.default for k, v in knobs.items()}, "AHEAD": 2, "PDL": 0}).startswith(
