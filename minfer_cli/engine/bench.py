@@ -48,16 +48,15 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "F
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
                  "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "GRID": 0, "SCHED": "grid",
                  **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
-"""Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger
-#170; FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369); each value here is what the
-engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows;
-ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it;
-FUSE_NORM_Q8=0: no one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel;
-FUSE_NORM_GEMV=0: each RMSNorm a launch, not recomputed by every CUDA block of the mat-vecs it feeds; GRID=0: a
-CUDA block per row group, not blocks looping over groups); the prefill
-flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED
-(persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench experiment's
-``removed_knobs``; `minfer bench --arm` names them as removed."""
+"""Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger #170;
+FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369); each value here is what the
+engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the
+half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block
+RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a
+launch, not recomputed by every CUDA block of the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks
+looping over groups); the prefill flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the
+prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench
+experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
 
 def engine_knobs() -> tuple[Knob, ...]:
