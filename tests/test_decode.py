@@ -263,6 +263,36 @@ def test_few_rows_launch_only_for_mmvq_mat_vecs_of_at_most_2048_rows(monkeypatch
         "Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, xres=True, min_blocks=one_wave_min_blocks(384, 132, 4))
 
 
+def test_wide_ring_launch_only_for_q6_k_mat_vecs_of_many_rows():
+    """WIDE_RING=1: an MMVQ Q6_K mat-vec of at least WIDE_ROWS rows (the vocabulary head) takes the ring and the fold
+    (`GEMV_MMVQ_WIDE_RING`, no AHEAD lookahead: the ring has its own prologue); one row fewer, a Q4_K head (the wide
+    shape), the SwiGLU kernel, f32 input and a weight whose bytes the ring cannot take keep theirs; WIDE_RING=0 the
+    general shape."""
+    from numba import cuda
+
+    from kernels.gemv import GemvConfig
+    from minfer_cli.engine.gemv_policy import (GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_FEW, GEMV_MMVQ_WIDE,
+                                               GEMV_MMVQ_WIDE_RING, WIDE_ROWS, GemvOperand, GemvPolicy)
+
+    on = GemvPolicy(DecodeOptions(graphs=False, wide_ring=True, ahead=2))
+    off = GemvPolicy(DecodeOptions(graphs=False, ahead=2))
+    head = GemvOperand(None, "Q6_K", WIDE_ROWS, 1536)
+    ring = GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_WIDE_RING["Q6_K"], pdl=1, xres=True)
+    general = GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=2)
+    assert on.config(head, True, wide=True) == ring and ring.stage == 2 and ring.fold == 1
+    assert off.config(head, True, wide=True) == general
+    assert on.config(GemvOperand(None, "Q6_K", WIDE_ROWS - 1, 1536), True, wide=True) == general
+    assert on.config(GemvOperand(None, "Q6_K", 512, 1536), True, wide=True) == GemvConfig(
+        "Q6_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, lookahead=2)
+    assert on.config(GemvOperand(None, "Q4_K", WIDE_ROWS, 1536), True, wide=True) == GemvConfig(
+        "Q4_K", mmvq=True, **GEMV_MMVQ_WIDE, pdl=1, xres=True, lookahead=2)
+    assert on.config(head, True, wide=False, glu=True) == GemvConfig(
+        "Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=2, glu=True)
+    assert on.config(head, False, wide=True) == GemvConfig("Q6_K", mmvq=False, **GEMV_F32, pdl=1, lookahead=2)
+    odd = GemvOperand(cuda.to_device(np.zeros(210 * 6 + 8, np.uint8)), "Q6_K", WIDE_ROWS + 1, 1536)
+    assert on.config(odd, True, wide=True) == general  # not a whole number of 16-byte vectors: no ring
+
+
 def test_few_rows_decode_step_within_the_accuracy_bar(micro_weights, monkeypatch):
     """The engine's default launch shapes (no override): every mat-vec of the micro model (at most 256 rows) but the
     SwiGLU one takes FEW_ROWS=1's two rows a block; one eager step within 1e-2 of the float64 forward."""

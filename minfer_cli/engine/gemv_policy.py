@@ -9,7 +9,8 @@ rows that shape leaves too few warps for the SMs); more warps a row did not pay 
 `kernels.gemv.one_wave_min_blocks`), and for Q6_K the per-warp cp.async ring (STAGE=2) with the offset fold
 (FOLD=1): the combination that pays there. Few rows (od <= ``FEW_ROWS``: the 1.5B's q|k|v and attention output,
 the 7B's v in the layers where it is Q6_K and q|k Q4_K) with FEW_ROWS=1: two rows a block, twice the blocks of the
-general shape for the SMs.
+general shape for the SMs. Q6_K matrices of at least ``WIDE_ROWS`` rows (the vocabulary head) with WIDE_RING=1:
+`GEMV_MMVQ_WIDE_RING`, the ring and the offset fold at the general shape.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ GEMV_MMVQ_FEW = {"rows_per_block": 2, "warps_per_row": 2}
 and attention output, 1536): twice the CUDA blocks of the general shape, so a small grid reaches more SMs' worth of
 warps (the gemv sweeps of those shapes in the ledger)."""
 FEW_ROWS = 2048
+GEMV_MMVQ_WIDE_RING = {"Q6_K": {"rows_per_block": 4, "warps_per_row": 2, "stage": 2, "fold": 1}}
+"""`GEMV_MMVQ_WIDE_RING` (WIDE_RING=1): format -> the launch of its matrices of at least ``WIDE_ROWS`` rows (the Q6_K
+vocabulary head): the general shape with the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class GemvPolicy:
         self._wide = {**GEMV_MMVQ_WIDE, **override}
         self._few = {**GEMV_MMVQ_FEW, **override}
         self.deep_launches: dict[tuple, dict | None] = {}  # (format, od, weight) -> DEEP=1 launch knobs or None
+        self.ring_launches: dict[tuple, dict | None] = {}  # (format, weight) -> WIDE_RING=1 launch knobs or None
         self._configs: dict[tuple, object] = {}  # (format, launch shape, x form, glu, residual) -> GemvConfig
 
     def deep_launch(self, m: GemvOperand) -> dict | None:
@@ -84,30 +89,55 @@ class GemvPolicy:
         slower than the general shape)."""
         key = (m.qtype, m.od, id(m.raw))
         if key not in self.deep_launches:
-            from kernels.errors import KernelConstraintError
-            from kernels.gemv import GemvConfig, one_wave_min_blocks
+            from kernels.gemv import one_wave_min_blocks
 
-            launch = GEMV_MMVQ_DEEP.get(m.qtype)
+            launch = self._launch(m, GEMV_MMVQ_DEEP)
             if launch is not None:
-                launch = {**launch, **self.override}
-                if launch.get("stage"):  # the ring prefetches its own first chunks (AHEAD is the ring-less prologue's)
-                    launch.pop("lookahead", None)
                 grid = -(-m.od // launch["rows_per_block"])
                 launch["min_blocks"] = one_wave_min_blocks(grid, sm_count(), launch["warps_per_row"])
-                try:
-                    refused = GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
-                except KernelConstraintError as e:
-                    refused = str(e)
-                if refused is not None or not launch["min_blocks"]:
+                if not launch["min_blocks"] or self._refusal(m, launch) is not None:
                     launch = None
             self.deep_launches[key] = launch
         return self.deep_launches[key]
+
+    def ring_launch(self, m: GemvOperand) -> dict | None:
+        """WIDE_RING=1's launch knobs for ``m``: `GEMV_MMVQ_WIDE_RING` of its format, or None (the general shape)
+        when its format has none or its ring (STAGE=2) cannot take m's bytes (`kernels.gemv.GemvConfig`'s
+        `weight_refusal`: a whole number of 16-byte vectors at a 16-byte aligned address)."""
+        key = (m.qtype, id(m.raw))
+        if key not in self.ring_launches:
+            launch = self._launch(m, GEMV_MMVQ_WIDE_RING)
+            self.ring_launches[key] = None if launch is None or self._refusal(m, launch) is not None else launch
+        return self.ring_launches[key]
+
+    def _launch(self, m: GemvOperand, table: dict) -> dict | None:
+        """``table``'s launch knobs for m's format with the policy's overrides, or None where it has none; a ring's
+        launch (STAGE) drops AHEAD's lookahead: the ring prefetches its own first chunks."""
+        launch = table.get(m.qtype)
+        if launch is None:
+            return None
+        launch = {**launch, **self.override}
+        if launch.get("stage"):
+            launch.pop("lookahead", None)
+        return launch
+
+    @staticmethod
+    def _refusal(m: GemvOperand, launch: dict) -> str | None:
+        """Why m's bytes cannot feed the MMVQ kernel of ``launch``, or None."""
+        from kernels.errors import KernelConstraintError
+        from kernels.gemv import GemvConfig
+
+        try:
+            return GemvConfig(m.qtype, mmvq=True, **launch).weight_refusal(m.raw)
+        except KernelConstraintError as e:
+            return str(e)
 
     def config(self, m: GemvOperand, q8: bool, wide: bool, glu: bool = False, residual: bool = False):
         """The `kernels.gemv.GemvConfig` for weight ``m``: an MMVQ kernel when ``q8`` (the input's Q8_1 blocks
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
-        least DEEP_COLS columns, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
+        least DEEP_COLS columns, not GLU; with WIDE_RING=1, `ring_launch` for the formats of `GEMV_MMVQ_WIDE_RING` with
+        at least WIDE_ROWS rows, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
         the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
         config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
@@ -117,6 +147,9 @@ class GemvPolicy:
             launch = self._f32
         elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
             launch = self._wide
+        elif (self.options.wide_ring and m.od >= WIDE_ROWS and not glu
+              and (ring := self.ring_launch(m)) is not None):
+            launch = ring
         elif self.options.deep and m.id >= DEEP_COLS and not glu and (deep := self.deep_launch(m)) is not None:
             launch = deep
         elif self.options.few_rows and m.od <= FEW_ROWS and not glu:

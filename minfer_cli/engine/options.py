@@ -68,7 +68,9 @@ class DecodeOptions:
     `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds for one wave (True) or the general shape
     (False). few_rows (FEW_ROWS, with mmvq): the MMVQ mat-vecs of at most
     `minfer_cli.engine.gemv_policy.FEW_ROWS` rows take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_FEW` (True) or the
-    general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each
+    general shape (False). wide_ring (WIDE_RING, with mmvq): the Q6_K mat-vecs of at least
+    `minfer_cli.engine.gemv_policy.WIDE_ROWS` rows (the vocabulary head) take
+    `minfer_cli.engine.gemv_policy.GEMV_MMVQ_WIDE_RING` (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each
     may start before the previous one ends and waits for it before reading its output; True) or ordinary ones (False).
     fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each
     (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
@@ -90,6 +92,7 @@ class DecodeOptions:
     fuse_glu: bool = True
     deep: bool = True
     few_rows: bool = True
+    wide_ring: bool = False
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
