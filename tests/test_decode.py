@@ -274,8 +274,8 @@ def test_wide_ring_launch_only_for_q6_k_mat_vecs_of_many_rows():
     from minfer_cli.engine.gemv_policy import (GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_FEW, GEMV_MMVQ_WIDE,
                                                GEMV_MMVQ_WIDE_RING, WIDE_ROWS, GemvOperand, GemvPolicy)
 
-    on = GemvPolicy(DecodeOptions(graphs=False, wide_ring=True, ahead=2))
-    off = GemvPolicy(DecodeOptions(graphs=False, ahead=2))
+    on = GemvPolicy(DecodeOptions(graphs=False, ahead=2))
+    off = GemvPolicy(DecodeOptions(graphs=False, ahead=2, wide_ring=False))
     head = GemvOperand(None, "Q6_K", WIDE_ROWS, 1536)
     ring = GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ_WIDE_RING["Q6_K"], pdl=1, xres=True)
     general = GemvConfig("Q6_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, lookahead=2)

@@ -145,10 +145,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                           "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
                                           "general shape for the SMs; the default: faster tg on both presets); 0 the "
                                           "general shape (RPB=4, WPR=2)", legacy=0)]
-    knobs += [Knob("WIDE_RING", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs the Q6_K mat-vecs of at least 8192 rows (the "
+    knobs += [Knob("WIDE_RING", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the Q6_K mat-vecs of at least 8192 rows (the "
                                            "vocabulary head) with gemv STAGE=2 and FOLD=1 (the per-warp cp.async ring "
-                                           "and the offset fold, RPB=4, WPR=2; 0 the default until its A/B); 0 the "
-                                           "general shape. No effect with MMVQ=0")]
+                                           "and the offset fold, RPB=4, WPR=2; the default: faster tg on both "
+                                           "presets); 0 the general shape. No effect with MMVQ=0", legacy=0)]
     knobs += [Knob("PDL", (0, 1), 1, "decode (tg): 1 makes the per-layer kernels (mat-vecs, RMSNorm, Q8_1 "
                                      "quantization, RoPE, KV append, decode attention) programmatic dependent launches: "
                                      "each may start before the previous kernel ends and waits for it before reading "
@@ -261,7 +261,7 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),
                            deep=bool(config.get("DEEP", 1)),
-                           few_rows=bool(config.get("FEW_ROWS", 1)), wide_ring=bool(config.get("WIDE_RING", 0)),
+                           few_rows=bool(config.get("FEW_ROWS", 1)), wide_ring=bool(config.get("WIDE_RING", 1)),
                            pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),

@@ -92,7 +92,7 @@ class DecodeOptions:
     fuse_glu: bool = True
     deep: bool = True
     few_rows: bool = True
-    wide_ring: bool = False
+    wide_ring: bool = True
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
