@@ -239,8 +239,7 @@ def test_deep_launch_only_for_long_q4_k_and_q6_k_rows(monkeypatch):
 def test_few_rows_launch_only_for_mmvq_mat_vecs_of_at_most_2048_rows(monkeypatch):
     """FEW_ROWS=1 (the default, on 132 SMs): an MMVQ mat-vec of at most FEW_ROWS rows (the 1.5B's q|k|v, 2048, and
     attention output, 1536; with or without the residual epilogue) takes `GEMV_MMVQ_FEW`; one more row, the SwiGLU
-    kernel, an f32-input mat-vec and a long-row (DEEP) one keep theirs; FEW_ROWS=0 the general shape; FEW_ROWS=2 up to
-    4096 rows."""
+    kernel, an f32-input mat-vec and a long-row (DEEP) one keep theirs; FEW_ROWS=0 the general shape."""
     from kernels.gemv import GemvConfig, one_wave_min_blocks
     from minfer_cli.engine import gemv_policy
     from minfer_cli.engine.gemv_policy import (DEEP_COLS, FEW_ROWS, GEMV_F32, GEMV_MMVQ, GEMV_MMVQ_DEEP, GEMV_MMVQ_FEW,
@@ -262,14 +261,6 @@ def test_few_rows_launch_only_for_mmvq_mat_vecs_of_at_most_2048_rows(monkeypatch
         "Q4_K", mmvq=False, **GEMV_F32, pdl=1)
     assert on.config(GemvOperand(None, "Q4_K", 1536, DEEP_COLS), True, wide=True) == GemvConfig(
         "Q4_K", mmvq=True, **GEMV_MMVQ_DEEP["Q4_K"], pdl=1, xres=True, min_blocks=one_wave_min_blocks(384, 132, 4))
-    wider = GemvPolicy(DecodeOptions(graphs=False, few_rows=2))  # FEW_ROWS=2: up to 4096 rows (7B attn_output, q|k)
-    for od in (FEW_ROWS + 1, 3584, 4096):
-        assert on.config(GemvOperand(None, "Q4_K", od, 3584), True, wide=True, residual=True) == GemvConfig(
-            "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True, residual=True), od
-        assert wider.config(GemvOperand(None, "Q4_K", od, 3584), True, wide=True, residual=True) == GemvConfig(
-            "Q4_K", mmvq=True, **GEMV_MMVQ_FEW, pdl=1, xres=True, residual=True), od
-    assert wider.config(GemvOperand(None, "Q4_K", 4097, 3584), True, wide=True) == GemvConfig(
-        "Q4_K", mmvq=True, **GEMV_MMVQ, pdl=1, xres=True)
 
 
 def test_wide_ring_launch_only_for_q6_k_mat_vecs_of_many_rows():

@@ -140,13 +140,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
                                       "effect with MMVQ=0 (f32 inputs keep the f32 shape)", legacy=0)]
-    knobs += [Knob("FEW_ROWS", (0, 1, 2), 1, "decode (tg, MMVQ=1): 1 runs the MMVQ mat-vecs of at most 2048 rows "
-                                             "(the 1.5B's q|k|v and attention output; the 7B's v where it has its "
-                                             "own format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of "
-                                             "the general shape for the SMs; the default: faster tg on both "
-                                             "presets); 2 those of at most 4096 rows (also the 7B's attention output "
-                                             "and its q|k where v has its own format); 0 the general shape (RPB=4, "
-                                             "WPR=2)", legacy=0)]
+    knobs += [Knob("FEW_ROWS", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the MMVQ mat-vecs of at most 2048 rows "
+                                          "(the 1.5B's q|k|v and attention output; the 7B's v where it has its own "
+                                          "format) two rows a CUDA block (RPB=2, WPR=2: twice the blocks of the "
+                                          "general shape for the SMs; the default: faster tg on both presets); 0 the "
+                                          "general shape (RPB=4, WPR=2)", legacy=0)]
     knobs += [Knob("WIDE_RING", (0, 1), 1, "decode (tg, MMVQ=1): 1 runs the Q6_K mat-vecs of at least 8192 rows (the "
                                            "vocabulary head) with gemv STAGE=2 and FOLD=1 (the per-warp cp.async ring "
                                            "and the offset fold, RPB=4, WPR=2; the default: faster tg on both "
@@ -263,7 +261,7 @@ def engine_options(config: Config) -> EngineOptions:
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
                            fuse_glu=bool(config.get("FUSE_GLU", 1)),
                            deep=bool(config.get("DEEP", 1)),
-                           few_rows=int(config.get("FEW_ROWS", 1)), wide_ring=bool(config.get("WIDE_RING", 1)),
+                           few_rows=bool(config.get("FEW_ROWS", 1)), wide_ring=bool(config.get("WIDE_RING", 1)),
                            pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),

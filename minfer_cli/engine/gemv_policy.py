@@ -35,9 +35,6 @@ GEMV_MMVQ_FEW = {"rows_per_block": 2, "warps_per_row": 2}
 and attention output, 1536): twice the CUDA blocks of the general shape, so a small grid reaches more SMs' worth of
 warps (the gemv sweeps of those shapes in the ledger)."""
 FEW_ROWS = 2048
-FEW_ROWS_LIMITS = {1: FEW_ROWS, 2: 4096}
-"""FEW_ROWS knob value -> the most rows a matrix given `GEMV_MMVQ_FEW` has (2: also the 7B's attention output, 3584
-rows, and its q|k, 4096, where v has a format of its own)."""
 GEMV_MMVQ_WIDE_RING = {"Q6_K": {"rows_per_block": 4, "warps_per_row": 2, "stage": 2, "fold": 1}}
 """`GEMV_MMVQ_WIDE_RING` (WIDE_RING=1): format -> the launch of its matrices of at least ``WIDE_ROWS`` rows (the Q6_K
 vocabulary head): the general shape with the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1)."""
@@ -140,7 +137,7 @@ class GemvPolicy:
         exist: MMVQ on and a width of whole blocks) and m's format has one (``wide``: the one-warp-per-8-rows shape
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with WIDE_RING=1, `ring_launch` for the formats of `GEMV_MMVQ_WIDE_RING` with
-        at least WIDE_ROWS rows, not GLU; with FEW_ROWS=1 or 2, `GEMV_MMVQ_FEW` for at most `FEW_ROWS_LIMITS` rows, not GLU), else
+        at least WIDE_ROWS rows, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
         the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
         config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
@@ -155,7 +152,7 @@ class GemvPolicy:
             launch = ring
         elif self.options.deep and m.id >= DEEP_COLS and not glu and (deep := self.deep_launch(m)) is not None:
             launch = deep
-        elif self.options.few_rows and m.od <= FEW_ROWS_LIMITS[self.options.few_rows] and not glu:
+        elif self.options.few_rows and m.od <= FEW_ROWS and not glu:
             launch = self._few
         else:
             launch = self._mmvq

@@ -67,8 +67,8 @@ class DecodeOptions:
     deep (DEEP, with mmvq): the Q4_K and Q6_K mat-vecs of long rows (ffn_down) take
     `minfer_cli.engine.gemv_policy.GEMV_MMVQ_DEEP` and launch bounds for one wave (True) or the general shape
     (False). few_rows (FEW_ROWS, with mmvq): the MMVQ mat-vecs of at most
-    `minfer_cli.engine.gemv_policy.FEW_ROWS_LIMITS`[few_rows] rows (1: 2048, 2: 4096) take
-    `minfer_cli.engine.gemv_policy.GEMV_MMVQ_FEW`, or none (0: the general shape). wide_ring (WIDE_RING, with mmvq): the Q6_K mat-vecs of at least
+    `minfer_cli.engine.gemv_policy.FEW_ROWS` rows take `minfer_cli.engine.gemv_policy.GEMV_MMVQ_FEW` (True) or the
+    general shape (False). wide_ring (WIDE_RING, with mmvq): the Q6_K mat-vecs of at least
     `minfer_cli.engine.gemv_policy.WIDE_ROWS` rows (the vocabulary head) take
     `minfer_cli.engine.gemv_policy.GEMV_MMVQ_WIDE_RING` (True) or the general shape (False). pdl (PDL): the per-layer kernels are programmatic dependent launches (`kernels.launch`: each
     may start before the previous one ends and waits for it before reading its output; True) or ordinary ones (False).
@@ -91,7 +91,7 @@ class DecodeOptions:
     fuse_add: bool = True
     fuse_glu: bool = True
     deep: bool = True
-    few_rows: int = 1
+    few_rows: bool = True
     wide_ring: bool = True
     pdl: bool = True
     fuse_qkv: bool = True
