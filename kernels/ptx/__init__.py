@@ -18,7 +18,8 @@ Modules:
     wmma        wmma m16n16k16 load / mma / store
     tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.2d, 128-byte swizzle) and their host-side maps
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
-    sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter
+    sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter,
+                red.release / ld.acquire at GPU scope (grid barriers)
     arith       dp4a, prmt, sub / fma .f16x2
 
 Every helper is importable from here (``from kernels.ptx import ldmatrix_x4``).
@@ -75,7 +76,9 @@ from kernels.ptx.sync import (
     bar_sync,
     griddepcontrol_launch_dependents,
     griddepcontrol_wait,
+    ld_acquire_gpu,
     pdl_enter,
+    red_release_gpu_add,
     shfl_xor_f32,
     syncwarp,
 )

@@ -1,13 +1,14 @@
 """Warp synchronisation and exchange (`bar.warp.sync`, `shfl.sync.bfly`), named block barriers (`barrier.sync`
-with an id and a thread count: a subset of the block's warps meets while the others run on) and programmatic
+with an id and a thread count: a subset of the block's warps meets while the others run on), programmatic
 dependent launch (`griddepcontrol.wait` / `.launch_dependents`, sm_90, and `pdl_enter`, the two at the top of a
-kernel)."""
+kernel) and the GPU-scope release / acquire pair that CUDA blocks of one grid synchronise through
+(`red.release.gpu.global.add.s32`, `ld.acquire.gpu.global.s32`: `kernels.grid_sync`)."""
 
 from __future__ import annotations
 
 from numba import cuda, types
 
-from kernels.ptx._base import SIMULATOR, _check_scalars
+from kernels.ptx._base import SIMULATOR, _check_1d_array, _check_scalars
 
 if SIMULATOR:
     import numpy as np
@@ -17,7 +18,7 @@ else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from kernels.ptx._base import _asm
+    from kernels.ptx._base import _any_element_pointer, _asm
 
 
 # ---- warp barrier and shuffle ---------------------------------------------------------------------------------
@@ -175,3 +176,61 @@ def pdl_enter():
     for an ordinary launch."""
     griddepcontrol_wait()
     griddepcontrol_launch_dependents()
+
+
+# ---- GPU-scope release / acquire (grid-wide synchronisation through device memory) -----------------------------
+
+def _check_int32_array(name: str, array) -> None:
+    from numba.cuda.core.errors import NumbaTypeError
+
+    if array.dtype != types.int32:
+        raise NumbaTypeError(f"{name} needs an int32 array (a .s32 operation), got {array}")
+
+
+if SIMULATOR:
+
+    def red_release_gpu_add(array, index, value):
+        """Simulator form of `red.release.gpu.global.add.s32`: array[index] += value (the simulator runs one CUDA
+        block at a time, so no other block's update can interleave)."""
+        array[index] += value
+
+    def ld_acquire_gpu(array, index):
+        """Simulator form of `ld.acquire.gpu.global.s32`: array[index]."""
+        return array[index]
+
+else:
+
+    @intrinsic
+    def red_release_gpu_add(typingctx, array, index, value):
+        """`red.release.gpu.global.add.s32 [addr], value` (PTX ISA §9.7.13.6 "red", §8 memory consistency model:
+        release at GPU scope): atomically add ``value`` to element ``index`` of a 1-D int32 array, after every
+        memory operation this thread did before it (and those it observed through a CTA barrier) is visible at GPU
+        scope to a thread that acquires the sum. No result is returned (a reduction, not an atomic exchange)."""
+        _check_1d_array("red_release_gpu_add", array, index)
+        _check_int32_array("red_release_gpu_add", array)
+        _check_scalars("red_release_gpu_add", (value,), types.Integer, 1)
+        sig = types.void(array, index, value)
+
+        def codegen(context, builder, sig, args):
+            ptr = _any_element_pointer(context, builder, sig.args[0], args[0], args[1])
+            v = context.cast(builder, args[2], sig.args[2], types.int32)
+            _asm(builder, ir.VoidType(), [ptr, v], "red.release.gpu.global.add.s32 [$0], $1;", "l,r,~{memory}", True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def ld_acquire_gpu(typingctx, array, index):
+        """`ld.acquire.gpu.global.s32 value, [addr]` (PTX ISA §9.7.9.8 "ld" with .acquire, §8: acquire at GPU scope):
+        element ``index`` of a 1-D int32 array, read from the point of coherence (never a stale cached copy, so a
+        spin on it ends), and no later memory operation of this thread moves before it: what a releasing thread
+        wrote before its release is visible after an acquire that reads its update."""
+        _check_1d_array("ld_acquire_gpu", array, index)
+        _check_int32_array("ld_acquire_gpu", array)
+        sig = types.int32(array, index)
+
+        def codegen(context, builder, sig, args):
+            ptr = _any_element_pointer(context, builder, sig.args[0], args[0], args[1])
+            return _asm(builder, ir.IntType(32), [ptr], "ld.acquire.gpu.global.s32 $0, [$1];", "=r,l,~{memory}", True)
+
+        return sig, codegen
