@@ -45,6 +45,11 @@ class SyncExperiment(Experiment):
     def __init__(self) -> None:
         self._states: dict[tuple, object] = {}  # (MODE, BLOCKS) of a prepared grid arm -> its barrier state
 
+    def note(self, config, workload) -> str | None:
+        """How to read the figure: a sample is the whole chain."""
+        p = workload.shape["phases"]
+        return f"a sample is {p} dependent steps: the time of one step is the sample's time / {p}"
+
     def input_set_bytes(self, workload: Workload) -> int:
         s = workload.shape
         return 4 * s["n"] * (1 + s["phases"])

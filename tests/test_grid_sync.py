@@ -147,6 +147,7 @@ def test_sync_experiment_checks_its_own_output(arm):
     exp = get("sync")
     config, workload = exp.config(arm), exp.workload("tiny")
     inputs, output = exp.make_input_set(workload, np.random.default_rng()), exp.make_output(workload)
+    assert exp.note(config, workload).endswith("the sample's time / 3")
     launch = exp.prepare(config, workload)
     exp.poison(output)
     assert exp.check(config, workload, inputs, output) == float("inf")
