@@ -40,8 +40,9 @@ Progress = Optional[Callable[[str, float], None]]
 FA_PREFIX = "FA_"
 
 
-DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "AHEAD",
-                "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL", "ATTN_SPLITS")
+DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "ROPE_ANGLES",
+                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL",
+                "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -123,6 +124,10 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (0 the "
                                               "default: its gain stayed under the A/B bar)")]
+    knobs += [Knob("ROPE_ANGLES", (0, 1), 0, "decode (tg): 1 computes the step's RoPE (cos, sin) once after the "
+                                             "embedding (kernels.rope.rope_angles) and every layer's RoPE reads "
+                                             "them (the same bits; 0 the default until its A/B); 0 each layer's RoPE "
+                                             "kernel computes them in float64 (prefill's PROPE_ANGLES for decode)")]
     knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
                                               "in decode attention's combine kernel (the default: one launch fewer "
                                               "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
@@ -265,6 +270,7 @@ def engine_options(config: Config) -> EngineOptions:
                            pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
+                           rope_angles=bool(config.get("ROPE_ANGLES", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),

@@ -40,7 +40,9 @@ every row is computed alone with the same launch shape, the logits are bit-ident
 (``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,
 RMSNorm, the Q8_1 quantization, RoPE, the KV append and both decode-attention kernels start while the kernel
 before them finishes and wait for it (`kernels.ptx.griddepcontrol_wait`) before they read its output; the
-embedding, argmax and state kernels (once a step) launch as before.
+embedding, argmax and state kernels (once a step) launch as before. ``ROPE_ANGLES=1`` (``options.rope_angles``)
+computes the step's RoPE (cos, sin) once after the embedding (`kernels.rope.rope_angles`; every layer rotates the
+same position) and each layer's RoPE reads them instead of computing its table in float64 (bit-identical).
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -135,6 +137,7 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
+        self.rope_angles = bool(options.rope_angles)
         # FUSE_ATTN_Q8's combine writes whole Q8_1 blocks of one head: head_dim 80 runs the same quantization apart
         self.fuse_attn_q8 = bool(options.fuse_attn_q8) and c.head_dim % 32 == 0
         self.fuse_norm_split = bool(options.fuse_norm_split)
@@ -182,6 +185,8 @@ class DecodeEngine:
         self._qkv2 = self.qkv.reshape(1, width)
         qkv3 = self.qkv.reshape(1, heads, c.head_dim)
         self.rope_factors = weights.rope_factors()
+        self._angles = (cuda.device_array((1, c.head_dim // 2, 2), dtype=np.float32, stream=s)
+                        if self.rope_angles else None)  # ROPE_ANGLES: the step's (cos, sin), every layer's
         self._q_rope = head_slice(qkv3, 0, c.n_heads)
         self._k_rope = head_slice(qkv3, c.n_heads, c.n_heads + c.n_kv_heads)
         self._v_rope = head_slice(qkv3, c.n_heads + c.n_kv_heads, c.n_heads + 2 * c.n_kv_heads)
@@ -351,25 +356,28 @@ class DecodeEngine:
         from kernels.decode_state import advance
         from kernels.embedding import embedding
         from kernels.kv_cache import kv_append
-        from kernels.rope import rope
+        from kernels.rope import rope, rope_angles
 
         c, s, p = self.config, self.stream, self.pdl
         mark = self._mark
         if self.timeline is not None:
             self.timeline.begin()
         embedding(*self.embedding, c.vocab, c.hidden, self.ids, out=self.x, stream=s)
+        if self._angles is not None:
+            rope_angles(self.pos, c.rope_base, c.head_dim, factors=self.rope_factors, out=self._angles, stream=s)
         mark("embedding")
         for layer in self.layers:
             hq = self._norm(layer.attn_norm)
             mark("attn_norm")
             self._qkv_matvecs(layer.qkv, hq)
             mark("qkv")
-            if self.fuse_rope_kv:
+            if self.fuse_rope_kv:  # with angles the fused kernel also writes q16 (rope's angles need q_out there)
                 rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
-                     factors=self.rope_factors, kv_cache=(self._v_rope, layer.k_cache, layer.v_cache))
+                     factors=self.rope_factors, kv_cache=(self._v_rope, layer.k_cache, layer.v_cache),
+                     angles=self._angles, q_out=None if self._angles is None else self.q16)
             else:
                 rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
-                     factors=self.rope_factors)
+                     factors=self.rope_factors, angles=self._angles)
                 kv_append(self._qkv2, self.pos, layer.k_cache, layer.v_cache, c.q_dim, q_out=self.q16, stream=s,
                           pdl=p)
             mark("rope_kv")

@@ -75,7 +75,9 @@ class DecodeOptions:
     fuse_qkv (FUSE_QKV): q/k/v weights of one format run as one mat-vec over their stacked rows (True) or one each
     (False). fuse_rope_kv (FUSE_ROPE_KV): the RoPE kernel also writes the
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
-    copies them after it (False). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
+    copies them after it (False). rope_angles (ROPE_ANGLES): the step's RoPE (cos, sin) computed once after the
+    embedding (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or each layer's RoPE computes its
+    own in float64 (False); the same bits. fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True; at a head_dim that is not a
     multiple of 32, 80, the separate quantization runs) instead of a separate quantization (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
     one launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True),
@@ -96,6 +98,7 @@ class DecodeOptions:
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
+    rope_angles: bool = False
     fuse_attn_q8: bool = True
     fuse_norm_split: bool = True
     fuse_qkv_mixed: bool = True
