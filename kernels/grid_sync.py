@@ -8,7 +8,7 @@ order to the block's other threads. It is only correct when every block of the g
 that never starts never arrives): `co_resident_blocks` says how many can be, from the compiled kernel's resources,
 and `phase_chain` refuses a grid above it before launching. Every spin is bounded: after ``spins`` polls the block
 records the generation it gave up on in a watchdog word and goes on, so a broken barrier reports (`WatchdogError`)
-instead of hanging the GPU.
+instead of hanging the GPU (and releases the other blocks: no later barrier of the launch waits).
 
 The phase chain (experiment `sync`): P dependent phases over an n-float vector, each as decode's RMSNorm does it
 (every CUDA block reduces the whole input's sum of squares, then scales its share: x' = x * w_p / rms(x)), run as P
@@ -48,29 +48,37 @@ STATE_WORDS = 3
 """int32 words of a grid barrier's state: the arrival counter, the watchdog word and the departure counter."""
 
 
+RELEASE_ALL = 1 << 30
+"""What a block that gives up adds to the arrival counter: past every target of the launch (blocks x barriers stay
+far below it), so no barrier waits after a watchdog fired, and nothing is read on the fast path to know it."""
+
+
 @cuda.jit(device=True, inline="always")
 def grid_barrier(state, generation, spins):
     """Wait until every CUDA block of the grid has called this for the ``generation``-th time (1, 2, ... within one
-    launch). state: int32[STATE_WORDS] device array, all 0 before the launch (`grid_depart` leaves it so); after
-    ``spins`` polls a block records ``generation`` in state[1] (the watchdog word) and goes on, and from then on no
-    barrier of any block waits (the launch's output is wrong; `check_watchdog` says so). Every thread of every block
-    must call it."""
+    launch). state: int32[STATE_WORDS] device array, all 0 before the launch (`grid_depart` leaves it so); spins >= 1:
+    the polls before giving up. A block that gives up writes ``generation`` into state[1] (the watchdog word) and
+    adds `RELEASE_ALL` to the counter, so blocks still waiting pass at their next poll and no later barrier of the
+    launch waits (its output is wrong; `check_watchdog` raises, and the state must be replaced). Every thread of
+    every block must call it."""
     cuda.syncthreads()  # the block's writes before the barrier happen before thread 0's release
     if cuda.threadIdx.x == 0:
         red_release_gpu_add(state, 0, int32(1))
         target = int32(cuda.gridDim.x) * int32(generation)
-        n = 0 if ld_acquire_gpu(state, 1) == 0 else spins  # once a block gave up, no barrier of the launch waits
-        while n < spins and ld_acquire_gpu(state, 0) < target:
+        n = 0
+        while ld_acquire_gpu(state, 0) < target:
             n += 1
             if n == spins:
-                state[1] = generation
+                cuda.atomic.exch(state, 1, int32(generation))
+                red_release_gpu_add(state, 0, int32(RELEASE_ALL))
     cuda.syncthreads()  # thread 0's acquire happens before the block's reads after the barrier
 
 
 @cuda.jit(device=True, inline="always")
 def grid_depart(state):
     """After a block's last `grid_barrier` of the launch: the last block to depart zeroes the arrival and departure
-    counters for the next launch (every block has passed every barrier by then); the watchdog word stays."""
+    counters for the next launch (every block has passed every barrier by then). After a watchdog fired this is not
+    guaranteed (a block's late add may land after the zeroing) and the watchdog word stays: replace the state."""
     if cuda.threadIdx.x == 0:
         if cuda.atomic.add(state, 2, 1) == cuda.gridDim.x - 1:
             state[0] = 0
@@ -106,14 +114,16 @@ def _phase_kernel(xi, w, xo):
 
 @cuda.jit
 def _phases_grid(x, w, out, state, spins):
-    """Every phase in one kernel: phase p reads x (p = 0) or out[(p + 1) % 2], writes out[p % 2], then a grid
-    barrier."""
+    """Every phase in one kernel: phase p reads x (p = 0) or out[(p + 1) % 2], writes out[p % 2]; a grid barrier
+    between consecutive phases (P - 1 of them: the kernel's end follows the last)."""
     sm = cuda.shared.array(4, float32)
     n = x.size
-    for p in range(w.shape[0]):
+    phases = w.shape[0]
+    for p in range(phases):
         xi = x if p == 0 else out[(p + 1) % 2]
         _phase(xi, w[p], out[p % 2], n, sm)
-        grid_barrier(state, p + 1, spins)
+        if p + 1 < phases:
+            grid_barrier(state, p + 1, spins)
     grid_depart(state)
 
 
@@ -131,26 +141,42 @@ def co_resident_blocks(dispatcher, signature: tuple, threads: int, shmem: int = 
     return int(dispatcher.compile(signature).max_cooperative_grid_blocks(threads, shmem))
 
 
+def _on_device(a) -> bool:
+    """Whether ``a`` is a device array (the simulator's are not numpy arrays; a host array would be copied to and
+    from the device around every launch, which a CUDA graph cannot capture)."""
+    if SIMULATOR:
+        return hasattr(a, "copy_to_host")
+    return cuda.is_cuda_array(a)
+
+
 def phase_chain(x, w, out, mode: str, blocks: int, stream, state=None, spins: int = DEFAULT_SPINS) -> None:
     """Enqueue P = w.shape[0] phases (module docstring) on ``stream``: x f32[n] (read only), w f32[P, n], out
     f32[2, n] (the result in out[(P - 1) % 2]); mode one of `MODES`; blocks the CUDA blocks of every phase. MODE grid
-    needs ``state`` (`new_state`: the barrier's words, zero before the first launch and left so by each launch);
-    `check_watchdog` reads it after. Raises KernelConstraintError for an unknown mode, shapes
-    that do not match, or (MODE grid) more blocks than the device holds at once."""
+    needs ``state`` (`new_state`: the barrier's words, zero before the first launch and left so by each launch whose
+    watchdog did not fire); `check_watchdog` reads it after; spins: `grid_barrier`'s bound. Raises
+    KernelConstraintError for an unknown mode, arrays that are not float32 device arrays of matching shapes, spins
+    outside [1, 2**31), a missing or wrong state, or (MODE grid) more blocks than the device holds at once."""
     if mode not in MODES:
         raise KernelConstraintError(f"phase_chain: mode {mode!r} is not one of {', '.join(MODES)}")
+    for name, a, ndim in (("x", x, 1), ("w", w, 2), ("out", out, 2)):
+        if not _on_device(a) or a.dtype != np.float32 or a.ndim != ndim:
+            raise KernelConstraintError(f"phase_chain: {name} must be a {ndim}-D float32 device array, got "
+                                        f"{getattr(a, 'dtype', type(a).__name__)} {tuple(getattr(a, 'shape', ()))}")
     p, n = w.shape
     if x.shape != (n,) or out.shape != (2, n) or p < 1 or blocks < 1:
         raise KernelConstraintError(f"phase_chain: x [{n}], w [P >= 1, {n}], out [2, {n}] and blocks >= 1 expected; "
                                     f"got x {x.shape}, w {w.shape}, out {out.shape}, blocks {blocks}")
+    if not 1 <= spins < 2 ** 31:
+        raise KernelConstraintError(f"phase_chain: spins must be between 1 and 2**31 - 1 polls, got {spins}")
     if mode != "grid":
         for i in range(p):
             xi = x if i == 0 else out[(i + 1) % 2]
             launch_kernel(_phase_kernel, blocks, THREADS, stream, (xi, w[i], out[i % 2]), pdl=mode == "pdl")
         return
-    if state is None or state.shape != (STATE_WORDS,) or state.dtype != np.int32:
-        raise KernelConstraintError(f"phase_chain: MODE grid needs state, an int32[{STATE_WORDS}] device array "
-                                    f"(new_state)")
+    if state is None or not _on_device(state) or state.shape != (STATE_WORDS,) or state.dtype != np.int32:
+        raise KernelConstraintError(f"phase_chain: MODE grid needs state, an int32[{STATE_WORDS}] device array from "
+                                    f"new_state(), got {getattr(state, 'dtype', type(state).__name__)} "
+                                    f"{tuple(getattr(state, 'shape', ()))}")
     args = (x, w, out, state, np.int32(spins))
     fits = co_resident_blocks(_phases_grid, GRID_SIGNATURE, THREADS)
     if blocks > fits:
@@ -166,9 +192,9 @@ def new_state():
 
 
 def check_watchdog(state) -> None:
-    """Raise WatchdogError when a MODE grid chain's barrier gave up (``state`` as `phase_chain` took it; synchronises
-    with the device to read it)."""
+    """Raise WatchdogError when a MODE grid chain's barrier gave up since ``state`` was made (as `phase_chain` took
+    it; synchronises with the device to read it)."""
     gave_up = int(state.copy_to_host()[1])
     if gave_up:
         raise WatchdogError(f"grid barrier {gave_up} gave up waiting: not every CUDA block arrived (were they all "
-                            f"resident?); the chain's output is wrong")
+                            f"resident?); the chain's output is wrong, and its state must be replaced (new_state)")

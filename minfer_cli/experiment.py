@@ -15,6 +15,8 @@ What the harness (`minfer_cli/measure/`) needs from an experiment, per configura
     reference computed from `inputs`;
   * `tolerance(config)`: the largest relative error that passes;
   * `cost(workload, config)`: FLOPs and the fewest bytes moved by one sample, for TFLOP/s, GB/s and % of the ceiling.
+  * `after_timing(config, workload)` (optional): raise when what happened while the arm was timed makes its samples
+    wrong (a persistent kernel's barrier that gave up); the arm is then INVALID.
 """
 
 from __future__ import annotations
@@ -166,6 +168,11 @@ class Experiment(ABC):
     def tolerance(self, config: Config, workload: Workload) -> float:
         """The largest check() value that passes for this arm on this workload (0: exact)."""
         return 0.0
+
+    def after_timing(self, config: Config, workload: Workload) -> None:
+        """Raise (one line: why) when what happened while this arm was timed makes its samples wrong, though its
+        output passed `check` before timing (a persistent kernel's barrier that gave up); the harness then marks
+        the arm INVALID with that reason. Default: nothing to check."""
 
     @abstractmethod
     def cost(self, workload: Workload, config: Config) -> Cost:

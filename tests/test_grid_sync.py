@@ -66,7 +66,7 @@ def test_watchdog_reports_a_barrier_some_block_never_reaches():
     state = new_state()
     grid_sync._phases_grid[2, THREADS](cuda.to_device(x), cuda.to_device(w), out, state, np.int32(5))
     words = state.copy_to_host()
-    assert words[1] == 1 and words[0] == 0 and words[2] == 0, words
+    assert words[1] == 1 and words[2] == 0, words  # barrier 1 gave up; the last block out zeroed the departures
     with pytest.raises(WatchdogError, match="barrier 1 gave up"):
         check_watchdog(state)
 
@@ -82,14 +82,20 @@ def test_grid_above_what_the_device_holds_is_refused_before_launch():
     ({"mode": "coop"}, "mode 'coop' is not one of launch, pdl, grid"),
     ({"blocks": 0}, "blocks >= 1 expected"),
     ({"out_shape": (3, 64)}, r"out \[2, 64\]"),
-    ({"mode": "grid"}, "MODE grid needs state"),
+    ({"mode": "grid"}, "MODE grid needs state, an int32\\[3\\] device array from new_state\\(\\), got NoneType"),
+    ({"mode": "grid", "state": np.zeros(3, np.int32)}, "MODE grid needs state.*got int32 \\(3,\\)"),
+    ({"w": np.ones(64, np.float32)}, "w must be a 2-D float32 device array, got float32 \\(64,\\)"),
+    ({"w": np.ones((2, 64), np.float64)}, "w must be a 2-D float32 device array, got float64"),
+    ({"spins": 0}, "spins must be between 1 and 2\\*\\*31 - 1 polls, got 0"),
+    ({"spins": 2 ** 31}, "spins must be between 1 and"),
 ])
 def test_chain_refuses_bad_arguments(kwargs, needle):
     x = cuda.to_device(np.ones(64, np.float32))
-    w = cuda.to_device(np.ones((2, 64), np.float32))
+    w = cuda.to_device(kwargs.get("w", np.ones((2, 64), np.float32)))
     out = cuda.to_device(np.zeros(kwargs.get("out_shape", (2, 64)), np.float32))
     with pytest.raises(KernelConstraintError, match=needle):
-        phase_chain(x, w, out, kwargs.get("mode", "launch"), kwargs.get("blocks", 1), 0)
+        phase_chain(x, w, out, kwargs.get("mode", "launch"), kwargs.get("blocks", 1), 0, state=kwargs.get("state"),
+                    spins=kwargs.get("spins", 100))
 
 
 @pytest.mark.compile
@@ -140,8 +146,8 @@ def test_grid_beyond_residency_is_refused_on_gpu():
 @sim
 @pytest.mark.parametrize("arm", ["MODE=launch,BLOCKS=1", "MODE=pdl,BLOCKS=1", "MODE=grid,BLOCKS=1"])
 def test_sync_experiment_checks_its_own_output(arm):
-    """The experiment's sample passes its check on the tiny workload; a poisoned output, or a grid arm whose
-    watchdog fired, does not."""
+    """The experiment's sample passes its check on the tiny workload; a poisoned output does not, and a grid arm
+    whose watchdog fired raises WatchdogError from check and after timing (the harness's INVALID reason)."""
     from minfer_cli.experiment import get
 
     exp = get("sync")
@@ -153,7 +159,11 @@ def test_sync_experiment_checks_its_own_output(arm):
     assert exp.check(config, workload, inputs, output) == float("inf")
     launch(inputs, output, 0)
     assert exp.check(config, workload, inputs, output) <= exp.tolerance(config, workload)
+    exp.after_timing(config, workload)
     if config["MODE"] == "grid":
         state = exp._states["grid", 1]
         state.copy_to_device(np.array([0, 2, 0], np.int32))
-        assert exp.check(config, workload, inputs, output) == float("inf")
+        with pytest.raises(WatchdogError, match="barrier 2 gave up"):
+            exp.check(config, workload, inputs, output)
+        with pytest.raises(WatchdogError, match="barrier 2 gave up"):
+            exp.after_timing(config, workload)

@@ -140,6 +140,28 @@ def test_gate_marks_a_wrong_or_crashing_arm_invalid(monkeypatch):
     assert "too many resources" in outcome.error
 
 
+def test_an_arm_whose_timing_went_wrong_is_invalid_after_timing(monkeypatch):
+    """`Experiment.after_timing` raising (a persistent kernel's barrier gave up while it was timed) turns a timed
+    arm INVALID with the reason; not raising leaves it ok."""
+    session = _session()
+    outcome, timer = harness.prepare_arm(session, "A", {"VEC": 4})
+    stats = ArmStats(10.0, 9.9, 10.1, 10.0, 5, 0)
+
+    class Timer:
+        def describe(self):
+            return "graph, 1 launch(es) per sample"
+
+    harness._finish(session, outcome, Timer(), stats)
+    assert outcome.status == "ok" and outcome.error is None
+
+    def gave_up(config, workload):
+        raise RuntimeError("grid barrier 3 gave up waiting")
+
+    monkeypatch.setattr(session.experiment, "after_timing", gave_up)
+    harness._finish(session, outcome, Timer(), stats)
+    assert outcome.status == "invalid" and outcome.error == "after timing: RuntimeError: grid barrier 3 gave up waiting"
+
+
 def _fake_ab(verdict: str, delta: float):
     def measure_ab(session, configs, *, bar, **kwargs):
         arms = []

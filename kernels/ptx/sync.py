@@ -190,8 +190,9 @@ def _check_int32_array(name: str, array) -> None:
 if SIMULATOR:
 
     def red_release_gpu_add(array, index, value):
-        """Simulator form of `red.release.gpu.global.add.s32`: array[index] += value (the simulator runs one CUDA
-        block at a time, so no other block's update can interleave)."""
+        """Simulator form of `red.release.gpu.global.add.s32`: array[index] += value. Not atomic among the threads
+        of one block (the simulator runs them as Python threads): callers let one thread a block do it, as
+        `kernels.grid_sync` does; blocks run one at a time there."""
         array[index] += value
 
     def ld_acquire_gpu(array, index):

@@ -146,6 +146,10 @@ def _finish(session: Session, outcome: ArmOutcome, timer: ArmTimer, stats: ArmSt
         cost = session.experiment.cost(session.workload, outcome.config)
         outcome.figures = throughput(cost.flops, cost.bytes, stats.median, session.ceilings)
     outcome.timing = timer.describe()
+    try:
+        session.experiment.after_timing(outcome.config, session.workload)
+    except Exception as exc:  # the samples timed something else than the checked output came from
+        outcome.status, outcome.error = "invalid", f"after timing: {_first_line(exc)}"
 
 
 @dataclass
@@ -247,8 +251,9 @@ def measure_ab(session: Session, configs: list[Config], *, bar: float, max_time_
         _finish(session, outcome, timer, stats)
         outcome.samples = [float(v) for v in rounds]
         timer.release()
+    verdict = "INVALID" if any(a.status == "invalid" for a in arms) else result.comparison.verdict
     return ABResult(
-        session, arms, result.comparison, result.comparison.verdict, bar, rounds=result.rounds,
+        session, arms, result.comparison, verdict, bar, rounds=result.rounds,
         stop_reason=result.stop_reason, throttled_rounds=int(np.sum(result.throttled_rounds)),
         env_end=session.nvml.state(), elapsed_s=time.monotonic() - t0,
         round_values=[list(map(float, v)) for v in result.round_values],
