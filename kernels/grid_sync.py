@@ -28,6 +28,7 @@ import numpy as np
 from numba import cuda, float32, int32, types
 
 from kernels.errors import KernelConstraintError
+from kernels.jit import kernel
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, ld_acquire_gpu, pdl_enter, red_release_gpu_add, shfl_xor_f32
 
@@ -104,7 +105,7 @@ def _phase(xi, w, xo, n, sm):
         xo[i] = xi[i] * w[i] * inv
 
 
-@cuda.jit
+@kernel
 def _phase_kernel(xi, w, xo):
     """One phase as its own kernel (waits for the previous one first when launched as a PDL: `pdl_enter`)."""
     pdl_enter()
@@ -112,7 +113,7 @@ def _phase_kernel(xi, w, xo):
     _phase(xi, w, xo, xi.size, sm)
 
 
-@cuda.jit
+@kernel
 def _phases_grid(x, w, out, state, spins):
     """Every phase in one kernel: phase p reads x (p = 0) or out[(p + 1) % 2], writes out[p % 2]; a grid barrier
     between consecutive phases (P - 1 of them: the kernel's end follows the last)."""
