@@ -41,8 +41,8 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "ROPE_ANGLES",
-                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL",
-                "ATTN_SPLITS")
+                "FUSE_ATTN_ROPE", "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS",
+                "WIDE_RING", "PDL", "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
@@ -128,6 +128,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                              "embedding (kernels.rope.rope_angles) and every layer's RoPE reads "
                                              "them (the same bits; 0 the default until its A/B); 0 each layer's RoPE "
                                              "kernel computes them in float64 (prefill's PROPE_ANGLES for decode)")]
+    knobs += [Knob("FUSE_ATTN_ROPE", (0, 1), 0, "decode (tg): 1 runs no RoPE or KV-append kernel: decode "
+                                                "attention's partial kernel rotates q and the new k (by the step's "
+                                                "angles, as ROPE_ANGLES computes them) and appends the new K/V row "
+                                                "(the same values; 0 the default until its A/B); 0 a RoPE kernel and "
+                                                "a KV append (or FUSE_ROPE_KV's one kernel) before attention")]
     knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
                                               "in decode attention's combine kernel (the default: one launch fewer "
                                               "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
@@ -198,8 +203,8 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
 
 
 def idle_fusions(config: Config) -> dict[str, str]:
-    """The prefill knobs (the fusions, NARROWTAIL) a full engine knob configuration sets to 1 that its other knobs
-    make a no-op, each
+    """The knobs (the prefill fusions, NARROWTAIL; decode's FUSE_ROPE_KV and ROPE_ANGLES under FUSE_ATTN_ROPE) a full
+    engine knob configuration sets to 1 that its other knobs make a no-op, each
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
@@ -219,6 +224,11 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
+    if config.get("FUSE_ATTN_ROPE"):
+        for k in ("FUSE_ROPE_KV", "ROPE_ANGLES"):
+            if config.get(k):
+                idle[k] = (f"{k}=1 does nothing with FUSE_ATTN_ROPE=1 (decode attention rotates and appends itself, "
+                           f"by the step's angles)")
     return idle
 
 
@@ -271,6 +281,7 @@ def engine_options(config: Config) -> EngineOptions:
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
                            rope_angles=bool(config.get("ROPE_ANGLES", 0)),
+                           fuse_attn_rope=bool(config.get("FUSE_ATTN_ROPE", 0)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
