@@ -54,3 +54,12 @@ def console_width():
 
     yield set_width
     out._width = saved
+
+
+@pytest.fixture(scope="module")
+def micro_weights():
+    """Synthetic weights of `tests.decode_models.micro` (1 layer of `tiny`), seed 11: one build per test module."""
+    from minfer_cli.engine.weights import synth_weights
+    from tests.decode_models import micro
+
+    return synth_weights(micro(), 11)
