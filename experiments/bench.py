@@ -161,10 +161,8 @@ class BenchExperiment(Experiment):
         return {**config, **{k: 0 for k in idle_fusions(config)}}
 
     def note(self, config, workload: Workload) -> str | None:
-        """The knobs of this workload's phase (prefill or decode) that the other knobs make a no-op
-        (`idle_fusions`)."""
-        tg = self._is_tg(workload)
-        return "; ".join(v for k, v in idle_fusions(config).items() if (k in DECODE_KNOBS) == tg) or None
+        """The prefill fusion knobs these knobs make a no-op, on a pp workload (`idle_fusions`)."""
+        return None if self._is_tg(workload) else "; ".join(idle_fusions(config).values()) or None
 
     def refuse(self, config, workload: Workload) -> str | None:
         """An arm that moves a knob this workload never reads (its A/B would time a no-op), or GEMM knobs

@@ -42,7 +42,6 @@ from kernels.errors import KernelConstraintError
 from kernels.jit import kernel
 from kernels.launch import launch_kernel
 from kernels.ptx import SIMULATOR, ld_global_v4_b32, pdl_enter, shfl_xor_f32, unpack_f16x2
-from kernels.quant.bits import f16x2_bits
 from kernels.quantize_q8 import check_q8, quantize_warp_block, store_residual
 
 WARPS = 4
@@ -74,14 +73,7 @@ def used_partitions(L: int, parts: int, l_max: int | None = None) -> int:
     return max(1, min(parts, L))
 
 
-ROPE_MODES = {"": 0, "neox": 1, "norm": 2}
-"""The partial kernel's own RoPE (`decode_attention`'s ``rope``): 0 none (q and the cache row are already rotated
-and appended), 1 NEOX pairs (i, i + D/2), 2 NORM pairs (2i, 2i + 1), as `kernels.rope`."""
-
-
-def _make_partial(G: int, D: int, ROPE: int = 0):
-    HALF = D // 2
-    SMQ = G * D if ROPE else 1  # shared f32 of the rotated q (FUSE_ATTN_ROPE)
+def _make_partial(G: int, D: int):
     DCH = D // 8  # 8-dim chunks of a row: lanes sub >= DCH (D = 80, 96) own padding and load nothing
     LR = padded_head_dim(D) // 8  # lanes of one cache row (8 dims each): 8, 16 or 32
     LSH = LR.bit_length() - 1
@@ -98,47 +90,7 @@ def _make_partial(G: int, D: int, ROPE: int = 0):
     NP = WARPS
     NT = NP * 32
 
-    @cuda.jit(device=True, inline="always")
-    def rotated(x, base, d, angles):
-        """Element d of the head at x[base:] turned by RoPE pair (cos, sin) ``angles`` (f32 [D/2 * 2]): the f32
-        operations of `kernels.rope._rotate`, in its order."""
-        if ROPE == 1:
-            i = d if d < HALF else d - HALF
-            i0 = i
-            i1 = i + HALF
-        else:
-            i = d >> 1
-            i0 = 2 * i
-            i1 = i0 + 1
-        cs = angles[2 * i]
-        sn = angles[2 * i + 1]
-        x0 = x[base + i0]
-        x1 = x[base + i1]
-        if d == i0:
-            return x0 * cs - x1 * sn
-        return x0 * sn + x1 * cs
-
-    @cuda.jit(device=True, inline="always")
-    def new_row(qkv, kc, vc, angles, at, kb, vb, d0):
-        """A lane's 8 dims (d0..d0 + 7) of the new K/V row: k (its head at qkv[kb:]) rotated and v (its head at
-        qkv[vb:]), rounded to f16 (as the cache stores them), written into the caches at element ``at`` and returned
-        as four f16x2 words each."""
-        k0 = rotated(qkv, kb, d0, angles)
-        k1 = rotated(qkv, kb, d0 + 1, angles)
-        k2 = rotated(qkv, kb, d0 + 2, angles)
-        k3 = rotated(qkv, kb, d0 + 3, angles)
-        k4 = rotated(qkv, kb, d0 + 4, angles)
-        k5 = rotated(qkv, kb, d0 + 5, angles)
-        k6 = rotated(qkv, kb, d0 + 6, angles)
-        k7 = rotated(qkv, kb, d0 + 7, angles)
-        for e, x in enumerate((k0, k1, k2, k3, k4, k5, k6, k7)):
-            kc[at + e] = x
-            vc[at + e] = qkv[vb + d0 + e]
-        return (f16x2_bits(k0, k1), f16x2_bits(k2, k3), f16x2_bits(k4, k5), f16x2_bits(k6, k7),
-                f16x2_bits(qkv[vb + d0], qkv[vb + d0 + 1]), f16x2_bits(qkv[vb + d0 + 2], qkv[vb + d0 + 3]),
-                f16x2_bits(qkv[vb + d0 + 4], qkv[vb + d0 + 5]), f16x2_bits(qkv[vb + d0 + 6], qkv[vb + d0 + 7]))
-
-    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads, angles):
+    def partial_kernel(q, kc, vc, length, ws_ml, ws_acc, l_max, n_heads, n_kv_heads):
         pdl_enter()
         tid = cuda.threadIdx.x
         lane = tid & 31
@@ -158,7 +110,6 @@ def _make_partial(G: int, D: int, ROPE: int = 0):
         ks = n_kv_heads * D
         col = hk * D + sub * 8
         sm_acc = cuda.shared.array((NP, G, D), float32)
-        sm_q = cuda.shared.array(SMQ, float32)
         sm_ml = cuda.shared.array((NP, G, 2), float32)
 
         qv = cuda.local.array(GQ, float32)
@@ -172,18 +123,11 @@ def _make_partial(G: int, D: int, ROPE: int = 0):
         alpha = cuda.local.array(G, float32)
         ok = cuda.local.array(KH, types.boolean)
         real = sub < DCH
-        if ROPE:  # the block's G heads of q rotated once into shared memory (q is the q|k|v vector)
-            for i in range(tid, G * D, NT):
-                sm_q[i] = rotated(q, hk * G * D + (i // D) * D, i % D, angles)
-            cuda.syncthreads()
         for gi in range(G):
             m[gi] = M_INIT
             ls[gi] = ZERO
             for e in range(8):
-                x = ZERO
-                if real:
-                    x = sm_q[gi * D + sub * 8 + e] if ROPE else float32(q[(hk * G + gi) * D + sub * 8 + e])
-                qv[gi * 8 + e] = x * SC
+                qv[gi * 8 + e] = float32(q[(hk * G + gi) * D + sub * 8 + e]) * SC if real else ZERO
                 acc[gi * 8 + e] = ZERO
         for w in range(KW):  # a padding lane's K and V words stay zero
             kw[w] = types.uint32(0)
@@ -195,15 +139,8 @@ def _make_partial(G: int, D: int, ROPE: int = 0):
                 ok[u] = j < kend
                 row = j if j < kend else kbeg
                 if real:
-                    k0, k1, k2, k3 = ld_global_v4_b32(kc, row * ks + col)
-                    v0, v1, v2, v3 = ld_global_v4_b32(vc, row * ks + col)
-                    if ROPE:
-                        if row == L - 1:  # the new row (one warp; a masked slot re-reads it): from q|k|v, appended
-                            k0, k1, k2, k3, v0, v1, v2, v3 = new_row(q, kc, vc, angles, row * ks + col,
-                                                                     n_heads * D + hk * D,
-                                                                     n_heads * D + ks + hk * D, sub * 8)
-                    kw[u * 4], kw[u * 4 + 1], kw[u * 4 + 2], kw[u * 4 + 3] = k0, k1, k2, k3
-                    vw[u * 4], vw[u * 4 + 1], vw[u * 4 + 2], vw[u * 4 + 3] = v0, v1, v2, v3
+                    kw[u * 4], kw[u * 4 + 1], kw[u * 4 + 2], kw[u * 4 + 3] = ld_global_v4_b32(kc, row * ks + col)
+                    vw[u * 4], vw[u * 4 + 1], vw[u * 4 + 2], vw[u * 4 + 3] = ld_global_v4_b32(vc, row * ks + col)
             for w in range(KW):
                 lo, hi = unpack_f16x2(kw[w])
                 kf[2 * w] = float32(lo)
@@ -378,7 +315,7 @@ def partial_signature(q_dtype) -> types.Signature:
     qt = types.float32 if np.dtype(q_dtype) == np.float32 else types.float16
     return types.void(
         qt[::1], types.float16[::1], types.float16[::1], types.int32[::1], types.float32[::1], types.float32[::1],
-        types.int64, types.int64, types.int64, types.float32[::1],
+        types.int64, types.int64, types.int64,
     )
 
 
@@ -392,27 +329,25 @@ _BUILT: dict = {}
 _BUILD_LOCK = threading.Lock()
 
 
-def build(group: int, q_dtype=np.float32, q8_mode: int = 0, head_dim: int = 128, rope: int = 0):
-    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, the combine's ``q8_mode`` (`Q8_MODES`),
-    ``head_dim`` (one of HEAD_DIMS) and the partial kernel's own RoPE ``rope`` (`ROPE_MODES` value; compiled once;
-    cached). The partial kernel has no launch bound beyond its block size (ptxas may take up to 255 registers a
-    thread: capping them spilled G = 7's accumulators and lost, ledger #170)."""
-    key = (int(group), np.dtype(q_dtype).name, int(q8_mode), int(head_dim), int(rope))
+def build(group: int, q_dtype=np.float32, q8_mode: int = 0, head_dim: int = 128):
+    """(partial, combine) dispatchers for GQA group size ``group``, q dtype, the combine's ``q8_mode`` (`Q8_MODES`)
+    and ``head_dim`` (one of HEAD_DIMS; compiled once; cached). The partial kernel has no launch bound beyond its
+    block size (ptxas may take up to 255 registers a thread: capping them spilled G = 7's accumulators and lost,
+    ledger #170)."""
+    key = (int(group), np.dtype(q_dtype).name, int(q8_mode), int(head_dim))
     with _BUILD_LOCK:
         if key not in _BUILT:
             _BUILT[key] = (
-                kernel(_make_partial(int(group), int(head_dim), int(rope)), partial_signature(q_dtype),
-                       threads=WARPS * 32),
+                kernel(_make_partial(int(group), int(head_dim)), partial_signature(q_dtype), threads=WARPS * 32),
                 kernel(_make_combine(int(q8_mode), int(head_dim)), COMBINE_SIGNATURE, threads=COMBINE_WARPS * 32),
             )
         return _BUILT[key]
 
 
-def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), q8_mode: int = 0, head_dim: int = 128,
-               rope: int = 0) -> tuple[str, str]:
-    """PTX of (partial, combine) for ``group``, ``q8_mode``, ``head_dim`` and ``rope`` (NVVM; no GPU needed; not under
-    the simulator)."""
-    a, _ = cuda.compile_ptx(_make_partial(group, head_dim, rope), partial_signature(q_dtype), cc=cc,
+def kernel_ptx(group: int, q_dtype=np.float32, cc=(9, 0), q8_mode: int = 0, head_dim: int = 128) -> tuple[str, str]:
+    """PTX of (partial, combine) for ``group``, ``q8_mode`` and ``head_dim`` (NVVM; no GPU needed; not under the
+    simulator)."""
+    a, _ = cuda.compile_ptx(_make_partial(group, head_dim), partial_signature(q_dtype), cc=cc,
                             launch_bounds=(WARPS * 32,))
     b, _ = cuda.compile_ptx(_make_combine(q8_mode, head_dim), COMBINE_SIGNATURE, cc=cc,
                             launch_bounds=(COMBINE_WARPS * 32,))
@@ -498,7 +433,7 @@ def check_inputs(q, k_cache, v_cache, length_dev, out, splits) -> tuple[int, int
 
 
 def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int = DEFAULT_SPLITS, workspace=None,
-                     stream=0, pdl: bool = False, q8=None, rope=None):
+                     stream=0, pdl: bool = False, q8=None):
     """Enqueue decode attention of one token over the first L = length_dev[0] cache rows; return out.
 
     q: f32 or f16 device array [n_heads, D], D = head_dim one of HEAD_DIMS (64, 80, 96, 128, 256). k_cache, v_cache: f16
@@ -511,13 +446,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     out's Q8_1 blocks (and residual values when they are compensated), bit for bit what `quantize_q8_1(out, q8)`
     would. workspace: from `decode_workspace(n_heads, splits, head_dim=D)`; allocated per call when None (then not
     graph-capture safe). pdl: both kernels are programmatic dependent launches (`kernels.launch`; each waits for the
-    kernel before it first: `kernels.ptx.pdl_enter`). rope: None, or ``(qkv, angles, mode)``: q and the new cache
-    row are not rotated and appended yet, and the partial kernel does it (decode's FUSE_ATTN_ROPE: no RoPE or KV
-    append kernel). qkv: the f32 q|k|v vector [(n_heads + 2 n_kv_heads) D] whose first n_heads D values are q (q must
-    be that view); angles: `kernels.rope.rope_angles` of the new position, f32 [1, D/2, 2]; mode "neox" or "norm".
-    Every block rotates its heads' q as `kernels.rope.rope` does; the one warp whose keys include row L - 1 rotates
-    that row's k, rounds k and v to f16, uses them and writes them into cache row L - 1 (what `kernels.rope.rope`
-    with its kv_cache writes).
+    kernel before it first: `kernels.ptx.pdl_enter`).
 
     Constraints (KernelConstraintError, one line): dtypes/shapes as above, C-contiguous, one head_dim in HEAD_DIMS,
     n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= max_group(D) (16; 8 at D = 256); q8 needs D a multiple of 32
@@ -534,29 +463,7 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
                                         f"32 outputs must lie in one head), got {hd}; quantize out separately")
         check_q8(q8, n_heads * hd, "q8")
         q8_mode = 2 if q8.compensated else 1
-    rope_mode, qkv, angles = 0, None, None
-    if rope is not None:
-        qkv, angles, mode = rope
-        if mode not in ("neox", "norm"):
-            raise KernelConstraintError(f"decode_attention: rope mode {mode!r} is not one of neox, norm")
-        width = (n_heads + 2 * n_kv_heads) * hd
-        if not (devicearray.is_cuda_ndarray(qkv) and qkv.ndim == 1 and np.dtype(qkv.dtype) == np.float32
-                and qkv.shape[0] == width and _is_contiguous(qkv)):
-            raise KernelConstraintError(f"decode_attention: rope's qkv must be a contiguous float32 [{width}] device "
-                                        f"array (q|k|v), got {getattr(qkv, 'dtype', type(qkv).__name__)} "
-                                        f"{tuple(getattr(qkv, 'shape', ()))}")
-        if np.dtype(q.dtype) != np.float32 or not SIMULATOR and (
-                q.device_ctypes_pointer.value != qkv.device_ctypes_pointer.value):
-            raise KernelConstraintError("decode_attention: with rope, q must be the float32 view of qkv's first "
-                                        "n_heads * head_dim values")
-        if not (devicearray.is_cuda_ndarray(angles) and np.dtype(angles.dtype) == np.float32
-                and tuple(angles.shape) == (1, hd // 2, 2) and _is_contiguous(angles)):
-            raise KernelConstraintError(f"decode_attention: rope's angles must be a contiguous float32 [1, {hd // 2}, "
-                                        f"2] device array (kernels.rope.rope_angles), got "
-                                        f"{getattr(angles, 'dtype', type(angles).__name__)} "
-                                        f"{tuple(getattr(angles, 'shape', ()))}")
-        rope_mode = ROPE_MODES[mode]
-    partial, combine = build(group, q.dtype, q8_mode, hd, rope_mode)
+    partial, combine = build(group, q.dtype, q8_mode, hd)
     if out is None:
         out = cuda.device_array((n_heads, hd), dtype=np.float32, stream=stream)
     if workspace is None:
@@ -566,9 +473,8 @@ def decode_attention(q, k_cache, v_cache, length_dev, out=None, *, splits: int =
     parts = WARPS * splits
     flat = l_max * n_kv_heads * hd
     launch_kernel(partial, (splits, n_kv_heads), WARPS * 32, stream,
-                  (q.reshape(n_heads * hd) if qkv is None else qkv, k_cache.reshape(flat), v_cache.reshape(flat),
-                   length_dev, ws_ml, ws_acc, l_max, n_heads, n_kv_heads,
-                   ws_ml if angles is None else angles.reshape(hd)), pdl=pdl)  # ws_ml: a typed stand-in
+                  (q.reshape(n_heads * hd), k_cache.reshape(flat), v_cache.reshape(flat), length_dev, ws_ml,
+                   ws_acc, l_max, n_heads, n_kv_heads), pdl=pdl)
     if q8 is None:  # typed stand-ins the mode-0 kernel never touches
         q8_args = (ws_acc.view(np.int8), ws_ml, ws_ml, ws_acc.view(np.int8))
     else:

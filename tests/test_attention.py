@@ -128,48 +128,6 @@ def test_decode_simulator_matches_float64(L, l_max, h, hk, splits, q_dtype, hd):
 
 
 @sim
-@pytest.mark.parametrize("L,h,hk,splits,hd,mode", [(5, 4, 2, 1, 128, "neox"), (9, 6, 2, 2, 64, "norm"),
-                                                   (1, 2, 1, 1, 128, "neox"), (11, 4, 1, 1, 80, "neox")],
-                         ids=["L=5 neox: the new row past a masked slot", "L=9 norm, 2 splits, hd 64",
-                              "L=1: the new row only", "L=11 hd 80: padding lanes"])
-def test_decode_rope_in_the_partial_kernel_equals_rope_and_append_first(L, h, hk, splits, hd, mode):
-    """FUSE_ATTN_ROPE: the partial kernel rotating q and the new k itself and appending row L - 1 gives the output
-    and the cache of `kernels.rope.rope` (angles, kv_cache) + decode_attention bit for bit (fresh rows before L - 1,
-    a NaN-poisoned new row and workspace, frequency factors)."""
-    from kernels.rope import rope, rope_angles
-
-    rng = np.random.default_rng()
-    l_max, pos = L + 3, L - 1
-    qkv = rng.standard_normal((h + 2 * hk) * hd).astype(np.float32)
-    cache = [rng.standard_normal((l_max, hk, hd)).astype(np.float16) for _ in range(2)]
-    for c in cache:
-        c[pos] = np.nan
-    factors = cuda.to_device(rng.uniform(0.5, 4.0, hd // 2).astype(np.float32))
-    dpos, length = cuda.to_device(np.array([pos], np.int32)), cuda.to_device(np.array([L], np.int32))
-    angles = rope_angles(dpos, 1e4, hd, factors=factors)
-    runs = []
-    for fused in (False, True):
-        d = cuda.to_device(qkv)
-        kc, vc = (cuda.to_device(c) for c in cache)
-        q = d[: h * hd].reshape(h, hd)
-        if not fused:
-            d3 = d.reshape(1, h + 2 * hk, hd)
-            rope(d3[:, :h], d3[:, h: h + hk], dpos, 1e4, mode, factors=factors, angles=angles,
-                 kv_cache=(d3[:, h + hk:], kc.reshape(l_max, hk * hd), vc.reshape(l_max, hk * hd)),
-                 q_out=cuda.device_array((1, h * hd), np.float16))
-        out = cuda.to_device(np.full((h, hd), np.nan, np.float32))
-        ws = DEC.decode_workspace(h, splits, head_dim=hd)
-        for w in ws:
-            w.copy_to_device(np.full(w.shape, np.nan, np.float32))
-        DEC.decode_attention(q, kc, vc, length, out, splits=splits, workspace=ws,
-                             rope=(d, angles, mode) if fused else None)
-        runs.append([out.copy_to_host(), kc.copy_to_host(), vc.copy_to_host()])
-    assert np.isfinite(runs[0][0]).all() and np.isfinite(runs[0][1][pos]).all()
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-@sim
 @pytest.mark.parametrize("compensated,hd", [(False, 128), (True, 128), (True, 64), (True, 96)])
 def test_decode_q8_blocks_equal_a_separate_quantization(compensated, hd):
     """FUSE_ATTN_Q8's combine: the Q8_1 blocks (q, d, s and, compensated, r) it writes beside out equal
@@ -418,19 +376,6 @@ def test_decode_compiles_at_other_head_dims(group, hd):
     if group <= 4:
         assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
     assert ptxas_resources(combine)["spill_bytes"] == 0
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("group,rope", [(7, 1), (6, 2)], ids=["G=7 neox (Qwen2-7B)", "G=6 norm"])
-def test_decode_partial_kernel_with_rope_compiles_without_local_memory(group, rope):
-    """FUSE_ATTN_ROPE's partial kernel (q and the new k rotated, the new row appended, f16 packs by cvt.rn): no
-    local memory, no spills, no float64."""
-    from ptx_assembly import ptxas_resources
-
-    partial, _ = DEC.kernel_ptx(group, rope=rope)
-    assert "cvt.rn.f16x2.f32" in partial and ".local" not in partial and ".f64" not in partial
-    got = ptxas_resources(partial)
-    assert got["spill_bytes"] == 0 and got["local_bytes"] == 0, got
 
 
 @pytest.mark.compile

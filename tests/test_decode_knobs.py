@@ -35,14 +35,9 @@ def test_decode_knobs_reach_the_engine_options_and_only_tg_workloads():
     assert not engine_options(resolve_config(engine_knobs(), {"FUSE_QKV_MIXED": "0"}, "e")).decode.fuse_qkv_mixed
     assert not engine_options(resolve_config(engine_knobs(), {"FEW_ROWS": "0"}, "e")).decode.few_rows
     assert engine_options(resolve_config(engine_knobs(), {"ROPE_ANGLES": "1"}, "e")).decode.rope_angles is True
-    assert engine_options(resolve_config(engine_knobs(), {"FUSE_ATTN_ROPE": "1"}, "e")).decode.fuse_attn_rope is True
-    assert knobs["FUSE_ATTN_ROPE"].default == 0 and "FUSE_ATTN_ROPE" in DECODE_KNOBS
-    from minfer_cli.engine.bench import idle_fusions
-
-    both = resolve_config(engine_knobs(), {"FUSE_ATTN_ROPE": "1", "FUSE_ROPE_KV": "1", "ROPE_ANGLES": "1"}, "e")
-    assert set(idle_fusions(both)) == {"FUSE_ROPE_KV", "ROPE_ANGLES"}
-    assert not idle_fusions(resolve_config(engine_knobs(), {"FUSE_ROPE_KV": "1", "ROPE_ANGLES": "1"}, "e"))
-    assert knobs["ROPE_ANGLES"].default == 0 and "ROPE_ANGLES" in DECODE_KNOBS
+    assert knobs["ROPE_ANGLES"].default == 1 and knobs["ROPE_ANGLES"].legacy == 0 and "ROPE_ANGLES" in DECODE_KNOBS
+    assert engine_options(resolve_config(engine_knobs(), {"ROPE_ANGLES": "0"}, "e")).decode.rope_angles is False
+    assert "FUSE_ATTN_ROPE" not in knobs  # decode attention doing RoPE and the KV append: deleted (#386, #387)
     assert knobs["FEW_ROWS"].default == 1 and "FEW_ROWS" in DECODE_KNOBS
     assert "FOLD" not in knobs  # every Q6_K mat-vec folded: neutral (ledger #353, #354), deleted
     assert knobs["FUSE_QKV_MIXED"].default == 1 and "FUSE_QKV_MIXED" in DECODE_KNOBS
@@ -171,12 +166,12 @@ def test_attention_split_knobs_move_the_logits_by_rounding_only(splits):
                                   {"fuse_qkv": False, "fuse_add": False}, {"pdl": False},
                                   {"fuse_rope_kv": True}, {"fuse_attn_q8": False}, {"fuse_attn_q8": False, "xres": False},
                                   {"ahead": 4}, {"fuse_norm_split": False}, {"fuse_norm_split": False, "xres": False},
-                                  {"fuse_qkv_mixed": False}, {"rope_angles": True},
-                                  {"rope_angles": True, "fuse_rope_kv": True}, {"fuse_attn_rope": True}],
+                                  {"fuse_qkv_mixed": False}, {"rope_angles": False},
+                                  {"rope_angles": False, "fuse_rope_kv": True}],
                          ids=["FUSE_ADD=0", "FUSE_GLU=0", "FUSE_QKV=0", "FUSE_QKV=0,FUSE_ADD=0",
                               "PDL=0", "FUSE_ROPE_KV=1", "FUSE_ATTN_Q8=0", "FUSE_ATTN_Q8=0,XRES=0", "AHEAD=4",
-                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=0", "ROPE_ANGLES=1",
-                              "ROPE_ANGLES=1,FUSE_ROPE_KV=1", "FUSE_ATTN_ROPE=1"])
+                              "FUSE_NORM_SPLIT=0", "FUSE_NORM_SPLIT=0,XRES=0", "FUSE_QKV_MIXED=0", "ROPE_ANGLES=0",
+                              "ROPE_ANGLES=0,FUSE_ROPE_KV=1"])
 def test_fusion_knobs_give_bit_identical_logits(knob):
     """FUSE_ADD=0 (bias and residual adds as separate kernels), FUSE_GLU=0 (gate, up and SwiGLU as three kernels),
     FUSE_ROPE_KV=1 (RoPE writes the cache rows), FUSE_ATTN_Q8=0 (a separate kernel writes the attention output's
@@ -187,7 +182,8 @@ def test_fusion_knobs_give_bit_identical_logits(knob):
     float32 operations in the same order as the default path, PDL=0 (the default is 1) only when a kernel
     may start (each waits for the kernel before it), and
     FUSE_QKV=0 only unstacks the default's one launch over q/k rows of one format (one launch shape for every mat-vec, so the
-    sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait: logits and
+    sums split alike), AHEAD=4 only prefetches more weight lines into L2 before each mat-vec's wait, ROPE_ANGLES=0
+    computes each layer's (cos, sin) in float64 where the default reads the step's table of the same values: logits and
     tokens bit-identical over 8 graph-replayed steps."""
     from minfer_cli.engine.decode import DecodeEngine
     from minfer_cli.engine.weights import synth_weights

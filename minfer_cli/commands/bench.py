@@ -112,7 +112,7 @@ def bench(
 
     Example: minfer bench -p 2048 -n 128        minfer bench -p 0 -n 128 -d 0,4096,16384
     """
-    from minfer_cli.engine.bench import DECODE_KNOBS, check_fits_model, engine_options, idle_fusions, run_pp, run_tg
+    from minfer_cli.engine.bench import check_fits_model, engine_options, idle_fusions, run_pp, run_tg
     from minfer_cli.engine.presets import DEFAULT_PRESET, preset as preset_config
     from minfer_cli.measure.device import require_timing_device
 
@@ -148,9 +148,8 @@ def bench(
         raise UsageError(f"{flag} {longest}{at} is beyond the model's context length {model_config.context_length}")
     if record:
         options.check_ledger_writable(ledger)
-    for knob, idle in idle_fusions(config).items():
-        if (pp and knob not in DECODE_KNOBS) or (tg and knob in DECODE_KNOBS):
-            err.print(idle, markup=False, soft_wrap=True)
+    for idle in idle_fusions(config).values() if pp else ():
+        err.print(idle, markup=False, soft_wrap=True)
     require_timing_device()
     weight_bytes = os.path.getsize(model) if model else sum(s.n_bytes for s in specs)
     check_fits_model(model_config, weight_bytes, pp, tg, depths, engine_options(config),

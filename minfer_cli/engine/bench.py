@@ -41,21 +41,24 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "ROPE_ANGLES",
-                "FUSE_ATTN_ROPE", "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS",
-                "WIDE_RING", "PDL", "ATTN_SPLITS")
+                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL",
+                "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
-                 "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "GRID": 0, "SCHED": "grid",
+                 "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "GRID": 0, "FUSE_ATTN_ROPE": 0,
+                 "SCHED": "grid",
                  **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger #170;
-FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369); each value here is what the
+FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369; FUSE_ATTN_ROPE, #386 and #387);
+each value here is what the
 engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the
 half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block
 RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a
 launch, not recomputed by every CUDA block of the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks
-looping over groups); the prefill flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the
+looping over groups; FUSE_ATTN_ROPE=0: RoPE and the KV append are kernels of their own, not done by decode attention's
+partial kernel); the prefill flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the
 prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench
 experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
 
@@ -124,15 +127,10 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("FUSE_ROPE_KV", (0, 1), 0, "decode (tg): 1 writes the rotated k and v rows into the KV cache from "
                                               "the RoPE kernel; 0 copies them in a separate KV-append kernel (0 the "
                                               "default: its gain stayed under the A/B bar)")]
-    knobs += [Knob("ROPE_ANGLES", (0, 1), 0, "decode (tg): 1 computes the step's RoPE (cos, sin) once after the "
+    knobs += [Knob("ROPE_ANGLES", (0, 1), 1, "decode (tg): 1 computes the step's RoPE (cos, sin) once after the "
                                              "embedding (kernels.rope.rope_angles) and every layer's RoPE reads "
-                                             "them (the same bits; 0 the default until its A/B); 0 each layer's RoPE "
-                                             "kernel computes them in float64 (prefill's PROPE_ANGLES for decode)")]
-    knobs += [Knob("FUSE_ATTN_ROPE", (0, 1), 0, "decode (tg): 1 runs no RoPE or KV-append kernel: decode "
-                                                "attention's partial kernel rotates q and the new k (by the step's "
-                                                "angles, as ROPE_ANGLES computes them) and appends the new K/V row "
-                                                "(the same values; 0 the default until its A/B); 0 a RoPE kernel and "
-                                                "a KV append (or FUSE_ROPE_KV's one kernel) before attention")]
+                                             "them (the default; the same bits); 0 each layer's RoPE kernel computes "
+                                             "them in float64 (prefill's PROPE_ANGLES for decode)", legacy=0)]
     knobs += [Knob("FUSE_ATTN_Q8", (0, 1), 1, "decode (tg, MMVQ=1): 1 writes the attention output's Q8_1 blocks "
                                               "in decode attention's combine kernel (the default: one launch fewer "
                                               "a layer); 0 in a separate kernel. No effect with MMVQ=0", legacy=0)]
@@ -203,8 +201,8 @@ def idle_knobs(config: Config, tg: bool) -> list[str]:
 
 
 def idle_fusions(config: Config) -> dict[str, str]:
-    """The knobs (the prefill fusions, NARROWTAIL; decode's FUSE_ROPE_KV and ROPE_ANGLES under FUSE_ATTN_ROPE) a full
-    engine knob configuration sets to 1 that its other knobs make a no-op, each
+    """The prefill knobs (the fusions, NARROWTAIL) a full engine knob configuration sets to 1 that its other knobs
+    make a no-op, each
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
@@ -224,11 +222,6 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
-    if config.get("FUSE_ATTN_ROPE"):
-        for k in ("FUSE_ROPE_KV", "ROPE_ANGLES"):
-            if config.get(k):
-                idle[k] = (f"{k}=1 does nothing with FUSE_ATTN_ROPE=1 (decode attention rotates and appends itself, "
-                           f"by the step's angles)")
     return idle
 
 
@@ -280,8 +273,7 @@ def engine_options(config: Config) -> EngineOptions:
                            pdl=bool(config.get("PDL", 1)),
                            fuse_qkv=bool(config.get("FUSE_QKV", 1)),
                            fuse_rope_kv=bool(config.get("FUSE_ROPE_KV", 0)),
-                           rope_angles=bool(config.get("ROPE_ANGLES", 0)),
-                           fuse_attn_rope=bool(config.get("FUSE_ATTN_ROPE", 0)),
+                           rope_angles=bool(config.get("ROPE_ANGLES", 1)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
                            fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),

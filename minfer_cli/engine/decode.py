@@ -40,12 +40,10 @@ every row is computed alone with the same launch shape, the logits are bit-ident
 (``options.pdl``) makes the per-layer chain programmatic dependent launches (`kernels.launch`): the mat-vecs,
 RMSNorm, the Q8_1 quantization, RoPE, the KV append and both decode-attention kernels start while the kernel
 before them finishes and wait for it (`kernels.ptx.griddepcontrol_wait`) before they read its output; the
-embedding, argmax and state kernels (once a step) launch as before. ``ROPE_ANGLES=1`` (``options.rope_angles``)
-computes the step's RoPE (cos, sin) once after the embedding (`kernels.rope.rope_angles`; every layer rotates the
-same position) and each layer's RoPE reads them instead of computing its table in float64 (bit-identical).
-``FUSE_ATTN_ROPE=1`` (``options.fuse_attn_rope``, with the step's angles) runs no RoPE or KV-append kernel: decode
-attention's partial kernel rotates q and the new k itself and appends the new K/V row (`kernels.attention_decode`'s
-``rope``; the same values).
+embedding, argmax and state kernels (once a step) launch as before. ``ROPE_ANGLES=1`` (the default;
+``options.rope_angles``) computes the step's RoPE (cos, sin) once after the embedding (`kernels.rope.rope_angles`;
+every layer rotates the same position) and each layer's RoPE reads them instead of computing its table in float64
+(bit-identical).
 
 The KV caches are the prefill engine's when one is given (`DecodeEngine(weights, prefill=engine)`: decode
 continues a prompt), or the decode engine's own (``context`` rows; llama-bench's tg test from an empty cache).
@@ -140,8 +138,7 @@ class DecodeEngine:
         self.fuse_glu = bool(options.fuse_glu)
         self.fuse_qkv = bool(options.fuse_qkv)
         self.fuse_rope_kv = bool(options.fuse_rope_kv)
-        self.fuse_attn_rope = bool(options.fuse_attn_rope)
-        self.rope_angles = bool(options.rope_angles) or self.fuse_attn_rope  # FUSE_ATTN_ROPE reads the step's angles
+        self.rope_angles = bool(options.rope_angles)
         # FUSE_ATTN_Q8's combine writes whole Q8_1 blocks of one head: head_dim 80 runs the same quantization apart
         self.fuse_attn_q8 = bool(options.fuse_attn_q8) and c.head_dim % 32 == 0
         self.fuse_norm_split = bool(options.fuse_norm_split)
@@ -375,9 +372,7 @@ class DecodeEngine:
             mark("attn_norm")
             self._qkv_matvecs(layer.qkv, hq)
             mark("qkv")
-            if self.fuse_attn_rope:
-                pass  # decode attention's partial kernel rotates q and the new k and appends the new K/V row
-            elif self.fuse_rope_kv:  # with angles the fused kernel also writes q16 (rope's angles need q_out there)
+            if self.fuse_rope_kv:  # with angles the fused kernel also writes q16 (rope's angles need q_out there)
                 rope(self._q_rope, self._k_rope, self.pos, c.rope_base, c.rope_style, stream=s, pdl=p,
                      factors=self.rope_factors, kv_cache=(self._v_rope, layer.k_cache, layer.v_cache),
                      angles=self._angles, q_out=None if self._angles is None else self.q16)
@@ -389,8 +384,7 @@ class DecodeEngine:
             mark("rope_kv")
             fused_q8 = self._q8_attn if self.fuse_attn_q8 else None
             decode_attention(self._q_heads, layer.k_heads, layer.v_heads, self.length, out=self.attn,
-                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p, q8=fused_q8,
-                             rope=(self.qkv, self._angles, c.rope_style) if self.fuse_attn_rope else None)
+                             splits=self.splits, workspace=self.attn_workspace, stream=s, pdl=p, q8=fused_q8)
             mark("attention")
             aq = fused_q8 if fused_q8 is not None else self._quantize(self._attn1, self._q8_attn)
             self._matvec(layer.attn_output, self._attn1, self._x1, residual=self._x1, xq=aq)

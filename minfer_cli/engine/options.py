@@ -77,10 +77,7 @@ class DecodeOptions:
     rotated k and v rows into the KV cache (`kernels.rope.rope`'s kv_cache, True) or `kernels.kv_cache.kv_append`
     copies them after it (False). rope_angles (ROPE_ANGLES): the step's RoPE (cos, sin) computed once after the
     embedding (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or each layer's RoPE computes its
-    own in float64 (False); the same bits. fuse_attn_rope (FUSE_ATTN_ROPE, implies the step's angles): decode
-    attention's partial kernel rotates q and the new k and appends the new K/V row
-    (`kernels.attention_decode.decode_attention`'s rope; True) instead of a RoPE and a KV-append kernel before it
-    (False; FUSE_ROPE_KV then does nothing). fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
+    own in float64 (False); the same bits. fuse_attn_q8 (FUSE_ATTN_Q8, with mmvq): decode attention's combine also writes its
     output's Q8_1 blocks (`kernels.attention_decode.decode_attention`'s q8, True; at a head_dim that is not a
     multiple of 32, 80, the separate quantization runs) instead of a separate quantization (False). fuse_norm_split (FUSE_NORM_SPLIT, with mmvq): each RMSNorm also writes its output's Q8_1 blocks, in
     one launch of several CUDA blocks that each recompute the row's scale (`kernels.norm.rms_norm_q8`, True),
@@ -101,8 +98,7 @@ class DecodeOptions:
     pdl: bool = True
     fuse_qkv: bool = True
     fuse_rope_kv: bool = False
-    rope_angles: bool = False
-    fuse_attn_rope: bool = False
+    rope_angles: bool = True
     fuse_attn_q8: bool = True
     fuse_norm_split: bool = True
     fuse_qkv_mixed: bool = True
