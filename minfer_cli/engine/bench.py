@@ -41,7 +41,8 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "ROPE_ANGLES",
-                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL",
+                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DOWN_F32", "DEEP", "FEW_ROWS", "WIDE_RING",
+                "PDL",
                 "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
@@ -144,6 +145,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                 "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
                                                 "same bits; the default: faster tg on both presets); 0 one "
                                                 "launch each. No effect where q, k and v share a format", legacy=0)]
+    knobs += [Knob("DOWN_F32", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs ffn_down on the SwiGLU output as f32 (the "
+                                          "f32-input gemv, no quantization kernel: one dependent step fewer a "
+                                          "layer; 0 the default until its A/B); 0 quantizes it to Q8_1 first and "
+                                          "runs the MMVQ kernel (DEEP's launch)")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -276,7 +281,8 @@ def engine_options(config: Config) -> EngineOptions:
                            rope_angles=bool(config.get("ROPE_ANGLES", 1)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
-                           fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)),
+                           down_f32=bool(config.get("DOWN_F32", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 
