@@ -215,20 +215,23 @@ def test_down_f32_takes_the_f32_deep_launch_for_long_rows_only():
 
 
 def test_down_f32_step_runs_no_quantization_for_ffn_down(micro_weights, monkeypatch):
-    """DOWN_F32=1 wiring in one eager step (mat-vecs stubbed: the kernels are tested alone): no Q8_1 buffer for the
-    SwiGLU output, ffn_down's mat-vec gets the f32 SwiGLU output with an f32-input config, and one quantization
-    kernel fewer runs than with DOWN_F32=0 (which quantizes the SwiGLU output for its MMVQ ffn_down)."""
+    """DOWN_F32=1 wiring in one eager step (mat-vecs and Q8_1 quantization stubbed, the stubs writing finite values:
+    the kernels are tested alone): no Q8_1 buffer for the SwiGLU output, ffn_down's mat-vec gets the f32 SwiGLU output
+    with an f32-input config, and one quantization kernel fewer runs than with DOWN_F32=0 (which quantizes the SwiGLU
+    output for its MMVQ ffn_down)."""
     import kernels.gemv
     import kernels.quantize_q8
     from minfer_cli.engine.decode import DecodeEngine
 
-    monkeypatch.setattr(DecodeEngine, "_matvec_glu", lambda self, *a, **k: None)
-    monkeypatch.setattr(DecodeEngine, "_qkv_matvecs", lambda self, *a, **k: None)
+    def fill(buffer):
+        buffer.copy_to_device(np.full(buffer.shape, 0.01, np.float32))
+
+    monkeypatch.setattr(DecodeEngine, "_matvec_glu", lambda self, *a, **k: fill(self.act))
+    monkeypatch.setattr(DecodeEngine, "_qkv_matvecs", lambda self, *a, **k: fill(self.qkv))
     calls, quantized = [], []
     monkeypatch.setattr(kernels.gemv, "gemv_q", lambda raw, qtype, od, id, x, out, config, **k: calls.append(
         (x, config)))
-    real = kernels.quantize_q8.quantize_q8_1
-    monkeypatch.setattr(kernels.quantize_q8, "quantize_q8_1", lambda *a, **k: (quantized.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(kernels.quantize_q8, "quantize_q8_1", lambda x, q8, **k: (quantized.append(1), q8)[1])
     counts = {}
     for down_f32 in (False, True):
         calls.clear(), quantized.clear()
