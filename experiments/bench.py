@@ -5,8 +5,8 @@ experiments.
 compares two engine settings at the model level through the same interleaved harness, metric tok/s (higher is
 better). Knobs: the engine's (W16, PGRAPH, FUSE_ADD_NORM, PFUSE_ROPE_KV, PHEAD, the gemm_f16 tile knobs, SPLITK and
 FA_* flash-attention knobs act on pp workloads; the decode knobs, `minfer_cli.engine.bench.DECODE_KNOBS` (GRAPHS,
-MMVQ, XRES, the FUSE_* fusions, ROPE_ANGLES, DOWN_F32, DEEP, PDL, ATTN_SPLITS, ...), on tg workloads; an arm that
-sets a knob the workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the
+MMVQ, XRES, the FUSE_* fusions, ROPE_ANGLES, DEEP, PDL, ATTN_SPLITS, ...), on tg workloads; an arm that sets a knob
+the workload does not use is refused, so no A/B of a no-op is ever recorded). Self-timed on the wall clock (the
 harness's CUDA graphs do not apply to a forward that launches hundreds of kernels from Python):
 
 * pp<nt>: one prefill of nt random prompt tokens into an empty cache, around the synchronised forward.

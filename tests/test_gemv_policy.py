@@ -195,58 +195,6 @@ def test_ahead_reaches_every_ringless_mat_vec(monkeypatch):
     assert plain.config(GemvOperand(None, "Q6_K", 512, 3584), True, wide=False).lookahead == 1
 
 
-def test_down_f32_takes_the_f32_deep_launch_for_long_rows_only():
-    """DOWN_F32=1: an f32-input mat-vec of at least DEEP_COLS columns (ffn_down on the f32 SwiGLU output) takes
-    `GEMV_F32_DEEP`; shorter rows and the SwiGLU kernel keep `GEMV_F32`, MMVQ inputs keep DEEP's launch; DOWN_F32=0
-    the f32 shape everywhere."""
-    from kernels.gemv import GemvConfig
-    from minfer_cli.engine.gemv_policy import DEEP_COLS, GEMV_F32, GEMV_F32_DEEP, GemvOperand, GemvPolicy
-
-    on, off = GemvPolicy(DecodeOptions(graphs=False, down_f32=True)), GemvPolicy(DecodeOptions(graphs=False))
-    down = GemvOperand(None, "Q6_K", 1536, DEEP_COLS)
-    assert on.config(down, False, wide=True, residual=True) == GemvConfig(
-        "Q6_K", mmvq=False, **GEMV_F32_DEEP, pdl=1, residual=True)
-    assert off.config(down, False, wide=True, residual=True) == GemvConfig(
-        "Q6_K", mmvq=False, **GEMV_F32, pdl=1, residual=True)
-    short = GemvOperand(None, "Q4_K", 1536, DEEP_COLS - 256)
-    assert on.config(short, False, wide=True) == GemvConfig("Q4_K", mmvq=False, **GEMV_F32, pdl=1)
-    assert on.config(down, False, wide=False, glu=True) == GemvConfig("Q6_K", mmvq=False, **GEMV_F32, pdl=1, glu=True)
-    assert on.config(down, True, wide=True).mmvq
-
-
-def test_down_f32_step_runs_no_quantization_for_ffn_down(micro_weights, monkeypatch):
-    """DOWN_F32=1 wiring in one eager step (mat-vecs and Q8_1 quantization stubbed, the stubs writing finite values:
-    the kernels are tested alone): no Q8_1 buffer for the SwiGLU output, ffn_down's mat-vec gets the f32 SwiGLU output
-    with an f32-input config, and one quantization kernel fewer runs than with DOWN_F32=0 (which quantizes the SwiGLU
-    output for its MMVQ ffn_down)."""
-    import kernels.gemv
-    import kernels.quantize_q8
-    from minfer_cli.engine.decode import DecodeEngine
-
-    def fill(buffer):
-        buffer.copy_to_device(np.full(buffer.shape, 0.01, np.float32))
-
-    monkeypatch.setattr(DecodeEngine, "_matvec_glu", lambda self, *a, **k: fill(self.act))
-    monkeypatch.setattr(DecodeEngine, "_qkv_matvecs", lambda self, *a, **k: fill(self.qkv))
-    calls, quantized = [], []
-    monkeypatch.setattr(kernels.gemv, "gemv_q", lambda raw, qtype, od, id, x, out, config, **k: calls.append(
-        (x, config)))
-    monkeypatch.setattr(kernels.quantize_q8, "quantize_q8_1", lambda x, q8, **k: (quantized.append(1), q8)[1])
-    counts = {}
-    for down_f32 in (False, True):
-        calls.clear(), quantized.clear()
-        engine = DecodeEngine(micro_weights, 2, DecodeOptions(graphs=False, down_f32=down_f32), splits=1)
-        assert (engine._q8_ffn is None) == down_f32
-        engine.start(3, 0)
-        engine.step()
-        engine.stream.synchronize()
-        x_down = engine._act1 if down_f32 else engine._q8_ffn
-        (config,) = [config for x, config in calls if x is x_down]  # ffn_down's one call
-        assert config.mmvq != down_f32 and config.residual
-        counts[down_f32] = len(quantized)
-    assert counts[True] == counts[False] - micro_weights.config.n_layers
-
-
 # ---- GPU -------------------------------------------------------------------------------------------------------------
 
 

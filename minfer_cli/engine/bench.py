@@ -41,27 +41,27 @@ FA_PREFIX = "FA_"
 
 
 DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "FUSE_ROPE_KV", "ROPE_ANGLES",
-                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DOWN_F32", "DEEP", "FEW_ROWS", "WIDE_RING",
-                "PDL",
+                "AHEAD", "FUSE_ATTN_Q8", "FUSE_NORM_SPLIT", "FUSE_QKV_MIXED", "DEEP", "FEW_ROWS", "WIDE_RING", "PDL",
                 "ATTN_SPLITS")
 """Engine knobs that act on tg (decode) only; every other engine knob acts on pp (prefill) only."""
 
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
                  "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "GRID": 0, "FUSE_ATTN_ROPE": 0,
-                 "SCHED": "grid",
+                 "DOWN_F32": 0, "SCHED": "grid",
                  **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
 """Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger #170;
-FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369; FUSE_ATTN_ROPE, #386 and #387);
-each value here is what the
-engine still runs (ATTN_MINK=1: every warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the
-half-warp-per-row decode attention, the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block
-RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a
-launch, not recomputed by every CUDA block of the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks
-looping over groups; FUSE_ATTN_ROPE=0: RoPE and the KV append are kernels of their own, not done by decode attention's
-partial kernel); the prefill flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the
-prefill GEMM's SCHED (persistent blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench
-experiment's ``removed_knobs``; `minfer bench --arm` names them as removed."""
+FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369; FUSE_ATTN_ROPE, #386 and #387;
+DOWN_F32, #393 and #394); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode
+attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept;
+ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU
+output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a launch, not recomputed by every CUDA block of
+the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks looping over groups; FUSE_ATTN_ROPE=0: RoPE and
+the KV append are kernels of their own, not done by decode attention's partial kernel; DOWN_F32=0: ffn_down reads the
+SwiGLU output as Q8_1 blocks from a quantization kernel, not as f32); the prefill flash attention's FA_BQ and
+FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger
+#198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm`
+names them as removed."""
 
 
 def engine_knobs() -> tuple[Knob, ...]:
@@ -145,10 +145,6 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                 "q|k Q4_K and v Q6_K) as one launch, each its own CUDA blocks (the "
                                                 "same bits; the default: faster tg on both presets); 0 one "
                                                 "launch each. No effect where q, k and v share a format", legacy=0)]
-    knobs += [Knob("DOWN_F32", (0, 1), 0, "decode (tg, MMVQ=1): 1 runs ffn_down on the SwiGLU output as f32 (the "
-                                          "f32-input gemv, no quantization kernel: one dependent step fewer a "
-                                          "layer; 0 the default until its A/B); 0 quantizes it to Q8_1 first and "
-                                          "runs the MMVQ kernel (DEEP's launch)")]
     knobs += [Knob("DEEP", (0, 1), 1, "decode (tg): 1 runs the Q4_K and Q6_K MMVQ mat-vecs of long rows (ffn_down) "
                                       "with RPB=4, WPR=4 and launch bounds for one wave (gemv MINB), Q6_K also with "
                                       "gemv STAGE=2 and FOLD=1 (the default: faster at ffn_down); 0 the general shape. No "
@@ -281,8 +277,7 @@ def engine_options(config: Config) -> EngineOptions:
                            rope_angles=bool(config.get("ROPE_ANGLES", 1)),
                            fuse_attn_q8=bool(config.get("FUSE_ATTN_Q8", 1)),
                            fuse_norm_split=bool(config.get("FUSE_NORM_SPLIT", 1)),
-                           fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)),
-                           down_f32=bool(config.get("DOWN_F32", 0)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
+                           fuse_qkv_mixed=bool(config.get("FUSE_QKV_MIXED", 1)), attn_splits=int(config.get("ATTN_SPLITS", 64)),
                            ahead=int(config.get("AHEAD", 1)))
     return EngineOptions(prefill, decode)
 

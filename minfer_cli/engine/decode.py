@@ -27,8 +27,6 @@ quantization serves q, k and v, and gate and up); other weight types keep the f3
 (``options.fuse_norm_split``, the default) quantizes h in the RMSNorm's own launch, spread over several CUDA blocks
 (`kernels.norm.rms_norm_q8`; 0: a separate kernel). ``FUSE_QKV_MIXED=1`` (``options.fuse_qkv_mixed``, the default)
 runs the q|k and v mat-vecs of different formats (Q4_K_M: Q4_K and Q6_K) as one launch (`kernels.gemv.gemv_pair`).
-``DOWN_F32=1`` (``options.down_f32``) leaves the SwiGLU output in f32: ffn_down runs the f32-input kernel on it and
-no quantization kernel runs (one dependent step fewer a layer).
 ``XRES=1`` (``options.xres``, with MMVQ) quantizes to compensated Q8_1 instead (each element also carries its
 rounding residual at d/254: `kernels.quantize_q8`), and the mat-vecs run a second dp4a chain over it. ``FUSE_ADD=0``
 (``options.fuse_add``) runs the q/k/v bias adds and the two residual adds as separate kernels after their mat-vecs
@@ -181,8 +179,7 @@ class DecodeEngine:
         self.attn_workspace = decode_workspace(c.n_heads, self.splits, stream=s, head_dim=c.head_dim)
         self.argmax_blocks = default_blocks(c.vocab)
         self.argmax_workspace = argmax_workspace(self.argmax_blocks, stream=s)
-        self._q8_hidden, self._q8_attn = self._q8(c.hidden), self._q8(c.q_dim)
-        self._q8_ffn = None if options.down_f32 else self._q8(c.ffn)  # DOWN_F32: ffn_down reads the f32 SwiGLU output
+        self._q8_hidden, self._q8_attn, self._q8_ffn = (self._q8(n) for n in (c.hidden, c.q_dim, c.ffn))
         # views, made once (numba's slicing costs host time; these are all contiguous or O(1) helper views)
         self._x1, self._h1 = self.x.reshape(c.hidden), self.h.reshape(c.hidden)
         self._attn1, self._act1 = self.attn.reshape(c.q_dim), self.act.reshape(c.ffn)

@@ -10,8 +10,7 @@ rows that shape leaves too few warps for the SMs); more warps a row did not pay 
 (FOLD=1): the combination that pays there. Few rows (od <= ``FEW_ROWS``: the 1.5B's q|k|v and attention output,
 the 7B's v in the layers where it is Q6_K and q|k Q4_K) with FEW_ROWS=1: two rows a block, twice the blocks of the
 general shape for the SMs. Q6_K matrices of at least ``WIDE_ROWS`` rows (the vocabulary head) with WIDE_RING=1:
-`GEMV_MMVQ_WIDE_RING`, the ring and the offset fold at the general shape. With DOWN_F32=1 ffn_down reads the
-SwiGLU output in f32 (no quantization kernel) at `GEMV_F32_DEEP`.
+`GEMV_MMVQ_WIDE_RING`, the ring and the offset fold at the general shape.
 """
 
 from __future__ import annotations
@@ -36,9 +35,6 @@ GEMV_MMVQ_FEW = {"rows_per_block": 2, "warps_per_row": 2}
 and attention output, 1536): twice the CUDA blocks of the general shape, so a small grid reaches more SMs' worth of
 warps (the gemv sweeps of those shapes in the ledger)."""
 FEW_ROWS = 2048
-GEMV_F32_DEEP = {"rows_per_block": 2, "warps_per_row": 4}
-"""`GEMV_F32_DEEP` (DOWN_F32=1): the f32-input launch of matrices of at least ``DEEP_COLS`` columns (ffn_down on the
-SwiGLU output in f32; the gemv sweeps of those shapes in the ledger)."""
 GEMV_MMVQ_WIDE_RING = {"Q6_K": {"rows_per_block": 4, "warps_per_row": 2, "stage": 2, "fold": 1}}
 """`GEMV_MMVQ_WIDE_RING` (WIDE_RING=1): format -> the launch of its matrices of at least ``WIDE_ROWS`` rows (the Q6_K
 vocabulary head): the general shape with the per-warp cp.async ring (STAGE=2) and the offset fold (FOLD=1)."""
@@ -77,7 +73,6 @@ class GemvPolicy:
             override["lookahead"] = int(options.ahead)
         self.options, self.override = options, override
         self._f32 = {**GEMV_F32, **override}
-        self._f32_deep = {**GEMV_F32_DEEP, **override}
         self._mmvq = {**GEMV_MMVQ, **override}
         self._wide = {**GEMV_MMVQ_WIDE, **override}
         self._few = {**GEMV_MMVQ_FEW, **override}
@@ -143,13 +138,13 @@ class GemvPolicy:
         for Q4_K with at least WIDE_ROWS rows; with DEEP=1, `deep_launch` for the formats of `GEMV_MMVQ_DEEP` with at
         least DEEP_COLS columns, not GLU; with WIDE_RING=1, `ring_launch` for the formats of `GEMV_MMVQ_WIDE_RING` with
         at least WIDE_ROWS rows, not GLU; with FEW_ROWS=1, `GEMV_MMVQ_FEW` for at most FEW_ROWS rows, not GLU), else
-        the f32-input kernel and shape (with DOWN_F32=1, `GEMV_F32_DEEP` for at least DEEP_COLS columns, not GLU); ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
+        the f32-input kernel and shape; ``glu``: the SwiGLU kernel; ``residual``: the fused-add epilogue. The
         config's ``mmvq`` says which input the caller passes. Each configuration is made once."""
         from kernels.gemv import MMVQ_TYPES, GemvConfig
 
         mmvq = q8 and m.qtype in MMVQ_TYPES
         if not mmvq:
-            launch = self._f32_deep if self.options.down_f32 and m.id >= DEEP_COLS and not glu else self._f32
+            launch = self._f32
         elif wide and m.qtype == "Q4_K" and m.od >= WIDE_ROWS:
             launch = self._wide
         elif (self.options.wide_ring and m.od >= WIDE_ROWS and not glu

@@ -85,9 +85,7 @@ class DecodeOptions:
     as two launches by fuse_qkv (two formats) run as one (`kernels.gemv.gemv_pair`, True) or two (False). ahead
     (AHEAD, with pdl): chunks of weight each mat-vec warp
     prefetches into L2 before it waits for the previous kernel (`kernels.gemv.GemvConfig.lookahead`; 1: the
-    first). down_f32 (DOWN_F32, with mmvq): ffn_down reads the SwiGLU output as f32 (`GemvPolicy`'s f32 launch for
-    long rows, no quantization kernel: one dependent step fewer a layer; True) or as Q8_1 blocks quantized by a kernel
-    of their own (False). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
+    first). attn_splits (ATTN_SPLITS): decode-attention blocks per KV head (`kernels.attention_decode.SPLITS_VALUES`)."""
 
     graphs: bool = True
     mmvq: bool = True
@@ -104,7 +102,6 @@ class DecodeOptions:
     fuse_attn_q8: bool = True
     fuse_norm_split: bool = True
     fuse_qkv_mixed: bool = True
-    down_f32: bool = False
     ahead: int = 1
     attn_splits: int = 64
 
