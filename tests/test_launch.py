@@ -1,6 +1,6 @@
 """`kernels.launch`: which compiled kernel a programmatic dependent launch uses, and its launch dimensions.
 
-The PDL launch itself needs a GPU (tests/test_decode.py, tests/test_gemv.py `gpu`); here, without one: the
+The PDL launch itself needs a GPU (tests/test_decode_knobs.py, tests/test_gemv.py `gpu`); here, without one: the
 overload lookup never lends a lazily compiled dispatcher's kernel of other argument types (the prefill's RMSNorm
 with f16 out must not serve the decode's f32 out), an explicit-signature dispatcher's only kernel serves, and the
 dimensions numba accepts (lists, numpy integers) reach cuda.core as ints and tuples.
