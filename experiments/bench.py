@@ -44,7 +44,7 @@ from minfer_cli.engine.bench import (
     idle_knobs,
 )
 from minfer_cli.engine.presets import DEFAULT_PRESET
-from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register
+from minfer_cli.experiment import Cost, Experiment, Metric, Workload, register, rel_l2
 
 SEED = 0
 _PRESET = {"pp128": DEFAULT_PRESET, "pp512": DEFAULT_PRESET, "pp2048": DEFAULT_PRESET, "tiny_pp16": "tiny",
@@ -259,7 +259,7 @@ class BenchExperiment(Experiment):
                 exact.step()
             ref = exact.logits.copy_to_host(stream=exact.stream).astype(np.float64)
             exact.stream.synchronize()
-        return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        return rel_l2(got, ref)
 
     def check(self, config, workload, inputs, output) -> float:
         if self._is_tg(workload):
@@ -274,8 +274,8 @@ class BenchExperiment(Experiment):
             ref = np.asarray(Reference(self._model(workload)).forward(full, last_only=True)).reshape(-1)
         else:  # the default engine's cache holds the same depth tokens (`_depth_tokens`)
             base = self._engine(self.default_config(), workload)
-            ref = base.prefill(inputs, self._depth(workload)).copy_to_host().reshape(-1).astype(np.float64)
-        return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            ref = base.prefill(inputs, self._depth(workload)).copy_to_host().reshape(-1)
+        return rel_l2(got, ref)
 
     def tolerance(self, config, workload) -> float:
         """2e-2 for pp; for tg 1e-2, or 5e-2 with plain Q8_1 mat-vec inputs (MMVQ=1, XRES=0; module docstring)."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from kernels import gemm_f16_config as knob_table
 from kernels.errors import KernelConstraintError
-from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register, rel_l2
 from minfer_cli.knobs import Knob
 
 _LEGACY = {"LOOP": "v1", "SPLITK": 1, "EPI": "direct", "AUTOTILE": 0, "NOCALL": 0}
@@ -238,11 +238,7 @@ class GemmF16Experiment(Experiment):
 
     def check(self, config, workload, inputs, output) -> float:
         a, b, _ = inputs
-        ref = _reference(a, b)
-        out = output.copy_to_host().astype(np.float64)
-        if not np.isfinite(out).all():
-            return float("inf")
-        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        return rel_l2(output.copy_to_host(), _reference(a, b))
 
     def tolerance(self, config, workload) -> float:
         return 1e-3

@@ -33,7 +33,7 @@ from kernels.errors import KernelConstraintError
 from kernels.gemv.config import GemvConfig
 from kernels.gemv.tables import GEMV_TYPES, MMVQ_TYPES
 from kernels.quant.formats import block_format
-from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register, rel_l2
 from minfer_cli.knobs import Knob
 from minfer_cli.quant_blocks import random_blocks
 
@@ -159,14 +159,6 @@ def glu_error(y: np.ndarray, g: np.ndarray, u: np.ndarray, g_abs: np.ndarray, u_
     return float(np.linalg.norm(y - silu * u) / max(np.linalg.norm(c), float(f32.tiny / f32.eps)))
 
 
-def relative_error(y: np.ndarray, ref: np.ndarray) -> float:
-    """‖y − ref‖ / ‖ref‖ in float64; inf when y holds a NaN (an element never written)."""
-    y = np.asarray(y, dtype=np.float64)
-    if not np.isfinite(y).all():
-        return float("inf")
-    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-
-
 class GemvExperiment(Experiment):
     name = "gemv"
     purpose = "decode mat-vec y = W·x reading GGUF blocks directly (f32 x, f32 accumulate) vs the copy ceiling"
@@ -274,7 +266,7 @@ class GemvExperiment(Experiment):
         w = inputs.materialise(qtype).copy_to_host()
         ref = ref_fn(w, qtype, od, id, inputs.x_host)
         if not int(config.get("GLU", 0)):
-            return relative_error(output.copy_to_host(), ref)
+            return rel_l2(output.copy_to_host(), ref)
         w_up = inputs.materialise(qtype, up=True).copy_to_host()
         up = ref_fn(w_up, qtype, od, id, inputs.x_host)
         return glu_error(output.copy_to_host(), ref, up, abs_product(w, qtype, od, id, inputs.x_host),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register
+from minfer_cli.experiment import Cost, Experiment, KernelInstance, Workload, register, rel_l2
 from minfer_cli.knobs import Knob
 
 MODES = ("launch", "pdl", "grid")  # kernels.grid_sync.MODES (numba-free here, for `experiments list`)
@@ -92,11 +92,8 @@ class SyncExperiment(Experiment):
 
         self.after_timing(config, workload)
         x, w = (a.copy_to_host() for a in inputs)
-        got = output.copy_to_host()[(workload.shape["phases"] - 1) % 2].astype(np.float64)
-        if not np.isfinite(got).all():
-            return float("inf")
-        ref = reference(x, w, float(EPS))
-        return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        got = output.copy_to_host()[(workload.shape["phases"] - 1) % 2]
+        return rel_l2(got, reference(x, w, float(EPS)))
 
     def tolerance(self, config, workload) -> float:
         return 1e-5

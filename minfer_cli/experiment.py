@@ -11,7 +11,7 @@ What the harness (`minfer_cli/measure/`) needs from an experiment, per configura
   * `prepare(config, workload)`: compile/specialise the variant and return a `launch(inputs, output, stream)`
     callable that enqueues exactly one sample on `stream` (no host synchronisation);
   * `poison(output)`: fill the output with NaN (or a sentinel for integer outputs) before the correctness gate;
-  * `check(config, workload, inputs, output)`: the relative error of `output` against an independent
+  * `check(config, workload, inputs, output)`: the relative error (`rel_l2`) of `output` against an independent
     reference computed from `inputs`;
   * `tolerance(config)`: the largest relative error that passes;
   * `cost(workload, config)`: FLOPs and the fewest bytes moved by one sample, for TFLOP/s, GB/s and % of the ceiling.
@@ -29,6 +29,18 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from minfer_cli.errors import UsageError
 from minfer_cli.knobs import Config, Knob, KnobValue, parse_arm_text, resolve_config
+
+
+def rel_l2(got: Any, want: Any) -> float:
+    """The relative error every check reports: ||got - want|| / ||want||, both taken as float64 arrays of one shape;
+    inf when ``got`` holds a non-finite value (a NaN poison never overwritten, an overflow)."""
+    import numpy as np
+
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 Launch = Callable[[Any, Any, Any], None]
 

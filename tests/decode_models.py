@@ -10,11 +10,6 @@ import numpy as np
 from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 
 
-def rel(a, b) -> float:
-    """Relative L2 distance of ``a`` from the reference ``b`` (float64)."""
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
-
-
 def micro():
     """`tiny` cut to 1 layer, ffn 256 and vocab 256 (GQA 2/1, head_dim 128, qkv bias, Q4_K/Q6_K): ~25 s a step in
     the simulator instead of ~130 s."""

@@ -15,6 +15,7 @@ from kernels import attention as A
 from kernels import attention_decode as DEC
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
+from minfer_cli.experiment import rel_l2
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 
@@ -27,17 +28,13 @@ def _qkv(nt, nt_kv, h, hk, seed=0, hd=128):
     return q, k, v
 
 
-def _rel(got, ref) -> float:
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-
-
 def _prefill(config, nt, nt_kv, h, hk, hd=128, causal=True, seed=None):
     q, k, v = _qkv(nt, nt_kv, h, hk, seed, hd)
     out = cuda.to_device(np.full((nt, h, hd), np.nan, np.float16))  # poisoned: every row must be written
     A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, causal=causal, config=config)
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all(), "some outputs were never written (or NaN)"
-    return _rel(got, reference_numpy(q, k, v, causal=causal))
+    return rel_l2(got, reference_numpy(q, k, v, causal=causal))
 
 
 # ---- simulator: prefill numbers ----------------------------------------------------------------------------
@@ -98,7 +95,7 @@ def _decode(L, l_max, h, hk, splits, q_dtype=np.float32, hd=128, seed=None):
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all()
     ref = reference_numpy(q[None].astype(np.float64), k[:L], v[:L], causal=False)[0]
-    return _rel(got, ref)
+    return rel_l2(got, ref)
 
 
 @sim
@@ -413,7 +410,7 @@ def test_prefill_gpu_matches_torch(config, nt):
     A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, config=config)
     got = out.copy_to_host().astype(np.float64)
     assert np.isfinite(got).all()
-    assert _rel(got, _torch_sdpa(q, k, v)) < 1e-2
+    assert rel_l2(got, _torch_sdpa(q, k, v)) < 1e-2
 
 
 @pytest.mark.gpu
@@ -427,7 +424,7 @@ def test_prefill_gpu_matches_torch_at_other_head_dims(hd, h, hk, nt, mma):
     out = cuda.to_device(np.full((nt, h, hd), np.nan, np.float16))
     A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, config=dict(D, MMA=mma))
     got = out.copy_to_host().astype(np.float64)
-    assert np.isfinite(got).all() and _rel(got, _torch_sdpa(q, k, v)) < 1e-2
+    assert np.isfinite(got).all() and rel_l2(got, _torch_sdpa(q, k, v)) < 1e-2
 
 
 @pytest.mark.gpu
@@ -435,7 +432,7 @@ def test_prefill_gpu_prefix_matches_float64():
     q, k, v = _qkv(100, 612, 28, 4, seed=4)
     out = cuda.to_device(np.full((100, 28, 128), np.nan, np.float16))
     A.flash_attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out)
-    assert _rel(out.copy_to_host().astype(np.float64), reference_numpy(q, k, v)) < 1e-2
+    assert rel_l2(out.copy_to_host().astype(np.float64), reference_numpy(q, k, v)) < 1e-2
 
 
 @pytest.mark.gpu
@@ -457,7 +454,7 @@ def test_decode_gpu_matches_torch(L, splits, hd, h, hk):
     tk = torch.from_numpy(k[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)
     tv = torch.from_numpy(v[:L]).cuda().float().transpose(0, 1)[None].repeat_interleave(h // hk, 1)
     ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)[0, :, 0].double().cpu().numpy()
-    assert _rel(out.copy_to_host().astype(np.float64), ref) < 1e-4
+    assert rel_l2(out.copy_to_host().astype(np.float64), ref) < 1e-4
 
 
 @sim

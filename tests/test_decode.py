@@ -21,7 +21,8 @@ from numba import cuda
 from minfer_cli.engine.errors import ModelError
 from minfer_cli.engine.options import DecodeOptions, PrefillOptions
 from minfer_cli.engine.presets import preset
-from tests.decode_models import generate_with_logits, micro, qwen2_shaped, rel
+from minfer_cli.experiment import rel_l2
+from tests.decode_models import generate_with_logits, micro, qwen2_shaped
 
 EAGER = DecodeOptions(graphs=False, mmvq=False)  # f32 mat-vec inputs: greedy tokens must equal the reference's
 
@@ -54,7 +55,7 @@ def test_decode_from_an_empty_cache_matches_the_reference(micro_weights):
         got = engine.step().copy_to_host()
         want = ref.forward(seq, last_only=True)
         assert np.isfinite(got).all()
-        assert rel(got, want) < 1e-2, f"step {i}"
+        assert rel_l2(got, want) < 1e-2, f"step {i}"
         token = int(engine.history[i: i + 1].copy_to_host()[0])
         assert token == int(np.argmax(got)), f"step {i}: token {token} is not the argmax of the engine's logits"
         second, best = np.sort(want)[-2:]
@@ -91,7 +92,7 @@ def test_other_head_dims_decode_matches_the_reference(head_dim):
     for i in range(2):
         engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
         got = engine.step().copy_to_host()
-        assert rel(got, Reference(weights).forward(seq, last_only=True)) < 1e-2, f"step {i}"
+        assert rel_l2(got, Reference(weights).forward(seq, last_only=True)) < 1e-2, f"step {i}"
         seq.append(int(engine.history[i: i + 1].copy_to_host()[0]))
 
 
@@ -123,7 +124,7 @@ def test_mmvq_decode_logits_match_the_reference(micro_weights, monkeypatch):
     c = micro_weights.config
     assert pairs == [("Q4_K", c.q_dim + c.kv_dim)] * c.n_layers
     assert len(norms) == 2 * c.n_layers + 1  # FUSE_NORM_SPLIT=1: every RMSNorm quantizes in its own launch
-    assert 1e-4 < rel(got, Reference(micro_weights).forward([first], last_only=True)) < 5e-2, f"first token {first}"
+    assert 1e-4 < rel_l2(got, Reference(micro_weights).forward([first], last_only=True)) < 5e-2, f"first token {first}"
 
 
 def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
@@ -137,7 +138,7 @@ def test_xres_decode_logits_as_close_as_f32_inputs(micro_weights):
                           rows_per_block=8, warps_per_row=1)
     assert engine._q8_hidden.compensated and engine._q8_ffn.compensated
     engine.start(first, 0)
-    assert rel(engine.step().copy_to_host(), Reference(micro_weights).forward([first], last_only=True)) < 1e-2
+    assert rel_l2(engine.step().copy_to_host(), Reference(micro_weights).forward([first], last_only=True)) < 1e-2
 
 
 def test_decode_refuses_what_does_not_fit(micro_weights):
@@ -244,7 +245,7 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq, xres, tol
     dec.start(int(prompt[-1]), len(prompt) - 1)
     got = dec.step().copy_to_host(stream=dec.stream)
     dec.stream.synchronize()
-    assert rel(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
+    assert rel_l2(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
 
     alone = DecodeEngine(weights, 100, DecodeOptions(graphs=False, mmvq=mmvq, xres=xres))
     for p, token in enumerate(prompt):
@@ -252,7 +253,7 @@ def test_decode_logits_equal_prefill_logits_at_the_same_position(mmvq, xres, tol
         alone.step()
     got = alone.logits.copy_to_host(stream=alone.stream)
     alone.stream.synchronize()
-    assert rel(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
+    assert rel_l2(got, want) < tol and int(np.argmax(got)) == int(np.argmax(want))
 
 
 @pytest.mark.gpu
@@ -278,7 +279,7 @@ def _assert_greedy(tokens, got, want, max_ties: int = 4):
     reference follows the engine's tokens, so one near-tie does not desynchronise the rest."""
     ties = 0
     for i, (t, g, w) in enumerate(zip(tokens, got, want)):
-        assert rel(g, w) < 1e-2, f"step {i}"
+        assert rel_l2(g, w) < 1e-2, f"step {i}"
         assert t == int(np.argmax(g)), f"step {i}: the token is not the argmax of the engine's logits"
         second, best = np.sort(w)[-2:]
         if best - second <= 2 * np.abs(g - w).max():

@@ -25,6 +25,7 @@ from kernels.norm import add_rms_norm, rms_norm, rms_norm_q8
 from kernels.residual import bias_add, residual_add
 from kernels.rope import rope
 from minfer_cli.quant_blocks import random_blocks
+from minfer_cli.experiment import rel_l2
 
 F32_TOL = 1e-5
 F16_TOL = 1e-3
@@ -37,12 +38,6 @@ def _rng():
 
 def _poisoned(shape, dtype):
     return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
-
-
-def _rel(got, ref) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    assert not np.isnan(got).any(), "some output elements were never written (still the NaN poison)"
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
 # ---- numpy float64 references ----------------------------------------------------------------------------
@@ -92,7 +87,7 @@ def test_rms_norm(nt, d, tpb, out_dtype):
     out = _poisoned((nt, d), out_dtype)
     got = rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out, tpb=tpb)
     assert got is out
-    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+    assert rel_l2(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
 
 
 @pytest.mark.parametrize("count, nt, d, tpb", [(1, 3, 200, 64), (3, 2, 300, 96), (2, 1, 5, 32), (9, 2, 130, 32)])
@@ -115,7 +110,7 @@ def test_add_rms_norm_equals_slice_sum_residual_add_and_norm(count, nt, d, tpb):
     separate = rms_norm(cuda.to_device(want_x), cuda.to_device(w), 1e-6, out=_poisoned((nt, d), np.float16), tpb=tpb)
     np.testing.assert_array_equal(out.copy_to_host(), separate.copy_to_host())
     ref = _rms_norm_ref(x.astype(np.float64) + slices.astype(np.float64).sum(axis=0), w, 1e-6)
-    assert _rel(out.copy_to_host(), ref) < TOL[np.float16]
+    assert rel_l2(out.copy_to_host(), ref) < TOL[np.float16]
 
 
 def test_add_rms_norm_rejects_bad_parts():
@@ -141,7 +136,7 @@ def test_rms_norm_allocates_f16_by_default_and_f32_on_request():
     dx, dw = cuda.to_device(x), cuda.to_device(w)
     assert rms_norm(dx, dw, 1e-5, tpb=32).dtype == np.float16
     got = rms_norm(dx, dw, 1e-5, out_dtype=np.float32, tpb=32)
-    assert got.dtype == np.float32 and _rel(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
+    assert got.dtype == np.float32 and rel_l2(got.copy_to_host(), _rms_norm_ref(x, w, 1e-5)) < F32_TOL
 
 
 def _check_rms_norm_q8(nt, d, tpb, compensated=False):
@@ -166,7 +161,7 @@ def _check_rms_norm_q8(nt, d, tpb, compensated=False):
     planes = ((q8.q, ref_q8.q), (q8.d, ref_q8.d), (q8.s, ref_q8.s)) + (((q8.r, ref_q8.r),) if compensated else ())
     for got, want in planes:
         np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
-    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < F32_TOL
+    assert rel_l2(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < F32_TOL
 
 
 @pytest.mark.parametrize("nt, d, tpb, compensated", [(2, 320, 128, False), (1, 96, 256, False), (2, 192, 64, True)])
@@ -207,8 +202,8 @@ def test_rope_both_pairings_at_small_and_large_positions(mode, base):
     k = rng.standard_normal((nt, nkv, hd)).astype(np.float32)
     dq, dk = cuda.to_device(q), cuda.to_device(k)
     rope(dq, dk, cuda.to_device(POSITIONS), base, mode)
-    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, base, mode)) < F32_TOL
-    assert _rel(dk.copy_to_host(), _rope_ref(k, POSITIONS, base, mode)) < F32_TOL
+    assert rel_l2(dq.copy_to_host(), _rope_ref(q, POSITIONS, base, mode)) < F32_TOL
+    assert rel_l2(dk.copy_to_host(), _rope_ref(k, POSITIONS, base, mode)) < F32_TOL
 
 
 @pytest.mark.parametrize("mode", ["neox", "norm"])
@@ -221,9 +216,9 @@ def test_rope_divides_each_pairs_frequency_by_its_factor(mode):
     factors = rng.uniform(0.5, 8.0, size=hd // 2).astype(np.float32)
     dq, dk = cuda.to_device(q), cuda.to_device(k)
     rope(dq, dk, cuda.to_device(POSITIONS), 5e5, mode, factors=cuda.to_device(factors))
-    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode, factors)) < F32_TOL
-    assert _rel(dk.copy_to_host(), _rope_ref(k, POSITIONS, 5e5, mode, factors)) < F32_TOL
-    assert _rel(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode)) > 0.1
+    assert rel_l2(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode, factors)) < F32_TOL
+    assert rel_l2(dk.copy_to_host(), _rope_ref(k, POSITIONS, 5e5, mode, factors)) < F32_TOL
+    assert rel_l2(dq.copy_to_host(), _rope_ref(q, POSITIONS, 5e5, mode)) > 0.1
 
 
 @pytest.mark.parametrize("mode", ["neox", "norm"])
@@ -274,8 +269,8 @@ def test_rope_on_the_q_and_k_views_of_a_fused_qkv_buffer_leaves_v_alone():
     rope(d3[:, :nh], d3[:, nh : nh + nkv], cuda.to_device(pos), 1e6, "neox")
     got = d3.copy_to_host()
     h3 = qkv.reshape(nt, nh + 2 * nkv, hd)
-    assert _rel(got[:, :nh], _rope_ref(h3[:, :nh], pos, 1e6, "neox")) < F32_TOL
-    assert _rel(got[:, nh : nh + nkv], _rope_ref(h3[:, nh : nh + nkv], pos, 1e6, "neox")) < F32_TOL
+    assert rel_l2(got[:, :nh], _rope_ref(h3[:, :nh], pos, 1e6, "neox")) < F32_TOL
+    assert rel_l2(got[:, nh : nh + nkv], _rope_ref(h3[:, nh : nh + nkv], pos, 1e6, "neox")) < F32_TOL
     np.testing.assert_array_equal(got[:, nh + nkv :], h3[:, nh + nkv :])
 
 
@@ -326,7 +321,7 @@ def test_rope_with_kv_cache_writes_what_rope_then_kv_append_writes(mode, nh, nkv
     assert np.isnan(k1[others]).all() and np.isnan(v1[others]).all() and np.isfinite(k1[pos]).all()
     h3 = (qkv if bias is None else qkv + bias).reshape(nt, nh + 2 * nkv, hd)
     want_k = _rope_ref(h3[:, nh: nh + nkv], pos, 5e5, mode, factors).reshape(nt, nkv * hd)
-    assert _rel(k1[pos].astype(np.float64), want_k) < 1e-3  # f16 rounding of the reference rotation
+    assert rel_l2(k1[pos].astype(np.float64), want_k) < 1e-3  # f16 rounding of the reference rotation
     np.testing.assert_array_equal(v1[pos], h3[:, nh + nkv:].reshape(nt, nkv * hd).astype(np.float16))
 
 
@@ -342,7 +337,7 @@ def test_f32_angles_would_miss_the_f32_bound_at_32k():
     c, s = np.cos(theta32)[:, None, :], np.sin(theta32)[:, None, :]
     half = hd // 2
     f32_angles = np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., :half] * s + x[..., half:] * c], -1)
-    assert _rel(f32_angles, _rope_ref(x, pos, base, "neox")) > F32_TOL
+    assert rel_l2(f32_angles, _rope_ref(x, pos, base, "neox")) > F32_TOL
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # simulator: exp(100) -> inf, as expf
@@ -360,7 +355,7 @@ def test_swiglu(fused, out_dtype):
     else:
         got = swiglu(cuda.to_device(gate), cuda.to_device(up), out=out, tpb=64)
     assert got is out
-    assert _rel(out.copy_to_host(), _swiglu_ref(gate, up)) < TOL[out_dtype]
+    assert rel_l2(out.copy_to_host(), _swiglu_ref(gate, up)) < TOL[out_dtype]
 
 
 def _embed_hidden(name: str) -> int:
@@ -428,7 +423,7 @@ def test_residual_add_in_place(with_bias):
     got = residual_add(dx, cuda.to_device(y), bias=cuda.to_device(b) if with_bias else None, tpb=64)
     assert got is dx
     ref = x.astype(np.float64) + y + (b if with_bias else 0.0)
-    assert _rel(dx.copy_to_host(), ref) < F32_TOL
+    assert rel_l2(dx.copy_to_host(), ref) < F32_TOL
 
 
 def test_residual_add_into_out_and_bias_add():
@@ -438,13 +433,13 @@ def test_residual_add_into_out_and_bias_add():
     b = rng.standard_normal(d).astype(np.float32)
     dx, out = cuda.to_device(x), _poisoned((nt, d), np.float32)
     residual_add(dx, cuda.to_device(y), out=out, tpb=64)
-    assert _rel(out.copy_to_host(), x.astype(np.float64) + y) < F32_TOL
+    assert rel_l2(out.copy_to_host(), x.astype(np.float64) + y) < F32_TOL
     np.testing.assert_array_equal(dx.copy_to_host(), x)  # x untouched when out is given
     out2 = _poisoned((nt, d), np.float32)
     bias_add(dx, cuda.to_device(b), out=out2, tpb=64)
-    assert _rel(out2.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
+    assert rel_l2(out2.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
     bias_add(dx, cuda.to_device(b), tpb=64)
-    assert _rel(dx.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
+    assert rel_l2(dx.copy_to_host(), x.astype(np.float64) + b) < F32_TOL
 
 
 # ---- simulator: rejected inputs --------------------------------------------------------------------------
@@ -620,7 +615,7 @@ def test_rms_norm_on_gpu(out_dtype):
     out = _poisoned((NT, HIDDEN), out_dtype)
     rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out=out)
     cuda.synchronize()
-    assert _rel(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
+    assert rel_l2(out.copy_to_host(), _rms_norm_ref(x, w, 1e-6)) < TOL[out_dtype]
 
 
 @pytest.mark.gpu
@@ -633,8 +628,8 @@ def test_rope_on_gpu(mode):
     dq, dk = cuda.to_device(q), cuda.to_device(k)
     rope(dq, dk, cuda.to_device(pos), 1e6, mode)
     cuda.synchronize()
-    assert _rel(dq.copy_to_host(), _rope_ref(q, pos, 1e6, mode)) < F32_TOL
-    assert _rel(dk.copy_to_host(), _rope_ref(k, pos, 1e6, mode)) < F32_TOL
+    assert rel_l2(dq.copy_to_host(), _rope_ref(q, pos, 1e6, mode)) < F32_TOL
+    assert rel_l2(dk.copy_to_host(), _rope_ref(k, pos, 1e6, mode)) < F32_TOL
 
 
 @pytest.mark.gpu
@@ -644,7 +639,7 @@ def test_swiglu_on_gpu():
     out = _poisoned((NT, FFN), np.float16)
     swiglu(cuda.to_device(gu), out=out)
     cuda.synchronize()
-    assert _rel(out.copy_to_host(), _swiglu_ref(gu[:, :FFN], gu[:, FFN:])) < F16_TOL
+    assert rel_l2(out.copy_to_host(), _swiglu_ref(gu[:, :FFN], gu[:, FFN:])) < F16_TOL
 
 
 @pytest.mark.gpu
@@ -670,10 +665,10 @@ def test_residual_and_bias_on_gpu():
     dx = cuda.to_device(x)
     residual_add(dx, cuda.to_device(y), bias=cuda.to_device(b))
     cuda.synchronize()
-    assert _rel(dx.copy_to_host(), x.astype(np.float64) + y + b) < F32_TOL
+    assert rel_l2(dx.copy_to_host(), x.astype(np.float64) + y + b) < F32_TOL
     qkv_d = (NH + 2 * NKV) * HD
     z, bz = rng.standard_normal((NT, qkv_d)).astype(np.float32), rng.standard_normal(qkv_d).astype(np.float32)
     dz = cuda.to_device(z)
     bias_add(dz, cuda.to_device(bz))
     cuda.synchronize()
-    assert _rel(dz.copy_to_host(), z.astype(np.float64) + bz) < F32_TOL
+    assert rel_l2(dz.copy_to_host(), z.astype(np.float64) + bz) < F32_TOL

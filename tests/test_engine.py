@@ -19,6 +19,7 @@ from minfer_cli.engine.presets import DEFAULT_PRESET, preset
 from minfer_cli.engine.reference import Reference
 from minfer_cli.engine.weights import synth_weights
 from tests.engine_standins import use_standins
+from minfer_cli.experiment import rel_l2
 
 SMALL_TILES = PrefillOptions(
     w16=True,
@@ -34,10 +35,6 @@ RESID = {"fuse_resid": True, "gemm": None}
 """PFUSE_RESID=1 with the GEMM knobs' defaults (STAGING=tma, whose kernels have the residual epilogue)."""
 """PFUSE_GLU=1 with the GEMM knobs' defaults, whose staged TMA epilogue takes the SwiGLU (`uses_glu`): SMALL_TILES'
 64-wide tiles do not, and the engine would run the product and swiglu apart."""
-
-
-def _rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("fusion", [{}, {"fuse_add_norm": True}, {"fuse_rope_kv": True}, {"head": "gemv"},
@@ -85,7 +82,7 @@ def _tiny_prefill_matches_the_reference(options: PrefillOptions = SMALL_TILES):
     engine.logits.copy_to_device(np.full(engine.logits.shape, np.nan, dtype=np.float32))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     assert np.isfinite(got).all()
-    assert _rel(got, ref) < 1e-2
+    assert rel_l2(got, ref) < 1e-2
     assert int(np.argmax(got)) == int(np.argmax(ref))
 
 
@@ -116,7 +113,7 @@ def test_a_prefill_after_a_filled_cache_matches_the_reference(monkeypatch):
             cache.copy_to_device(np.full(cache.shape, np.nan, dtype=np.float16))
     engine.fill(tokens[:5])
     got = engine.prefill(cuda.to_device(tokens[5:]), 5).copy_to_host()[0].astype(np.float64)
-    assert np.isfinite(got).all() and _rel(got, Reference(weights).forward(tokens, last_only=True)) < 1e-2
+    assert np.isfinite(got).all() and rel_l2(got, Reference(weights).forward(tokens, last_only=True)) < 1e-2
     with pytest.raises(ModelError, match="depth of 8 tokens does not fit"):
         engine.fill(np.zeros(8, dtype=np.int32))
 
@@ -162,7 +159,7 @@ def test_qwen2_shaped_prefill_matches_the_float64_reference(nt, options):
     engine = PrefillEngine(weights, 512, PrefillOptions(**options))
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
     ref = Reference(weights).forward(tokens, last_only=True)
-    assert _rel(got, ref) < 2e-2
+    assert rel_l2(got, ref) < 2e-2
     assert int(np.argmax(got)) == int(np.argmax(ref))
 
 
@@ -302,7 +299,7 @@ def test_pfused_logits_follow_the_f16_path():
     for nt in (65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
         got, want = fused.prefill(ids).copy_to_host()[0], plain.prefill(ids).copy_to_host()[0]
-        assert _rel(got.astype(np.float64), want.astype(np.float64)) < 1e-2
+        assert rel_l2(got.astype(np.float64), want.astype(np.float64)) < 1e-2
     fused.close()
     plain.close()
 
@@ -373,8 +370,8 @@ def test_rope_freqs_reach_the_prefill(monkeypatch):
     ignored = Reference(unscaled).forward(tokens, last_only=True)
     engine = PrefillEngine(weights, 8, SMALL_TILES)
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
-    assert _rel(got, want) < 1e-2
-    assert _rel(ignored, want) > 5e-2  # the factors matter at these positions: ignoring them would be seen
+    assert rel_l2(got, want) < 1e-2
+    assert rel_l2(ignored, want) > 5e-2  # the factors matter at these positions: ignoring them would be seen
 
 
 def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
@@ -394,7 +391,7 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
     want = Reference(weights).forward(tokens, last_only=True)
     engine = PrefillEngine(weights, 8, SMALL_TILES)
     got = engine.prefill(cuda.to_device(tokens)).copy_to_host()[0].astype(np.float64)
-    assert np.isfinite(got).all() and _rel(got, want) < 1e-2
+    assert np.isfinite(got).all() and rel_l2(got, want) < 1e-2
 
 
 def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():

@@ -15,6 +15,7 @@ from numba import cuda, float32, types
 
 from kernels import ptx as P
 from kernels.ptx import SIMULATOR
+from minfer_cli.experiment import rel_l2
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 
@@ -58,10 +59,6 @@ def _c_from_regs(regs):
         g, t = lane >> 2, lane & 3
         c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = regs[lane]
     return c
-
-
-def _rel(out, ref) -> float:
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
 # ---- kernels ---------------------------------------------------------------------------------------------
@@ -209,7 +206,7 @@ def check_mma(rng) -> None:
                   cuda.to_device(_c_regs(c).ravel()), dreg)
     d = _c_from_regs(dreg.copy_to_host().reshape(32, 4))
     ref = a.astype(np.float64) @ b.astype(np.float64) + c
-    assert _rel(d, ref) < 1e-3
+    assert rel_l2(d, ref) < 1e-3
 
 
 def check_ldmatrix(rng) -> None:
@@ -234,8 +231,8 @@ def check_wmma(rng) -> None:
     out_g = cuda.to_device(np.full(256, np.nan, np.float32))
     _k_wmma[1, 32](cuda.to_device(a.ravel()), cuda.to_device(bt.ravel()), out_s, out_g)
     ref = a.astype(np.float64) @ bt.astype(np.float64).T
-    assert _rel(out_s.copy_to_host().reshape(16, 16), ref) < 1e-3
-    assert _rel(out_g.copy_to_host().reshape(16, 16), ref) < 1e-3
+    assert rel_l2(out_s.copy_to_host().reshape(16, 16), ref) < 1e-3
+    assert rel_l2(out_g.copy_to_host().reshape(16, 16), ref) < 1e-3
 
 
 def check_cp_async(rng) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
+from minfer_cli.experiment import rel_l2
+
 if TYPE_CHECKING:  # this module is imported by the CLI for its defaults: numpy and the engine load when used
     import numpy as np
 
@@ -32,17 +34,6 @@ TIE_ERRORS = 5.0
 independent errors of RMS e differ by more than ~4.2 e once in ~3,000 draws)."""
 
 Progress = Optional[Callable[[str, float], None]]
-
-
-def rel_l2(got: "np.ndarray", want: "np.ndarray") -> float:
-    """||got - want|| / ||want|| in float64 (inf when got holds a non-finite value)."""
-    import numpy as np
-
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 @dataclass(frozen=True)
