@@ -8,7 +8,9 @@ back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP
 cp.async, mma_sync). Launch knobs SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`) and AUTOTILE (TM=128
 for a shape whose 256-wide grid quantizes badly, `kernels.gemm_f16.launch_config`). IMPL picks the kernel:
 minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused: `kernels.gemm_fused`, the same tiles
-with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3).
+with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3), or
+fused_regs: `kernels.gemm_fused_regs`, the weight dequantized into wgmma's register A operand (C^T = W · A^T; 128
+weight rows x TN tokens a tile, no split-K).
 Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
 dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
@@ -71,9 +73,11 @@ class GemmF16Experiment(Experiment):
     name = "gemm_f16"
     purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
     knobs = tuple(Knob(k, tuple(v), _DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in _TABLE.items()) + (
-        Knob("IMPL", ("minfer", "cublas", "fused"), "minfer",
+        Knob("IMPL", ("minfer", "cublas", "fused", "fused_regs"), "minfer",
              "minfer's kernel on the f16 weight, cuBLAS through torch (f16 in, f32 out) as the vendor arm (tile knobs "
-             "do not apply), or fused: minfer's kernel dequantizing the weight's Q4_K blocks itself (kernels.gemm_fused)"),
+             "do not apply), fused: minfer's kernel dequantizing the weight's Q4_K blocks itself into its shared B "
+             "tile (kernels.gemm_fused), or fused_regs: dequantizing them into wgmma's register A operand "
+             "(kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, GROUP, NOCALL apply)"),
     )
     workloads = (
         Workload("ffn_up", _shape(2048, 18944, 3584), "Qwen2-7B ffn_up at nt=2048"),
@@ -135,6 +139,16 @@ class GemmF16Experiment(Experiment):
         s = workload.shape
         need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
         partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
+        if config.get("IMPL") == "fused_regs":
+            from kernels import gemm_fused_regs
+
+            gemm_fused_regs.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing
+
+            def launch_regs(inputs, output, stream):
+                a, _, raw = inputs
+                gemm_fused_regs.gemm_fused_regs(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream)
+
+            return launch_regs
         if config.get("IMPL") == "fused":
             from kernels import gemm_fused
 
@@ -173,12 +187,18 @@ class GemmF16Experiment(Experiment):
                 from kernels.gemm_fused import fused_geometry
 
                 fused_geometry(cfg, "Q4_K")
+            elif config.get("IMPL") == "fused_regs":
+                from kernels.gemm_fused_regs import regs_geometry
+
+                regs_geometry(cfg, "Q4_K")
         except KernelConstraintError as e:
             return str(e)
         return None
 
     def effective(self, config, workload=None):
-        """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); SPLITK as 1 and
+        """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); IMPL, TN, STAGES,
+        GROUP and NOCALL for IMPL=fused_regs (its kernel reads no other: `kernels.gemm_fused_regs.regs_geometry`);
+        SPLITK as 1 and
         NOCALL as 0 for a kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there;
         only they have wgmma for ptxas to serialize); EPI as direct
         for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (IMPL=fused,
@@ -188,6 +208,8 @@ class GemmF16Experiment(Experiment):
         (as AUTOTILE, and on ``workload`` with a device, where `kernels.gemm_f16.tail_plan` keeps one launch)."""
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
+        if config.get("IMPL") == "fused_regs":
+            return {k: config.get(k, _DEFAULT.get(k)) for k in ("IMPL", "TN", "STAGES", "GROUP", "NOCALL")}
         eff = dict(config)
         if config.get("STAGING", _DEFAULT["STAGING"]) != "tma":
             eff["EPI"] = "direct"
@@ -218,6 +240,13 @@ class GemmF16Experiment(Experiment):
             return []
         from kernels import gemm_f16 as kernel
 
+        if config.get("IMPL") == "fused_regs":
+            from kernels import gemm_fused_regs
+
+            built = gemm_fused_regs.build({k: config[k] for k in _TABLE}, "Q4_K")
+            rg = built.geometry
+            name = f"gemm_fused_regs[Q4_K,{rg.tn}x128x64,STAGES={rg.stages},RAW={rg.raw},GROUP={rg.group}]"
+            return [KernelInstance(name, built.kernel, gemm_fused_regs.SIGNATURE, rg.threads, rg.smem_bytes)]
         if config.get("IMPL") == "fused":
             from kernels import gemm_fused
 
@@ -246,7 +275,7 @@ class GemmF16Experiment(Experiment):
     def cost(self, workload: Workload, config=None) -> Cost:
         s = workload.shape
         nt, od, id_ = s["nt"], s["od"], s["id"]
-        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") == "fused" else 2.0 * od * id_
+        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") in ("fused", "fused_regs") else 2.0 * od * id_
         return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * nt * id_ + weight + 4.0 * nt * od)
 
 

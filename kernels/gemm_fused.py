@@ -113,6 +113,32 @@ def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) ->
     return FusedGeometry(g, qtype, raw)
 
 
+@cuda.jit(device=True, inline="always")
+def q4_k_scale_min(d, dmin, g, s, h0, h1, h2):
+    """f16x2 (d * sc, d * sc) and (-dmin * m, -dmin * m) of Q4_K sub-block s of 64-weight group g (ggml's
+    get_scale_min_k4 over scales[12] = words h0, h1, h2; the products in float32 as gguf-py, then rounded to f16)."""
+    t = 8 * (s & 3)
+    a = (h0 >> t) & 0xFF  # scales[s % 4]
+    c = (h1 >> t) & 0xFF  # scales[s % 4 + 4]
+    e = (h2 >> t) & 0xFF  # scales[s % 4 + 8]
+    if g < 2:
+        sc = a & 63
+        m = c & 63
+    else:
+        sc = (e & 0xF) | ((a >> 6) << 4)
+        m = (e >> 4) | ((c >> 6) << 4)
+    dsc = fmul_rn(d, float32(sc))
+    dm = fmul_rn(dmin, float32(m))
+    return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
+
+
+@cuda.jit(device=True, inline="always")
+def q4_k_pair(x, s2, m2):
+    """Two weights as f16x2 from ``x``, two 4-bit codes under the f16 exponent of 1024 (`prmt_b32` with
+    `F16_HI_BYTES`): ``(x - 1024) * s2 + m2`` with the sub-block's `q4_k_scale_min` pair (f16x2 sub and fma, .rn)."""
+    return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
+
+
 def _q4_k_row(TM: int):
     """``row(smem, raw_at, at, r, kt, valid)``, the Q4_K dequantizer: row r's 64 weights of k tile kt, read from the
     raw slot at element ``raw_at`` (the row's 16-byte header d|dmin|scales[12] at r * 16 bytes, its 32 qs bytes of
@@ -121,34 +147,13 @@ def _q4_k_row(TM: int):
     16 bytes at a time, each feeding the low-nibble chunks and the high-nibble chunks it holds, so few words are
     live beside the accumulators."""
     QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
-
-    @cuda.jit(device=True, inline="always")
-    def pair(x, s2, m2):
-        return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
+    pair, scale_min = q4_k_pair, q4_k_scale_min
 
     @cuda.jit(device=True, inline="always")
     def chunk(smem, at, r, c, s2, m2, lo, hi):
         st_shared_v4_b32(smem, at + r * 64 + ((c ^ (r & 7)) << 3),
                          pair(prmt_b32(lo, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(lo, F16_HI_BYTES, 0x4342), s2, m2),
                          pair(prmt_b32(hi, F16_HI_BYTES, 0x4140), s2, m2), pair(prmt_b32(hi, F16_HI_BYTES, 0x4342), s2, m2))
-
-    @cuda.jit(device=True, inline="always")
-    def scale_min(d, dmin, g, s, h0, h1, h2):
-        """f16x2 (d * sc, d * sc) and (-dmin * m, -dmin * m) of sub-block s (ggml's get_scale_min_k4 over
-        scales[12] = words h0, h1, h2; the products in float32 as gguf-py, then rounded to f16)."""
-        t = 8 * (s & 3)
-        a = (h0 >> t) & 0xFF  # scales[s % 4]
-        c = (h1 >> t) & 0xFF  # scales[s % 4 + 4]
-        e = (h2 >> t) & 0xFF  # scales[s % 4 + 8]
-        if g < 2:
-            sc = a & 63
-            m = c & 63
-        else:
-            sc = (e & 0xF) | ((a >> 6) << 4)
-            m = (e >> 4) | ((c >> 6) << 4)
-        dsc = fmul_rn(d, float32(sc))
-        dm = fmul_rn(dmin, float32(m))
-        return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
 
     @cuda.jit(device=True, inline="always")
     def row(smem, raw_at, at, r, kt, valid):
@@ -169,6 +174,44 @@ def _q4_k_row(TM: int):
     return row
 
 
+def raw_issuer(TM: int, RAW0: int, RFULL0: int, BLOCK: int):
+    """``issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1)``, the raw producer of the fused kernels (lane 0 of
+    the producer warp): arm mbarrier rfull[slot] (``RFULL0 + slot``) with the slot's bytes and copy k tile kt's
+    header and qs boxes of every 64-row box of the TM-row tile at weight row m0 below od into raw slot ``slot``
+    (elements ``RAW0 + slot * TM * 24`` of the f16 shared array: the TM 16-byte headers, then the TM 32-byte qs runs
+    of the tile's 64-weight group, row-major). Rows below e0 come from segment 0's maps in ``rmap``, below e1
+    segment 1's, the rest segment 2's (`raw_maps`); ``BLOCK`` is the format's block bytes."""
+    raw_slot = TM * RAW_ROW_BYTES // 2
+    QS = TM * 16 // 2
+    BOX_HDR = BOX_ROWS * 16 // 2  # elements of one header box / one qs box
+    BOX_QS = BOX_ROWS * 32 // 2
+    NBOX = TM // BOX_ROWS
+    BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
+
+    @cuda.jit(device=True, inline="always")
+    def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
+        boxes = min(NBOX, (od - m0 + BOX_ROWS - 1) // BOX_ROWS)
+        mbarrier_arrive_expect_tx(bars, RFULL0 + slot, boxes * BOX_BYTES)
+        at = RAW0 + slot * raw_slot
+        col = (kt >> 2) * BLOCK
+        for j in range(NBOX):
+            first = m0 + j * BOX_ROWS  # the box's first weight row
+            if first < od:
+                seg = 0
+                local = first
+                if first >= e1:
+                    seg = 2
+                    local = first - e1
+                elif first >= e0:
+                    seg = 1
+                    local = first - e0
+                cp_async_bulk_tensor_2d_g2s(smem, at + j * BOX_HDR, rmap, 32 * seg, col, local, bars, RFULL0 + slot)
+                cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
+                                            local, bars, RFULL0 + slot)
+
+    return issue_raw
+
+
 def _make_kernel(fg: FusedGeometry):
     """The fused kernel for one geometry (see the module docstring): `kernels.gemm_f16`'s STAGING=tma tiles,
     descriptors, wgmma batches and epilogue, with the B tiles dequantized by the consumers."""
@@ -185,11 +228,6 @@ def _make_kernel(fg: FusedGeometry):
     SA_B = TN * ROWB
     RAW0 = STAGES * STAGE_ELEMS  # element offset of the raw ring
     RAW_SLOT = fg.raw_slot_bytes // 2  # elements a raw slot
-    QS = TM * 16 // 2
-    BOX_HDR = BOX_ROWS * 16 // 2  # elements of one header box / one qs box
-    BOX_QS = BOX_ROWS * 32 // 2
-    NBOX = TM // BOX_ROWS
-    BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
     FULL0 = (STAGES * STAGE_B + RAW * fg.raw_slot_bytes) // 8  # full[s], empty[s], rfull[j], rempty[j]
     EMPTY0 = FULL0 + STAGES
     RFULL0 = FULL0 + 2 * STAGES
@@ -209,27 +247,7 @@ def _make_kernel(fg: FusedGeometry):
     row = _q4_k_row(TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    @cuda.jit(device=True, inline="always")
-    def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
-        """Arm rfull[slot] and copy k tile kt's header and qs boxes of every 64-row box of the tile below od."""
-        boxes = min(NBOX, (od - m0 + BOX_ROWS - 1) // BOX_ROWS)
-        mbarrier_arrive_expect_tx(bars, RFULL0 + slot, boxes * BOX_BYTES)
-        at = RAW0 + slot * RAW_SLOT
-        col = (kt >> 2) * BLOCK
-        for j in range(NBOX):
-            first = m0 + j * BOX_ROWS  # the box's first weight row
-            if first < od:
-                seg = 0
-                local = first
-                if first >= e1:
-                    seg = 2
-                    local = first - e1
-                elif first >= e0:
-                    seg = 1
-                    local = first - e0
-                cp_async_bulk_tensor_2d_g2s(smem, at + j * BOX_HDR, rmap, 32 * seg, col, local, bars, RFULL0 + slot)
-                cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
-                                            local, bars, RFULL0 + slot)
+    issue_raw = raw_issuer(TM, RAW0, RFULL0, BLOCK)
 
     @cuda.jit(device=True, inline="always")
     def dequant(smem, bars, i, kt, tid, lane, valid):
@@ -410,13 +428,18 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     return out.reshape(nt * od), 1
 
 
+def check_on_device(segments) -> None:
+    """KernelConstraintError (one line) when a segment's bytes are a host array."""
+    for i, (raw, _) in enumerate(segments):
+        if isinstance(raw, np.ndarray) if SIMULATOR else not cuda.is_cuda_array(raw):
+            raise KernelConstraintError(f"gemm_fused: segment {i} is a host array; pass the weight's bytes on the device")
+
+
 def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool = False):
     """Enqueue the fused kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan, the flat
     partials used or None, out)."""
     nt, od, kdim = check_segments(a, segments, qtype, out)
-    for i, (raw, _) in enumerate(segments):
-        if isinstance(raw, np.ndarray) if SIMULATOR else not cuda.is_cuda_array(raw):
-            raise KernelConstraintError(f"gemm_fused: segment {i} is a host array; pass the weight's bytes on the device")
+    check_on_device(segments)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     built = build(config, qtype, accumulate)
@@ -426,12 +449,12 @@ def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool 
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
     fg = built.geometry
     built.kernel[plan.blocks(g.grid(nt, od)), fg.threads, stream, fg.smem_bytes](
-        a.reshape(nt * kdim), _raw_maps(segments, kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]), ends[0], ends[1], out,
+        a.reshape(nt * kdim), raw_maps(segments, kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]), ends[0], ends[1], out,
         target, nt, od, kdim, plan.whole, plan.slices, gemm_tma.tensor_map(a, g.tn), gemm_tma.c_vectors(out, target))
     return plan, parts, out
 
 
-def _raw_maps(segments, row_bytes: int):
+def raw_maps(segments, row_bytes: int):
     """The raw producer's tensor maps, one uint64 device array: for segment i, words 32 i .. 32 i + 15 map its
     header boxes (`BOX_ROWS` rows x 16 bytes), the next 16 its qs boxes (x 32 bytes), over the segment's bytes as a
     [rows, row_bytes] uint8 matrix (`kernels.ptx.tma.tensor_map_bytes_2d`). Made once per segment list and kept,

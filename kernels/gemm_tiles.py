@@ -65,26 +65,36 @@ def c_tile_bytes(tn: int, tm: int) -> int:
     return tn * (tm + C_PAD) * 4
 
 
-def _stage_fragments(MI: int, NJ: int, S: int, CONSUMERS: int):
+def _stage_fragments(MI: int, NJ: int, S: int, CONSUMERS: int, TRANSPOSED: bool = False):
     """``stage(cs, acc, rl, cl)``: the CONSUMERS threads meet (named barrier 1: no wgmma batch still reads the ring),
     each writes its MI x NJ m16n8 C fragments into the f32 tile ``cs`` of row stride S with 8-byte stores, and they
-    meet again (the tile is whole). The first half of `c_tile_store` and `c_tile_store_glu`."""
+    meet again (the tile is whole). The first half of `c_tile_store` and `c_tile_store_glu`. TRANSPOSED (MI = 1):
+    the fragments hold C^T (wgmma's rows are the tile's columns, `kernels.gemm_fused_regs`): fragment element (row
+    ``rl`` + 8 h, column ``cl`` + 8 j + e) lands at tile row ``cl`` + 8 j + e, column ``rl`` + 8 h (4-byte stores)."""
 
     @cuda.jit(device=True, inline="always")
     def stage(cs, acc, rl, cl):
         bar_sync(1, CONSUMERS)
-        for i in range(MI):
-            for h in range(2):
-                at = (rl + i * 64 + h * 8) * S + cl
-                for j in range(NJ):
-                    c = (i * NJ + j) * 4 + 2 * h
-                    st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
+        if TRANSPOSED:
+            for j in range(NJ):
+                for e in range(2):
+                    at = (cl + 8 * j + e) * S + rl
+                    cs[at] = acc[4 * j + e]
+                    cs[at + 8] = acc[4 * j + 2 + e]
+        else:
+            for i in range(MI):
+                for h in range(2):
+                    at = (rl + i * 64 + h * 8) * S + cl
+                    for j in range(NJ):
+                        c = (i * NJ + j) * 4 + 2 * h
+                        st_shared_v2_f32(cs, at + 8 * j, acc[c], acc[c + 1])
         bar_sync(1, CONSUMERS)
 
     return stage
 
 
-def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE: bool = False):
+def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE: bool = False,
+                 TRANSPOSED: bool = False):
     """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
     epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
     the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
@@ -99,12 +109,13 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     od tail. Replaces ~TN * TM / 64 scattered 4-byte stores a
     warp (two half-filled 32-byte sectors each) with full-line writes. CUTLASS sm90 epilogues stage C the same
     way. ACCUMULATE: each element is added to the value already in ``out`` (read with the same 16-byte or 4-byte
-    width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``)."""
+    width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``). TRANSPOSED: the fragments
+    hold C^T (`_stage_fragments`)."""
     S = TM + C_PAD
     CH = TM // 4  # 16-byte chunks a row
     assert TM % 16 == 0 and (TN * CH) % CONSUMERS == 0  # row stride TM + 8 = 8 or 24 banks mod 32: either keeps a
     # half-warp's four fragment rows on distinct banks
-    stage = _stage_fragments(MI, NJ, S, CONSUMERS)
+    stage = _stage_fragments(MI, NJ, S, CONSUMERS, TRANSPOSED)
 
     @cuda.jit(device=True, inline="always")
     def store_chunk(cs, out, r, cq, n0, m0, nt, od, roff, coff, cvec):

@@ -1,0 +1,287 @@
+"""The fused-dequantization GEMM with the weight as wgmma's register operand: ``C[nt, od] = A[nt, id] · dequant(W)[od,
+id]^T`` computed as ``C^T = dequant(W) · A^T``.
+
+`kernels.gemm_fused` makes each B tile in shared memory (consumers dequantize into the swizzled tile, fence it for
+the async proxy and meet at a named barrier before every wgmma batch). Here the operands are swapped, as CUTLASS's
+sm90 mixed-input GEMM does: the weight is wgmma's A operand, which may come from registers, so a consumer thread
+dequantizes its own A fragment and hands it to the tensor cores directly: no f16 weight tile, no proxy fence and no
+barrier between the consumers; the activations are the shared-memory B operand, copied by TMA as the f16 GEMM's A.
+
+* Tile: ``TM`` = 128 weight rows x TN tokens (gemm_f16's TN knob, 128 or 64). Two consumer warpgroups, 64 weight
+  rows each, every token of the tile: a k16 step is one ``wgmma.m64nTNk16`` with A from registers
+  (`wgmma_m64nNk16_f32_f16_rs`), TN / 2 f32 accumulators a thread. One producer warp (lane 0) issues the copies; 288
+  threads. (TN = 256 would need 128 accumulators a thread: with the 16 A words ptxas then serializes the wgmma for
+  want of registers, within the 168 that 9 warps leave.)
+* Producer, k tile i (64 weights): the raw boxes of the tile's 128 rows into raw slot i % RAW
+  (`kernels.gemm_fused.raw_issuer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
+  128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers).
+* Consumer thread (warpgroup w, warp q of it, lane l; g = l >> 2, t = l & 3), k tile i: wait for the raw slot, read
+  rows r = 64 w + 16 q + g and r + 8 (16-byte header, two 16-byte qs reads), free the slot (one arrival a warp),
+  build the 16 A words of the tile's four k16 steps (the mma.m16n8k16 A fragment: words of weights 2t, 2t + 1 and
+  2t + 8, 2t + 9 of each row and k16 step), wait for the activation slot, issue the four wgmma as one batch, wait
+  for it (the A registers are then free), free the slot. The two warpgroups interleave: one dequantizes while the
+  other's batch runs.
+* Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scale_min`: the same f16 weights): k16 steps 0 and 1
+  take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
+* Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
+  (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows. No split-K (every tile
+  over all of k) and no residual or SwiGLU epilogue yet.
+
+Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
+(wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
+ggml-common.h ``block_q4_K``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, types, uint32, uint64
+
+from kernels import gemm_f16, gemm_fused, gemm_tiles, gemm_tma
+from kernels.errors import KernelConstraintError
+from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
+from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, syncwarp
+from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
+from kernels.ptx.tma import cp_async_bulk_tensor_2d_g2s
+from kernels.ptx.wgmma import (SWIZZLE_128B, fence_proxy_async_shared, wgmma_commit_group, wgmma_desc, wgmma_fence,
+                               wgmma_m64nNk16_f32_f16_rs, wgmma_wait_group)
+from kernels.quant.bits import f32_from_f16_bits
+from kernels.specialize import H200_SMEM_OPTIN, KernelCache
+
+TM = 128
+"""Weight rows a tile: two consumer warpgroups of 64 (wgmma's M)."""
+KS = 64
+CONSUMERS = 256
+LOW_NIBBLES = 0x0F0F0F0F
+
+
+@dataclass(frozen=True)
+class RegsGeometry:
+    """The compile key of one register-A fused kernel: the weight format, the activation ring's depth, the raw ring's
+    slots, the tile order's group and NOCALL's 32-bit index division."""
+
+    qtype: str
+    tn: int  # tokens a tile: wgmma's N
+    stages: int
+    raw: int
+    group: int
+    nocall: bool
+
+    threads = CONSUMERS + 32
+    raw_slot_bytes = TM * RAW_ROW_BYTES
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.tn * KS * 2
+
+    @property
+    def ring_bytes(self) -> int:
+        """The activation ring, or the staged C tile over it when that is larger."""
+        return max(self.stages * self.slot_bytes, gemm_tiles.c_tile_bytes(self.tn, TM))
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.ring_bytes + self.raw * self.raw_slot_bytes + 16 * (self.stages + self.raw)
+
+    def grid(self, nt: int, od: int) -> int:
+        return -(-nt // self.tn) * -(-od // TM)
+
+
+def regs_geometry(config: dict | None, qtype: str) -> RegsGeometry:
+    """The RegsGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: its TN (tokens a tile), STAGES, GROUP
+    and NOCALL (the tile has 128 weight rows: TM, KS, MMA, STAGING, LOOP, EPI, AUTOTILE and NARROWTAIL do not apply)
+    and the raw slots (up to `MAX_RAW`) that fit beside the ring in the H200's 227 KB. KernelConstraintError (one
+    line) for a knob value gemm_f16 refuses, a format without a dequantizer or SPLITK > 1 (no split-K)."""
+    if qtype not in gemm_fused.FUSED_TYPES:
+        raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
+                                    f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
+    cfg = gemm_f16.resolve_config(config)
+    if cfg["SPLITK"] > 1:
+        raise KernelConstraintError(f"gemm_fused_regs has no split-K (every tile runs over all of k); got SPLITK="
+                                    f"{cfg['SPLITK']}, use 0 or 1")
+    base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
+    raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
+    return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall)
+
+
+def _a_words():
+    """``row_words(smem, raw_at, r, kt, valid, odd, sel)``: weight row r's eight A words of k tile kt (Q4_K), read
+    from the raw slot at element ``raw_at`` (`kernels.gemm_fused.raw_issuer`'s layout): for k16 steps 0..3 the word
+    of weights 2t, 2t + 1 (even positions of the tuple) and of 2t + 8, 2t + 9 (odd positions), low half the lower
+    k. ``odd`` = t >> 1 picks the qs word, ``sel`` the byte pair inside it (`prmt_b32` selector). Zeros when not
+    ``valid`` (a row past od)."""
+    QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
+
+    @cuda.jit(device=True, inline="always")
+    def code(word, sel, s2, m2):
+        return q4_k_pair(prmt_b32(word, F16_HI_BYTES, sel), s2, m2)
+
+    @cuda.jit(device=True, inline="always")
+    def row_words(smem, raw_at, r, kt, valid, odd, sel):
+        h = ld_shared_v4_b32(smem, raw_at + r * 8)
+        w0 = h[0] if valid else uint32(0)
+        d = f32_from_f16_bits(w0 & 0xFFFF)
+        dmin = f32_from_f16_bits(w0 >> 16)
+        g = kt & 3
+        lo_s, lo_m = q4_k_scale_min(d, dmin, g, 2 * g, h[1], h[2], h[3])  # weights 0..31 of the group: low nibbles
+        hi_s, hi_m = q4_k_scale_min(d, dmin, g, 2 * g + 1, h[1], h[2], h[3])  # 32..63: high nibbles
+        x = ld_shared_v4_b32(smem, raw_at + QS + r * 16)  # qs bytes 0..15
+        y = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + 8)  # 16..31
+        wa = x[1] if odd else x[0]  # bytes 2t, 2t + 1
+        wb = x[3] if odd else x[2]  # 2t + 8, 2t + 9
+        wc = y[1] if odd else y[0]  # 16 + 2t, ..
+        wd = y[3] if odd else y[2]  # 24 + 2t, ..
+        return (code(wa & LOW_NIBBLES, sel, lo_s, lo_m), code(wb & LOW_NIBBLES, sel, lo_s, lo_m),
+                code(wc & LOW_NIBBLES, sel, lo_s, lo_m), code(wd & LOW_NIBBLES, sel, lo_s, lo_m),
+                code((wa >> 4) & LOW_NIBBLES, sel, hi_s, hi_m), code((wb >> 4) & LOW_NIBBLES, sel, hi_s, hi_m),
+                code((wc >> 4) & LOW_NIBBLES, sel, hi_s, hi_m), code((wd >> 4) & LOW_NIBBLES, sel, hi_s, hi_m))
+
+    return row_words
+
+
+def _make_kernel(rg: RegsGeometry):
+    """The register-A fused kernel of one geometry (see the module docstring)."""
+    TN, STAGES, RAW = rg.tn, rg.stages, rg.raw
+    SLOT_B = rg.slot_bytes
+    SLOT_E = SLOT_B // 2
+    ROWB = KS * 2
+    SBO = 8 * ROWB
+    LBO = 16
+    RAW0 = rg.ring_bytes // 2  # element offset of the raw ring, after the ring / C tile
+    RAW_SLOT = rg.raw_slot_bytes // 2
+    FULL0 = (rg.ring_bytes + RAW * rg.raw_slot_bytes) // 8  # full[s], empty[s], rfull[j], rempty[j]
+    EMPTY0 = FULL0 + STAGES
+    RFULL0 = FULL0 + 2 * STAGES
+    REMPTY0 = RFULL0 + RAW
+    CONSUMER_WARPS = CONSUMERS // 32
+    ACC = TN // 2
+    BLOCK = BLOCK_BYTES[rg.qtype]
+    tile_origin = gemm_tiles.program_order(TN, TM, rg.group, rg.nocall)
+    issue_raw = gemm_fused.raw_issuer(TM, RAW0, RFULL0, BLOCK)
+    row_words = _a_words()
+    store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
+    SMEM_ALIGN = None if SIMULATOR else 1024
+
+    def gemm_kernel(a, rmap, e0, e1, out, nt, od, kdim, amap, cvec):
+        smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
+        bars = cuda.shared.array(0, types.uint64)
+        tid = cuda.threadIdx.x
+        n0, m0 = tile_origin(cuda.blockIdx.x, nt, od)
+        ktiles = kdim // KS
+        if tid == 0:
+            for s in range(STAGES):
+                mbarrier_init(bars, FULL0 + s, 1)
+                mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
+            for j in range(RAW):
+                mbarrier_init(bars, RFULL0 + j, 1)
+                mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
+            fence_proxy_async_shared()
+        cuda.syncthreads()
+
+        if tid >= CONSUMERS:  # the producer warp: lane 0 issues the raw boxes and the activation box of every k tile
+            if tid == CONSUMERS:
+                s = 0
+                phase = uint32(0)
+                rs = 0
+                rphase = uint32(0)
+                for i in range(ktiles):
+                    while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
+                        pass
+                    issue_raw(smem, bars, rmap, rs, i, m0, od, e0, e1)
+                    while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
+                        pass
+                    mbarrier_arrive_expect_tx(bars, FULL0 + s, SLOT_B)
+                    cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, i * KS, n0, bars, FULL0 + s)
+                    s += 1
+                    if s == STAGES:
+                        s = 0
+                        phase ^= uint32(1)
+                    rs += 1
+                    if rs == RAW:
+                        rs = 0
+                        rphase ^= uint32(1)
+            return
+
+        lane = tid & 31
+        r0 = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2)  # weight rows r0 and r0 + 8 of the tile
+        t = lane & 3
+        odd = t >> 1
+        sel = uint32(0x4140 + (t & 1) * 0x0202)  # bytes 0, 1 or 2, 3 of a qs word under the f16 exponent of 1024
+        v0 = m0 + r0 < od
+        v1 = m0 + r0 + 8 < od
+        acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
+        desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
+        s = 0
+        phase = uint32(0)
+        for i in range(ktiles):
+            rs = i % RAW
+            while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
+                pass
+            raw_at = RAW0 + rs * RAW_SLOT
+            p0, p1, p2, p3, p4, p5, p6, p7 = row_words(smem, raw_at, r0, i, v0, odd, sel)
+            q0, q1, q2, q3, q4, q5, q6, q7 = row_words(smem, raw_at, r0 + 8, i, v1, odd, sel)
+            syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
+            if lane == 0:
+                mbarrier_arrive(bars, REMPTY0 + rs)
+            while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
+                pass
+            db = desc_b0 + uint64((s * SLOT_B) >> 4)
+            first = uint32(0) if i == 0 else uint32(1)
+            wgmma_fence()
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p0, q0, p1, q1, db, first, TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p2, q2, p3, q3, db + uint64(2), uint32(1), TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p4, q4, p5, q5, db + uint64(4), uint32(1), TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p6, q6, p7, q7, db + uint64(6), uint32(1), TN, 0)
+            wgmma_commit_group()
+            wgmma_wait_group(0)
+            if lane == 0:
+                mbarrier_arrive(bars, EMPTY0 + s)
+            s += 1
+            if s == STAGES:
+                s = 0
+                phase ^= uint32(1)
+        store_tile(cuda.shared.array(0, float32), out, acc, r0, 2 * t, n0, m0, nt, od, 0, 0, cvec, tid)
+
+    return gemm_kernel
+
+
+SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types.int64, types.float32[:, ::1],
+                       types.int64, types.int64, types.int64, types.uint64[::1], types.int64)
+_CACHE = KernelCache("gemm_fused_regs", SIGNATURE)
+
+
+def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
+    """PTX of the register-A fused kernel for gemm_f16 knobs ``config`` and weights of ``qtype`` (NVVM, sm_90a by
+    default; no GPU needed; not under the simulator)."""
+    rg = regs_geometry(config, qtype)
+    ptx, _ = cuda.compile_ptx(_make_kernel(rg), SIGNATURE, cc=cc, launch_bounds=(rg.threads,))
+    return ptx
+
+
+def build(config: dict | None, qtype: str):
+    """Compile (once per geometry; cached) and return the register-A fused kernel (`kernels.specialize.BuiltKernel`)."""
+    rg = regs_geometry(config, qtype)
+    return _CACHE.get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
+
+
+def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0):
+    """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` with the register-A kernel and return C
+    (f32 device array). Arguments as `kernels.gemm_fused.gemm_fused` (a f16 [nt, id]; 1 to 3 segments of ``qtype``
+    GGUF blocks stacked along od, later ones starting on 64-row boxes; out f32 [nt, od] or None); ``config``: the
+    gemm_f16 knobs `regs_geometry` reads. The weights are the same f16 values as `kernels.gemm_fused`'s (C within
+    ~1e-3 relative of A times the f16 dequantization; the sums' order differs from gemm_fused's). Needs an sm_90a
+    device. Raises KernelConstraintError (one line) for what `kernels.gemm_fused.check_segments` refuses, host
+    weight arrays, or SPLITK > 1."""
+    nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, out)
+    gemm_fused.check_on_device(segments)
+    if out is None:
+        out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
+    built = build(config, qtype)
+    rg = built.geometry
+    ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
+    built.kernel[rg.grid(nt, od), rg.threads, stream, rg.smem_bytes](
+        a.reshape(nt * kdim), gemm_fused.raw_maps(segments, kdim // gemm_fused.BLOCK_WEIGHTS * BLOCK_BYTES[qtype]),
+        ends[0], ends[1], out, nt, od, kdim, gemm_tma.tensor_map(a, rg.tn), gemm_tma.c_vectors(out, out))
+    return out

@@ -1,0 +1,143 @@
+"""kernels/gemm_fused_regs.py: the fused-dequantization GEMM whose weight is wgmma's register A operand.
+
+* simulator session: random valid Q4_K weights in 1-3 segments, nt / od tails, rings that wrap; C against float64
+  of gguf-py's dequantization (f16-rounded) and against `kernels.gemm_fused` (the same f16 weights); poisoned out;
+* `compile`: the register-A wgmma, the f16x2 dequantization and the TMA copies in the sm_90a PTX; registers within
+  the block's share, no spills, wgmma not serialized;
+* `gpu`: real Qwen2-7B shapes against torch float64 and gemm_fused.
+Refusals of bad input run everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels import gemm_f16 as G
+from kernels import gemm_fused as F
+from kernels import gemm_fused_regs as R
+from kernels.errors import KernelConstraintError
+from kernels.ptx import SIMULATOR
+from minfer_cli.experiment import rel_l2
+from minfer_cli.quant_blocks import random_blocks, reference_f16
+
+sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
+
+
+def _operands(nt, rows, id_, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((nt, id_)).astype(np.float16)
+    raws = [random_blocks("Q4_K", r, id_, rng) for r in rows]
+    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, id_) for raw, r in zip(raws, rows)])
+    return a, raws, w16
+
+
+def _run(fn, a, raws, rows, config):
+    out = cuda.to_device(np.full((a.shape[0], sum(rows)), np.nan, np.float32))
+    fn(cuda.to_device(a), [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)], "Q4_K", out, config=config)
+    return out.copy_to_host()
+
+
+def _assert_matches(a, raws, rows, config, fused_config):
+    """Within 1e-3 of float64 over the f16 weights, and within 1e-5 of gemm_fused (the same f16 weights, f32 sums
+    in another order) but not equal to it bit for bit."""
+    got = _run(R.gemm_fused_regs, a, raws, rows, config)
+    assert np.isfinite(got).all(), "some outputs were never written (still the NaN poison)"
+    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, a.shape[1]) for raw, r in zip(raws, rows)])
+    assert rel_l2(got, a.astype(np.float64) @ w16.astype(np.float64).T) < 1e-3
+    smem_path = _run(F.gemm_fused, a, raws, rows, fused_config)
+    assert rel_l2(got, smem_path) < 1e-5
+    return got
+
+
+SIM_CASES = [
+    ("TN=64, 3 stages (the ring wraps), 2 segments, nt and od tails", dict(G.DEFAULT, TN=64, STAGES=3), 17, [64, 70],
+     256),
+    ("TN=128 default, 3 segments, 12 k tiles (8 raw slots wrap)", {}, 20, [128, 64, 40], 768),
+]
+
+
+@sim
+@pytest.mark.parametrize("config,nt,rows,id_", [c[1:] for c in SIM_CASES], ids=[c[0] for c in SIM_CASES])
+def test_regs_simulator_matches_float64_and_gemm_fused(config, nt, rows, id_):
+    a, raws, _ = _operands(nt, rows, id_, seed=None)
+    _assert_matches(a, raws, rows, config, dict(G.DEFAULT, TM=128, TN=64, STAGES=3))
+
+
+def _bad_calls():
+    """(call, the words its one-line refusal must hold)."""
+    a = np.zeros((4, 256), np.float16)
+    raw = np.zeros(2 * 144, np.uint8)
+    return [
+        (lambda: R.regs_geometry(None, "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
+        (lambda: R.regs_geometry({"SPLITK": 3}, "Q4_K"), "no split-K .* SPLITK=3, use 0 or 1"),
+        (lambda: R.regs_geometry({"TN": 96}, "Q4_K"), "TN=96 is not allowed"),
+        (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
+        (lambda: R.gemm_fused_regs(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
+def test_regs_refuses_bad_input_in_one_line(index):
+    call, match = _bad_calls()[index]
+    with pytest.raises(KernelConstraintError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("tn", [128, 64])
+def test_regs_ptx(tn):
+    """The register-A wgmma (m64nTNk16, A in four 32-bit registers), prmt / sub / fma f16x2, the TMA copies and
+    mbarriers; within the 168 registers the 9 warps leave a thread, no spills, and ptxas keeps the wgmma async."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = R.kernel_ptx({"TN": tn}, "Q4_K")
+    for needle in (f"wgmma.mma_async.sync.aligned.m64n{tn}k16.f32.f16.f16", "prmt.b32", "sub.rn.f16x2",
+                   "fma.rn.f16x2", "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+                   "mbarrier.try_wait.parity.shared::cta.b64", "wgmma.wait_group.sync.aligned 0;",
+                   ".extern .shared .align 1024"):
+        assert needle in ptx, needle
+    assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators in local memory (NVVM)"
+    res = ptxas_resources(ptx)
+    assert res["registers"] <= 168 and res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tn", [128, 64])
+@pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [3584], 18944),
+                                        (2047, [3584, 512, 513], 3584), (33, [70], 256)], ids=str)
+def test_regs_gpu_matches_torch_and_gemm_fused(tn, nt, rows, id_):
+    torch = pytest.importorskip("torch")
+    a, raws, w16 = _operands(nt, rows, id_, seed=nt)
+    got = _run(R.gemm_fused_regs, a, raws, rows, {"TN": tn})
+    assert np.isfinite(got).all()
+    ref = (torch.from_numpy(a).cuda().double() @ torch.from_numpy(w16).cuda().double().T).cpu().numpy()
+    assert rel_l2(got, ref) < 1e-3
+    assert rel_l2(got, _run(F.gemm_fused, a, raws, rows, G.DEFAULT)) < 1e-5
+
+
+@sim
+def test_experiment_fused_regs_arm_runs_and_is_checked():
+    """`minfer run gemm_f16 --arm IMPL=fused_regs` on the tiny workload: the arm multiplies the input set's Q4_K bytes
+    and passes the experiment's check; a poisoned element of its output fails it; only its own knobs are effective;
+    its cost counts the Q4_K bytes."""
+    from minfer_cli.experiment import get
+
+    exp = get("gemm_f16")
+    wl = exp.workload("tiny")
+    config = exp.config("IMPL=fused_regs,TN=64,STAGES=3")
+    assert exp.effective(config) == {"IMPL": "fused_regs", "TN": 64, "STAGES": 3, "GROUP": G.DEFAULT["GROUP"],
+                                     "NOCALL": G.DEFAULT["NOCALL"]}
+    assert exp.refuse(exp.config("IMPL=fused_regs,SPLITK=2"), wl) is not None
+    inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
+    exp.poison(output)
+    exp.prepare(config, wl)(inputs, output, 0)
+    err = exp.check(config, wl, inputs, output)
+    assert 0 < err < exp.tolerance(config, wl)
+    host = output.copy_to_host()
+    host[3, 5] = np.nan
+    output.copy_to_device(host)
+    assert exp.check(config, wl, inputs, output) == float("inf")
+    assert exp.cost(wl, config).bytes < exp.cost(wl, exp.config("IMPL=minfer")).bytes
