@@ -15,12 +15,12 @@ barrier between the consumers; the activations are the shared-memory B operand, 
 * Producer, k tile i (64 weights): the raw boxes of the tile's 128 rows into raw slot i % RAW
   (`kernels.gemm_fused.raw_issuer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
   128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers).
-* Consumer thread (warpgroup w, warp q of it, lane l; g = l >> 2, t = l & 3), k tile i: wait for the raw slot, read
-  rows r = 64 w + 16 q + g and r + 8 (16-byte header, two 16-byte qs reads), free the slot (one arrival a warp),
-  build the 16 A words of the tile's four k16 steps (the mma.m16n8k16 A fragment: words of weights 2t, 2t + 1 and
-  2t + 8, 2t + 9 of each row and k16 step), wait for the activation slot, issue the four wgmma as one batch, wait
-  for it (the A registers are then free), free the slot. The two warpgroups interleave: one dequantizes while the
-  other's batch runs.
+* Consumer thread (warpgroup w, warp q of it, lane l; g = l >> 2, t = l & 3), k tile i: wait for the activation
+  slot, issue the four wgmma of the tile as one batch with the 16 A words made before, then make tile i + 1's
+  while the tensor cores run it: wait for its raw slot, read rows r = 64 w + 16 q + g and r + 8 (16-byte header,
+  two 16-byte qs reads), free the slot (one arrival a warp), build the words (the mma.m16n8k16 A fragment: weights
+  2t, 2t + 1 and 2t + 8, 2t + 9 of each row and k16 step) in other registers; then wait for the batch (its A
+  registers are then free) and free the activation slot.
 * Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scale_min`: the same f16 weights): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
@@ -164,6 +164,21 @@ def _make_kernel(rg: RegsGeometry):
     store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
+    @cuda.jit(device=True, inline="always")
+    def tile_words(smem, bars, i, r0, v0, v1, odd, sel, lane):
+        """The thread's A words of k tile i, rows r0 and r0 + 8 (`_a_words`): wait for raw slot i % RAW, read it,
+        free it (one arrival a warp)."""
+        rs = i % RAW
+        while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
+            pass
+        raw_at = RAW0 + rs * RAW_SLOT
+        p = row_words(smem, raw_at, r0, i, v0, odd, sel)
+        q = row_words(smem, raw_at, r0 + 8, i, v1, odd, sel)
+        syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
+        if lane == 0:
+            mbarrier_arrive(bars, REMPTY0 + rs)
+        return p, q
+
     def gemm_kernel(a, rmap, e0, e1, out, nt, od, kdim, amap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
@@ -213,28 +228,22 @@ def _make_kernel(rg: RegsGeometry):
         v1 = m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
+        p, q = tile_words(smem, bars, 0, r0, v0, v1, odd, sel, lane)
         s = 0
         phase = uint32(0)
         for i in range(ktiles):
-            rs = i % RAW
-            while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
-                pass
-            raw_at = RAW0 + rs * RAW_SLOT
-            p0, p1, p2, p3, p4, p5, p6, p7 = row_words(smem, raw_at, r0, i, v0, odd, sel)
-            q0, q1, q2, q3, q4, q5, q6, q7 = row_words(smem, raw_at, r0 + 8, i, v1, odd, sel)
-            syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
-            if lane == 0:
-                mbarrier_arrive(bars, REMPTY0 + rs)
             while mbarrier_try_wait_parity(bars, FULL0 + s, phase) == 0:
                 pass
             db = desc_b0 + uint64((s * SLOT_B) >> 4)
             first = uint32(0) if i == 0 else uint32(1)
             wgmma_fence()
-            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p0, q0, p1, q1, db, first, TN, 0)
-            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p2, q2, p3, q3, db + uint64(2), uint32(1), TN, 0)
-            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p4, q4, p5, q5, db + uint64(4), uint32(1), TN, 0)
-            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p6, q6, p7, q7, db + uint64(6), uint32(1), TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[0], q[0], p[1], q[1], db, first, TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[2], q[2], p[3], q[3], db + uint64(2), uint32(1), TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[4], q[4], p[5], q[5], db + uint64(4), uint32(1), TN, 0)
+            wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[6], q[6], p[7], q[7], db + uint64(6), uint32(1), TN, 0)
             wgmma_commit_group()
+            if i + 1 < ktiles:  # tile i + 1's A words while the tensor cores run tile i (other registers)
+                p, q = tile_words(smem, bars, i + 1, r0, v0, v1, odd, sel, lane)
             wgmma_wait_group(0)
             if lane == 0:
                 mbarrier_arrive(bars, EMPTY0 + s)
