@@ -25,7 +25,8 @@ barrier between the consumers; the activations are the shared-memory B operand, 
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows. No split-K (every tile
-  over all of k) and no residual or SwiGLU epilogue yet.
+  over all of k); the residual epilogue (``accumulate``: C += the product) as `kernels.gemm_fused`'s; no SwiGLU
+  epilogue.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
 (wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
@@ -68,6 +69,7 @@ class RegsGeometry:
     raw: int
     group: int
     nocall: bool
+    accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_fused`'s)
 
     threads = CONSUMERS + 32
     raw_slot_bytes = TM * RAW_ROW_BYTES
@@ -89,11 +91,12 @@ class RegsGeometry:
         return -(-nt // self.tn) * -(-od // TM)
 
 
-def regs_geometry(config: dict | None, qtype: str) -> RegsGeometry:
+def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False) -> RegsGeometry:
     """The RegsGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: its TN (tokens a tile), STAGES, GROUP
     and NOCALL (the tile has 128 weight rows: TM, KS, MMA, STAGING, LOOP, EPI, AUTOTILE and NARROWTAIL do not apply)
     and the raw slots (up to `MAX_RAW`) that fit beside the ring in the H200's 227 KB. KernelConstraintError (one
-    line) for a knob value gemm_f16 refuses, a format without a dequantizer or SPLITK > 1 (no split-K)."""
+    line) for a knob value gemm_f16 refuses, a format without a dequantizer or SPLITK > 1 (no split-K).
+    ``accumulate``: with the residual epilogue."""
     if qtype not in gemm_fused.FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
@@ -103,7 +106,7 @@ def regs_geometry(config: dict | None, qtype: str) -> RegsGeometry:
                                     f"{cfg['SPLITK']}, use 0 or 1")
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
-    return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall)
+    return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate)
 
 
 def _a_words():
@@ -161,7 +164,7 @@ def _make_kernel(rg: RegsGeometry):
     tile_origin = gemm_tiles.program_order(TN, TM, rg.group, rg.nocall)
     issue_raw = gemm_fused.raw_issuer(TM, RAW0, RFULL0, BLOCK)
     row_words = _a_words()
-    store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
+    store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     @cuda.jit(device=True, inline="always")
@@ -269,25 +272,29 @@ def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
     return ptx
 
 
-def build(config: dict | None, qtype: str):
-    """Compile (once per geometry; cached) and return the register-A fused kernel (`kernels.specialize.BuiltKernel`)."""
-    rg = regs_geometry(config, qtype)
+def build(config: dict | None, qtype: str, accumulate: bool = False):
+    """Compile (once per geometry; cached) and return the register-A fused kernel (`kernels.specialize.BuiltKernel`);
+    ``accumulate``: with the residual epilogue."""
+    rg = regs_geometry(config, qtype, accumulate)
     return _CACHE.get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
 
 
-def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0):
+def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0,
+                    accumulate: bool = False):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` with the register-A kernel and return C
-    (f32 device array). Arguments as `kernels.gemm_fused.gemm_fused` (a f16 [nt, id]; 1 to 3 segments of ``qtype``
-    GGUF blocks stacked along od, later ones starting on 64-row boxes; out f32 [nt, od] or None); ``config``: the
-    gemm_f16 knobs `regs_geometry` reads. The weights are the same f16 values as `kernels.gemm_fused`'s (C within
+    (f32 device array); with ``accumulate``, ``out +=`` the product. Arguments as `kernels.gemm_fused.gemm_fused` (a
+    f16 [nt, id]; 1 to 3 segments of ``qtype`` GGUF blocks stacked along od, later ones starting on 64-row boxes; out
+    f32 [nt, od] or None); ``config``: the gemm_f16 knobs `regs_geometry` reads. The weights are the same f16 values as `kernels.gemm_fused`'s (C within
     ~1e-3 relative of A times the f16 dequantization; the sums' order differs from gemm_fused's). Needs an sm_90a
     device. Raises KernelConstraintError (one line) for what `kernels.gemm_fused.check_segments` refuses, host
-    weight arrays, or SPLITK > 1."""
+    weight arrays, SPLITK > 1, or accumulate without out."""
+    if accumulate and out is None:
+        raise KernelConstraintError("gemm_fused_regs: accumulate adds the product to out; pass the f32 [nt, od] array")
     nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, out)
     gemm_fused.check_on_device(segments)
     if out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built = build(config, qtype)
+    built = build(config, qtype, accumulate)
     rg = built.geometry
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
     built.kernel[rg.grid(nt, od), rg.threads, stream, rg.smem_bytes](

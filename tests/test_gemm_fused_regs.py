@@ -75,6 +75,7 @@ def _bad_calls():
         (lambda: R.regs_geometry({"TN": 96}, "Q4_K"), "TN=96 is not allowed"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
         (lambda: R.gemm_fused_regs(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
+        (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K", accumulate=True), "accumulate adds the product to out"),
     ]
 
 
@@ -141,3 +142,17 @@ def test_experiment_fused_regs_arm_runs_and_is_checked():
     output.copy_to_device(host)
     assert exp.check(config, wl, inputs, output) == float("inf")
     assert exp.cost(wl, config).bytes < exp.cost(wl, exp.config("IMPL=minfer")).bytes
+
+
+@sim
+def test_regs_accumulate_is_the_product_then_the_residual_add_bit_for_bit():
+    """gemm_fused_regs(accumulate=True): x0 + the product, the same f32 bits; fresh random x0 and operands."""
+    nt, rows, id_ = 17, [64, 70], 256
+    config = dict(G.DEFAULT, TN=64, STAGES=3)
+    a, raws, _ = _operands(nt, rows, id_, seed=None)
+    x0 = (4 * np.random.default_rng().standard_normal((nt, sum(rows)))).astype(np.float32)
+    prod = _run(R.gemm_fused_regs, a, raws, rows, config)
+    x = cuda.to_device(x0)
+    R.gemm_fused_regs(cuda.to_device(a), [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)], "Q4_K", x,
+                      config=config, accumulate=True)
+    assert np.isfinite(prod).all() and np.array_equal(x.copy_to_host(), x0 + prod)
