@@ -10,7 +10,7 @@ for a shape whose 256-wide grid quantizes badly, `kernels.gemm_f16.launch_config
 minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused: `kernels.gemm_fused`, the same tiles
 with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3), or
 fused_regs: `kernels.gemm_fused_regs`, the weight dequantized into wgmma's register A operand (C^T = W · A^T; 128
-weight rows x TN tokens a tile, no split-K).
+weight rows x TN tokens a tile).
 Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
 dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
@@ -77,7 +77,7 @@ class GemmF16Experiment(Experiment):
              "minfer's kernel on the f16 weight, cuBLAS through torch (f16 in, f32 out) as the vendor arm (tile knobs "
              "do not apply), fused: minfer's kernel dequantizing the weight's Q4_K blocks itself into its shared B "
              "tile (kernels.gemm_fused), or fused_regs: dequantizing them into wgmma's register A operand "
-             "(kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, GROUP, NOCALL apply)"),
+             "(kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, GROUP, NOCALL, SPLITK apply)"),
     )
     workloads = (
         Workload("ffn_up", _shape(2048, 18944, 3584), "Qwen2-7B ffn_up at nt=2048"),
@@ -143,10 +143,13 @@ class GemmF16Experiment(Experiment):
             from kernels import gemm_fused_regs
 
             gemm_fused_regs.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing
+            need = gemm_fused_regs.partials_elements(cfg, s["nt"], s["od"], s["id"])
+            regs_partials = cuda.device_array(need, dtype=np.float32) if need else None
 
             def launch_regs(inputs, output, stream):
                 a, _, raw = inputs
-                gemm_fused_regs.gemm_fused_regs(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream)
+                gemm_fused_regs.gemm_fused_regs(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream,
+                                                partials=regs_partials)
 
             return launch_regs
         if config.get("IMPL") == "fused":
@@ -197,7 +200,7 @@ class GemmF16Experiment(Experiment):
 
     def effective(self, config, workload=None):
         """The knobs that decide what runs: IMPL alone for the cuBLAS arm (it reads no tile knob); IMPL, TN, STAGES,
-        GROUP and NOCALL for IMPL=fused_regs (its kernel reads no other: `kernels.gemm_fused_regs.regs_geometry`);
+        GROUP, NOCALL and SPLITK for IMPL=fused_regs (its kernel reads no other: `kernels.gemm_fused_regs.regs_geometry`);
         SPLITK as 1 and
         NOCALL as 0 for a kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there;
         only they have wgmma for ptxas to serialize); EPI as direct
@@ -209,7 +212,7 @@ class GemmF16Experiment(Experiment):
         if config.get("IMPL") == "cublas":
             return {"IMPL": "cublas"}
         if config.get("IMPL") == "fused_regs":
-            return {k: config.get(k, _DEFAULT.get(k)) for k in ("IMPL", "TN", "STAGES", "GROUP", "NOCALL")}
+            return {k: config.get(k, _DEFAULT.get(k)) for k in ("IMPL", "TN", "STAGES", "GROUP", "NOCALL", "SPLITK")}
         eff = dict(config)
         if config.get("STAGING", _DEFAULT["STAGING"]) != "tma":
             eff["EPI"] = "direct"

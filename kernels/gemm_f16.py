@@ -437,7 +437,7 @@ def gemm_f16(a, b, out=None, *, config: dict | None = None, stream=0, partials=N
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     for cfg, m_lo, m_hi in launches(config, nt, od, kdim):
         plan, parts = _launch(a, b, out, cfg, stream, partials, accumulate, m_lo, m_hi)
-        sum_parts(plan, parts, out, cfg, stream, accumulate)
+        sum_parts(plan, parts, out, geometry(cfg), stream, accumulate)
     return out
 
 
@@ -456,7 +456,7 @@ def gemm_f16_split(a, b, out=None, *, config: dict | None = None, stream=0, part
         plan, parts = _launch(a, b, out, cfg, stream, partials, False, m_lo, m_hi)
         if plan.whole == 0 and plan.slices > 1:  # one launch (NARROWTAIL's two split nothing)
             return parts, plan.slices
-        sum_parts(plan, parts, out, cfg, stream)
+        sum_parts(plan, parts, out, geometry(cfg), stream)
     return out.reshape(nt * od), 1
 
 
@@ -633,8 +633,10 @@ def split_target(plan: SplitPlan, g: Geometry, nt: int, od: int, out, partials, 
 
 
 
-def sum_parts(plan: SplitPlan, parts, out, config, stream, accumulate: bool = False) -> None:
-    """Enqueue the sum of a split plan's partials into C (``accumulate``: added to C; nothing without a split)."""
+def sum_parts(plan: SplitPlan, parts, out, g, stream, accumulate: bool = False) -> None:
+    """Enqueue the sum of a split plan's partials into C (``accumulate``: added to C; nothing without a split). ``g``:
+    the launch's tile (``tn``, ``tm``, ``group``: a `Geometry`, or `kernels.gemm_fused_regs.RegsGeometry`), which
+    lays out the partial tiles of a plan that splits only some tiles."""
     if plan.slices == 1:
         return
     nt, od = out.shape
@@ -642,7 +644,6 @@ def sum_parts(plan: SplitPlan, parts, out, config, stream, accumulate: bool = Fa
         n = nt * od
         _sum_slices[-(-n // 256), 256, stream](parts, out.reshape(n), n, plan.slices, int(accumulate))
         return
-    g = geometry(config)
     rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
     n = rest * g.tn * g.tm
     _sum_tiles[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od, plan.whole,

@@ -413,7 +413,7 @@ def gemm_fused(a, segments, qtype: str, out=None, *, config: dict | None = None,
     if accumulate and out is None:
         raise KernelConstraintError("gemm_fused: accumulate adds the product to out; pass the f32 [nt, od] array")
     plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials, accumulate)
-    gemm_f16.sum_parts(plan, parts, out, config, stream, accumulate)
+    gemm_f16.sum_parts(plan, parts, out, geometry(config), stream, accumulate)
     return out
 
 
@@ -423,7 +423,7 @@ def gemm_fused_split(a, segments, qtype: str, out=None, *, config: dict | None =
     plan, parts, out = _launch(a, segments, qtype, out, config, stream, partials)
     if plan.whole == 0 and plan.slices > 1:
         return parts, plan.slices
-    gemm_f16.sum_parts(plan, parts, out, config, stream)
+    gemm_f16.sum_parts(plan, parts, out, geometry(config), stream)
     nt, od = out.shape
     return out.reshape(nt * od), 1
 

@@ -24,9 +24,9 @@ barrier between the consumers; the activations are the shared-memory B operand, 
 * Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scale_min`: the same f16 weights): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
-  (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows. No split-K (every tile
-  over all of k); the residual epilogue (``accumulate``: C += the product) as `kernels.gemm_fused`'s; no SwiGLU
-  epilogue.
+  (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
+  plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
+  (``accumulate``: C += the product) as `kernels.gemm_fused`'s. No SwiGLU epilogue.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
 (wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
-from kernels import gemm_f16, gemm_fused, gemm_tiles, gemm_tma
+from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
+from kernels.gemm_f16_config import SplitPlan
 from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
 from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
@@ -72,6 +73,7 @@ class RegsGeometry:
     accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_fused`'s)
 
     threads = CONSUMERS + 32
+    tm = TM
     raw_slot_bytes = TM * RAW_ROW_BYTES
 
     @property
@@ -88,22 +90,24 @@ class RegsGeometry:
         return self.ring_bytes + self.raw * self.raw_slot_bytes + 16 * (self.stages + self.raw)
 
     def grid(self, nt: int, od: int) -> int:
-        return -(-nt // self.tn) * -(-od // TM)
+        """C tiles of a [nt, od] product."""
+        return self.grid_of(self.tn, nt, od)
+
+    @staticmethod
+    def grid_of(tn: int, nt: int, od: int) -> int:
+        return -(-nt // tn) * -(-od // TM)
 
 
 def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False) -> RegsGeometry:
     """The RegsGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: its TN (tokens a tile), STAGES, GROUP
     and NOCALL (the tile has 128 weight rows: TM, KS, MMA, STAGING, LOOP, EPI, AUTOTILE and NARROWTAIL do not apply)
     and the raw slots (up to `MAX_RAW`) that fit beside the ring in the H200's 227 KB. KernelConstraintError (one
-    line) for a knob value gemm_f16 refuses, a format without a dequantizer or SPLITK > 1 (no split-K).
-    ``accumulate``: with the residual epilogue."""
+    line) for a knob value gemm_f16 refuses or a format without a dequantizer. ``accumulate``: with the residual
+    epilogue."""
     if qtype not in gemm_fused.FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
     cfg = gemm_f16.resolve_config(config)
-    if cfg["SPLITK"] > 1:
-        raise KernelConstraintError(f"gemm_fused_regs has no split-K (every tile runs over all of k); got SPLITK="
-                                    f"{cfg['SPLITK']}, use 0 or 1")
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
     return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate)
@@ -161,33 +165,35 @@ def _make_kernel(rg: RegsGeometry):
     CONSUMER_WARPS = CONSUMERS // 32
     ACC = TN // 2
     BLOCK = BLOCK_BYTES[rg.qtype]
-    tile_origin = gemm_tiles.program_order(TN, TM, rg.group, rg.nocall)
+    block_work = gemm_tiles.split_work(TN, TM, rg.group, rg.nocall)
+    k_range = gemm_tiles.k_range(KS, rg.nocall)
     issue_raw = gemm_fused.raw_issuer(TM, RAW0, RFULL0, BLOCK)
     row_words = _a_words()
-    store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
+    store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
+    store_c = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     @cuda.jit(device=True, inline="always")
-    def tile_words(smem, bars, i, r0, v0, v1, odd, sel, lane):
-        """The thread's A words of k tile i, rows r0 and r0 + 8 (`_a_words`): wait for raw slot i % RAW, read it,
-        free it (one arrival a warp)."""
+    def tile_words(smem, bars, i, kt, r0, v0, v1, odd, sel, lane):
+        """The thread's A words of the block's k tile i (k tile kt of the weight), rows r0 and r0 + 8 (`_a_words`):
+        wait for raw slot i % RAW, read it, free it (one arrival a warp)."""
         rs = i % RAW
         while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
             pass
         raw_at = RAW0 + rs * RAW_SLOT
-        p = row_words(smem, raw_at, r0, i, v0, odd, sel)
-        q = row_words(smem, raw_at, r0 + 8, i, v1, odd, sel)
+        p = row_words(smem, raw_at, r0, kt, v0, odd, sel)
+        q = row_words(smem, raw_at, r0 + 8, kt, v1, odd, sel)
         syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
         if lane == 0:
             mbarrier_arrive(bars, REMPTY0 + rs)
         return p, q
 
-    def gemm_kernel(a, rmap, e0, e1, out, nt, od, kdim, amap, cvec):
+    def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
         bars = cuda.shared.array(0, types.uint64)
         tid = cuda.threadIdx.x
-        n0, m0 = tile_origin(cuda.blockIdx.x, nt, od)
-        ktiles = kdim // KS
+        n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, 0, od)
+        kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             for s in range(STAGES):
                 mbarrier_init(bars, FULL0 + s, 1)
@@ -207,11 +213,11 @@ def _make_kernel(rg: RegsGeometry):
                 for i in range(ktiles):
                     while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
                         pass
-                    issue_raw(smem, bars, rmap, rs, i, m0, od, e0, e1)
+                    issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
                     while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
                         pass
                     mbarrier_arrive_expect_tx(bars, FULL0 + s, SLOT_B)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, i * KS, n0, bars, FULL0 + s)
+                    cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
                     s += 1
                     if s == STAGES:
                         s = 0
@@ -231,7 +237,7 @@ def _make_kernel(rg: RegsGeometry):
         v1 = m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
-        p, q = tile_words(smem, bars, 0, r0, v0, v1, odd, sel, lane)
+        p, q = tile_words(smem, bars, 0, kt0, r0, v0, v1, odd, sel, lane)
         s = 0
         phase = uint32(0)
         for i in range(ktiles):
@@ -246,7 +252,7 @@ def _make_kernel(rg: RegsGeometry):
             wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[6], q[6], p[7], q[7], db + uint64(6), uint32(1), TN, 0)
             wgmma_commit_group()
             if i + 1 < ktiles:  # tile i + 1's A words while the tensor cores run tile i (other registers)
-                p, q = tile_words(smem, bars, i + 1, r0, v0, v1, odd, sel, lane)
+                p, q = tile_words(smem, bars, i + 1, kt0 + i + 1, r0, v0, v1, odd, sel, lane)
             wgmma_wait_group(0)
             if lane == 0:
                 mbarrier_arrive(bars, EMPTY0 + s)
@@ -254,13 +260,17 @@ def _make_kernel(rg: RegsGeometry):
             if s == STAGES:
                 s = 0
                 phase ^= uint32(1)
-        store_tile(cuda.shared.array(0, float32), out, acc, r0, 2 * t, n0, m0, nt, od, 0, 0, cvec, tid)
+        if nsl > 1:  # a k slice: its partial tile, added by the slice sum
+            store_tile(cuda.shared.array(0, float32), parts, acc, r0, 2 * t, n0, m0, nt, od, roff, coff, cvec, tid)
+        else:
+            store_c(cuda.shared.array(0, float32), out, acc, r0, 2 * t, n0, m0, nt, od, 0, 0, cvec, tid)
 
     return gemm_kernel
 
 
 SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types.int64, types.float32[:, ::1],
-                       types.int64, types.int64, types.int64, types.uint64[::1], types.int64)
+                       types.float32[:, ::1], types.int64, types.int64, types.int64, types.int64, types.int64,
+                       types.uint64[::1], types.int64)
 _CACHE = KernelCache("gemm_fused_regs", SIGNATURE)
 
 
@@ -279,7 +289,29 @@ def build(config: dict | None, qtype: str, accumulate: bool = False):
     return _CACHE.get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
 
 
-def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0,
+def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> SplitPlan:
+    """The `kernels.gemm_f16_config.SplitPlan` of ``config``'s SPLITK for the register-A kernel's tiles of C[nt, od]
+    over ``kdim`` on ``sms`` SMs (the current device's by default)."""
+    cfg = gemm_f16.resolve_config(config)
+    if cfg["SPLITK"] == 0 and sms is None:
+        sms = gemm_f16.device_sms()
+    return gemm_f16_config.split_plan(RegsGeometry.grid_of(cfg["TN"], nt, od), -(-kdim // KS), sms or 1,
+                                      cfg["SPLITK"])
+
+
+def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
+    """f32 elements of the split-K partials a launch of ``config`` needs for this shape (0 without a split): slices
+    * nt * od when every tile is split, else (split tiles) * slices * TN * TM."""
+    plan = split_plan(config, nt, od, kdim, sms)
+    if plan.slices == 1:
+        return 0
+    if plan.whole == 0:
+        return plan.slices * nt * od
+    tn = gemm_f16.resolve_config(config)["TN"]
+    return (RegsGeometry.grid_of(tn, nt, od) - plan.whole) * plan.slices * tn * TM
+
+
+def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
                     accumulate: bool = False):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` with the register-A kernel and return C
     (f32 device array); with ``accumulate``, ``out +=`` the product. Arguments as `kernels.gemm_fused.gemm_fused` (a
@@ -287,7 +319,11 @@ def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = 
     f32 [nt, od] or None); ``config``: the gemm_f16 knobs `regs_geometry` reads. The weights are the same f16 values as `kernels.gemm_fused`'s (C within
     ~1e-3 relative of A times the f16 dequantization; the sums' order differs from gemm_fused's). Needs an sm_90a
     device. Raises KernelConstraintError (one line) for what `kernels.gemm_fused.check_segments` refuses, host
-    weight arrays, SPLITK > 1, or accumulate without out."""
+    weight arrays, partials too small for the split, or accumulate without out.
+
+    Split-K (SPLITK > 1, or 0 = auto: `split_plan`) as `kernels.gemm_f16.gemm_f16`'s: split tiles' k slices into
+    ``partials`` (a flat f32 device array of at least `partials_elements`; allocated here when None, which a CUDA
+    graph capture cannot do), summed in slice order into C by a second kernel."""
     if accumulate and out is None:
         raise KernelConstraintError("gemm_fused_regs: accumulate adds the product to out; pass the f32 [nt, od] array")
     nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, out)
@@ -296,8 +332,12 @@ def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = 
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
     built = build(config, qtype, accumulate)
     rg = built.geometry
+    plan = split_plan(config, nt, od, kdim)
+    parts, target = gemm_f16.split_target(plan, rg, nt, od, out, partials, stream)
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
-    built.kernel[rg.grid(nt, od), rg.threads, stream, rg.smem_bytes](
+    built.kernel[plan.blocks(rg.grid(nt, od)), rg.threads, stream, rg.smem_bytes](
         a.reshape(nt * kdim), gemm_fused.raw_maps(segments, kdim // gemm_fused.BLOCK_WEIGHTS * BLOCK_BYTES[qtype]),
-        ends[0], ends[1], out, nt, od, kdim, gemm_tma.tensor_map(a, rg.tn), gemm_tma.c_vectors(out, out))
+        ends[0], ends[1], out, target, nt, od, kdim, plan.whole, plan.slices, gemm_tma.tensor_map(a, rg.tn),
+        gemm_tma.c_vectors(out, target))
+    gemm_f16.sum_parts(plan, parts, out, rg, stream, accumulate)
     return out

@@ -71,7 +71,6 @@ def _bad_calls():
     raw = np.zeros(2 * 144, np.uint8)
     return [
         (lambda: R.regs_geometry(None, "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
-        (lambda: R.regs_geometry({"SPLITK": 3}, "Q4_K"), "no split-K .* SPLITK=3, use 0 or 1"),
         (lambda: R.regs_geometry({"TN": 96}, "Q4_K"), "TN=96 is not allowed"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
         (lambda: R.gemm_fused_regs(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
@@ -107,9 +106,11 @@ def test_regs_ptx(tn):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tn", [128, 64])
-@pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [3584], 18944),
+@pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [3584], 18944), (768, [3584], 3584),
                                         (2047, [3584, 512, 513], 3584), (33, [70], 256)], ids=str)
 def test_regs_gpu_matches_torch_and_gemm_fused(tn, nt, rows, id_):
+    """Real shapes, the auto split plan (nt=128: every tile split; 768 at TN=128: 36 tiles of the last wave in 3
+    slices, the compact partials), tails."""
     torch = pytest.importorskip("torch")
     a, raws, w16 = _operands(nt, rows, id_, seed=nt)
     got = _run(R.gemm_fused_regs, a, raws, rows, {"TN": tn})
@@ -130,8 +131,8 @@ def test_experiment_fused_regs_arm_runs_and_is_checked():
     wl = exp.workload("tiny")
     config = exp.config("IMPL=fused_regs,TN=64,STAGES=3")
     assert exp.effective(config) == {"IMPL": "fused_regs", "TN": 64, "STAGES": 3, "GROUP": G.DEFAULT["GROUP"],
-                                     "NOCALL": G.DEFAULT["NOCALL"]}
-    assert exp.refuse(exp.config("IMPL=fused_regs,SPLITK=2"), wl) is not None
+                                     "NOCALL": G.DEFAULT["NOCALL"], "SPLITK": 0}
+    assert exp.refuse(exp.config("IMPL=fused_regs,TM=192"), wl) is None  # TM does not apply to it
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
     exp.poison(output)
     exp.prepare(config, wl)(inputs, output, 0)
@@ -156,3 +157,27 @@ def test_regs_accumulate_is_the_product_then_the_residual_add_bit_for_bit():
     R.gemm_fused_regs(cuda.to_device(a), [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)], "Q4_K", x,
                       config=config, accumulate=True)
     assert np.isfinite(prod).all() and np.array_equal(x.copy_to_host(), x0 + prod)
+
+
+@sim
+def test_regs_simulator_split_k():
+    """Every tile in k slices (3 of 8 k tiles: slices start mid super-block; 4 of 4), with and without the residual
+    epilogue (added in the slice sum); poisoned partials; float64 and gemm_fused."""
+    nt, rows = 20, [64, 30]
+    for id_, splitk in ((512, 3), (256, 4)):
+        config = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=splitk)
+        a, raws, _ = _operands(nt, rows, id_, seed=None)
+        need = R.partials_elements(config, nt, sum(rows), id_)
+        assert need == splitk * nt * sum(rows)
+        out = cuda.to_device(np.full((nt, sum(rows)), np.nan, np.float32))
+        segments = [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)]
+        R.gemm_fused_regs(cuda.to_device(a), segments, "Q4_K", out, config=config,
+                          partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+        got = out.copy_to_host()
+        assert np.isfinite(got).all()
+        assert rel_l2(got, _run(F.gemm_fused, a, raws, rows, dict(G.DEFAULT, TM=128, TN=64, STAGES=3))) < 1e-5
+        x0 = np.random.default_rng().standard_normal(got.shape).astype(np.float32)
+        x = cuda.to_device(x0)
+        R.gemm_fused_regs(cuda.to_device(a), segments, "Q4_K", x, config=config, accumulate=True,
+                          partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+        assert np.array_equal(x.copy_to_host(), x0 + got)
