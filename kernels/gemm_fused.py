@@ -174,19 +174,43 @@ def _q4_k_row(TM: int):
     return row
 
 
-def raw_issuer(TM: int, RAW0: int, RFULL0: int, BLOCK: int):
-    """``issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1)``, the raw producer of the fused kernels (lane 0 of
-    the producer warp): arm mbarrier rfull[slot] (``RFULL0 + slot``) with the slot's bytes and copy k tile kt's
-    header and qs boxes of every 64-row box of the TM-row tile at weight row m0 below od into raw slot ``slot``
-    (elements ``RAW0 + slot * TM * 24`` of the f16 shared array: the TM 16-byte headers, then the TM 32-byte qs runs
-    of the tile's 64-weight group, row-major). Rows below e0 come from segment 0's maps in ``rmap``, below e1
-    segment 1's, the rest segment 2's (`raw_maps`); ``BLOCK`` is the format's block bytes."""
+def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, BLOCK: int,
+             A_BYTES: int, SLOT_E: int):
+    """``(init_barriers(bars), produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1))``: the barriers and
+    the producer warp's lane 0 of the fused kernels (this module's and `kernels.gemm_fused_regs`'s).
+
+    Barriers (uint64 indices of ``bars``): full[s] at ``FULL0 + s`` and empty[s] at ``FULL0 + STAGES + s`` for the
+    activation ring's STAGES slots, rfull[j] at ``FULL0 + 2 STAGES + j`` and rempty[j] after them for the RAW raw
+    slots; a full barrier takes 1 arrival (the producer's expect-tx) plus the bytes, an empty one an arrival from
+    each of the CONSUMER_WARPS warps. ``init_barriers`` (thread 0, before the block's syncthreads) initialises them
+    and fences them for the copy engine.
+
+    ``produce``, the block's k tile i (k tile ``kt0 + i`` of the weight) for i < ktiles: wait for rempty, arm rfull
+    and copy the tile's header and qs boxes of every 64-row box of the TM rows at weight row m0 below od into raw
+    slot i % RAW (elements ``RAW0 + slot * TM * 24`` of the f16 shared array: the TM 16-byte headers, then the TM
+    32-byte qs runs of the tile's 64-weight group, row-major; rows below e0 from segment 0's maps in ``rmap``, below
+    e1 segment 1's, the rest segment 2's, `raw_maps`; ``BLOCK`` the format's block bytes); then wait for empty, arm
+    full with ``A_BYTES`` and copy the activation box (rows n0.., ``amap``) to element ``s * SLOT_E`` of ring slot s
+    = i % STAGES."""
+    EMPTY0 = FULL0 + STAGES
+    RFULL0 = FULL0 + 2 * STAGES
+    REMPTY0 = RFULL0 + RAW
     raw_slot = TM * RAW_ROW_BYTES // 2
     QS = TM * 16 // 2
     BOX_HDR = BOX_ROWS * 16 // 2  # elements of one header box / one qs box
     BOX_QS = BOX_ROWS * 32 // 2
     NBOX = TM // BOX_ROWS
     BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
+
+    @cuda.jit(device=True, inline="always")
+    def init_barriers(bars):
+        for s in range(STAGES):
+            mbarrier_init(bars, FULL0 + s, 1)
+            mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
+        for j in range(RAW):
+            mbarrier_init(bars, RFULL0 + j, 1)
+            mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
+        fence_proxy_async_shared()  # the copy engine completes bytes on the barriers: it must see them initialised
 
     @cuda.jit(device=True, inline="always")
     def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
@@ -209,7 +233,30 @@ def raw_issuer(TM: int, RAW0: int, RFULL0: int, BLOCK: int):
                 cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
                                             local, bars, RFULL0 + slot)
 
-    return issue_raw
+    @cuda.jit(device=True, inline="always")
+    def produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1):
+        s = 0
+        phase = uint32(0)
+        rs = 0
+        rphase = uint32(0)
+        for i in range(ktiles):
+            while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
+                pass
+            issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
+            while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
+                pass
+            mbarrier_arrive_expect_tx(bars, FULL0 + s, A_BYTES)
+            cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
+            s += 1
+            if s == STAGES:
+                s = 0
+                phase ^= uint32(1)
+            rs += 1
+            if rs == RAW:
+                rs = 0
+                rphase ^= uint32(1)
+
+    return init_barriers, produce
 
 
 def _make_kernel(fg: FusedGeometry):
@@ -247,7 +294,7 @@ def _make_kernel(fg: FusedGeometry):
     row = _q4_k_row(TM)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
-    issue_raw = raw_issuer(TM, RAW0, RFULL0, BLOCK)
+    init_barriers, produce = producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, A_BYTES, STAGE_ELEMS)
 
     @cuda.jit(device=True, inline="always")
     def dequant(smem, bars, i, kt, tid, lane, valid):
@@ -273,37 +320,12 @@ def _make_kernel(fg: FusedGeometry):
         n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, 0, od)
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
-            for s in range(STAGES):
-                mbarrier_init(bars, FULL0 + s, 1)
-                mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
-            for j in range(RAW):
-                mbarrier_init(bars, RFULL0 + j, 1)
-                mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
-            fence_proxy_async_shared()
+            init_barriers(bars)
         cuda.syncthreads()
 
         if tid >= CONSUMERS:  # the producer warp: lane 0 issues the raw boxes and the A box of every k tile
             if tid == CONSUMERS:
-                s = 0
-                phase = uint32(0)
-                rs = 0
-                rphase = uint32(0)
-                for i in range(ktiles):
-                    while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
-                        pass
-                    issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
-                    while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
-                        pass
-                    mbarrier_arrive_expect_tx(bars, FULL0 + s, A_BYTES)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * STAGE_ELEMS, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
-                    s += 1
-                    if s == STAGES:
-                        s = 0
-                        phase ^= uint32(1)
-                    rs += 1
-                    if rs == RAW:
-                        rs = 0
-                        rphase ^= uint32(1)
+                produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1)
             return
 
         wg = tid >> 7

@@ -13,7 +13,7 @@ barrier between the consumers; the activations are the shared-memory B operand, 
   threads. (TN = 256 would need 128 accumulators a thread: with the 16 A words ptxas then serializes the wgmma for
   want of registers, within the 168 that 9 warps leave.)
 * Producer, k tile i (64 weights): the raw boxes of the tile's 128 rows into raw slot i % RAW
-  (`kernels.gemm_fused.raw_issuer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
+  (`kernels.gemm_fused.producer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
   128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers).
 * Consumer thread (warpgroup w, warp q of it, lane l; g = l >> 2, t = l & 3), k tile i: wait for the activation
   slot, issue the four wgmma of the tile as one batch with the 16 A words made before, then make tile i + 1's
@@ -45,10 +45,9 @@ from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
 from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
 from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, syncwarp
-from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
-from kernels.ptx.tma import cp_async_bulk_tensor_2d_g2s
-from kernels.ptx.wgmma import (SWIZZLE_128B, fence_proxy_async_shared, wgmma_commit_group, wgmma_desc, wgmma_fence,
-                               wgmma_m64nNk16_f32_f16_rs, wgmma_wait_group)
+from kernels.ptx.bulk import mbarrier_arrive, mbarrier_try_wait_parity
+from kernels.ptx.wgmma import (SWIZZLE_128B, wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_m64nNk16_f32_f16_rs,
+                               wgmma_wait_group)
 from kernels.quant.bits import f32_from_f16_bits
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache
 
@@ -115,7 +114,7 @@ def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False) -> 
 
 def _a_words():
     """``row_words(smem, raw_at, r, kt, valid, odd, sel)``: weight row r's eight A words of k tile kt (Q4_K), read
-    from the raw slot at element ``raw_at`` (`kernels.gemm_fused.raw_issuer`'s layout): for k16 steps 0..3 the word
+    from the raw slot at element ``raw_at`` (`kernels.gemm_fused.producer`'s layout): for k16 steps 0..3 the word
     of weights 2t, 2t + 1 (even positions of the tuple) and of 2t + 8, 2t + 9 (odd positions), low half the lower
     k. ``odd`` = t >> 1 picks the qs word, ``sel`` the byte pair inside it (`prmt_b32` selector). Zeros when not
     ``valid`` (a row past od)."""
@@ -167,7 +166,8 @@ def _make_kernel(rg: RegsGeometry):
     BLOCK = BLOCK_BYTES[rg.qtype]
     block_work = gemm_tiles.split_work(TN, TM, rg.group, rg.nocall)
     k_range = gemm_tiles.k_range(KS, rg.nocall)
-    issue_raw = gemm_fused.raw_issuer(TM, RAW0, RFULL0, BLOCK)
+    init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, SLOT_B,
+                                                 SLOT_E)
     row_words = _a_words()
     store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
     store_c = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
@@ -195,37 +195,12 @@ def _make_kernel(rg: RegsGeometry):
         n0, m0, sl, nsl, roff, coff = block_work(cuda.blockIdx.x, nt, od, whole, count, 0, od)
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
-            for s in range(STAGES):
-                mbarrier_init(bars, FULL0 + s, 1)
-                mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
-            for j in range(RAW):
-                mbarrier_init(bars, RFULL0 + j, 1)
-                mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
-            fence_proxy_async_shared()
+            init_barriers(bars)
         cuda.syncthreads()
 
         if tid >= CONSUMERS:  # the producer warp: lane 0 issues the raw boxes and the activation box of every k tile
             if tid == CONSUMERS:
-                s = 0
-                phase = uint32(0)
-                rs = 0
-                rphase = uint32(0)
-                for i in range(ktiles):
-                    while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
-                        pass
-                    issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
-                    while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
-                        pass
-                    mbarrier_arrive_expect_tx(bars, FULL0 + s, SLOT_B)
-                    cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
-                    s += 1
-                    if s == STAGES:
-                        s = 0
-                        phase ^= uint32(1)
-                    rs += 1
-                    if rs == RAW:
-                        rs = 0
-                        rphase ^= uint32(1)
+                produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1)
             return
 
         lane = tid & 31

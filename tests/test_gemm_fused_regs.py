@@ -20,17 +20,10 @@ from kernels import gemm_fused_regs as R
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
 from minfer_cli.experiment import rel_l2
-from minfer_cli.quant_blocks import random_blocks, reference_f16
+from minfer_cli.quant_blocks import reference_f16
+from tests.test_gemm_fused import _operands
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
-
-
-def _operands(nt, rows, id_, seed):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((nt, id_)).astype(np.float16)
-    raws = [random_blocks("Q4_K", r, id_, rng) for r in rows]
-    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, id_) for raw, r in zip(raws, rows)])
-    return a, raws, w16
 
 
 def _run(fn, a, raws, rows, config):
