@@ -286,6 +286,15 @@ def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int
     return (RegsGeometry.grid_of(tn, nt, od) - plan.whole) * plan.slices * tn * TM
 
 
+def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
+    """f32 elements of a partials buffer that serves every launch of ``config`` with nt <= ``max_nt`` and od <=
+    ``max_od`` on ``sms`` SMs (as `kernels.gemm_f16.partials_capacity`, with this kernel's TN x 128 tiles)."""
+    cfg = gemm_f16.resolve_config(config)
+    if cfg["SPLITK"] == 0:
+        return sms * cfg["TN"] * TM
+    return 0 if cfg["SPLITK"] == 1 else int(cfg["SPLITK"]) * max_nt * max_od
+
+
 def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
                     accumulate: bool = False):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` with the register-A kernel and return C
@@ -301,6 +310,25 @@ def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = 
     graph capture cannot do), summed in slice order into C by a second kernel."""
     if accumulate and out is None:
         raise KernelConstraintError("gemm_fused_regs: accumulate adds the product to out; pass the f32 [nt, od] array")
+    plan, parts, out, rg = _launch(a, segments, qtype, out, config, stream, partials, accumulate)
+    gemm_f16.sum_parts(plan, parts, out, rg, stream, accumulate)
+    return out
+
+
+def gemm_fused_regs_split(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
+    """`gemm_fused_regs` leaving the slices of an all-split plan unsummed: ``(parts, count)`` as
+    `kernels.gemm_f16.gemm_f16_split` (for `kernels.norm.add_rms_norm`). Arguments and errors as `gemm_fused_regs`."""
+    plan, parts, out, rg = _launch(a, segments, qtype, out, config, stream, partials)
+    if plan.whole == 0 and plan.slices > 1:
+        return parts, plan.slices
+    gemm_f16.sum_parts(plan, parts, out, rg, stream)
+    nt, od = out.shape
+    return out.reshape(nt * od), 1
+
+
+def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool = False):
+    """Enqueue the register-A kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan,
+    the flat partials used or None, out, the geometry)."""
     nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, out)
     gemm_fused.check_on_device(segments)
     if out is None:
@@ -314,5 +342,4 @@ def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = 
         a.reshape(nt * kdim), gemm_fused.raw_maps(segments, kdim // gemm_fused.BLOCK_WEIGHTS * BLOCK_BYTES[qtype]),
         ends[0], ends[1], out, target, nt, od, kdim, plan.whole, plan.slices, gemm_tma.tensor_map(a, rg.tn),
         gemm_tma.c_vectors(out, target))
-    gemm_f16.sum_parts(plan, parts, out, rg, stream, accumulate)
-    return out
+    return plan, parts, out, rg

@@ -89,10 +89,12 @@ def numpy_attention(q, k, v, out=None, *, causal=True, config=None, stream=0):
 
 
 def use_standins(monkeypatch) -> None:
-    """Route the engine's GEMM, flash attention and prefill dequantization to the stand-ins for one test."""
+    """Route the engine's GEMM (the fused ones too), flash attention and prefill dequantization to the stand-ins for
+    one test."""
     import kernels.attention
     import kernels.gemm_f16
     import kernels.gemm_fused
+    import kernels.gemm_fused_regs
     import kernels.quant
 
     monkeypatch.setattr(kernels.quant, "dequantize", gguf_dequantize)
@@ -101,6 +103,8 @@ def use_standins(monkeypatch) -> None:
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_glu", numpy_gemm_glu)
     monkeypatch.setattr(kernels.gemm_fused, "gemm_fused", numpy_gemm_fused)
     monkeypatch.setattr(kernels.gemm_fused, "gemm_fused_split", numpy_gemm_fused_split)
+    monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs", numpy_gemm_fused)
+    monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_split", numpy_gemm_fused_split)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
 
 

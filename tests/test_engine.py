@@ -243,6 +243,37 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
 
 
+@pytest.mark.parametrize("regs", [True, False], ids=["PFUSED_REGS=1", "PFUSED_REGS=0"])
+@pytest.mark.parametrize("add_norm", [True, False], ids=["FUSE_ADD_NORM=1", "FUSE_ADD_NORM=0"])
+def test_pfused_regs_picks_the_fused_kernel(monkeypatch, regs, add_norm):
+    """PFUSED_REGS picks which fused kernel multiplies the all-Q4_K matrices (the whole product, and the split form
+    FUSE_ADD_NORM takes for the products its norm adds): the other one is never called, and the logits equal
+    PFUSED=0's."""
+    import kernels.gemm_fused
+    import kernels.gemm_fused_regs
+
+    use_standins(monkeypatch)
+    names = {kernels.gemm_fused: ("gemm_fused", "gemm_fused_split"),
+             kernels.gemm_fused_regs: ("gemm_fused_regs", "gemm_fused_regs_split")}
+    used, unused = (kernels.gemm_fused_regs, kernels.gemm_fused) if regs else (kernels.gemm_fused,
+                                                                              kernels.gemm_fused_regs)
+    for name in names[unused]:
+        monkeypatch.setattr(unused, name, lambda *args, name=name, **kwargs: pytest.fail(f"{name} called"))
+    calls = []
+    for name in names[used]:
+        standin = getattr(used, name)
+        monkeypatch.setattr(used, name, lambda *args, standin=standin, name=name, **kwargs:
+                            calls.append(name) or standin(*args, **kwargs))
+    rng = np.random.default_rng()
+    weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
+    base = dataclasses.replace(SMALL_TILES, fuse_add_norm=add_norm)
+    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_regs=regs))
+    plain = PrefillEngine(weights, 6, base)
+    ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
+    np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+    assert set(calls) == (set(names[used]) if add_norm else {names[used][0]}), calls
+
+
 def test_pfuse_resid_runs_where_its_epilogue_can():
     """PFUSE_RESID=1 (the default) adds in the GEMM where the GEMM knobs have the residual epilogue (STAGING=tma, either EPI) and
     FUSE_ADD_NORM does not do the adds; else the engine runs residual_add (and `bench` says so: test_cli)."""
@@ -277,7 +308,7 @@ def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
 
 
 def test_pfused_knob_conflicts_are_named_before_loading():
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options
+    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, idle_fusions
     from minfer_cli.knobs import resolve_config
 
     knobs = engine_knobs()
@@ -286,15 +317,23 @@ def test_pfused_knob_conflicts_are_named_before_loading():
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")) is None
     why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e"))
     assert why.startswith("PFUSED=1: ") and "STAGING" in why
+    regs = resolve_config(knobs, {"PFUSED": "1", "PFUSED_REGS": "1"}, "e")
+    assert engine_options(regs).prefill.fused_regs is True and engine_conflict(regs) is None
+    # the register-A kernel has its own tile (128 weight rows): TM and STAGING do not apply to it
+    assert engine_conflict(dict(regs, TM=64)) is None
+    assert idle_fusions(resolve_config(knobs, {"PFUSED_REGS": "1"}, "e")) == {
+        "PFUSED_REGS": "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"}
+    assert "PFUSED_REGS" not in idle_fusions(regs)
 
 
 @pytest.mark.gpu
-def test_pfused_logits_follow_the_f16_path():
-    """PFUSED=1 on the GPU (the real `kernels.gemm_fused` for every all-Q4_K matrix): logits within 1e-2 of
-    W16=1's, at a split (65) and an unsplit (300) prompt length."""
+@pytest.mark.parametrize("regs", [False, True], ids=["PFUSED_REGS=0", "PFUSED_REGS=1"])
+def test_pfused_logits_follow_the_f16_path(regs):
+    """PFUSED=1 on the GPU (the real `kernels.gemm_fused`, or `kernels.gemm_fused_regs` with PFUSED_REGS=1, for
+    every all-Q4_K matrix): logits within 1e-2 of W16=1's, at a split (65) and an unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    fused = PrefillEngine(weights, 300, PrefillOptions(fused=True, w16=False), context=400)
+    fused = PrefillEngine(weights, 300, PrefillOptions(fused=True, fused_regs=regs, w16=False), context=400)
     plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
     for nt in (65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))

@@ -155,7 +155,8 @@ def test_regs_accumulate_is_the_product_then_the_residual_add_bit_for_bit():
 @sim
 def test_regs_simulator_split_k():
     """Every tile in k slices (3 of 8 k tiles: slices start mid super-block; 4 of 4), with and without the residual
-    epilogue (added in the slice sum); poisoned partials; float64 and gemm_fused."""
+    epilogue (added in the slice sum), and left unsummed (`gemm_fused_regs_split`); poisoned partials; float64 and
+    gemm_fused."""
     nt, rows = 20, [64, 30]
     for id_, splitk in ((512, 3), (256, 4)):
         config = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=splitk)
@@ -174,3 +175,8 @@ def test_regs_simulator_split_k():
         R.gemm_fused_regs(cuda.to_device(a), segments, "Q4_K", x, config=config, accumulate=True,
                           partials=cuda.to_device(np.full(need, np.nan, np.float32)))
         assert np.array_equal(x.copy_to_host(), x0 + got)
+        if splitk == 3:  # the unsummed form (FUSE_ADD_NORM's): the slices, whose sum in slice order is C
+            parts, count = R.gemm_fused_regs_split(cuda.to_device(a), segments, "Q4_K", config=config,
+                                                   partials=cuda.to_device(np.full(need, np.nan, np.float32)))
+            slices = parts.copy_to_host()[: count * got.size].reshape(count, *got.shape)
+            assert count == splitk and np.array_equal(slices[0] + slices[1] + slices[2], got)

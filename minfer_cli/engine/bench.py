@@ -107,6 +107,11 @@ def engine_knobs() -> tuple[Knob, ...]:
                                         "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
                                         "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
                                         "matrix as W16 says")]
+    knobs += [Knob("PFUSED_REGS", (0, 1), 0, "prefill (pp), with PFUSED=1: 1 multiplies those matrices with "
+                                             "kernels.gemm_fused_regs (the weight as wgmma's register operand, each "
+                                             "consumer thread dequantizing its own fragment: no f16 weight tile in "
+                                             "shared memory; tile 128 weight rows x TN tokens; no SwiGLU epilogue); "
+                                             "0 with kernels.gemm_fused. Does nothing with PFUSED=0")]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers (the default: faster at "
                                               "pp512); 0 in every layer's RoPE kernel (float64 angles per token "
@@ -207,7 +212,7 @@ def idle_fusions(config: Config) -> dict[str, str]:
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
-    (`kernels.gemm_f16_config.accumulate_refusal`); NARROWTAIL with GEMM knobs it does not split
+    (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_REGS with PFUSED=0; NARROWTAIL with GEMM knobs it does not split
     (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
     launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
@@ -221,6 +226,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = "PFUSE_RESID=1 does nothing with FUSE_ADD_NORM=1 (its norm kernel adds the products)"
         elif (why := accumulate_refusal(config)) is not None:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
+    if config.get("PFUSED_REGS") and not config.get("PFUSED"):
+        idle["PFUSED_REGS"] = "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
     return idle
@@ -235,12 +242,18 @@ def engine_conflict(config: Config) -> str | None:
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}
-    if config.get("PFUSED"):  # the fused kernel is the STAGING=tma one: its own knob rules
+    if config.get("PFUSED"):  # the fused kernels read the GEMM knobs by their own rules
         from kernels.errors import KernelConstraintError
-        from kernels.gemm_fused import fused_geometry
 
         try:
-            fused_geometry(gemm, "Q4_K")
+            if config.get("PFUSED_REGS"):
+                from kernels.gemm_fused_regs import regs_geometry
+
+                regs_geometry(gemm, "Q4_K")
+            else:
+                from kernels.gemm_fused import fused_geometry
+
+                fused_geometry(gemm, "Q4_K")
         except KernelConstraintError as e:
             return f"PFUSED=1: {e}"
     if any(v != defaults[k] for k, v in gemm.items()):  # the GEMM's own rules (e.g. SPLITK > 1 needs MMA=wgmma)
@@ -265,6 +278,7 @@ def engine_options(config: Config) -> EngineOptions:
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
                              rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)),
+                             fused_regs=bool(config.get("PFUSED_REGS", 0)),
                              fuse_resid=bool(config.get("PFUSE_RESID", 1)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
@@ -335,7 +349,8 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     which PFUSED's plan needs (the matrices it multiplies from quantized bytes get no f16 copy); without them every
     matrix is counted as copied."""
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
-                        glu=uses_glu(c, options) and not options.fused, fused=specs if options.fused else None)
+                        glu=uses_glu(c, options) and not options.fused, fused=specs if options.fused else None,
+                        fused_regs=options.fused_regs)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -189,7 +189,8 @@ class PrefillEngine:
         self.angles = (cuda.device_array((nt, c.head_dim // 2, 2), dtype=np.float32, stream=s)
                        if options.rope_angles else None)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
-        capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices))
+        capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices),
+                                             options.fused and options.fused_regs)
         if capacity:
             self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
@@ -231,10 +232,13 @@ class PrefillEngine:
     def _gemm(self, a, m: _Matrix, out, accumulate: bool = False) -> None:
         """out = a · W^T, or out += a · W^T with ``accumulate`` (PFUSE_RESID)."""
         if m.fused is not None:
-            from kernels.gemm_fused import gemm_fused
+            if self.options.fused_regs:
+                from kernels.gemm_fused_regs import gemm_fused_regs as fused
+            else:
+                from kernels.gemm_fused import gemm_fused as fused
 
-            gemm_fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
-                       partials=self.partials, accumulate=accumulate)
+            fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
+                  partials=self.partials, accumulate=accumulate)
             return
         from kernels.gemm_f16 import gemm_f16
 
@@ -251,10 +255,13 @@ class PrefillEngine:
         """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
         into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
         if m.fused is not None:
-            from kernels.gemm_fused import gemm_fused_split
+            if self.options.fused_regs:
+                from kernels.gemm_fused_regs import gemm_fused_regs_split as fused_split
+            else:
+                from kernels.gemm_fused import gemm_fused_split as fused_split
 
-            return gemm_fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.gemm,
-                                    stream=self.stream, partials=self.partials)
+            return fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.gemm,
+                               stream=self.stream, partials=self.partials)
         from kernels.gemm_f16 import gemm_f16_split
 
         return gemm_f16_split(a, self._weight_f16(m), self.proj[: a.shape[0]], config=self.options.gemm,
@@ -515,9 +522,10 @@ def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
     return parts[0][0]
 
 
-def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int) -> int:
+def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int, fused_regs: bool = False) -> int:
     """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
-    `partials_capacity` on this device's SMs): 0 without a split."""
+    `partials_capacity` on this device's SMs; with ``fused_regs`` also `kernels.gemm_fused_regs`'s, whose tiles are
+    128 weight rows whatever TM says): 0 without a split."""
     from kernels.gemm_f16_config import LAUNCH_DEFAULT
 
     if dict(LAUNCH_DEFAULT, **(gemm or {}))["SPLITK"] == 1:
@@ -525,7 +533,12 @@ def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int
     from kernels.gemm_f16 import partials_capacity
     from minfer_cli.engine.gemv_policy import sm_count
 
-    return partials_capacity(gemm, max_tokens, max_od, sm_count())
+    capacity = partials_capacity(gemm, max_tokens, max_od, sm_count())
+    if fused_regs:
+        from kernels.gemm_fused_regs import partials_capacity as regs_capacity
+
+        capacity = max(capacity, regs_capacity(gemm, max_tokens, max_od, sm_count()))
+    return capacity
 
 
 def kv_cache_bytes(c: ModelConfig, context: int) -> int:
@@ -534,14 +547,17 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 
 
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
-                 gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None) -> int:
+                 gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None,
+                 fused_regs: bool = False) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
     cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product),
     split-K partials for gemm knobs ``gemm``), so
     that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
     tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
-    every matrix is copied or dequantized into the scratch)."""
+    every matrix is copied or dequantized into the scratch); ``fused_regs`` (PFUSED_REGS): their kernel is
+    `kernels.gemm_fused_regs` (its split-K partials)."""
     shapes = gemm_weight_shapes(c)
+    max_od = max(od for od, _ in shapes)  # every product's split-K partials, fused or not
     if fused is not None:
         shapes = [shape for shape, names in zip(shapes, gemm_weight_parts(c))
                   if fused_format([(fused[n].qtype, fused[n].od) for n in names]) is None]
@@ -551,5 +567,5 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     width = c.q_dim + 2 * c.kv_dim
     per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
                  + 2 * c.ffn + 4 * c.head_dim)  # the last: PROPE_ANGLES's (cos, sin), counted always
-    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max(od for od, _ in shapes))
+    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max_od, fused is not None and fused_regs)
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials

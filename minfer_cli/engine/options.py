@@ -40,7 +40,9 @@ class PrefillOptions:
     `kernels.residual.residual_add` adds (False; the same numbers either way).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
-    no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says."""
+    no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says.
+    fused_regs (PFUSED_REGS): with ``fused``, those matrices are multiplied by `kernels.gemm_fused_regs` (the weight
+    as wgmma's register operand) instead of `kernels.gemm_fused`."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -53,6 +55,7 @@ class PrefillOptions:
     fuse_glu: bool = True
     rope_angles: bool = True
     fused: bool = False
+    fused_regs: bool = False
     fuse_resid: bool = True
 
 
