@@ -500,42 +500,59 @@ def gemm_f16_glu(a, b, out=None, *, config: dict | None = None, stream=0, partia
     refused = glu_refusal(config, od)
     if refused is not None:
         raise KernelConstraintError(refused)
-    ffn = od // 2
-    if out is None:
-        out = cuda.device_array((nt, ffn), dtype=np.float16, stream=stream)
-    elif tuple(out.shape) != (nt, ffn) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
-        raise KernelConstraintError(f"gemm_f16_glu: out must be a C-contiguous float16 [{nt}, {ffn}] array, got "
-                                    f"{out.dtype} {tuple(out.shape)}")
-    elif device_address(out) % 16:
-        raise KernelConstraintError(f"gemm_f16_glu: out must start at a 16-byte aligned address (its rows are written "
-                                    f"16 bytes at a time), got address % 16 = {device_address(out) % 16}")
-    words = out.view(np.uint32).reshape(nt * ffn // 2)
+    out = glu_out(out, nt, od // 2, stream, "gemm_f16_glu")
+    words = out.view(np.uint32).reshape(nt * od // 4)
     for cfg, m_lo, m_hi in launches(config, nt, od, kdim, glu=True):
         built = build(cfg, glu=True)
         g = built.geometry
         plan = split_plan(cfg, nt, m_hi - m_lo, kdim)
-        parts, target = split_target(plan, g, nt, od, _no_parts(), partials, stream)
+        parts, target = split_target(plan, g, nt, od, no_parts(), partials, stream)
         amap, bmap = gemm_tma.tensor_map(a, g.tn), gemm_tma.tensor_map(b, g.tm // 2)
         built.kernel[plan.blocks(g.grid(nt, m_hi - m_lo)), g.threads, stream, g.smem_bytes](
             a.reshape(nt * kdim), b.reshape(od * kdim), words, target, nt, od, kdim, plan.whole, plan.slices, amap,
             bmap, gemm_tma.c_vectors(target, target), m_lo, m_hi
         )
-        if plan.slices > 1 and plan.whole == 0:
-            n = nt * ffn
-            _sum_slices_glu[-(-n // 256), 256, stream](parts, out, nt, od, plan.slices, g.tm)
-        elif plan.slices > 1:
-            rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
-            n = rest * g.tn * g.tm // 2
-            _sum_tiles_glu[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), out, nt, od,
-                                                      plan.whole, plan.slices, g.tn, g.tm, g.group)
+        sum_parts_glu(plan, parts, out, od, g, stream)
     return out
+
+
+def glu_out(out, nt: int, ffn: int, stream, who: str):
+    """The f16 [nt, ffn] activation a SwiGLU epilogue writes: ``out`` checked (C-contiguous, 16-byte aligned: its
+    rows are written 16 bytes at a time), or allocated when None. KernelConstraintError (one line, naming ``who``)."""
+    if out is None:
+        return cuda.device_array((nt, ffn), dtype=np.float16, stream=stream)
+    if tuple(out.shape) != (nt, ffn) or np.dtype(out.dtype) != np.float16 or not is_contiguous(out):
+        raise KernelConstraintError(f"{who}: out must be a C-contiguous float16 [{nt}, {ffn}] array, got "
+                                    f"{out.dtype} {tuple(out.shape)}")
+    if device_address(out) % 16:
+        raise KernelConstraintError(f"{who}: out must start at a 16-byte aligned address (its rows are written "
+                                    f"16 bytes at a time), got address % 16 = {device_address(out) % 16}")
+    return out
+
+
+def sum_parts_glu(plan: SplitPlan, parts, act, od: int, g, stream) -> None:
+    """Enqueue the SwiGLU of a split plan's summed partials into ``act`` (f16 [nt, od / 2]; nothing without a split):
+    the partials hold the GLU kernel's C tiles (TM / 2 gate columns, then their up columns); ``g`` the launch's tile
+    (``tn``, ``tm``, ``group``) as `sum_parts`."""
+    if plan.slices == 1:
+        return
+    nt = act.shape[0]
+    if plan.whole == 0:
+        n = nt * (od // 2)
+        _sum_slices_glu[-(-n // 256), 256, stream](parts, act, nt, od, plan.slices, g.tm)
+        return
+    rest = parts.shape[0] // (plan.slices * g.tn * g.tm)
+    n = rest * g.tn * g.tm // 2
+    _sum_tiles_glu[-(-n // 256), 256, stream](parts.reshape(rest * plan.slices * g.tn, g.tm), act, nt, od,
+                                              plan.whole, plan.slices, g.tn, g.tm, g.group)
 
 
 _NO_PARTS: list = []
 
 
-def _no_parts():
-    """The f32 [1, 4] placeholder for the split target of an unsplit `gemm_f16_glu` launch (never written)."""
+def no_parts():
+    """The f32 [1, 4] placeholder for the split target of an unsplit SwiGLU launch (`gemm_f16_glu`,
+    `kernels.gemm_fused_regs.gemm_fused_regs_glu`; never written)."""
     if not _NO_PARTS:
         _NO_PARTS.append(cuda.device_array((1, 4), dtype=np.float32))
     return _NO_PARTS[0]

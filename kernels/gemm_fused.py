@@ -175,7 +175,7 @@ def _q4_k_row(TM: int):
 
 
 def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, BLOCK: int,
-             A_BYTES: int, SLOT_E: int):
+             A_BYTES: int, SLOT_E: int, GLU: bool = False):
     """``(init_barriers(bars), produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1))``: the barriers and
     the producer warp's lane 0 of the fused kernels (this module's and `kernels.gemm_fused_regs`'s).
 
@@ -191,7 +191,8 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
     32-byte qs runs of the tile's 64-weight group, row-major; rows below e0 from segment 0's maps in ``rmap``, below
     e1 segment 1's, the rest segment 2's, `raw_maps`; ``BLOCK`` the format's block bytes); then wait for empty, arm
     full with ``A_BYTES`` and copy the activation box (rows n0.., ``amap``) to element ``s * SLOT_E`` of ring slot s
-    = i % STAGES."""
+    = i % STAGES. GLU (a gate|up weight of od = 2 ffn rows): the tile's first TM / 2 rows are gate rows m0 / 2 ..,
+    its last TM / 2 the up rows od / 2 + m0 / 2 .. (every box copied; rows past a segment's end come as zeros)."""
     EMPTY0 = FULL0 + STAGES
     RFULL0 = FULL0 + 2 * STAGES
     REMPTY0 = RFULL0 + RAW
@@ -214,12 +215,14 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
 
     @cuda.jit(device=True, inline="always")
     def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
-        boxes = min(NBOX, (od - m0 + BOX_ROWS - 1) // BOX_ROWS)
+        boxes = NBOX if GLU else min(NBOX, (od - m0 + BOX_ROWS - 1) // BOX_ROWS)
         mbarrier_arrive_expect_tx(bars, RFULL0 + slot, boxes * BOX_BYTES)
         at = RAW0 + slot * raw_slot
         col = (kt >> 2) * BLOCK
         for j in range(NBOX):
             first = m0 + j * BOX_ROWS  # the box's first weight row
+            if GLU:
+                first = m0 // 2 + (j % (NBOX // 2)) * BOX_ROWS + (j // (NBOX // 2)) * (od // 2)
             if first < od:
                 seg = 0
                 local = first

@@ -26,7 +26,8 @@ barrier between the consumers; the activations are the shared-memory B operand, 
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
   plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
-  (``accumulate``: C += the product) as `kernels.gemm_fused`'s. No SwiGLU epilogue.
+  (``accumulate``: C += the product) as `kernels.gemm_fused`'s. The SwiGLU epilogue (`gemm_fused_regs_glu`): the
+  tile's halves are 64 gate rows and the same up rows, staged as `kernels.gemm_f16.gemm_f16_glu`'s C tile.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
 (wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
@@ -70,6 +71,7 @@ class RegsGeometry:
     group: int
     nocall: bool
     accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_fused`'s)
+    glu: bool = False  # a gate|up weight: the tile's halves are 64 gate rows and their up rows; SwiGLU epilogue
 
     threads = CONSUMERS + 32
     tm = TM
@@ -97,19 +99,19 @@ class RegsGeometry:
         return -(-nt // tn) * -(-od // TM)
 
 
-def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False) -> RegsGeometry:
+def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False, glu: bool = False) -> RegsGeometry:
     """The RegsGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: its TN (tokens a tile), STAGES, GROUP
     and NOCALL (the tile has 128 weight rows: TM, KS, MMA, STAGING, LOOP, EPI, AUTOTILE and NARROWTAIL do not apply)
     and the raw slots (up to `MAX_RAW`) that fit beside the ring in the H200's 227 KB. KernelConstraintError (one
     line) for a knob value gemm_f16 refuses or a format without a dequantizer. ``accumulate``: with the residual
-    epilogue."""
+    epilogue; ``glu``: the SwiGLU one (`gemm_fused_regs_glu`)."""
     if qtype not in gemm_fused.FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
     cfg = gemm_f16.resolve_config(config)
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
-    return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate)
+    return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate, glu)
 
 
 def _a_words():
@@ -166,11 +168,23 @@ def _make_kernel(rg: RegsGeometry):
     BLOCK = BLOCK_BYTES[rg.qtype]
     block_work = gemm_tiles.split_work(TN, TM, rg.group, rg.nocall)
     k_range = gemm_tiles.k_range(KS, rg.nocall)
+    GLU = rg.glu
     init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, SLOT_B,
-                                                 SLOT_E)
+                                                 SLOT_E, GLU)
     row_words = _a_words()
     store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
-    store_c = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
+    if GLU:
+        store_glu = gemm_tiles.c_tile_store_glu(1, TN // 8, TN, TM, CONSUMERS, rg.nocall, TRANSPOSED=True)
+
+        @cuda.jit(device=True, inline="always")
+        def store_whole(cs, out, acc, rl, cl, n0, m0, nt, od, cvec, tid):
+            store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid)
+    else:
+        store_c = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, rg.accumulate, TRANSPOSED=True)
+
+        @cuda.jit(device=True, inline="always")
+        def store_whole(cs, out, acc, rl, cl, n0, m0, nt, od, cvec, tid):
+            store_c(cs, out, acc, rl, cl, n0, m0, nt, od, 0, 0, cvec, tid)
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     @cuda.jit(device=True, inline="always")
@@ -208,8 +222,8 @@ def _make_kernel(rg: RegsGeometry):
         t = lane & 3
         odd = t >> 1
         sel = uint32(0x4140 + (t & 1) * 0x0202)  # bytes 0, 1 or 2, 3 of a qs word under the f16 exponent of 1024
-        v0 = m0 + r0 < od
-        v1 = m0 + r0 + 8 < od
+        v0 = GLU or m0 + r0 < od  # GLU: every box is copied (rows past a segment's end are zeros)
+        v1 = GLU or m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
         p, q = tile_words(smem, bars, 0, kt0, r0, v0, v1, odd, sel, lane)
@@ -238,7 +252,7 @@ def _make_kernel(rg: RegsGeometry):
         if nsl > 1:  # a k slice: its partial tile, added by the slice sum
             store_tile(cuda.shared.array(0, float32), parts, acc, r0, 2 * t, n0, m0, nt, od, roff, coff, cvec, tid)
         else:
-            store_c(cuda.shared.array(0, float32), out, acc, r0, 2 * t, n0, m0, nt, od, 0, 0, cvec, tid)
+            store_whole(cuda.shared.array(0, float32), out, acc, r0, 2 * t, n0, m0, nt, od, cvec, tid)
 
     return gemm_kernel
 
@@ -246,22 +260,26 @@ def _make_kernel(rg: RegsGeometry):
 SIGNATURE = types.void(types.float16[::1], types.uint64[::1], types.int64, types.int64, types.float32[:, ::1],
                        types.float32[:, ::1], types.int64, types.int64, types.int64, types.int64, types.int64,
                        types.uint64[::1], types.int64)
+GLU_SIGNATURE = types.void(*[types.uint32[::1] if i == 4 else t for i, t in enumerate(SIGNATURE.args)])
+"""The SwiGLU kernel's: ``out`` is the f16 activation as flat uint32 words (`kernels.gemm_tiles.c_tile_store_glu`)."""
 _CACHE = KernelCache("gemm_fused_regs", SIGNATURE)
+_GLU_CACHE = KernelCache("gemm_fused_regs_glu", GLU_SIGNATURE)
 
 
-def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a")) -> str:
-    """PTX of the register-A fused kernel for gemm_f16 knobs ``config`` and weights of ``qtype`` (NVVM, sm_90a by
-    default; no GPU needed; not under the simulator)."""
-    rg = regs_geometry(config, qtype)
-    ptx, _ = cuda.compile_ptx(_make_kernel(rg), SIGNATURE, cc=cc, launch_bounds=(rg.threads,))
+def kernel_ptx(config: dict | None, qtype: str, cc=(9, 0, "a"), glu: bool = False) -> str:
+    """PTX of the register-A fused kernel (``glu``: the SwiGLU one) for gemm_f16 knobs ``config`` and weights of
+    ``qtype`` (NVVM, sm_90a by default; no GPU needed; not under the simulator)."""
+    rg = regs_geometry(config, qtype, glu=glu)
+    ptx, _ = cuda.compile_ptx(_make_kernel(rg), GLU_SIGNATURE if glu else SIGNATURE, cc=cc,
+                              launch_bounds=(rg.threads,))
     return ptx
 
 
-def build(config: dict | None, qtype: str, accumulate: bool = False):
+def build(config: dict | None, qtype: str, accumulate: bool = False, glu: bool = False):
     """Compile (once per geometry; cached) and return the register-A fused kernel (`kernels.specialize.BuiltKernel`);
-    ``accumulate``: with the residual epilogue."""
-    rg = regs_geometry(config, qtype, accumulate)
-    return _CACHE.get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
+    ``accumulate``: with the residual epilogue; ``glu``: the SwiGLU one."""
+    rg = regs_geometry(config, qtype, accumulate, glu)
+    return (_GLU_CACHE if glu else _CACHE).get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
 
 
 def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> SplitPlan:
@@ -326,20 +344,50 @@ def gemm_fused_regs_split(a, segments, qtype: str, out=None, *, config: dict | N
     return out.reshape(nt * od), 1
 
 
-def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool = False):
-    """Enqueue the register-A kernel (``accumulate``: with the residual epilogue) with its split plan; return (plan,
-    the flat partials used or None, out, the geometry)."""
-    nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, out)
+def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool = False, glu: bool = False):
+    """Enqueue the register-A kernel (``accumulate``: with the residual epilogue; ``glu``: the SwiGLU one, ``out``
+    the f16 activation) with its split plan; return (plan, the flat partials used or None, out, the geometry)."""
+    nt, od, kdim = gemm_fused.check_segments(a, segments, qtype, None if glu else out)
+    if glu and (refused := glu_refusal(od)) is not None:
+        raise KernelConstraintError(refused)
     gemm_fused.check_on_device(segments)
-    if out is None:
+    if glu:
+        out = gemm_f16.glu_out(out, nt, od // 2, stream, "gemm_fused_regs_glu")
+    elif out is None:
         out = cuda.device_array((nt, od), dtype=np.float32, stream=stream)
-    built = build(config, qtype, accumulate)
+    built = build(config, qtype, accumulate, glu)
     rg = built.geometry
     plan = split_plan(config, nt, od, kdim)
-    parts, target = gemm_f16.split_target(plan, rg, nt, od, out, partials, stream)
+    parts, target = gemm_f16.split_target(plan, rg, nt, od, gemm_f16.no_parts() if glu else out, partials, stream)
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
     built.kernel[plan.blocks(rg.grid(nt, od)), rg.threads, stream, rg.smem_bytes](
         a.reshape(nt * kdim), gemm_fused.raw_maps(segments, kdim // gemm_fused.BLOCK_WEIGHTS * BLOCK_BYTES[qtype]),
-        ends[0], ends[1], out, target, nt, od, kdim, plan.whole, plan.slices, gemm_tma.tensor_map(a, rg.tn),
-        gemm_tma.c_vectors(out, target))
+        ends[0], ends[1], out.view(np.uint32).reshape(nt * od // 4) if glu else out, target, nt, od, kdim,
+        plan.whole, plan.slices, gemm_tma.tensor_map(a, rg.tn), gemm_tma.c_vectors(target if glu else out, target))
     return plan, parts, out, rg
+
+
+def glu_refusal(od: int) -> str | None:
+    """Why `gemm_fused_regs_glu` cannot multiply a gate|up weight of ``od`` (= 2 ffn) rows, in one line, or None:
+    each tile takes 64 gate rows and the same up rows as whole raw boxes, so ffn must be a multiple of 64."""
+    if od % TM:
+        return (f"gemm_fused_regs_glu: the gate|up weight has {od} rows (2 x ffn); each tile takes 64 gate rows and "
+                f"the same up rows, so ffn must be a multiple of 64")
+    return None
+
+
+def gemm_fused_regs_glu(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None):
+    """Enqueue the gate/up product with its SwiGLU from the quantized weight, ``act[nt, ffn] = silu(A · Wg^T) * (A
+    · Wu^T)``, on ``stream`` and return act (f16): `gemm_fused_regs` without the f32 [nt, 2 ffn] C.
+
+    a, segments, qtype, config, partials: as `gemm_fused_regs`, the segments a gate|up weight of od = 2 ffn rows
+    (gate rows 0 .. ffn - 1, then up; ffn a multiple of 64: `glu_refusal`). out: optional C-contiguous f16 [nt, ffn]
+    device array at a 16-byte aligned address (allocated when None). Each tile's two 64-row halves are gate rows m0
+    / 2 .. and up rows ffn + m0 / 2 .. (`kernels.gemm_fused.producer` with GLU), so its staged C tile holds each
+    output's gate and up values, and the epilogue is `kernels.gemm_tiles.c_tile_store_glu` (NOCALL=1: div.approx,
+    one f16 ulp from `kernels.activation.swiglu`'s IEEE division). Split-K slices go to the partials as f32 and
+    `kernels.gemm_f16.sum_parts_glu` sums them and applies the SwiGLU. KernelConstraintError (one line) for what
+    `gemm_fused_regs` refuses, a ffn not a multiple of 64 or a wrong out."""
+    plan, parts, out, rg = _launch(a, segments, qtype, out, config, stream, partials, glu=True)
+    gemm_f16.sum_parts_glu(plan, parts, out, 2 * out.shape[1], rg, stream)
+    return out

@@ -169,7 +169,8 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     return store_tile_flat
 
 
-def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX: bool = False):
+def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX: bool = False,
+                     TRANSPOSED: bool = False):
     """``store_glu(cs, out, acc, rl, cl, n0, m0, nt, od, tid)``: `c_tile_store` for a gate|up product whose C tile
     holds gate columns in its first TM / 2 and the matching up columns in its second (`kernels.gemm_f16.gemm_f16_glu`
     loads the B tile as two boxes: gate rows m0 / 2 .., up rows od / 2 + m0 / 2 ..). After the same staging of the
@@ -178,13 +179,14 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX:
     `kernels.activation.swiglu`), rounded to f16 (nearest even, as swiglu's f16 store) and packed into one 16-byte
     store of ``out`` (the f16 [nt, od / 2] activation as a flat uint32 array, od / 4 words a row; rows 16-byte
     aligned: the launcher checks). Element (r, j) with n0 + r < nt and m0 / 2 + j < od / 2 lands at activation
-    column m0 / 2 + j. TM / 16 threads a row. APPROX (NOCALL=1): `silu_mul_approx` (no IEEE division)."""
+    column m0 / 2 + j. TM / 16 threads a row. APPROX (NOCALL=1): `silu_mul_approx` (no IEEE division).
+    TRANSPOSED: the fragments hold C^T (`_stage_fragments`; `kernels.gemm_fused_regs`)."""
     S = TM + C_PAD
     HALF = TM // 2
     CH = HALF // 8  # 16-byte (8 x f16) output chunks a row
     RPI = CONSUMERS // CH  # rows a pass
     assert TM % 128 == 0 and CONSUMERS % CH == 0 and TN % RPI == 0
-    stage = _stage_fragments(MI, NJ, S, CONSUMERS)
+    stage = _stage_fragments(MI, NJ, S, CONSUMERS, TRANSPOSED)
     act = silu_mul_approx if APPROX else silu_mul
 
     @cuda.jit(device=True, inline="always")

@@ -55,6 +55,11 @@ def numpy_gemm_fused(a, segments, qtype, out=None, *, config=None, stream=0, par
     return numpy_gemm(a, _fused_weight(segments, qtype, a.shape[1]), out, accumulate=accumulate)
 
 
+def numpy_gemm_fused_glu(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
+    """Stand-in for gemm_fused_regs_glu: `numpy_gemm_glu` on gguf's dequantization of the segments."""
+    return numpy_gemm_glu(a, _fused_weight(segments, qtype, a.shape[1]), out)
+
+
 def numpy_gemm_fused_split(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
     """Stand-in for gemm_fused_split: `numpy_gemm_split` on gguf's dequantization of the segments."""
     return numpy_gemm_split(a, _fused_weight(segments, qtype, a.shape[1]), out)
@@ -105,6 +110,7 @@ def use_standins(monkeypatch) -> None:
     monkeypatch.setattr(kernels.gemm_fused, "gemm_fused_split", numpy_gemm_fused_split)
     monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs", numpy_gemm_fused)
     monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_split", numpy_gemm_fused_split)
+    monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_glu", numpy_gemm_fused_glu)
     monkeypatch.setattr(kernels.attention, "flash_attention", numpy_attention)
 
 

@@ -248,13 +248,13 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
 def test_pfused_regs_picks_the_fused_kernel(monkeypatch, regs, add_norm):
     """PFUSED_REGS picks which fused kernel multiplies the all-Q4_K matrices (the whole product, and the split form
     FUSE_ADD_NORM takes for the products its norm adds): the other one is never called, and the logits equal
-    PFUSED=0's."""
+    PFUSED=0's. (The SwiGLU form: test_pfuse_glu_runs_where_its_epilogue_can.)"""
     import kernels.gemm_fused
     import kernels.gemm_fused_regs
 
     use_standins(monkeypatch)
     names = {kernels.gemm_fused: ("gemm_fused", "gemm_fused_split"),
-             kernels.gemm_fused_regs: ("gemm_fused_regs", "gemm_fused_regs_split")}
+             kernels.gemm_fused_regs: ("gemm_fused_regs", "gemm_fused_regs_split", "gemm_fused_regs_glu")}
     used, unused = (kernels.gemm_fused_regs, kernels.gemm_fused) if regs else (kernels.gemm_fused,
                                                                               kernels.gemm_fused_regs)
     for name in names[unused]:
@@ -271,7 +271,8 @@ def test_pfused_regs_picks_the_fused_kernel(monkeypatch, regs, add_norm):
     plain = PrefillEngine(weights, 6, base)
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
-    assert set(calls) == (set(names[used]) if add_norm else {names[used][0]}), calls
+    whole, split = names[used][:2]
+    assert set(calls) == {whole} | ({split} if add_norm else set())  # SMALL_TILES: PFUSE_GLU=0
 
 
 def test_pfuse_resid_runs_where_its_epilogue_can():
@@ -290,9 +291,11 @@ def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
     """PFUSE_GLU=1 (the default) takes the SwiGLU into the gate/up GEMM where `kernels.gemm_f16.glu_refusal` finds
     nothing against it; elsewhere the product and swiglu run apart (the same bits): a ffn that is not a multiple of
     TM / 2, GEMM tiles without the staged TMA epilogue, and under PFUSED a gate|up multiplied from its quantized
-    bytes (its kernel has no SwiGLU epilogue), which then has the f32 product buffer."""
+    bytes by `kernels.gemm_fused` (no SwiGLU epilogue), which then has the f32 product buffer; PFUSED_REGS's
+    kernel has one (`uses_fused_glu`: a ffn that is a multiple of 64)."""
+    import kernels.gemm_fused_regs
     from minfer_cli.engine.config import ModelConfig
-    from minfer_cli.engine.forward import uses_glu
+    from minfer_cli.engine.forward import uses_fused_glu, uses_glu
 
     tiny = preset("tiny")
     odd = ModelConfig(**{**tiny.as_dict(), "ffn": 544})
@@ -305,6 +308,20 @@ def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
     fused = [layer.gate_up.fused is not None for layer in engine.layers]
     assert any(fused) and engine.glu == [not f for f in fused] and engine.gu is not None
     assert PrefillEngine(synth_weights(tiny, 1), 4, on).gu is None
+    regs = dataclasses.replace(on, fused=True, fused_regs=True, w16=False)  # gemm_fused_regs_glu: ffn % 64 == 0
+    assert uses_fused_glu(tiny, regs) and not uses_fused_glu(odd, regs)
+    assert not uses_fused_glu(tiny, dataclasses.replace(regs, fuse_glu=False))
+    assert not uses_fused_glu(tiny, dataclasses.replace(regs, fused_regs=False))
+    engine = PrefillEngine(synth_weights(tiny, 1), 4, regs)
+    assert all(engine.glu) and engine.gu is None
+    calls = []
+    standin = kernels.gemm_fused_regs.gemm_fused_regs_glu
+    monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_glu",
+                        lambda *args, **kwargs: calls.append(1) or standin(*args, **kwargs))
+    ids = cuda.to_device(np.arange(4, dtype=np.int32))
+    plain = PrefillEngine(synth_weights(tiny, 1), 4, dataclasses.replace(on, w16=False))
+    np.testing.assert_array_equal(engine.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+    assert len(calls) == tiny.n_layers
 
 
 def test_pfused_knob_conflicts_are_named_before_loading():

@@ -68,6 +68,9 @@ def _bad_calls():
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
         (lambda: R.gemm_fused_regs(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K", accumulate=True), "accumulate adds the product to out"),
+        (lambda: R.gemm_fused_regs_glu(a, [(np.zeros(192 * 144, np.uint8), 192)], "Q4_K"),
+         "has 192 rows \\(2 x ffn\\); each tile takes 64 gate rows and the same up rows, so ffn must be a multiple of 64"),
+        (lambda: R.gemm_fused_regs_glu(a, [(np.zeros(256 * 144, np.uint8), 256)], "Q4_K"), "segment 0 is a host array"),
     ]
 
 
@@ -180,3 +183,80 @@ def test_regs_simulator_split_k():
                                                    partials=cuda.to_device(np.full(need, np.nan, np.float32)))
             slices = parts.copy_to_host()[: count * got.size].reshape(count, *got.shape)
             assert count == splitk and np.array_equal(slices[0] + slices[1] + slices[2], got)
+
+
+# ---- gemm_fused_regs_glu: the gate/up product with the SwiGLU in its epilogue ----------------------------------
+
+
+def _glu_case(config, nt, ffn, id_, partials=False):
+    """(fused act, gemm_fused_regs + swiglu act, float64 silu(g) * u over the f16 weights) for fresh random f16 a
+    [nt, id] and a Q4_K gate|up weight [2 ffn, id] as two segments; the outputs and partials poisoned with NaN."""
+    from kernels.activation import swiglu
+
+    a, raws, w16 = _operands(nt, [ffn, ffn], id_, seed=None)
+    a = (a * np.float16(2**-8)).astype(np.float16)  # silu(g) * u of the random blocks' products stays within f16
+    da, segments = cuda.to_device(a), [(cuda.to_device(raw), ffn) for raw in raws]
+
+    def extra():
+        need = R.partials_elements(config, nt, 2 * ffn, id_)
+        return {"partials": cuda.to_device(np.full(need, np.nan, np.float32))} if partials else {}
+
+    act = cuda.to_device(np.full((nt, ffn), np.nan, np.float16))
+    assert R.gemm_fused_regs_glu(da, segments, "Q4_K", act, config=config, **extra()) is act
+    c = cuda.to_device(np.full((nt, 2 * ffn), np.nan, np.float32))
+    R.gemm_fused_regs(da, segments, "Q4_K", c, config=config, **extra())
+    ref = a.astype(np.float64) @ w16.astype(np.float64).T
+    g, u = ref[:, :ffn], ref[:, ffn:]
+    return act.copy_to_host(), swiglu(c).copy_to_host(), g / (1.0 + np.exp(-g)) * u
+
+
+def _assert_glu(fused, unfused, ref, ulps):
+    assert not np.isnan(fused).any(), "some activations were never written (still the NaN poison)"
+    diff = np.abs(fused.view(np.int16).astype(np.int64) - unfused.view(np.int16).astype(np.int64))
+    assert diff.max() <= ulps, f"{diff.max()} f16 ulps from gemm_fused_regs + swiglu"
+    assert rel_l2(fused, ref) < 2e-3
+
+
+@sim
+def test_regs_glu_simulator_is_the_product_and_swiglu():
+    """Each tile's halves (64 gate rows, the same up rows, from the two segments' raw boxes) through the SwiGLU
+    epilogue: NOCALL=0 gives exactly gemm_fused_regs + swiglu (the same C values, expression and f16 rounding),
+    NOCALL=1 (div.approx; IEEE in the simulator after float64) within one f16 ulp; nt tail, 2 tiles of od."""
+    base = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=1)
+    _assert_glu(*_glu_case(dict(base, NOCALL=0), 17, 128, 256), ulps=0)
+    _assert_glu(*_glu_case(dict(base, NOCALL=1), 33, 64, 256), ulps=1)
+
+
+@sim
+def test_regs_glu_simulator_split_k(monkeypatch):
+    """Split-K with the SwiGLU: every tile in 3 k slices (the [slices, nt, od] partials), and the auto plan on 4 SMs
+    that leaves a 2 x 3 grid's first wave whole and splits the last two tiles in 2 (compact partials, the GLU tile
+    sum); both the same bits as gemm_fused_regs + swiglu."""
+    from kernels.gemm_f16_config import SplitPlan
+
+    _assert_glu(*_glu_case(dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=3, NOCALL=0), 20, 64, 512, partials=True), ulps=0)
+    monkeypatch.setattr(G, "device_sms", lambda: 4)
+    monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
+    config = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=0, NOCALL=0)
+    assert R.split_plan(config, 70, 384, 256) == SplitPlan(4, 2)
+    _assert_glu(*_glu_case(config, 70, 192, 256, partials=True), ulps=0)
+
+
+@pytest.mark.compile
+def test_regs_glu_ptx():
+    """The SwiGLU kernel at the default tile: 16-byte activation stores, within the block's registers, no spills,
+    the wgmma async."""
+    from ptx_assembly import ptxas_resources
+
+    ptx = R.kernel_ptx(None, "Q4_K", glu=True)
+    assert "st.global.v4.u32" in ptx or "st.global.v4.b32" in ptx
+    res = ptxas_resources(ptx)
+    assert res["registers"] <= 168 and res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nt", [2048, 128, 33])
+def test_regs_glu_gpu_is_the_product_and_swiglu(nt):
+    """Qwen2-7B's gate|up (2 x 18944 rows, id 3584) at the default knobs (NOCALL=1; nt=128: every tile split):
+    within one f16 ulp of gemm_fused_regs + swiglu and float64's silu(g) * u within 2e-3."""
+    _assert_glu(*_glu_case(None, nt, 18944, 3584, partials=True), ulps=1)

@@ -29,7 +29,7 @@ import numpy as np
 
 from kernels.attention_config import REMOVED as _FA_REMOVED  # numba-free knob table
 from minfer_cli.engine.config import ModelConfig, TensorSpec
-from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes, uses_glu
+from minfer_cli.engine.forward import PrefillEngine, device_bytes, kv_cache_bytes, uses_fused_glu, uses_glu
 from minfer_cli.engine.options import DecodeOptions, EngineOptions, PrefillOptions
 from minfer_cli.engine.weights import ModelWeights
 from minfer_cli.engine.errors import ModelError
@@ -349,7 +349,8 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     which PFUSED's plan needs (the matrices it multiplies from quantized bytes get no f16 copy); without them every
     matrix is counted as copied."""
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
-                        glu=uses_glu(c, options) and not options.fused, fused=specs if options.fused else None,
+                        glu=uses_glu(c, options) and (not options.fused or uses_fused_glu(c, options)),
+                        fused=specs if options.fused else None,
                         fused_regs=options.fused_regs)
 
 

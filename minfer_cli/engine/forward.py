@@ -24,8 +24,9 @@ Knob PROPE_ANGLES: every token's RoPE (cos, sin) computed once before the layers
 read by each layer's RoPE kernel, instead of each layer's kernel computing them (float64 angles) again.
 Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
 GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`
-(within one f16 ulp of act: NOCALL=1's epilogue divides with div.approx; the same bits with NOCALL=0). Those two run
-where the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue (`uses_glu`).
+(within one f16 ulp of act: NOCALL=1's epilogue divides with div.approx; the same bits with NOCALL=0); a gate|up
+that PFUSED_REGS multiplies from its bytes, as `kernels.gemm_fused_regs.gemm_fused_regs_glu`. Those two run where
+the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue (`uses_glu`, `uses_fused_glu`).
 Knob PFUSE_RESID: ``x += a · Wo^T`` and ``x += act · Wdown^T`` by the GEMM itself (`kernels.gemm_f16.gemm_f16` /
 `kernels.gemm_fused.gemm_fused` with ``accumulate``: the residual epilogue) instead of the product into a buffer and
 `kernels.residual.residual_add` (the same numbers); not with FUSE_ADD_NORM, whose norm kernel adds (`uses_resid`).
@@ -177,8 +178,8 @@ class PrefillEngine:
         self.q16 = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.attn = cuda.device_array((nt, c.q_dim), dtype=np.float16, stream=s)
         self.proj = cuda.device_array((nt, c.hidden), dtype=np.float32, stream=s)
-        glu = uses_glu(c, options)
-        self.glu = [glu and layer.gate_up.fused is None for layer in self.layers]
+        glu, fused_glu = uses_glu(c, options), uses_fused_glu(c, options)
+        self.glu = [fused_glu if layer.gate_up.fused is not None else glu for layer in self.layers]
         self.resid = uses_resid(options)
         self.gu = None if all(self.glu) else cuda.device_array((nt, 2 * c.ffn), dtype=np.float32, stream=s)
         self.act = cuda.device_array((nt, c.ffn), dtype=np.float16, stream=s)
@@ -246,6 +247,12 @@ class PrefillEngine:
                  accumulate=accumulate)
 
     def _gemm_glu(self, a, m: _Matrix, out) -> None:
+        if m.fused is not None:
+            from kernels.gemm_fused_regs import gemm_fused_regs_glu
+
+            gemm_fused_regs_glu(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
+                                partials=self.partials)
+            return
         from kernels.gemm_f16 import gemm_f16_glu
 
         gemm_f16_glu(a, self._weight_f16(m), out, config=self.options.gemm, stream=self.stream,
@@ -474,11 +481,20 @@ class PrefillEngine:
 def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
     """Whether PFUSE_GLU's `kernels.gemm_f16.gemm_f16_glu` runs ``c``'s gate|up products with ``options``: PFUSE_GLU
     on and the GEMM knobs and ffn what that kernel takes (`kernels.gemm_f16.glu_refusal`); else (and for a gate|up
-    that PFUSED multiplies from its quantized bytes, whose kernel has no SwiGLU epilogue) the product and
-    `kernels.activation.swiglu` run apart."""
+    that PFUSED multiplies from its quantized bytes: `uses_fused_glu`) the product and `kernels.activation.swiglu`
+    run apart."""
     from kernels.gemm_f16 import glu_refusal
 
     return options.fuse_glu and glu_refusal(options.gemm, 2 * c.ffn) is None
+
+
+def uses_fused_glu(c: ModelConfig, options: PrefillOptions) -> bool:
+    """Whether a gate|up that PFUSED multiplies from its quantized bytes takes the SwiGLU into its GEMM
+    (`kernels.gemm_fused_regs.gemm_fused_regs_glu`): PFUSE_GLU on, PFUSED_REGS's kernel (`kernels.gemm_fused` has
+    no SwiGLU epilogue) and a ffn it takes (`kernels.gemm_fused_regs.glu_refusal`)."""
+    from kernels.gemm_fused_regs import glu_refusal
+
+    return options.fused and options.fused_regs and options.fuse_glu and glu_refusal(2 * c.ffn) is None
 
 
 def uses_resid(options: PrefillOptions) -> bool:
