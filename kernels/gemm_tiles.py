@@ -58,11 +58,20 @@ def c_fragment_store(MI: int, NJ: int, ISTEP: int, ACCUMULATE: bool = False):
 C_PAD = 8
 """f32 elements of padding after each row of a staged C tile: with TM a multiple of 32 the row stride is 8 banks
 (mod 32), so the 8-byte fragment writes of a half-warp (rows g = 0..3, columns 2t) hit 32 distinct banks."""
+C_PAD_T = 4
+"""The padding of a TRANSPOSED staged tile (`_stage_fragments`): a warp's 4-byte writes go to tile rows 2t (+ e)
+and columns g, so a row stride of 4 banks (mod 32) puts its 32 lanes on 32 distinct banks (with C_PAD's 8, lanes t
+and t + 2 would share one: two-way conflicts); rows stay 16-byte aligned for the chunk reads."""
+
+
+def c_stride(tm: int, transposed: bool = False) -> int:
+    """f32 elements from one staged C tile row to the next: TM + C_PAD, or + C_PAD_T when TRANSPOSED."""
+    return tm + (C_PAD_T if transposed else C_PAD)
 
 
 def c_tile_bytes(tn: int, tm: int) -> int:
-    """Shared-memory bytes of a staged TN x TM f32 C tile (`c_tile_store`)."""
-    return tn * (tm + C_PAD) * 4
+    """Shared-memory bytes of a staged TN x TM f32 C tile (`c_tile_store`; a TRANSPOSED one takes no more)."""
+    return tn * c_stride(tm) * 4
 
 
 def _stage_fragments(MI: int, NJ: int, S: int, CONSUMERS: int, TRANSPOSED: bool = False):
@@ -98,7 +107,7 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     """``store_tile(cs, out, acc, rl, cl, n0, m0, nt, od, roff, coff, cvec, tid)``: the warp-specialized kernels'
     epilogue. The CONSUMERS threads (whole warpgroups; named barrier 1) first meet, so no wgmma batch still reads
     the ring; each writes its MI x NJ m16n8 C fragments (`c_fragment_store`'s layout; tile-local row ``rl`` and
-    column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride TM + C_PAD, over
+    column ``cl`` of its first one, fragment rows 64 apart) into the f32 tile ``cs`` (row stride `c_stride`, over
     the ring) with 8-byte stores; they meet again and copy the tile out a row at a time, 16 bytes a thread, TM / 4
     threads a row (a warp writes 512 contiguous bytes of one row when TM >= 128, two rows' 256 at TM = 64); at
     TM = 144, 192 (36, 48 chunks a row, which do not divide the threads) thread t takes chunks t, t +
@@ -111,7 +120,7 @@ def c_tile_store(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, ACCUMULATE:
     way. ACCUMULATE: each element is added to the value already in ``out`` (read with the same 16-byte or 4-byte
     width as the store; C += the product, `kernels.gemm_f16.gemm_f16`'s ``accumulate``). TRANSPOSED: the fragments
     hold C^T (`_stage_fragments`)."""
-    S = TM + C_PAD
+    S = c_stride(TM, TRANSPOSED)
     CH = TM // 4  # 16-byte chunks a row
     assert TM % 16 == 0 and (TN * CH) % CONSUMERS == 0  # row stride TM + 8 = 8 or 24 banks mod 32: either keeps a
     # half-warp's four fragment rows on distinct banks
@@ -181,7 +190,7 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX:
     aligned: the launcher checks). Element (r, j) with n0 + r < nt and m0 / 2 + j < od / 2 lands at activation
     column m0 / 2 + j. TM / 16 threads a row. APPROX (NOCALL=1): `silu_mul_approx` (no IEEE division).
     TRANSPOSED: the fragments hold C^T (`_stage_fragments`; `kernels.gemm_fused_regs`)."""
-    S = TM + C_PAD
+    S = c_stride(TM, TRANSPOSED)
     HALF = TM // 2
     CH = HALF // 8  # 16-byte (8 x f16) output chunks a row
     RPI = CONSUMERS // CH  # rows a pass

@@ -220,10 +220,12 @@ def _assert_glu(fused, unfused, ref, ulps):
 @sim
 def test_regs_glu_simulator_is_the_product_and_swiglu():
     """Each tile's halves (64 gate rows, the same up rows, from the two segments' raw boxes) through the SwiGLU
-    epilogue: NOCALL=0 gives exactly gemm_fused_regs + swiglu (the same C values, expression and f16 rounding),
-    NOCALL=1 (div.approx; IEEE in the simulator after float64) within one f16 ulp; nt tail, 2 tiles of od."""
+    epilogue, NOCALL=0 and 1: within one f16 ulp of gemm_fused_regs + swiglu (the same C values and expression; the
+    simulator computes silu in float64, which the epilogue's f16x2 packing rounds through f32 and swiglu's store
+    straight to f16, so a rare element differs by one ulp; the GPU test holds NOCALL=0 to the bit); nt tail, 2
+    tiles of od."""
     base = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=1)
-    _assert_glu(*_glu_case(dict(base, NOCALL=0), 17, 128, 256), ulps=0)
+    _assert_glu(*_glu_case(dict(base, NOCALL=0), 17, 128, 256), ulps=1)
     _assert_glu(*_glu_case(dict(base, NOCALL=1), 33, 64, 256), ulps=1)
 
 
@@ -231,15 +233,15 @@ def test_regs_glu_simulator_is_the_product_and_swiglu():
 def test_regs_glu_simulator_split_k(monkeypatch):
     """Split-K with the SwiGLU: every tile in 3 k slices (the [slices, nt, od] partials), and the auto plan on 4 SMs
     that leaves a 2 x 3 grid's first wave whole and splits the last two tiles in 2 (compact partials, the GLU tile
-    sum); both the same bits as gemm_fused_regs + swiglu."""
+    sum); both within one f16 ulp of gemm_fused_regs + swiglu (the simulator's float64 silu: see above)."""
     from kernels.gemm_f16_config import SplitPlan
 
-    _assert_glu(*_glu_case(dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=3, NOCALL=0), 20, 64, 512, partials=True), ulps=0)
+    _assert_glu(*_glu_case(dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=3, NOCALL=0), 20, 64, 512, partials=True), ulps=1)
     monkeypatch.setattr(G, "device_sms", lambda: 4)
     monkeypatch.setattr(G.gemm_f16_config, "MIN_KTILES_PER_SLICE", 1)
     config = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=0, NOCALL=0)
     assert R.split_plan(config, 70, 384, 256) == SplitPlan(4, 2)
-    _assert_glu(*_glu_case(config, 70, 192, 256, partials=True), ulps=0)
+    _assert_glu(*_glu_case(config, 70, 192, 256, partials=True), ulps=1)
 
 
 @pytest.mark.compile
@@ -255,8 +257,9 @@ def test_regs_glu_ptx():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nt", [2048, 128, 33])
-def test_regs_glu_gpu_is_the_product_and_swiglu(nt):
-    """Qwen2-7B's gate|up (2 x 18944 rows, id 3584) at the default knobs (NOCALL=1; nt=128: every tile split):
-    within one f16 ulp of gemm_fused_regs + swiglu and float64's silu(g) * u within 2e-3."""
-    _assert_glu(*_glu_case(None, nt, 18944, 3584, partials=True), ulps=1)
+@pytest.mark.parametrize("nt,nocall", [(2048, 1), (128, 1), (33, 0), (768, 0)])
+def test_regs_glu_gpu_is_the_product_and_swiglu(nt, nocall):
+    """Qwen2-7B's gate|up (2 x 18944 rows, id 3584), the auto split plan (nt=128: every tile split; 768: the last
+    wave's tiles in slices): NOCALL=0 the same bits as gemm_fused_regs + swiglu, NOCALL=1 (div.approx) within one
+    f16 ulp; float64's silu(g) * u within 2e-3."""
+    _assert_glu(*_glu_case({"NOCALL": nocall}, nt, 18944, 3584, partials=True), ulps=nocall)
