@@ -95,7 +95,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "pp512); 0 the GEMM's f32 product, then swiglu (the same bits with "
                                            "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
-                                           "not a multiple of TM / 2 or a gate|up PFUSED multiplies", legacy=0)]
+                                           "not a multiple of TM / 2 or a gate|up PFUSED multiplies with "
+                                           "PFUSED_REGS=0", legacy=0)]
     knobs += [Knob("PFUSE_RESID", (0, 1), 1, "prefill (pp): 1 adds the attention output's and the FFN's products to "
                                              "the residual stream in their GEMM's epilogue (C += A·B^T; split-K "
                                              "slices in the slice sum): no f32 [nt, hidden] product written, read "
@@ -110,7 +111,8 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PFUSED_REGS", (0, 1), 0, "prefill (pp), with PFUSED=1: 1 multiplies those matrices with "
                                              "kernels.gemm_fused_regs (the weight as wgmma's register operand, each "
                                              "consumer thread dequantizing its own fragment: no f16 weight tile in "
-                                             "shared memory; tile 128 weight rows x TN tokens; no SwiGLU epilogue); "
+                                             "shared memory; tile 128 weight rows x TN tokens; the gate|up with its "
+                                             "SwiGLU epilogue under PFUSE_GLU); "
                                              "0 with kernels.gemm_fused. Does nothing with PFUSED=0")]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers (the default: faster at "

@@ -230,14 +230,20 @@ class PrefillEngine:
         self._dequantize(m, out)
         return out
 
+    def _fused_kernel(self):
+        """(the whole product, the unsummed split form) of the fused kernel PFUSED_REGS picks."""
+        if self.options.fused_regs:
+            from kernels.gemm_fused_regs import gemm_fused_regs, gemm_fused_regs_split
+
+            return gemm_fused_regs, gemm_fused_regs_split
+        from kernels.gemm_fused import gemm_fused, gemm_fused_split
+
+        return gemm_fused, gemm_fused_split
+
     def _gemm(self, a, m: _Matrix, out, accumulate: bool = False) -> None:
         """out = a · W^T, or out += a · W^T with ``accumulate`` (PFUSE_RESID)."""
         if m.fused is not None:
-            if self.options.fused_regs:
-                from kernels.gemm_fused_regs import gemm_fused_regs as fused
-            else:
-                from kernels.gemm_fused import gemm_fused as fused
-
+            fused, _ = self._fused_kernel()
             fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
                   partials=self.partials, accumulate=accumulate)
             return
@@ -262,11 +268,7 @@ class PrefillEngine:
         """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
         into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
         if m.fused is not None:
-            if self.options.fused_regs:
-                from kernels.gemm_fused_regs import gemm_fused_regs_split as fused_split
-            else:
-                from kernels.gemm_fused import gemm_fused_split as fused_split
-
+            _, fused_split = self._fused_kernel()
             return fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.gemm,
                                stream=self.stream, partials=self.partials)
         from kernels.gemm_f16 import gemm_f16_split
