@@ -185,7 +185,7 @@ class GemmF16Experiment(Experiment):
         from kernels import gemm_f16 as kernel
 
         try:
-            cfg = kernel.resolve_config({k: config[k] for k in _TABLE})
+            cfg = kernel.resolve_config({k: config[k] for k in _TABLE}, fused_regs=config.get("IMPL") == "fused_regs")
             if config.get("IMPL") == "fused":
                 from kernels.gemm_fused import fused_geometry
 

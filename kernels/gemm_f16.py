@@ -86,9 +86,10 @@ class Geometry:
         return -(-nt // self.tn) * -(-od // self.tm)
 
 
-def resolve_config(config: dict | None) -> dict:
+def resolve_config(config: dict | None, fused_regs: bool = False) -> dict:
     """The full knob dict (compile knobs and the SPLITK launch knob): DEFAULT and LAUNCH_DEFAULT overridden by
-    ``config``; KernelConstraintError on an unknown knob or value."""
+    ``config``; KernelConstraintError on an unknown knob or value, or a combination refused. ``fused_regs``: for
+    `kernels.gemm_fused_regs`, which also takes the TN values of `kernels.gemm_f16_config.REGS_ONLY_TN`."""
     cfg = dict(DEFAULT, **LAUNCH_DEFAULT)
     table = dict(KNOBS, **LAUNCH_KNOBS)
     for key, value in (config or {}).items():
@@ -102,14 +103,17 @@ def resolve_config(config: dict | None) -> dict:
                 raise KernelConstraintError(f"gemm_f16 {key}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
             value = match[0]
         cfg[key] = value
-    problem = _invalid(cfg)
+    problem = _invalid(cfg, fused_regs)
     if problem:
         raise KernelConstraintError(problem)
     return cfg
 
 
-def _invalid(cfg: dict) -> str | None:
-    """Why a (complete) knob combination is refused, or None."""
+def _invalid(cfg: dict, fused_regs: bool = False) -> str | None:
+    """Why a (complete) knob combination is refused, or None (``fused_regs``: for `kernels.gemm_fused_regs`)."""
+    if cfg["TN"] in gemm_f16_config.REGS_ONLY_TN and not fused_regs:
+        return (f"gemm_f16 TN={cfg['TN']} is the register-A fused kernel's tile only (IMPL=fused_regs, "
+                f"kernels.gemm_fused_regs); gemm_f16's kernels take TN 64 or 128")
     if cfg.get("SPLITK", 1) > 1 and cfg["MMA"] != "wgmma":
         return f"gemm_f16 SPLITK={cfg['SPLITK']} needs MMA=wgmma (only its main loop takes a k range); use SPLITK=1"
     if cfg["TM"] in gemm_f16_config.TMA_ONLY_TM and cfg["STAGING"] != "tma":

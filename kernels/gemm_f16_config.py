@@ -19,7 +19,9 @@ KNOBS: dict[str, tuple] = {
     # 256, 144 of 128, 96 of 192, 128 of 144). 112 (one wave of 128 tiles where 128-wide ones leave 20 of 132 SMs
     # idle, a 7B ffn_down at nt=512) took the same time as 128 (ledger #360) and was deleted.
     "TM": (64, 128, 144, 192, 256),
-    "TN": (64, 128),  # nt tile (A rows per block)
+    # nt tile (A rows per block). 256: the register-A fused kernel's only (kernels.gemm_fused_regs, IMPL=fused_regs):
+    # a producer warpgroup hands its registers to the consumers (setmaxnreg) for 128 accumulators a thread.
+    "TN": (64, 128, 256),
     "KS": (32, 64),  # k step per shared tile
     "STAGES": (2, 3, 4),  # shared-memory ring depth (STAGES-1 tiles in flight)
     # How global tiles reach shared memory: cp.async by every thread, ld/st by every thread, or tma: a producer
@@ -64,6 +66,8 @@ KNOBS: dict[str, tuple] = {
 # NARROWTAIL (STAGING=tma with TM=256): 1 runs the whole waves of 256-wide tiles a grid holds, then its last,
 # partial wave's columns as 128-wide tiles in a second launch (`kernels.gemm_f16.tail_plan`: a 7B ffn_gate_up at
 # nt=512 is 592 tiles of 256, 4.5 waves; 528 of them, then 128 of 128); 0: one launch.
+REGS_ONLY_TN = (256,)
+"""TN values only `kernels.gemm_fused_regs` compiles (`kernels.gemm_f16.resolve_config` refuses them elsewhere)."""
 LAUNCH_KNOBS: dict[str, tuple] = {"SPLITK": (0, 1, 2, 3, 4, 6, 8, 12, 16), "AUTOTILE": (0, 1, 4),
                                   "NARROWTAIL": (0, 1)}
 LAUNCH_DEFAULT: dict = {"SPLITK": 0, "AUTOTILE": 4, "NARROWTAIL": 1}

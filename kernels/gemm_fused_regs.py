@@ -7,11 +7,15 @@ sm90 mixed-input GEMM does: the weight is wgmma's A operand, which may come from
 dequantizes its own A fragment and hands it to the tensor cores directly: no f16 weight tile, no proxy fence and no
 barrier between the consumers; the activations are the shared-memory B operand, copied by TMA as the f16 GEMM's A.
 
-* Tile: ``TM`` = 128 weight rows x TN tokens (gemm_f16's TN knob, 128 or 64). Two consumer warpgroups, 64 weight
-  rows each, every token of the tile: a k16 step is one ``wgmma.m64nTNk16`` with A from registers
-  (`wgmma_m64nNk16_f32_f16_rs`), TN / 2 f32 accumulators a thread. One producer warp (lane 0) issues the copies; 288
-  threads. (TN = 256 would need 128 accumulators a thread: with the 16 A words ptxas then serializes the wgmma for
-  want of registers, within the 168 that 9 warps leave.)
+* Tile: ``TM`` = 128 weight rows x TN tokens (gemm_f16's TN knob: 64, 128 or 256). Two consumer warpgroups, 64
+  weight rows each, every token of the tile: a k16 step is one ``wgmma.m64nTNk16`` with A from registers
+  (`wgmma_m64nNk16_f32_f16_rs`), TN / 2 f32 accumulators a thread. TN 64 and 128: one producer warp (lane 0) issues
+  the copies; 288 threads. TN = 256 (the same A words serve twice the tokens: half the dequantization a FLOP) needs
+  128 accumulators a thread, more than the 168 registers 9 warps leave with the A words: there the producer is a
+  warpgroup (384 threads) that gives its registers away (``setmaxnreg.dec`` to `PRODUCER_REGS`) and the consumers
+  take them (``setmaxnreg.inc`` to `CONSUMER_REGS`), as CUTLASS's warp-specialised kernels do; ptxas honours
+  setmaxnreg only in a whole program, so that kernel is loaded through the driver's JIT
+  (`kernels.jit.load_whole_program`).
 * Producer, k tile i (64 weights): the raw boxes of the tile's 128 rows into raw slot i % RAW
   (`kernels.gemm_fused.producer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
   128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers).
@@ -45,7 +49,7 @@ from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
 from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
-from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, syncwarp
+from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_try_wait_parity
 from kernels.ptx.wgmma import (SWIZZLE_128B, wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_m64nNk16_f32_f16_rs,
                                wgmma_wait_group)
@@ -56,6 +60,13 @@ TM = 128
 """Weight rows a tile: two consumer warpgroups of 64 (wgmma's M)."""
 KS = 64
 CONSUMERS = 256
+WARPGROUP_TN = 256
+"""The tile width (tokens) whose producer is a warpgroup that hands its registers to the consumers."""
+PRODUCER_REGS = 40
+"""Registers a producer thread keeps at TN = `WARPGROUP_TN` (lane 0 only issues copies and waits on mbarriers)."""
+CONSUMER_REGS = 232
+"""Registers a consumer thread takes at TN = `WARPGROUP_TN`: 128 accumulators, 32 A words (this tile's and the
+next's) and addressing. 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 (one block a SM: its shared memory)."""
 LOW_NIBBLES = 0x0F0F0F0F
 
 
@@ -73,9 +84,17 @@ class RegsGeometry:
     accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_fused`'s)
     glu: bool = False  # a gate|up weight: the tile's halves are 64 gate rows and their up rows; SwiGLU epilogue
 
-    threads = CONSUMERS + 32
     tm = TM
     raw_slot_bytes = TM * RAW_ROW_BYTES
+
+    @property
+    def warpgroup_producer(self) -> bool:
+        """The producer is a warpgroup that gives its registers to the consumers (setmaxnreg; TN = 256)."""
+        return self.tn == WARPGROUP_TN
+
+    @property
+    def threads(self) -> int:
+        return CONSUMERS + (128 if self.warpgroup_producer else 32)
 
     @property
     def slot_bytes(self) -> int:
@@ -108,7 +127,7 @@ def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False, glu
     if qtype not in gemm_fused.FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
-    cfg = gemm_f16.resolve_config(config)
+    cfg = gemm_f16.resolve_config(config, fused_regs=True)
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
     return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate, glu)
@@ -169,6 +188,7 @@ def _make_kernel(rg: RegsGeometry):
     block_work = gemm_tiles.split_work(TN, TM, rg.group, rg.nocall)
     k_range = gemm_tiles.k_range(KS, rg.nocall)
     GLU = rg.glu
+    WARPGROUP = rg.warpgroup_producer
     init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, SLOT_B,
                                                  SLOT_E, GLU)
     row_words = _a_words()
@@ -212,10 +232,14 @@ def _make_kernel(rg: RegsGeometry):
             init_barriers(bars)
         cuda.syncthreads()
 
-        if tid >= CONSUMERS:  # the producer warp: lane 0 issues the raw boxes and the activation box of every k tile
+        if tid >= CONSUMERS:  # the producer: lane 0 issues the raw boxes and the activation box of every k tile
+            if WARPGROUP:
+                setmaxnreg_dec(PRODUCER_REGS)
             if tid == CONSUMERS:
                 produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1)
             return
+        if WARPGROUP:
+            setmaxnreg_inc(CONSUMER_REGS)
 
         lane = tid & 31
         r0 = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2)  # weight rows r0 and r0 + 8 of the tile
@@ -279,13 +303,14 @@ def build(config: dict | None, qtype: str, accumulate: bool = False, glu: bool =
     """Compile (once per geometry; cached) and return the register-A fused kernel (`kernels.specialize.BuiltKernel`);
     ``accumulate``: with the residual epilogue; ``glu``: the SwiGLU one."""
     rg = regs_geometry(config, qtype, accumulate, glu)
-    return (_GLU_CACHE if glu else _CACHE).get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES")
+    return (_GLU_CACHE if glu else _CACHE).get(rg, _make_kernel, rg.smem_bytes, rg.threads, hint="lower STAGES",
+                                               whole_program=rg.warpgroup_producer)
 
 
 def split_plan(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> SplitPlan:
     """The `kernels.gemm_f16_config.SplitPlan` of ``config``'s SPLITK for the register-A kernel's tiles of C[nt, od]
     over ``kdim`` on ``sms`` SMs (the current device's by default)."""
-    cfg = gemm_f16.resolve_config(config)
+    cfg = gemm_f16.resolve_config(config, fused_regs=True)
     if cfg["SPLITK"] == 0 and sms is None:
         sms = gemm_f16.device_sms()
     return gemm_f16_config.split_plan(RegsGeometry.grid_of(cfg["TN"], nt, od), -(-kdim // KS), sms or 1,
@@ -300,14 +325,14 @@ def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int
         return 0
     if plan.whole == 0:
         return plan.slices * nt * od
-    tn = gemm_f16.resolve_config(config)["TN"]
+    tn = gemm_f16.resolve_config(config, fused_regs=True)["TN"]
     return (RegsGeometry.grid_of(tn, nt, od) - plan.whole) * plan.slices * tn * TM
 
 
 def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -> int:
     """f32 elements of a partials buffer that serves every launch of ``config`` with nt <= ``max_nt`` and od <=
     ``max_od`` on ``sms`` SMs (as `kernels.gemm_f16.partials_capacity`, with this kernel's TN x 128 tiles)."""
-    cfg = gemm_f16.resolve_config(config)
+    cfg = gemm_f16.resolve_config(config, fused_regs=True)
     if cfg["SPLITK"] == 0:
         return sms * cfg["TN"] * TM
     return 0 if cfg["SPLITK"] == 1 else int(cfg["SPLITK"]) * max_nt * max_od

@@ -23,6 +23,14 @@ benchmark needs on top, all in this module:
 ``MINFER_KERNEL_CACHE=0`` compiles every kernel in every process (nothing read or written). Under the CUDA
 simulator nothing is compiled and nothing is cached.
 
+**Whole-program kernels** (`kernel` with ``whole_program``): numba links every kernel's PTX through nvJitLink,
+which compiles it as relocatable code, and ptxas then ignores ``setmaxnreg`` ("(C7504) 'setmaxnreg' ignored to
+maintain compatibility across compilation units"). A warp-specialised kernel that hands its producer's registers to
+its consumers (CUTLASS sm90, FlashAttention-3) is instead loaded from its PTX through the driver's JIT
+(``cuLibraryLoadData``), which compiles one whole program and honours it. The PTX's ``.version`` is lowered to the
+newest ISA the installed driver reads (`ptx_isa_of_driver`) when NVVM wrote a newer one. The disk cache then holds
+the PTX form; the driver's own JIT cache keeps the machine code.
+
 Uses numba-cuda 0.30 internals (``numba.cuda.dispatcher.CUDACache``, ``numba.cuda.core.caching``): this module is
 where a move to another compiler starts.
 """
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -39,6 +48,7 @@ from typing import Callable
 
 from numba import cuda
 
+from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
 
 ENV_KERNEL_CACHE = "MINFER_KERNEL_CACHE"
@@ -251,13 +261,19 @@ def _attach_cache(dispatcher, func: Callable) -> None:
     dispatcher._cache = _DiskCache(func, dispatcher.targetoptions.get("launch_bounds"))
 
 
-def kernel(func: Callable, signature=None, *, threads: int | None = None, min_blocks: int = 0):
+def kernel(func: Callable, signature=None, *, threads: int | None = None, min_blocks: int = 0,
+           whole_program: bool = False):
     """A numba-cuda kernel dispatcher for ``func``, with the disk cache attached.
 
     ``signature``: a numba signature to compile now (else on first launch, per argument types); ``threads``: the
     block size promised to the compiler (``__launch_bounds__``), with ``min_blocks`` its second number (blocks per
-    SM the registers must fit; 0: no bound). Under the simulator the simulator's kernel (no signature, no bounds).
+    SM the registers must fit; 0: no bound). ``whole_program``: load it through the driver's JIT as one program
+    (`load_whole_program`: needed for ``setmaxnreg`` to take effect); needs ``signature``. Under the simulator the
+    simulator's kernel (no signature, no bounds, nothing to load). Raises ValueError for ``whole_program`` without
+    a signature; KernelConstraintError (one line) when the driver cannot load the PTX.
     """
+    if whole_program and signature is None:
+        raise ValueError("jit.kernel: whole_program needs the signature (the PTX is loaded when it is compiled)")
     if SIMULATOR:
         return cuda.jit(func)
     bounds = None if threads is None else ((threads, min_blocks) if min_blocks else (threads,))
@@ -268,9 +284,68 @@ def kernel(func: Callable, signature=None, *, threads: int | None = None, min_bl
 
         argtypes, _ = sigutils.normalize_signature(signature)
         dispatcher.compile(argtypes)
+        if whole_program:
+            load_whole_program(dispatcher, argtypes)
         dispatcher._specialized = True
         dispatcher.disable_compile()
     return dispatcher
+
+
+PTX_ISA_OF_CUDA_12 = {0: (8, 0), 1: (8, 1), 2: (8, 2), 3: (8, 3), 4: (8, 4), 5: (8, 5), 6: (8, 5), 8: (8, 7),
+                      9: (8, 8)}
+"""The PTX ISA version each CUDA 12.x release reads (PTX ISA, "Release notes"); CUDA 13.m reads ISA 9.m."""
+
+
+def ptx_isa_of_driver(version: int) -> tuple[int, int] | None:
+    """The newest PTX ISA (major, minor) a driver of ``cuDriverGetVersion`` ``version`` (e.g. 13000 for CUDA 13.0)
+    JIT-compiles; None for a release newer than this table knows (its driver reads what NVVM writes). Raises
+    KernelConstraintError (one line) below CUDA 12.0, which has no sm_90a."""
+    major, minor = version // 1000, (version % 1000) // 10
+    if major < 12:
+        raise KernelConstraintError(f"whole-program kernels need a CUDA 12.0 or newer driver; this one is "
+                                    f"{major}.{minor}")
+    if major == 12:
+        return PTX_ISA_OF_CUDA_12.get(minor, max(v for k, v in PTX_ISA_OF_CUDA_12.items() if k <= minor))
+    return (9, minor) if major == 13 else None
+
+
+def ptx_for_isa(ptx: str, isa: tuple[int, int] | None) -> str:
+    """``ptx`` with its ``.version`` lowered to ``isa`` when it states a newer one (the instructions minfer's kernels
+    use are all older than ISA 8.0; the driver then checks the text); unchanged when ``isa`` is None or not older.
+    Raises ValueError when ``ptx`` has no ``.version`` line."""
+    found = re.search(r"^\.version\s+(\d+)\.(\d+)\s*$", ptx, re.M)
+    if found is None:
+        raise ValueError("PTX without a .version line")
+    if isa is None or (int(found[1]), int(found[2])) <= isa:
+        return ptx
+    return f"{ptx[:found.start()]}.version {isa[0]}.{isa[1]}{ptx[found.end():]}"
+
+
+def load_whole_program(dispatcher, argtypes) -> None:
+    """Make the compiled overload of ``argtypes`` run from its PTX compiled by the driver's JIT as one program
+    (numba-cuda 0.30 internals: the code library's per-target object code, which numba fills with nvJitLink's
+    relocatable cubin, is replaced by a cuda.core ``ObjectCode.from_ptx`` and the function reloaded), and write that
+    form to the disk cache. A cached overload already in PTX form is left as it is. Raises KernelConstraintError
+    (one line, the driver's message) when the driver cannot load it."""
+    from cuda.bindings import driver
+    from cuda.core import ObjectCode
+
+    compiled = dispatcher.overloads[tuple(argtypes)]
+    library = compiled._codelibrary
+    cc = library._ensure_cc(None)
+    if getattr(library._cubin_cache.get(cc), "code_type", None) == "ptx":
+        return
+    _, version = driver.cuDriverGetVersion()
+    ptx = ptx_for_isa(library.get_asm_str(cc), ptx_isa_of_driver(int(version)))
+    library._cubin_cache[cc] = ObjectCode.from_ptx(ptx.encode(), name=library.name)
+    library._cufunc_cache.clear()
+    try:
+        compiled.bind()
+    except Exception as exc:  # the driver's JIT log names the line it refused
+        message = " ".join(str(exc).split())
+        raise KernelConstraintError(f"{dispatcher.py_func.__name__}: the driver could not load its PTX as one "
+                                    f"program: {message[:300]}") from exc
+    dispatcher._cache.save_overload(tuple(argtypes), compiled)
 
 
 def source_text(src: str, scope: dict) -> str:

@@ -76,9 +76,11 @@ class KernelCache:
         self._built: dict[Hashable, BuiltKernel] = {}
         self._lock = threading.Lock()
 
-    def get(self, geometry, make: Callable[[Any], Callable], smem_bytes: int, threads: int, hint: str = "") -> BuiltKernel:
-        """The kernel for ``geometry`` (compiled by ``make(geometry)`` on first use). Raises KernelConstraintError
-        when ``smem_bytes`` exceeds the device's opt-in limit (``hint`` says what to lower)."""
+    def get(self, geometry, make: Callable[[Any], Callable], smem_bytes: int, threads: int, hint: str = "",
+            whole_program: bool = False) -> BuiltKernel:
+        """The kernel for ``geometry`` (compiled by ``make(geometry)`` on first use; ``whole_program``: loaded as
+        one program, `kernels.jit.load_whole_program`). Raises KernelConstraintError when ``smem_bytes`` exceeds the
+        device's opt-in limit (``hint`` says what to lower)."""
         with self._lock:
             built = self._built.get(geometry)
             if built is not None:
@@ -89,7 +91,7 @@ class KernelCache:
                     f"{self.family} config needs {smem_bytes} bytes of shared memory per block; the device allows "
                     f"{limit}" + (f" ({hint})" if hint else "")
                 )
-            kernel = jit_kernel(make(geometry), self.signature, threads=threads)
+            kernel = jit_kernel(make(geometry), self.signature, threads=threads, whole_program=whole_program)
             if not SIMULATOR and smem_bytes > STATIC_SMEM_LIMIT:
                 opt_in_dynamic_smem(kernel, smem_bytes, self.family)
             built = self._built[geometry] = BuiltKernel(geometry, kernel)

@@ -5,6 +5,9 @@ target's features), not only that NVVM pasted its text into the PTX."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import tempfile
 
 
 def assemble(ptx: str, arch: str = "sm_90a") -> bytes:
@@ -19,7 +22,10 @@ def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
     "wgmma.mma_async instructions are serialized" for any reason (it then waits for each wgmma before the next: a
     call in the function, e.g. a 64-bit integer or IEEE float division, is enough (C7509); so are registers a
     wgmma reads written inside its pipeline stage, or too few registers)."""
-    log = _link(ptx, arch, verbose=True)[1]
+    return _report(_link(ptx, arch, verbose=True)[1])
+
+
+def _report(log: str) -> dict:
     regs = re.findall(r"[Uu]sed (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     stack = re.findall(r"(\d+) stack\b", log)
@@ -38,3 +44,28 @@ def _link(ptx: str, arch: str, verbose: bool) -> tuple[bytes, str]:
         return assemble_ptx(ptx, arch, verbose)
     except RuntimeError as exc:
         raise AssertionError(str(exc)) from None
+
+
+def whole_program_resources(ptx: str, arch: str = "sm_90a") -> dict | None:
+    """`ptxas_resources` of ``ptx`` assembled as one program (ptxas without ``-c``: what the driver's JIT does for
+    `kernels.jit.load_whole_program`, where ``setmaxnreg`` holds), by the CUDA toolkit's ``ptxas`` on PATH (its
+    ``.version`` lowered to what that ptxas reads); None when no ptxas is installed (CI has only nvJitLink)."""
+    from kernels.jit import ptx_for_isa, ptx_isa_of_driver
+
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    release = re.search(r"release (\d+)\.(\d+)", subprocess.run([exe, "--version"], capture_output=True,
+                                                                 text=True).stdout)
+    isa = ptx_isa_of_driver(int(release[1]) * 1000 + int(release[2]) * 10) if release else None
+    ptx = "\n".join(f".target {arch}" if line.startswith(".target ") else line for line in ptx.splitlines())
+    with tempfile.TemporaryDirectory() as tmp:
+        src = f"{tmp}/kernel.ptx"
+        with open(src, "w") as f:
+            f.write(ptx_for_isa(ptx, isa))
+        run = subprocess.run([exe, f"-arch={arch}", "-v", src, "-o", f"{tmp}/kernel.cubin"], capture_output=True,
+                             text=True)
+    log = run.stdout + run.stderr
+    if run.returncode:
+        raise AssertionError(f"ptxas refused the PTX: {log[-400:]}")
+    return _report(log)

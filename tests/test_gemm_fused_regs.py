@@ -48,6 +48,8 @@ SIM_CASES = [
     ("TN=64, 3 stages (the ring wraps), 2 segments, nt and od tails", dict(G.DEFAULT, TN=64, STAGES=3), 17, [64, 70],
      256),
     ("TN=128 default, 3 segments, 12 k tiles (8 raw slots wrap)", {}, 20, [128, 64, 40], 768),
+    ("TN=256: the producer warpgroup, 2 stages (the ring wraps), nt and od tails", dict(G.DEFAULT, TN=256, STAGES=2),
+     33, [128, 70], 256),
 ]
 
 
@@ -65,6 +67,7 @@ def _bad_calls():
     return [
         (lambda: R.regs_geometry(None, "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
         (lambda: R.regs_geometry({"TN": 96}, "Q4_K"), "TN=96 is not allowed"),
+        (lambda: G.resolve_config({"TN": 256}), "TN=256 is the register-A fused kernel's tile only"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
         (lambda: R.gemm_fused_regs(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K", accumulate=True), "accumulate adds the product to out"),
@@ -100,8 +103,42 @@ def test_regs_ptx(tn):
     assert res["registers"] <= 168 and res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
 
 
+@pytest.mark.compile
+def test_regs_warpgroup_producer_ptx():
+    """TN=256: 384 threads, the producer warpgroup's setmaxnreg.dec and the consumers' .inc in the PTX, the
+    m64n256k16 register-A wgmma; where a whole-program ptxas is installed (not in CI), it assembles with no spill and
+    the wgmma asynchronous (what the driver's JIT compiles: `kernels.jit.load_whole_program`)."""
+    from ptx_assembly import whole_program_resources
+
+    rg = R.regs_geometry({"TN": 256}, "Q4_K")
+    assert rg.warpgroup_producer and rg.threads == 384 and R.regs_geometry({"TN": 128}, "Q4_K").threads == 288
+    ptx = R.kernel_ptx({"TN": 256}, "Q4_K")
+    for needle in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", f"setmaxnreg.dec.sync.aligned.u32 "
+                   f"{R.PRODUCER_REGS};", f"setmaxnreg.inc.sync.aligned.u32 {R.CONSUMER_REGS};", ".maxntid 384"):
+        assert needle in ptx, needle
+    assert 128 * R.PRODUCER_REGS + 256 * R.CONSUMER_REGS <= 65536
+    res = whole_program_resources(ptx)
+    if res is None:
+        pytest.skip("no whole-program ptxas on this machine (the relocatable nvJitLink ignores setmaxnreg)")
+    assert res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tn", [128, 64])
+def test_regs_warpgroup_kernel_is_loaded_whole_program():
+    """TN=256 runs from its PTX through the driver's JIT (so setmaxnreg holds): the loaded function uses no local
+    memory, where nvJitLink's relocatable link spills."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    built = R.build({"TN": 256}, "Q4_K")
+    (compiled,) = built.kernel.overloads.values()
+    library = compiled._codelibrary
+    assert {getattr(code, "code_type", None) for code in library._cubin_cache.values()} == {"ptx"}
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+    assert driver.cuFuncGetAttribute(attr, library.get_cufunc().handle) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tn", [128, 64, 256])
 @pytest.mark.parametrize("nt,rows,id_", [(2048, [18944, 18944], 3584), (128, [3584], 18944), (768, [3584], 3584),
                                         (2047, [3584, 512, 513], 3584), (33, [70], 256)], ids=str)
 def test_regs_gpu_matches_torch_and_gemm_fused(tn, nt, rows, id_):
