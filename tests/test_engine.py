@@ -259,20 +259,21 @@ def test_pfused_regs_picks_the_fused_kernel(monkeypatch, regs, add_norm):
                                                                               kernels.gemm_fused_regs)
     for name in names[unused]:
         monkeypatch.setattr(unused, name, lambda *args, name=name, **kwargs: pytest.fail(f"{name} called"))
-    calls = []
+    calls, tiles = [], []
     for name in names[used]:
         standin = getattr(used, name)
         monkeypatch.setattr(used, name, lambda *args, standin=standin, name=name, **kwargs:
-                            calls.append(name) or standin(*args, **kwargs))
+                            calls.append(name) or tiles.append(kwargs["config"].get("TN")) or standin(*args, **kwargs))
     rng = np.random.default_rng()
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     base = dataclasses.replace(SMALL_TILES, fuse_add_norm=add_norm)
-    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_regs=regs))
+    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_regs=regs, fused_tn=256))
     plain = PrefillEngine(weights, 6, base)
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
     whole, split = names[used][:2]
     assert set(calls) == {whole} | ({split} if add_norm else set())  # SMALL_TILES: PFUSE_GLU=0
+    assert set(tiles) == ({256} if regs else {SMALL_TILES.gemm.get("TN")})  # PFUSED_TN is the register kernel's only
 
 
 def test_pfuse_resid_runs_where_its_epilogue_can():
@@ -341,6 +342,16 @@ def test_pfused_knob_conflicts_are_named_before_loading():
     assert idle_fusions(resolve_config(knobs, {"PFUSED_REGS": "1"}, "e")) == {
         "PFUSED_REGS": "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"}
     assert "PFUSED_REGS" not in idle_fusions(regs)
+    # PFUSED_TN: the register kernel's tile, not the f16 GEMM's (which refuses TN=256)
+    wide = resolve_config(knobs, {"PFUSED": "1", "PFUSED_REGS": "1", "PFUSED_TN": "256"}, "e")
+    options = engine_options(wide).prefill
+    assert engine_conflict(wide) is None and options.fused_tn == 256 and options.fused_gemm["TN"] == 256
+    assert engine_options(regs).prefill.fused_gemm["TN"] == 128 and engine_options(regs).prefill.gemm.get("TN", 128) == 128
+    assert "TN=256 is the register-A fused kernel's tile only" in engine_conflict(dict(regs, TN=256))
+    assert idle_fusions(resolve_config(knobs, {"PFUSED": "1", "PFUSED_TN": "256"}, "e")) == {
+        "PFUSED_TN": "PFUSED_TN=256 does nothing without PFUSED=1 and PFUSED_REGS=1 (it is the register-A fused "
+                     "kernel's tile)"}
+    assert idle_fusions(wide) == {}
 
 
 @pytest.mark.gpu

@@ -114,6 +114,12 @@ def engine_knobs() -> tuple[Knob, ...]:
                                              "shared memory; tile 128 weight rows x TN tokens; the gate|up with its "
                                              "SwiGLU epilogue under PFUSE_GLU); "
                                              "0 with kernels.gemm_fused. Does nothing with PFUSED=0")]
+    knobs += [Knob("PFUSED_TN", (128, 256), 128, "prefill (pp), with PFUSED_REGS=1: tokens a tile of "
+                                                  "kernels.gemm_fused_regs (its TN, whatever TN says for the f16 "
+                                                  "GEMM). 256: each dequantized weight fragment serves twice the "
+                                                  "tokens; its producer warpgroup gives registers to the consumers "
+                                                  "(setmaxnreg), so the kernel is loaded whole-program through the "
+                                                  "driver's JIT. Does nothing without PFUSED=1, PFUSED_REGS=1")]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers (the default: faster at "
                                               "pp512); 0 in every layer's RoPE kernel (float64 angles per token "
@@ -214,7 +220,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
-    (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_REGS with PFUSED=0; NARROWTAIL with GEMM knobs it does not split
+    (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_REGS with PFUSED=0; PFUSED_TN other than 128 without
+    PFUSED=1 and PFUSED_REGS=1; NARROWTAIL with GEMM knobs it does not split
     (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
     launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
@@ -230,6 +237,9 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
     if config.get("PFUSED_REGS") and not config.get("PFUSED"):
         idle["PFUSED_REGS"] = "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"
+    if config.get("PFUSED_TN", 128) != 128 and not (config.get("PFUSED") and config.get("PFUSED_REGS")):
+        idle["PFUSED_TN"] = (f"PFUSED_TN={config['PFUSED_TN']} does nothing without PFUSED=1 and PFUSED_REGS=1 (it is "
+                             f"the register-A fused kernel's tile)")
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
     return idle
@@ -251,7 +261,7 @@ def engine_conflict(config: Config) -> str | None:
             if config.get("PFUSED_REGS"):
                 from kernels.gemm_fused_regs import regs_geometry
 
-                regs_geometry(gemm, "Q4_K")
+                regs_geometry(dict(gemm, TN=config.get("PFUSED_TN", 128)), "Q4_K")
             else:
                 from kernels.gemm_fused import fused_geometry
 
@@ -280,7 +290,7 @@ def engine_options(config: Config) -> EngineOptions:
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
                              rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)),
-                             fused_regs=bool(config.get("PFUSED_REGS", 0)),
+                             fused_regs=bool(config.get("PFUSED_REGS", 0)), fused_tn=int(config.get("PFUSED_TN", 128)),
                              fuse_resid=bool(config.get("PFUSE_RESID", 1)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
@@ -353,7 +363,7 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
                         glu=uses_glu(c, options) and (not options.fused or uses_fused_glu(c, options)),
                         fused=specs if options.fused else None,
-                        fused_regs=options.fused_regs)
+                        fused_regs=options.fused_gemm if options.fused_regs else None)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -191,7 +191,7 @@ class PrefillEngine:
                        if options.rope_angles else None)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
         capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices),
-                                             options.fused and options.fused_regs)
+                                             options.fused_gemm if options.fused and options.fused_regs else None)
         if capacity:
             self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
@@ -244,7 +244,7 @@ class PrefillEngine:
         """out = a · W^T, or out += a · W^T with ``accumulate`` (PFUSE_RESID)."""
         if m.fused is not None:
             fused, _ = self._fused_kernel()
-            fused(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
+            fused(a, self._segments(m), m.fused, out, config=self.options.fused_gemm, stream=self.stream,
                   partials=self.partials, accumulate=accumulate)
             return
         from kernels.gemm_f16 import gemm_f16
@@ -256,7 +256,7 @@ class PrefillEngine:
         if m.fused is not None:
             from kernels.gemm_fused_regs import gemm_fused_regs_glu
 
-            gemm_fused_regs_glu(a, self._segments(m), m.fused, out, config=self.options.gemm, stream=self.stream,
+            gemm_fused_regs_glu(a, self._segments(m), m.fused, out, config=self.options.fused_gemm, stream=self.stream,
                                 partials=self.partials)
             return
         from kernels.gemm_f16 import gemm_f16_glu
@@ -269,7 +269,7 @@ class PrefillEngine:
         into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
         if m.fused is not None:
             _, fused_split = self._fused_kernel()
-            return fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.gemm,
+            return fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.fused_gemm,
                                stream=self.stream, partials=self.partials)
         from kernels.gemm_f16 import gemm_f16_split
 
@@ -540,10 +540,12 @@ def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
     return parts[0][0]
 
 
-def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int, fused_regs: bool = False) -> int:
+def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int,
+                              fused_regs: Optional[dict] = None) -> int:
     """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
-    `partials_capacity` on this device's SMs; with ``fused_regs`` also `kernels.gemm_fused_regs`'s, whose tiles are
-    128 weight rows whatever TM says): 0 without a split."""
+    `partials_capacity` on this device's SMs; with ``fused_regs``, the knobs of PFUSED_REGS's kernel
+    (`minfer_cli.engine.options.PrefillOptions.fused_gemm`), also `kernels.gemm_fused_regs`'s, whose tiles are 128
+    weight rows whatever TM says): 0 without a split."""
     from kernels.gemm_f16_config import LAUNCH_DEFAULT
 
     if dict(LAUNCH_DEFAULT, **(gemm or {}))["SPLITK"] == 1:
@@ -552,10 +554,10 @@ def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int
     from minfer_cli.engine.gemv_policy import sm_count
 
     capacity = partials_capacity(gemm, max_tokens, max_od, sm_count())
-    if fused_regs:
+    if fused_regs is not None:
         from kernels.gemm_fused_regs import partials_capacity as regs_capacity
 
-        capacity = max(capacity, regs_capacity(gemm, max_tokens, max_od, sm_count()))
+        capacity = max(capacity, regs_capacity(fused_regs, max_tokens, max_od, sm_count()))
     return capacity
 
 
@@ -566,14 +568,14 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
                  gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None,
-                 fused_regs: bool = False) -> int:
+                 fused_regs: Optional[dict] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
     cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product),
     split-K partials for gemm knobs ``gemm``), so
     that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
     tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
     every matrix is copied or dequantized into the scratch); ``fused_regs`` (PFUSED_REGS): their kernel is
-    `kernels.gemm_fused_regs` (its split-K partials)."""
+    `kernels.gemm_fused_regs` with these knobs (its split-K partials)."""
     shapes = gemm_weight_shapes(c)
     max_od = max(od for od, _ in shapes)  # every product's split-K partials, fused or not
     if fused is not None:
@@ -585,5 +587,5 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     width = c.q_dim + 2 * c.kv_dim
     per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
                  + 2 * c.ffn + 4 * c.head_dim)  # the last: PROPE_ANGLES's (cos, sin), counted always
-    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max_od, fused is not None and fused_regs)
+    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max_od, fused_regs if fused is not None else None)
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials

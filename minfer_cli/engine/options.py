@@ -42,7 +42,9 @@ class PrefillOptions:
     multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
     no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says.
     fused_regs (PFUSED_REGS): with ``fused``, those matrices are multiplied by `kernels.gemm_fused_regs` (the weight
-    as wgmma's register operand) instead of `kernels.gemm_fused`."""
+    as wgmma's register operand) instead of `kernels.gemm_fused`. fused_tn (PFUSED_TN): the tokens a tile of that
+    kernel (its TN: 128, or 256 with the register-donating producer warpgroup), whatever ``gemm``'s TN says
+    (`fused_gemm`)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -57,6 +59,12 @@ class PrefillOptions:
     fused: bool = False
     fused_regs: bool = False
     fuse_resid: bool = True
+    fused_tn: int = 128
+
+    @property
+    def fused_gemm(self) -> Optional[dict]:
+        """The GEMM knobs the fused kernel reads: ``gemm``, with TN = ``fused_tn`` for PFUSED_REGS's kernel."""
+        return dict(self.gemm or {}, TN=self.fused_tn) if self.fused_regs else self.gemm
 
 
 @dataclass(frozen=True)
