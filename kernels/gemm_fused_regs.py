@@ -49,7 +49,7 @@ from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
 from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
-from kernels.ptx import SIMULATOR, ld_shared_v4_b32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc, syncwarp
+from kernels.ptx import SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_try_wait_parity
 from kernels.ptx.wgmma import (SWIZZLE_128B, wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_m64nNk16_f32_f16_rs,
                                wgmma_wait_group)
@@ -208,6 +208,14 @@ def _make_kernel(rg: RegsGeometry):
     SMEM_ALIGN = None if SIMULATOR else 1024
 
     @cuda.jit(device=True, inline="always")
+    def keep_words(w):
+        """A use of the eight A words after the batch's wgmma.wait_group. The wgmma reads its A registers
+        asynchronously (PTX ISA §9.7.15.5: writing them before the wait is undefined); without a later use LLVM
+        ends their life at the wgmma and may compute the next tile's words into the same registers."""
+        for j in range(8):
+            opaque_u32(w[j])
+
+    @cuda.jit(device=True, inline="always")
     def tile_words(smem, bars, i, kt, r0, v0, v1, odd, sel, lane):
         """The thread's A words of the block's k tile i (k tile kt of the weight), rows r0 and r0 + 8 (`_a_words`):
         wait for raw slot i % RAW, read it, free it (one arrival a warp)."""
@@ -264,9 +272,12 @@ def _make_kernel(rg: RegsGeometry):
             wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[4], q[4], p[5], q[5], db + uint64(4), uint32(1), TN, 0)
             wgmma_m64nNk16_f32_f16_rs(smem, acc, 0, p[6], q[6], p[7], q[7], db + uint64(6), uint32(1), TN, 0)
             wgmma_commit_group()
+            batch_p, batch_q = p, q
             if i + 1 < ktiles:  # tile i + 1's A words while the tensor cores run tile i (other registers)
                 p, q = tile_words(smem, bars, i + 1, kt0 + i + 1, r0, v0, v1, odd, sel, lane)
             wgmma_wait_group(0)
+            keep_words(batch_p)  # the batch's A registers stay live until its wait: never the next tile's
+            keep_words(batch_q)
             if lane == 0:
                 mbarrier_arrive(bars, EMPTY0 + s)
             s += 1
