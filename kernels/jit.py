@@ -321,6 +321,13 @@ def ptx_for_isa(ptx: str, isa: tuple[int, int] | None) -> str:
     return f"{ptx[:found.start()]}.version {isa[0]}.{isa[1]}{ptx[found.end():]}"
 
 
+def is_whole_program(dispatcher, argtypes) -> bool:
+    """Whether the compiled overload of ``argtypes`` runs from its PTX through the driver's JIT
+    (`load_whole_program`; numba-cuda 0.30 internals: its code library's object code)."""
+    library = dispatcher.overloads[tuple(argtypes)]._codelibrary
+    return any(getattr(code, "code_type", None) == "ptx" for code in library._cubin_cache.values())
+
+
 def load_whole_program(dispatcher, argtypes) -> None:
     """Make the compiled overload of ``argtypes`` run from its PTX compiled by the driver's JIT as one program
     (numba-cuda 0.30 internals: the code library's per-target object code, which numba fills with nvJitLink's
@@ -330,11 +337,11 @@ def load_whole_program(dispatcher, argtypes) -> None:
     from cuda.bindings import driver
     from cuda.core import ObjectCode
 
+    if is_whole_program(dispatcher, argtypes):
+        return
     compiled = dispatcher.overloads[tuple(argtypes)]
     library = compiled._codelibrary
     cc = library._ensure_cc(None)
-    if getattr(library._cubin_cache.get(cc), "code_type", None) == "ptx":
-        return
     _, version = driver.cuDriverGetVersion()
     ptx = ptx_for_isa(library.get_asm_str(cc), ptx_isa_of_driver(int(version)))
     library._cubin_cache[cc] = ObjectCode.from_ptx(ptx.encode(), name=library.name)

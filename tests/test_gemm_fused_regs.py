@@ -127,14 +127,12 @@ def test_regs_warpgroup_producer_ptx():
 def test_regs_warpgroup_kernel_is_loaded_whole_program():
     """TN=256 runs from its PTX through the driver's JIT (so setmaxnreg holds): the loaded function uses no local
     memory, where nvJitLink's relocatable link spills."""
-    from numba.cuda.cudadrv.driver import binding, driver
+    from kernels.jit import is_whole_program
 
-    built = R.build({"TN": 256}, "Q4_K")
-    (compiled,) = built.kernel.overloads.values()
-    library = compiled._codelibrary
-    assert {getattr(code, "code_type", None) for code in library._cubin_cache.values()} == {"ptx"}
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
-    assert driver.cuFuncGetAttribute(attr, library.get_cufunc().handle) == 0
+    kernel = R.build({"TN": 256}, "Q4_K").kernel
+    assert is_whole_program(kernel, R.SIGNATURE.args) and not is_whole_program(R.build({"TN": 128}, "Q4_K").kernel,
+                                                                                 R.SIGNATURE.args)
+    assert kernel.get_local_mem_per_thread(R.SIGNATURE) == 0
 
 
 @pytest.mark.gpu

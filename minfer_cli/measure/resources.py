@@ -15,7 +15,9 @@ class KernelResources:
     """regs: registers per thread; static_smem / dynamic_smem: bytes per block; local_mem: bytes per thread of
     local memory (stack frame and spills: anything above 0 is a spill to DRAM-backed memory); blocks_per_sm: the
     most resident blocks per SM at this launch shape; wgmma: "" for a kernel without wgmma, "async", or
-    "serialized (C75xx)" when ptxas serializes its wgmma (`wgmma_state`)."""
+    "serialized (C75xx)" when ptxas serializes its wgmma (`wgmma_state`), or "whole-program (not inspected)" for
+    a kernel the driver's JIT compiled (`kernels.jit.load_whole_program`: nvJitLink's relocatable report would not
+    be its)."""
 
     name: str
     threads: int
@@ -102,9 +104,13 @@ def resources(instance: KernelInstance) -> KernelResources:
 def _wgmma_of(dispatcher, args) -> str:
     """`wgmma_state` of a compiled kernel's PTX (numba's `inspect_asm`, whose overloads are keyed by the argument
     types ``args``, not by a full signature), or "?" when ptxas cannot be asked."""
+    from kernels.jit import is_whole_program
+
     ptx = dispatcher.inspect_asm(args)
     if "wgmma.mma_async" not in ptx:
         return ""
+    if is_whole_program(dispatcher, args):
+        return "whole-program (not inspected)"
     arch = "sm_90a" if re.search(r"^\.target\s+sm_90\b", ptx, re.M) else None  # wgmma needs the "a" target
     try:
         return wgmma_state(ptx, assemble_ptx(ptx, arch)[1])
