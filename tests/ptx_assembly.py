@@ -69,3 +69,32 @@ def whole_program_resources(ptx: str, arch: str = "sm_90a") -> dict | None:
     if run.returncode:
         raise AssertionError(f"ptxas refused the PTX: {log[-400:]}")
     return _report(log)
+
+
+_WGMMA = re.compile(r"wgmma\.mma_async[^{]*\{([^}]*)\},\s*(\{[^}]*\}|%\w+)")
+_DEST = re.compile(r"^\s*(?:@!?%\w+\s+)?[a-z][\w.:]*\s+(%\w+)\s*,")
+
+
+def wgmma_register_hazards(ptx: str) -> list[str]:
+    """Instructions of ``ptx`` that write a register an issued ``wgmma.mma_async`` still reads or accumulates into
+    (its D registers, and its A registers in the register-A form) before the next ``wgmma.wait_group``, in text
+    order (the main loops are straight-line between the two): undefined behaviour by the PTX ISA (§9.7.15.5), and
+    what NVVM produces when it computes the next tile's A fragment into the registers of the one in flight. Each
+    entry names the line. Inline-asm blocks are scanned statement by statement; other wgmma instructions may
+    accumulate into the same D registers (the ISA allows that)."""
+    hazards, live = [], set()
+    for number, line in enumerate(ptx.splitlines(), 1):
+        for statement in line.split(";"):
+            if "wgmma.wait_group" in statement:
+                live = set()
+                continue
+            found = _WGMMA.search(statement)
+            if found:
+                live |= set(re.findall(r"%\w+", found[1]))
+                if found[2].startswith("{"):
+                    live |= set(re.findall(r"%\w+", found[2]))
+                continue
+            dest = _DEST.match(statement.strip("{ \t"))
+            if live and dest and dest[1] in live and not statement.strip().startswith(("setp", "st.")):
+                hazards.append(f"line {number}: {statement.strip()} (written while a wgmma reads it)")
+    return hazards

@@ -21,6 +21,7 @@ from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR
 from minfer_cli.experiment import rel_l2
 from minfer_cli.quant_blocks import reference_f16
+from ptx_assembly import wgmma_register_hazards
 from tests.test_gemm_fused import _operands
 
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
@@ -101,6 +102,24 @@ def test_regs_ptx(tn):
     assert "ld.local" not in ptx and "st.local" not in ptx, "accumulators in local memory (NVVM)"
     res = ptxas_resources(ptx)
     assert res["registers"] <= 168 and res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
+    assert not wgmma_register_hazards(ptx)
+
+
+def test_the_hazard_check_flags_a_write_to_an_in_flight_a_register():
+    """`wgmma_register_hazards` on hand-written PTX: the next A word computed into a register the issued wgmma reads
+    (what NVVM once made of this kernel's loop) is flagged, the same write after the wait or to another register is
+    not, nor is a second wgmma accumulating into the same D registers."""
+
+    issue = ("wgmma.fence.sync.aligned;\n{ .reg .pred p; setp.ne.b32 p, %r9, 0; wgmma.mma_async.sync.aligned."
+             "m64n8k16.f32.f16.f16 {%f1, %f2, %f3, %f4}, {%r1, %r2, %r3, %r4}, %rd1, p, 1, 1, 0; }\n"
+             "wgmma.commit_group.sync.aligned;\n")
+    wait = "wgmma.wait_group.sync.aligned 0;\n"
+    hazard = wgmma_register_hazards(issue + "fma.rn.f16x2 %r3, %r7, %r8, %r9;\n" + wait)
+    assert len(hazard) == 1 and "line 4: fma.rn.f16x2 %r3" in hazard[0]
+    assert wgmma_register_hazards(issue + "add.f32 %f2, %f5, %f6;\n" + wait)  # an accumulator too
+    assert not wgmma_register_hazards(issue + "fma.rn.f16x2 %r5, %r7, %r8, %r9;\n" + wait
+                                      + "mov.b32 %r3, %r5;\n")
+    assert not wgmma_register_hazards(issue + issue.replace("%r1, %r2, %r3, %r4", "%r5, %r6, %r7, %r8") + wait)
 
 
 @pytest.mark.compile
@@ -117,6 +136,7 @@ def test_regs_warpgroup_producer_ptx():
                    f"{R.PRODUCER_REGS};", f"setmaxnreg.inc.sync.aligned.u32 {R.CONSUMER_REGS};", ".maxntid 384"):
         assert needle in ptx, needle
     assert 128 * R.PRODUCER_REGS + 256 * R.CONSUMER_REGS <= 65536
+    assert not wgmma_register_hazards(ptx)
     res = whole_program_resources(ptx)
     if res is None:
         pytest.skip("no whole-program ptxas on this machine (the relocatable nvJitLink ignores setmaxnreg)")
@@ -289,6 +309,7 @@ def test_regs_glu_ptx():
     assert "st.global.v4.u32" in ptx or "st.global.v4.b32" in ptx
     res = ptxas_resources(ptx)
     assert res["registers"] <= 168 and res["spill_bytes"] == 0 and not res["wgmma_serialized"], res
+    assert not wgmma_register_hazards(ptx)
 
 
 @pytest.mark.gpu

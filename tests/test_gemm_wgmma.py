@@ -809,3 +809,21 @@ def test_gemm_glu_gpu_is_gemm_and_swiglu_bit_for_bit(config, shape):
     assert not np.isnan(fused).any()
     assert np.array_equal(fused.view(np.uint16), unfused.view(np.uint16))
     assert np.linalg.norm(fused.astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kernel", ["gemm_f16", "gemm_f16_glu", "gemm_f16_accumulate", "gemm_fused", "attention"])
+def test_no_register_an_issued_wgmma_reads_is_written_before_its_wait(kernel):
+    """The wgmma kernels' PTX as NVVM writes it: no instruction writes a register an issued wgmma.mma_async still
+    reads (A in registers, D) before the wgmma.wait_group (`ptx_assembly.wgmma_register_hazards`; the register-A
+    GEMM's own check is in test_gemm_fused_regs)."""
+    from ptx_assembly import wgmma_register_hazards
+
+    from kernels import attention, gemm_f16, gemm_fused
+
+    ptx = {"gemm_f16": lambda: gemm_f16.kernel_ptx(None), "gemm_f16_glu": lambda: gemm_f16.kernel_ptx(None, glu=True),
+           "gemm_f16_accumulate": lambda: gemm_f16.kernel_ptx(None, accumulate=True),
+           "gemm_fused": lambda: gemm_fused.kernel_ptx(None, "Q4_K"),
+           "attention": lambda: attention.kernel_ptx({"MMA": "wgmma"}, cc=(9, 0, "a"))}[kernel]()
+    assert "wgmma.mma_async" in ptx
+    assert not wgmma_register_hazards(ptx)
