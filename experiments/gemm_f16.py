@@ -38,7 +38,8 @@ _DOCS = {
     "MMA": "tensor-core instruction: mma.sync m16n8k16 fed by ldmatrix, wmma m16n16k16, or (sm_90a) wgmma "
            "m64nNk16 reading both operands from shared memory through descriptors",
     "TM": "od tile per block (B rows staged per k step)",
-    "TN": "nt tile per block (A rows staged per k step)",
+    "TN": "nt tile per block (A rows staged per k step); 256 with IMPL=fused_regs only (its producer warpgroup gives "
+          "registers to the consumers: setmaxnreg, loaded whole-program)",
     "KS": "k width of one shared-memory tile",
     "STAGES": "depth of the shared-memory ring (STAGES-1 k tiles in flight)",
     "STAGING": "global->shared copies: cp.async.cg (zero-fill tails), ld.global.v4 + st.shared.v4, or tma (a producer "
