@@ -111,7 +111,7 @@ def engine_knobs() -> tuple[Knob, ...]:
     knobs += [Knob("PFUSED_REGS", (0, 1), 0, "prefill (pp), with PFUSED=1: 1 multiplies those matrices with "
                                              "kernels.gemm_fused_regs (the weight as wgmma's register operand, each "
                                              "consumer thread dequantizing its own fragment: no f16 weight tile in "
-                                             "shared memory; tile 128 weight rows x TN tokens; the gate|up with its "
+                                             "shared memory; tile 128 weight rows x PFUSED_TN tokens; the gate|up with its "
                                              "SwiGLU epilogue under PFUSE_GLU); "
                                              "0 with kernels.gemm_fused. Does nothing with PFUSED=0")]
     knobs += [Knob("PFUSED_TN", (128, 256), 128, "prefill (pp), with PFUSED_REGS=1: tokens a tile of "
