@@ -363,7 +363,7 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
                         glu=uses_glu(c, options) and (not options.fused or uses_fused_glu(c, options)),
                         fused=specs if options.fused else None,
-                        fused_regs=options.fused_gemm if options.fused_regs else None)
+                        fused_regs=options.regs_gemm)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -191,7 +191,7 @@ class PrefillEngine:
                        if options.rope_angles else None)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
         capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices),
-                                             options.fused_gemm if options.fused and options.fused_regs else None)
+                                             options.regs_gemm)
         if capacity:
             self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)

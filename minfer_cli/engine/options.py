@@ -66,6 +66,12 @@ class PrefillOptions:
         """The GEMM knobs the fused kernel reads: ``gemm``, with TN = ``fused_tn`` for PFUSED_REGS's kernel."""
         return dict(self.gemm or {}, TN=self.fused_tn) if self.fused_regs else self.gemm
 
+    @property
+    def regs_gemm(self) -> Optional[dict]:
+        """`fused_gemm` when PFUSED_REGS's kernel runs (``fused`` and ``fused_regs``), else None: what the split-K
+        partials and the memory plan size its tiles by."""
+        return self.fused_gemm if self.fused and self.fused_regs else None
+
 
 @dataclass(frozen=True)
 class DecodeOptions:
