@@ -138,9 +138,7 @@ class GemmF16Experiment(Experiment):
 
         cfg = {k: config[k] for k in _TABLE}
         s = workload.shape
-        need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
-        partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
-        if config.get("IMPL") == "fused_regs":
+        if config.get("IMPL") == "fused_regs":  # before gemm_f16's own knob check, which refuses its TN=256
             from kernels import gemm_fused_regs
 
             gemm_fused_regs.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing
@@ -153,6 +151,8 @@ class GemmF16Experiment(Experiment):
                                                 partials=regs_partials)
 
             return launch_regs
+        need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
+        partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
         if config.get("IMPL") == "fused":
             from kernels import gemm_fused
 

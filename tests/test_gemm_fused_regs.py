@@ -172,16 +172,17 @@ def test_regs_gpu_matches_torch_and_gemm_fused(tn, nt, rows, id_):
 
 
 @sim
-def test_experiment_fused_regs_arm_runs_and_is_checked():
+@pytest.mark.parametrize("tn,stages", [(64, 3), (256, 2)])
+def test_experiment_fused_regs_arm_runs_and_is_checked(tn, stages):
     """`minfer run gemm_f16 --arm IMPL=fused_regs` on the tiny workload: the arm multiplies the input set's Q4_K bytes
     and passes the experiment's check; a poisoned element of its output fails it; only its own knobs are effective;
-    its cost counts the Q4_K bytes."""
+    its cost counts the Q4_K bytes. TN=256 (a tile gemm_f16's own kernels refuse) prepares too."""
     from minfer_cli.experiment import get
 
     exp = get("gemm_f16")
     wl = exp.workload("tiny")
-    config = exp.config("IMPL=fused_regs,TN=64,STAGES=3")
-    assert exp.effective(config) == {"IMPL": "fused_regs", "TN": 64, "STAGES": 3, "GROUP": G.DEFAULT["GROUP"],
+    config = exp.config(f"IMPL=fused_regs,TN={tn},STAGES={stages}")
+    assert exp.effective(config) == {"IMPL": "fused_regs", "TN": tn, "STAGES": stages, "GROUP": G.DEFAULT["GROUP"],
                                      "NOCALL": G.DEFAULT["NOCALL"], "SPLITK": 0}
     assert exp.refuse(exp.config("IMPL=fused_regs,TM=192"), wl) is None  # TM does not apply to it
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
