@@ -50,7 +50,7 @@ from kernels.ptx import SIMULATOR, bar_sync, fma_f16x2, ld_shared_v4_b32, prmt_b
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
 from kernels.ptx.wgmma import SWIZZLE_128B, fence_proxy_async_shared, wgmma_desc, wgmma_wait_group
-from kernels.quant.bits import f16x2_bits, f32_from_f16_bits, fmul_rn
+from kernels.quant.bits import f16x2_bits, f32_from_bits, f32_from_f16_bits, fmul_rn, fsub_rn
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache, is_contiguous
 
 FUSED_TYPES = ("Q4_K",)
@@ -113,29 +113,37 @@ def fused_geometry(config: dict | None, qtype: str, accumulate: bool = False) ->
     return FusedGeometry(g, qtype, raw)
 
 
+F32_2P23 = 0x4B000000  # f32 2^23: a byte under its exponent (prmt) is that integer plus 2^23, exactly
+
+
 @cuda.jit(device=True, inline="always")
-def q4_k_scale_min(d, dmin, g, s, h0, h1, h2):
-    """f16x2 (d * sc, d * sc) and (-dmin * m, -dmin * m) of Q4_K sub-block s of 64-weight group g (ggml's
-    get_scale_min_k4 over scales[12] = words h0, h1, h2; the products in float32 as gguf-py, then rounded to f16)."""
-    t = 8 * (s & 3)
-    a = (h0 >> t) & 0xFF  # scales[s % 4]
-    c = (h1 >> t) & 0xFF  # scales[s % 4 + 4]
-    e = (h2 >> t) & 0xFF  # scales[s % 4 + 8]
+def q4_k_scales_mins(d, dmin, g, h0, h1, h2):
+    """``(s_lo, m_lo, s_hi, m_hi)``, f16x2 (d * sc, d * sc) and (-dmin * m, -dmin * m) of Q4_K sub-blocks 2g (the
+    low nibbles) and 2g + 1 (the high nibbles) of 64-weight group g, from scales[12] = words h0, h1, h2 (ggml's
+    get_scale_min_k4: sub-block j < 4 takes scales[j] & 63 and scales[j + 4] & 63; j >= 4 the low / high nibble of
+    scales[j + 4] under the top two bits of scales[j - 4] / scales[j]). The products in float32 as gguf-py, then
+    rounded to f16. 32-bit byte arithmetic: both sub-blocks' four 6-bit codes gathered into one word (`prmt_b32`),
+    each turned into float32 under the exponent of 2^23 (exact) rather than by an integer conversion."""
+    b = 0x2222 * (g & 1)  # bytes 2 (g % 2) and 2 (g % 2) + 1 of a scales word
+    a = prmt_b32(h0, h1, 0x5410 + b)  # scales[2g'], scales[2g' + 1], scales[2g' + 4], scales[2g' + 5]
     if g < 2:
-        sc = a & 63
-        m = c & 63
+        codes = a & 0x3F3F3F3F
     else:
-        sc = (e & 0xF) | ((a >> 6) << 4)
-        m = (e >> 4) | ((c >> 6) << 4)
-    dsc = fmul_rn(d, float32(sc))
-    dm = fmul_rn(dmin, float32(m))
-    return f16x2_bits(dsc, dsc), f16x2_bits(-dm, -dm)
+        e = prmt_b32(h2, h2, 0x1010 + b)  # scales[2g' + 8], scales[2g' + 9], the same again
+        codes = (e & 0x00000F0F) | ((e >> 4) & 0x0F0F0000) | ((a >> 2) & 0x30303030)
+    sc_lo = fsub_rn(f32_from_bits(prmt_b32(codes, F32_2P23, 0x7540)), float32(8388608.0))
+    sc_hi = fsub_rn(f32_from_bits(prmt_b32(codes, F32_2P23, 0x7541)), float32(8388608.0))
+    m_lo = fsub_rn(f32_from_bits(prmt_b32(codes, F32_2P23, 0x7542)), float32(8388608.0))
+    m_hi = fsub_rn(f32_from_bits(prmt_b32(codes, F32_2P23, 0x7543)), float32(8388608.0))
+    s_lo, s_hi = fmul_rn(d, sc_lo), fmul_rn(d, sc_hi)
+    n_lo, n_hi = fmul_rn(-dmin, m_lo), fmul_rn(-dmin, m_hi)
+    return f16x2_bits(s_lo, s_lo), f16x2_bits(n_lo, n_lo), f16x2_bits(s_hi, s_hi), f16x2_bits(n_hi, n_hi)
 
 
 @cuda.jit(device=True, inline="always")
 def q4_k_pair(x, s2, m2):
     """Two weights as f16x2 from ``x``, two 4-bit codes under the f16 exponent of 1024 (`prmt_b32` with
-    `F16_HI_BYTES`): ``(x - 1024) * s2 + m2`` with the sub-block's `q4_k_scale_min` pair (f16x2 sub and fma, .rn)."""
+    `F16_HI_BYTES`): ``(x - 1024) * s2 + m2`` with the sub-block's `q4_k_scales_mins` pair (f16x2 sub and fma, .rn)."""
     return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
 
 
@@ -147,7 +155,7 @@ def _q4_k_row(TM: int):
     16 bytes at a time, each feeding the low-nibble chunks and the high-nibble chunks it holds, so few words are
     live beside the accumulators."""
     QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
-    pair, scale_min = q4_k_pair, q4_k_scale_min
+    pair, scales_mins = q4_k_pair, q4_k_scales_mins
 
     @cuda.jit(device=True, inline="always")
     def chunk(smem, at, r, c, s2, m2, lo, hi):
@@ -161,9 +169,7 @@ def _q4_k_row(TM: int):
         w0 = h[0] if valid else uint32(0)
         d = f32_from_f16_bits(w0 & 0xFFFF)
         dmin = f32_from_f16_bits(w0 >> 16)
-        g = kt & 3
-        lo_s, lo_m = scale_min(d, dmin, g, 2 * g, h[1], h[2], h[3])  # sub-block 2g: low nibbles, chunks 0-3
-        hi_s, hi_m = scale_min(d, dmin, g, 2 * g + 1, h[1], h[2], h[3])  # 2g + 1: high nibbles, chunks 4-7
+        lo_s, lo_m, hi_s, hi_m = scales_mins(d, dmin, kt & 3, h[1], h[2], h[3])  # low nibbles: chunks 0-3, high 4-7
         for q in range(2):  # qs bytes 16 q .. 16 q + 15: chunks 2q, 2q + 1 and 2q + 4, 2q + 5
             x = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + q * 8)
             chunk(smem, at, r, 2 * q, lo_s, lo_m, x[0] & 0x0F0F0F0F, x[1] & 0x0F0F0F0F)

@@ -25,7 +25,7 @@ barrier between the consumers; the activations are the shared-memory B operand, 
   two 16-byte qs reads), free the slot (one arrival a warp), build the words (the mma.m16n8k16 A fragment: weights
   2t, 2t + 1 and 2t + 8, 2t + 9 of each row and k16 step) in other registers; then wait for the batch (its A
   registers are then free) and free the activation slot.
-* Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scale_min`: the same f16 weights): k16 steps 0 and 1
+* Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scales_mins`: the same f16 weights): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
@@ -48,7 +48,7 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
-from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scale_min
+from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scales_mins
 from kernels.ptx import SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc, syncwarp
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_try_wait_parity
 from kernels.ptx.wgmma import (SWIZZLE_128B, wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_m64nNk16_f32_f16_rs,
@@ -151,9 +151,7 @@ def _a_words():
         w0 = h[0] if valid else uint32(0)
         d = f32_from_f16_bits(w0 & 0xFFFF)
         dmin = f32_from_f16_bits(w0 >> 16)
-        g = kt & 3
-        lo_s, lo_m = q4_k_scale_min(d, dmin, g, 2 * g, h[1], h[2], h[3])  # weights 0..31 of the group: low nibbles
-        hi_s, hi_m = q4_k_scale_min(d, dmin, g, 2 * g + 1, h[1], h[2], h[3])  # 32..63: high nibbles
+        lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, kt & 3, h[1], h[2], h[3])  # weights 0..31: low nibbles
         x = ld_shared_v4_b32(smem, raw_at + QS + r * 16)  # qs bytes 0..15
         y = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + 8)  # 16..31
         wa = x[1] if odd else x[0]  # bytes 2t, 2t + 1
@@ -216,11 +214,11 @@ def _make_kernel(rg: RegsGeometry):
             opaque_u32(w[j])
 
     @cuda.jit(device=True, inline="always")
-    def tile_words(smem, bars, i, kt, r0, v0, v1, odd, sel, lane):
-        """The thread's A words of the block's k tile i (k tile kt of the weight), rows r0 and r0 + 8 (`_a_words`):
-        wait for raw slot i % RAW, read it, free it (one arrival a warp)."""
-        rs = i % RAW
-        while mbarrier_try_wait_parity(bars, RFULL0 + rs, uint32((i // RAW) & 1)) == 0:
+    def tile_words(smem, bars, rs, rph, kt, r0, v0, v1, odd, sel, lane):
+        """The thread's A words of k tile kt of the weight, rows r0 and r0 + 8 (`_a_words`): wait for raw slot rs
+        (phase parity rph: the block's k tile i is in slot i % RAW, phase (i // RAW) & 1), read it, free it (one
+        arrival a warp)."""
+        while mbarrier_try_wait_parity(bars, RFULL0 + rs, rph) == 0:
             pass
         raw_at = RAW0 + rs * RAW_SLOT
         p = row_words(smem, raw_at, r0, kt, v0, odd, sel)
@@ -258,7 +256,9 @@ def _make_kernel(rg: RegsGeometry):
         v1 = GLU or m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
-        p, q = tile_words(smem, bars, 0, kt0, r0, v0, v1, odd, sel, lane)
+        rs = 0  # raw slot and phase of the next tile's words, counted as s and phase are
+        rph = uint32(0)
+        p, q = tile_words(smem, bars, rs, rph, kt0, r0, v0, v1, odd, sel, lane)
         s = 0
         phase = uint32(0)
         for i in range(ktiles):
@@ -274,7 +274,11 @@ def _make_kernel(rg: RegsGeometry):
             wgmma_commit_group()
             batch_p, batch_q = p, q
             if i + 1 < ktiles:  # tile i + 1's A words while the tensor cores run tile i (other registers)
-                p, q = tile_words(smem, bars, i + 1, kt0 + i + 1, r0, v0, v1, odd, sel, lane)
+                rs += 1
+                if rs == RAW:
+                    rs = 0
+                    rph ^= uint32(1)
+                p, q = tile_words(smem, bars, rs, rph, kt0 + i + 1, r0, v0, v1, odd, sel, lane)
             wgmma_wait_group(0)
             keep_words(batch_p)  # the batch's A registers stay live until its wait: never the next tile's
             keep_words(batch_q)

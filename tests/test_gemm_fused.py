@@ -78,6 +78,40 @@ def _assert_close(got, a, w16, f16_path):
 
 
 @sim
+def test_q4_k_scales_mins_matches_gguf():
+    """`q4_k_scales_mins` for every 64-weight group g of fresh random Q4_K headers (all 6-bit codes and top bits
+    exercised) equals gguf's ``Q4_K.get_scale_min``: d * sc and -dmin * m in float32, rounded to f16, in both halves."""
+    from gguf import quants
+
+    n = 64
+    rng = np.random.default_rng()
+    scales = rng.integers(0, 256, (n, 12), dtype=np.uint8)
+    dd = (rng.standard_normal((n, 2)) * 0.05).astype(np.float16)
+    words = scales.view("<u4")  # (n, 3)
+
+    @cuda.jit
+    def kernel(dd, words, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            for g in range(4):
+                r = F.q4_k_scales_mins(np.float32(dd[i, 0]), np.float32(dd[i, 1]), g, words[i, 0], words[i, 1],
+                                       words[i, 2])
+                for k in range(4):
+                    out[i, g, k] = r[k]
+
+    out = cuda.to_device(np.zeros((n, 4, 4), np.uint32))
+    kernel[1, n](cuda.to_device(dd), cuda.to_device(words), out)
+    got = out.copy_to_host()
+    sc, mn = quants.Q4_K.get_scale_min(scales.copy())
+    d, dmin = dd[:, :1].astype(np.float32), dd[:, 1:].astype(np.float32)
+    s16 = (d * sc.astype(np.float32)).astype(np.float16).view(np.uint16).astype(np.uint32)
+    m16 = (-(dmin * mn.astype(np.float32))).astype(np.float16).view(np.uint16).astype(np.uint32)
+    both = lambda h: h | (h << 16)  # noqa: E731
+    want = np.stack([both(s16[:, 0::2]), both(m16[:, 0::2]), both(s16[:, 1::2]), both(m16[:, 1::2])], axis=-1)
+    np.testing.assert_array_equal(got, want)
+
+
+@sim
 def test_fused_simulator_split_k():
     """Every tile in k slices: 3 of 8 k tiles (slices start at tiles 0, 2, 5: mid super-block), and 4 of 4 (one k
     tile a slice); poisoned C and partials, float64 and the f16 path."""
