@@ -7,18 +7,17 @@ with 3 stages, is `--arm MMA=mma_sync,STAGING=cp_async,KS=32,STAGES=3`). The bas
 back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP=1,LOOP=v1` (64x64x32, 2 stages,
 cp.async, mma_sync). Launch knobs SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`) and AUTOTILE (TM=128
 for a shape whose 256-wide grid quantizes badly, `kernels.gemm_f16.launch_config`). IMPL picks the kernel:
-minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused: `kernels.gemm_fused`, the same tiles
-with B dequantized inside the kernel from the weight's Q4_K blocks (the tile knobs apply; STAGES >= 3), or
-fused_regs: `kernels.gemm_fused_regs`, the weight dequantized into wgmma's register A operand (C^T = W · A^T; 128
-weight rows x TN tokens a tile).
+minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused_regs: `kernels.gemm_fused_regs`, the
+weight's Q4_K blocks dequantized inside the kernel into wgmma's register A operand (C^T = W · A^T; 128 weight rows
+x TN tokens a tile). IMPL=fused, the B-producer fused kernel, lost its A/Bs to it and was deleted (ledger #405).
 Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
 dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
 Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A read
-once (f16), the weight once (f16, or its Q4_K blocks for IMPL=fused) + C written once (f32).
+once (f16), the weight once (f16, or its Q4_K blocks for IMPL=fused_regs) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs (B: the f16 dequantization) when torch is importable,
 else numpy float64 on the host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32
-accumulation; IMPL=fused also rounds its own dequantization to f16). Records before 2026-12-04's IMPL=fused
+accumulation; IMPL=fused_regs also rounds its own dequantization to f16). Records before 2026-12-04's fused arm
 multiplied a random-normal B (the kernels do the same work on any values).
 """
 
@@ -74,11 +73,11 @@ class GemmF16Experiment(Experiment):
     name = "gemm_f16"
     purpose = "tiled f16 tensor-core GEMM for prefill (f32 accumulate) vs the f16 matrix-rate ceiling"
     knobs = tuple(Knob(k, tuple(v), _DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in _TABLE.items()) + (
-        Knob("IMPL", ("minfer", "cublas", "fused", "fused_regs"), "minfer",
+        Knob("IMPL", ("minfer", "cublas", "fused_regs"), "minfer",
              "minfer's kernel on the f16 weight, cuBLAS through torch (f16 in, f32 out) as the vendor arm (tile knobs "
-             "do not apply), fused: minfer's kernel dequantizing the weight's Q4_K blocks itself into its shared B "
-             "tile (kernels.gemm_fused), or fused_regs: dequantizing them into wgmma's register A operand "
-             "(kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, GROUP, NOCALL, SPLITK apply)"),
+             "do not apply), or fused_regs: minfer's kernel dequantizing the weight's Q4_K blocks itself into "
+             "wgmma's register A operand (kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, "
+             "GROUP, NOCALL, SPLITK apply)"),
     )
     workloads = (
         Workload("ffn_up", _shape(2048, 18944, 3584), "Qwen2-7B ffn_up at nt=2048"),
@@ -153,16 +152,6 @@ class GemmF16Experiment(Experiment):
             return launch_regs
         need = kernel.partials_elements(cfg, s["nt"], s["od"], s["id"])
         partials = cuda.device_array(need, dtype=np.float32) if need else None  # split-K: allocated once, here
-        if config.get("IMPL") == "fused":
-            from kernels import gemm_fused
-
-            gemm_fused.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing or capture
-
-            def launch_fused(inputs, output, stream):
-                a, _, raw = inputs
-                gemm_fused.gemm_fused(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream, partials=partials)
-
-            return launch_fused
         for run, _, _ in kernel.launches(cfg, s["nt"], s["od"], s["id"]):  # compile (and opt in to >48 KB shared
             kernel.build(run)  # memory) every kernel of the product now, outside any timing or capture
 
@@ -179,7 +168,7 @@ class GemmF16Experiment(Experiment):
         cuda.synchronize()
 
     def refuse(self, config, workload):
-        """A knob combination `kernels.gemm_f16` (or, for IMPL=fused, `kernels.gemm_fused`) refuses (e.g.
+        """A knob combination `kernels.gemm_f16` (or, for IMPL=fused_regs, `kernels.gemm_fused_regs`) refuses (e.g.
         STAGING=tma with KS=32); the cuBLAS arm never."""
         if config.get("IMPL") == "cublas":
             return None
@@ -187,11 +176,7 @@ class GemmF16Experiment(Experiment):
 
         try:
             cfg = kernel.resolve_config({k: config[k] for k in _TABLE}, fused_regs=config.get("IMPL") == "fused_regs")
-            if config.get("IMPL") == "fused":
-                from kernels.gemm_fused import fused_geometry
-
-                fused_geometry(cfg, "Q4_K")
-            elif config.get("IMPL") == "fused_regs":
+            if config.get("IMPL") == "fused_regs":
                 from kernels.gemm_fused_regs import regs_geometry
 
                 regs_geometry(cfg, "Q4_K")
@@ -205,8 +190,8 @@ class GemmF16Experiment(Experiment):
         SPLITK as 1 and
         NOCALL as 0 for a kernel other than MMA=wgmma (only the wgmma kernels split, so 0 = auto never splits there;
         only they have wgmma for ptxas to serialize); EPI as direct
-        for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (IMPL=fused,
-        STAGING other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
+        for a kernel other than STAGING=tma (only those stage C); AUTOTILE as 0 where it cannot act (STAGING
+        other than tma, TM other than 256) and, on ``workload`` with a CUDA device present, the tile
         AUTOTILE runs there (`kernels.gemm_f16.launch_config`: TM=128 on shapes whose 256-wide grid quantizes
         badly, so a TM=128 vs TM=256 A/B there would time one kernel twice); NARROWTAIL as 0 where it cannot act
         (as AUTOTILE, and on ``workload`` with a device, where `kernels.gemm_f16.tail_plan` keeps one launch)."""
@@ -220,8 +205,7 @@ class GemmF16Experiment(Experiment):
         if config.get("MMA", _DEFAULT["MMA"]) != "wgmma":
             eff["SPLITK"] = 1
             eff["NOCALL"] = 0
-        if (config.get("IMPL") == "fused" or config.get("STAGING", _DEFAULT["STAGING"]) != "tma"
-                or config.get("TM", _DEFAULT["TM"]) != 256):
+        if config.get("STAGING", _DEFAULT["STAGING"]) != "tma" or config.get("TM", _DEFAULT["TM"]) != 256:
             eff["AUTOTILE"] = 0
             eff["NARROWTAIL"] = 0
         elif workload is not None and _has_device():
@@ -251,14 +235,6 @@ class GemmF16Experiment(Experiment):
             rg = built.geometry
             name = f"gemm_fused_regs[Q4_K,{rg.tn}x128x64,STAGES={rg.stages},RAW={rg.raw},GROUP={rg.group}]"
             return [KernelInstance(name, built.kernel, gemm_fused_regs.SIGNATURE, rg.threads, rg.smem_bytes)]
-        if config.get("IMPL") == "fused":
-            from kernels import gemm_fused
-
-            built = gemm_fused.build({k: config[k] for k in knob_table.KNOBS}, "Q4_K")
-            fg = built.geometry
-            g = fg.base
-            name = f"gemm_fused[Q4_K,{g.tn}x{g.tm}x{g.ks},STAGES={g.stages},RAW={fg.raw},GROUP={g.group},EPI={g.epi}]"
-            return [KernelInstance(name, built.kernel, gemm_fused.SIGNATURE, fg.threads, fg.smem_bytes)]
         s = workload.shape
         found = []
         for run, _, _ in kernel.launches({k: config[k] for k in _TABLE}, s["nt"], s["od"], s["id"]):
@@ -279,7 +255,7 @@ class GemmF16Experiment(Experiment):
     def cost(self, workload: Workload, config=None) -> Cost:
         s = workload.shape
         nt, od, id_ = s["nt"], s["od"], s["id"]
-        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") in ("fused", "fused_regs") else 2.0 * od * id_
+        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") == "fused_regs" else 2.0 * od * id_
         return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * nt * id_ + weight + 4.0 * nt * od)
 
 

@@ -319,8 +319,7 @@ def device_sms() -> int:
 def partials_elements(config: dict | None, nt: int, od: int, kdim: int, sms: int | None = None) -> int:
     """f32 elements of the split-K partials buffer a launch of ``config`` needs for this shape (0 without a
     split): slices * nt * od when every tile is split, else (split tiles) * slices * TN * TM; the largest of the
-    plans of ``config`` itself (`kernels.gemm_fused`) and of its `launch_config` (`gemm_f16`) and its SwiGLU
-    launch's (`gemm_f16_glu`)."""
+    plans of ``config`` itself and of its `launch_config` (`gemm_f16`) and its SwiGLU launch's (`gemm_f16_glu`)."""
     sizes = []
     for cfg in (resolve_config(config), launch_config(config, nt, od, sms), launch_config(config, nt, od, sms, True)):
         plan = split_plan(cfg, nt, od, kdim, sms)

@@ -84,8 +84,7 @@ the same k. 144: one wave of a 7B qkv at nt=512 in 128 tiles of 144 took 0.880 o
 H100: `minfer ab gemm_f16 -w qkv_nt512 --arm AUTOTILE=0,TM=192 --arm AUTOTILE=0,TM=144`), so 0.880 *
 MID_TILE_TIME."""
 TMA_ONLY_TM = (144, 192)
-"""TM values only the STAGING=tma kernel has (the cp.async kernels split TM over warps in power-of-two widths; the
-fused B producer lays out its dequantizing threads for TM 64, 128 or 256)."""
+"""TM values only the STAGING=tma kernel has (the cp.async kernels split TM over warps in power-of-two widths)."""
 AUTOTILE_WIDTHS = {1: (256, 128), 4: (256, 192, 144, 128)}
 """The STAGING=tma widths each AUTOTILE value chooses among (the SwiGLU epilogue takes only multiples of 128)."""
 MAX_SLICES = 16

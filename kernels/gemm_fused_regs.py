@@ -1,11 +1,13 @@
 """The fused-dequantization GEMM with the weight as wgmma's register operand: ``C[nt, od] = A[nt, id] · dequant(W)[od,
 id]^T`` computed as ``C^T = dequant(W) · A^T``.
 
-`kernels.gemm_fused` makes each B tile in shared memory (consumers dequantize into the swizzled tile, fence it for
-the async proxy and meet at a named barrier before every wgmma batch). Here the operands are swapped, as CUTLASS's
+The weight crosses device memory at its quantized size and no f16 copy of it exists (the engine's PFUSED; the
+formats, their arithmetic and the raw producer are `kernels.gemm_fused`'s). The operands are swapped, as CUTLASS's
 sm90 mixed-input GEMM does: the weight is wgmma's A operand, which may come from registers, so a consumer thread
-dequantizes its own A fragment and hands it to the tensor cores directly: no f16 weight tile, no proxy fence and no
-barrier between the consumers; the activations are the shared-memory B operand, copied by TMA as the f16 GEMM's A.
+dequantizes its own A fragment and hands it to the tensor cores directly: no f16 weight tile in shared memory, no
+proxy fence and no barrier between the consumers (the B-producer form, which had all three, lost its A/Bs to this
+one and was deleted: ledger #405, #415, #416); the activations are the shared-memory B operand, copied by TMA as
+the f16 GEMM's A.
 
 * Tile: ``TM`` = 128 weight rows x TN tokens (gemm_f16's TN knob: 64, 128 or 256). Two consumer warpgroups, 64
   weight rows each, every token of the tile: a k16 step is one ``wgmma.m64nTNk16`` with A from registers
@@ -25,12 +27,12 @@ barrier between the consumers; the activations are the shared-memory B operand, 
   two 16-byte qs reads), free the slot (one arrival a warp), build the words (the mma.m16n8k16 A fragment: weights
   2t, 2t + 1 and 2t + 8, 2t + 9 of each row and k16 step) in other registers; then wait for the batch (its A
   registers are then free) and free the activation slot.
-* Q4_K arithmetic as `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scales_mins`: the same f16 weights): k16 steps 0 and 1
+* Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scales_mins`): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
   plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
-  (``accumulate``: C += the product) as `kernels.gemm_fused`'s. The SwiGLU epilogue (`gemm_fused_regs_glu`): the
+  (``accumulate``: C += the product) as `kernels.gemm_f16.gemm_f16`'s. The SwiGLU epilogue (`gemm_fused_regs_glu`): the
   tile's halves are 64 gate rows and the same up rows, staged as `kernels.gemm_f16.gemm_f16_glu`'s C tile.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
@@ -81,7 +83,7 @@ class RegsGeometry:
     raw: int
     group: int
     nocall: bool
-    accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_fused`'s)
+    accumulate: bool = False  # C += the product (the residual epilogue, as `kernels.gemm_f16`'s)
     glu: bool = False  # a gate|up weight: the tile's halves are 64 gate rows and their up rows; SwiGLU epilogue
 
     tm = TM
@@ -356,12 +358,14 @@ def partials_capacity(config: dict | None, max_nt: int, max_od: int, sms: int) -
 def gemm_fused_regs(a, segments, qtype: str, out=None, *, config: dict | None = None, stream=0, partials=None,
                     accumulate: bool = False):
     """Enqueue ``C[nt, od] = A[nt, id] · dequant(W)[od, id]^T`` on ``stream`` with the register-A kernel and return C
-    (f32 device array); with ``accumulate``, ``out +=`` the product. Arguments as `kernels.gemm_fused.gemm_fused` (a
-    f16 [nt, id]; 1 to 3 segments of ``qtype`` GGUF blocks stacked along od, later ones starting on 64-row boxes; out
-    f32 [nt, od] or None); ``config``: the gemm_f16 knobs `regs_geometry` reads. The weights are the same f16 values as `kernels.gemm_fused`'s (C within
-    ~1e-3 relative of A times the f16 dequantization; the sums' order differs from gemm_fused's). Needs an sm_90a
-    device. Raises KernelConstraintError (one line) for what `kernels.gemm_fused.check_segments` refuses, host
-    weight arrays, partials too small for the split, or accumulate without out.
+    (f32 device array); with ``accumulate``, ``out +=`` the product. a: f16 device array [nt, id], row-major.
+    segments: [(raw, rows), ...], 1 to 3 weights of format ``qtype`` stacked along od (od = the rows' sum; later
+    ones starting on 64-row boxes): raw is one tensor's GGUF blocks (uint8 device array [rows * id / 256 * block
+    bytes], row-major). out: f32 [nt, od] or None (allocated). ``config``: the gemm_f16 knobs `regs_geometry`
+    reads. The weights are dequantized in f16 arithmetic (`kernels.gemm_fused`): C is within ~1e-3 relative of A
+    times the f16 dequantization (`kernels.quant.dequantize`), not bit-identical to `kernels.gemm_f16` on it.
+    Needs an sm_90a device. Raises KernelConstraintError (one line) for what `kernels.gemm_fused.check_segments`
+    refuses, host weight arrays, partials too small for the split, or accumulate without out.
 
     Split-K (SPLITK > 1, or 0 = auto: `split_plan`) as `kernels.gemm_f16.gemm_f16`'s: split tiles' k slices into
     ``partials`` (a flat f32 device array of at least `partials_elements`; allocated here when None, which a CUDA

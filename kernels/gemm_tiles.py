@@ -1,5 +1,5 @@
 """Device-function factories shared by the prefill GEMM kernels (`kernels.gemm_f16`'s mma_sync, wmma and wgmma
-kernels, `kernels.gemm_tma`, `kernels.gemm_fused`): the grouped tile order and split-K block work, the C-fragment
+kernels, `kernels.gemm_tma`, `kernels.gemm_fused_regs`): the grouped tile order and split-K block work, the C-fragment
 stores and the staged C-tile epilogue, and the wgmma pieces (warpgroup split, one k tile's batch).
 
 Each factory closes over compile-time constants and returns an inlined ``@cuda.jit(device=True)`` function, so a
@@ -224,7 +224,7 @@ def c_tile_store_glu(MI: int, NJ: int, TN: int, TM: int, CONSUMERS: int, APPROX:
 def consumer_epilogue(MT64: int, N: int, TN: int, TM: int, CONSUMERS: int, STAGED: bool, GLU: bool = False,
                       NOCALL: bool = False, ACCUMULATE: bool = False):
     """``epilogue(out, parts, acc, tid, row0, col0, n0, m0, nt, od, nsl, roff, coff, cvec)``: the end of a
-    warp-specialized consumer thread (`kernels.gemm_tma`, `kernels.gemm_fused`; ``tid`` < CONSUMERS): wait for its
+    warp-specialized consumer thread (`kernels.gemm_tma`; ``tid`` < CONSUMERS): wait for its
     last wgmma batch, then store its MT64 x N / 8 m16n8 C fragments (warpgroup tile at row ``row0``, column
     ``col0``) to ``out``, or to the split-K target ``parts`` when the block's k range is one of ``nsl`` > 1 slices:
     with STAGED through the f32 C tile over the ring in the kernel's dynamic shared memory (`c_tile_store`), else

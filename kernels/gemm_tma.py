@@ -1,6 +1,6 @@
 """The STAGING=tma GEMM kernel of `kernels.gemm_f16` (a producer warp's tensor-map box copies on mbarriers feeding
 wgmma consumer warpgroups) and its host side: the tensor-map cache and the C-row alignment check of the staged
-epilogue. `kernels.gemm_fused` runs the same mainloop and epilogue with a second B producer.
+epilogue.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def numpy_gemm_glu(a, b, out=None, *, config=None, stream=0, partials=None):
 
 
 def _fused_weight(segments, qtype, kdim):
-    """gguf's dequantization of `gemm_fused`'s stacked segments, rounded to f16 as a device array [od, id]."""
+    """gguf's dequantization of `gemm_fused_regs`'s stacked segments, rounded to f16 as a device array [od, id]."""
     from numba import cuda
 
     rows = []
@@ -51,7 +51,7 @@ def _fused_weight(segments, qtype, kdim):
 
 
 def numpy_gemm_fused(a, segments, qtype, out=None, *, config=None, stream=0, partials=None, accumulate=False):
-    """Stand-in for gemm_fused in the simulator session: `numpy_gemm` on gguf's dequantization of the segments."""
+    """Stand-in for gemm_fused_regs in the simulator session: `numpy_gemm` on gguf's dequantization of the segments."""
     return numpy_gemm(a, _fused_weight(segments, qtype, a.shape[1]), out, accumulate=accumulate)
 
 
@@ -61,7 +61,7 @@ def numpy_gemm_fused_glu(a, segments, qtype, out=None, *, config=None, stream=0,
 
 
 def numpy_gemm_fused_split(a, segments, qtype, out=None, *, config=None, stream=0, partials=None):
-    """Stand-in for gemm_fused_split: `numpy_gemm_split` on gguf's dequantization of the segments."""
+    """Stand-in for gemm_fused_regs_split: `numpy_gemm_split` on gguf's dequantization of the segments."""
     return numpy_gemm_split(a, _fused_weight(segments, qtype, a.shape[1]), out)
 
 
@@ -98,7 +98,6 @@ def use_standins(monkeypatch) -> None:
     one test."""
     import kernels.attention
     import kernels.gemm_f16
-    import kernels.gemm_fused
     import kernels.gemm_fused_regs
     import kernels.quant
 
@@ -106,8 +105,6 @@ def use_standins(monkeypatch) -> None:
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16", numpy_gemm)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_split", numpy_gemm_split)
     monkeypatch.setattr(kernels.gemm_f16, "gemm_f16_glu", numpy_gemm_glu)
-    monkeypatch.setattr(kernels.gemm_fused, "gemm_fused", numpy_gemm_fused)
-    monkeypatch.setattr(kernels.gemm_fused, "gemm_fused_split", numpy_gemm_fused_split)
     monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs", numpy_gemm_fused)
     monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_split", numpy_gemm_fused_split)
     monkeypatch.setattr(kernels.gemm_fused_regs, "gemm_fused_regs_glu", numpy_gemm_fused_glu)

@@ -223,9 +223,9 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
 
 @pytest.mark.parametrize("w16", [True, False], ids=["W16=1", "W16=0"])
 def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
-    """PFUSED=1: exactly the matrices whose stacked tensors are all Q4_K go to `kernels.gemm_fused` (no f16 copy,
+    """PFUSED=1: exactly the matrices whose stacked tensors are all Q4_K go to `kernels.gemm_fused_regs` (no f16 copy,
     no scratch for them), the rest as W16 says, and the logits equal PFUSED=0's (the stand-ins dequantize both ways
-    with gguf: the routing is what is tested here; the fused kernel's numbers are tests/test_gemm_fused.py's and
+    with gguf: the routing is what is tested here; the fused kernel's numbers are tests/test_gemm_fused_regs.py's and
     the GPU test's). FUSE_ADD_NORM=1 covers the split form."""
     use_standins(monkeypatch)
     rng = np.random.default_rng()
@@ -243,37 +243,30 @@ def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
 
 
-@pytest.mark.parametrize("regs", [True, False], ids=["PFUSED_REGS=1", "PFUSED_REGS=0"])
+@pytest.mark.parametrize("tn", [256, 128], ids=["PFUSED_TN=256", "PFUSED_TN=128"])
 @pytest.mark.parametrize("add_norm", [True, False], ids=["FUSE_ADD_NORM=1", "FUSE_ADD_NORM=0"])
-def test_pfused_regs_picks_the_fused_kernel(monkeypatch, regs, add_norm):
-    """PFUSED_REGS picks which fused kernel multiplies the all-Q4_K matrices (the whole product, and the split form
-    FUSE_ADD_NORM takes for the products its norm adds): the other one is never called, and the logits equal
-    PFUSED=0's. (The SwiGLU form: test_pfuse_glu_runs_where_its_epilogue_can.)"""
-    import kernels.gemm_fused
+def test_pfused_runs_the_register_kernel_at_its_tile(monkeypatch, tn, add_norm):
+    """PFUSED multiplies the all-Q4_K matrices with `kernels.gemm_fused_regs` (the whole product, and the split form
+    FUSE_ADD_NORM takes for the products its norm adds) at PFUSED_TN tokens a tile, whatever the f16 GEMM's TN;
+    the logits equal PFUSED=0's. (The SwiGLU form: test_pfuse_glu_runs_where_its_epilogue_can.)"""
     import kernels.gemm_fused_regs
 
     use_standins(monkeypatch)
-    names = {kernels.gemm_fused: ("gemm_fused", "gemm_fused_split"),
-             kernels.gemm_fused_regs: ("gemm_fused_regs", "gemm_fused_regs_split", "gemm_fused_regs_glu")}
-    used, unused = (kernels.gemm_fused_regs, kernels.gemm_fused) if regs else (kernels.gemm_fused,
-                                                                              kernels.gemm_fused_regs)
-    for name in names[unused]:
-        monkeypatch.setattr(unused, name, lambda *args, name=name, **kwargs: pytest.fail(f"{name} called"))
+    names = ("gemm_fused_regs", "gemm_fused_regs_split", "gemm_fused_regs_glu")
     calls, tiles = [], []
-    for name in names[used]:
-        standin = getattr(used, name)
-        monkeypatch.setattr(used, name, lambda *args, standin=standin, name=name, **kwargs:
+    for name in names:
+        standin = getattr(kernels.gemm_fused_regs, name)
+        monkeypatch.setattr(kernels.gemm_fused_regs, name, lambda *args, standin=standin, name=name, **kwargs:
                             calls.append(name) or tiles.append(kwargs["config"].get("TN")) or standin(*args, **kwargs))
     rng = np.random.default_rng()
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     base = dataclasses.replace(SMALL_TILES, fuse_add_norm=add_norm)
-    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_regs=regs, fused_tn=256))
+    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_tn=tn))
     plain = PrefillEngine(weights, 6, base)
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
     np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
-    whole, split = names[used][:2]
-    assert set(calls) == {whole} | ({split} if add_norm else set())  # SMALL_TILES: PFUSE_GLU=0
-    assert set(tiles) == ({256} if regs else {SMALL_TILES.gemm.get("TN")})  # PFUSED_TN is the register kernel's only
+    assert set(calls) == {names[0]} | ({names[1]} if add_norm else set())  # SMALL_TILES: PFUSE_GLU=0
+    assert set(tiles) == {tn} and SMALL_TILES.gemm.get("TN") != 256
 
 
 def test_pfuse_resid_runs_where_its_epilogue_can():
@@ -291,9 +284,9 @@ def test_pfuse_resid_runs_where_its_epilogue_can():
 def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
     """PFUSE_GLU=1 (the default) takes the SwiGLU into the gate/up GEMM where `kernels.gemm_f16.glu_refusal` finds
     nothing against it; elsewhere the product and swiglu run apart (the same bits): a ffn that is not a multiple of
-    TM / 2, GEMM tiles without the staged TMA epilogue, and under PFUSED a gate|up multiplied from its quantized
-    bytes by `kernels.gemm_fused` (no SwiGLU epilogue), which then has the f32 product buffer; PFUSED_REGS's
-    kernel has one (`uses_fused_glu`: a ffn that is a multiple of 64)."""
+    TM / 2, GEMM tiles without the staged TMA epilogue. Under PFUSED a gate|up multiplied from its quantized bytes
+    takes the register kernel's SwiGLU epilogue (`uses_fused_glu`: a ffn that is a multiple of 64) whatever the f16
+    GEMM's tiles, and only with PFUSE_GLU."""
     import kernels.gemm_fused_regs
     from minfer_cli.engine.config import ModelConfig
     from minfer_cli.engine.forward import uses_fused_glu, uses_glu
@@ -305,14 +298,11 @@ def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
     assert not uses_glu(tiny, SMALL_TILES) and not uses_glu(tiny, dataclasses.replace(SMALL_TILES, fuse_glu=True))
     assert not uses_glu(tiny, dataclasses.replace(on, fuse_glu=False))
     use_standins(monkeypatch)
-    engine = PrefillEngine(synth_weights(tiny, 1), 4, dataclasses.replace(on, fused=True, w16=False))
-    fused = [layer.gate_up.fused is not None for layer in engine.layers]
-    assert any(fused) and engine.glu == [not f for f in fused] and engine.gu is not None
     assert PrefillEngine(synth_weights(tiny, 1), 4, on).gu is None
-    regs = dataclasses.replace(on, fused=True, fused_regs=True, w16=False)  # gemm_fused_regs_glu: ffn % 64 == 0
+    regs = dataclasses.replace(on, fused=True, w16=False)  # gemm_fused_regs_glu: ffn % 64 == 0
     assert uses_fused_glu(tiny, regs) and not uses_fused_glu(odd, regs)
     assert not uses_fused_glu(tiny, dataclasses.replace(regs, fuse_glu=False))
-    assert not uses_fused_glu(tiny, dataclasses.replace(regs, fused_regs=False))
+    assert not uses_fused_glu(tiny, dataclasses.replace(regs, fused=False))
     engine = PrefillEngine(synth_weights(tiny, 1), 4, regs)
     assert all(engine.glu) and engine.gu is None
     calls = []
@@ -326,42 +316,41 @@ def test_pfuse_glu_runs_where_its_epilogue_can(monkeypatch):
 
 
 def test_pfused_knob_conflicts_are_named_before_loading():
-    from minfer_cli.engine.bench import engine_conflict, engine_knobs, engine_options, idle_fusions
+    from minfer_cli.engine.bench import REMOVED_KNOBS, engine_conflict, engine_knobs, engine_options, idle_fusions
+    from minfer_cli.errors import UsageError
     from minfer_cli.knobs import resolve_config
 
     knobs = engine_knobs()
     assert engine_options(resolve_config(knobs, {"PFUSED": "1"}, "e")).prefill.fused is True
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1"}, "e")) is None
     assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "PFUSE_GLU": "1"}, "e")) is None
-    why = engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e"))
-    assert why.startswith("PFUSED=1: ") and "STAGING" in why
-    regs = resolve_config(knobs, {"PFUSED": "1", "PFUSED_REGS": "1"}, "e")
-    assert engine_options(regs).prefill.fused_regs is True and engine_conflict(regs) is None
+    # the register kernel's own tile: the f16 GEMM's STAGING does not apply to it, its knob values do
+    assert engine_conflict(resolve_config(knobs, {"PFUSED": "1", "STAGING": "cp_async", "AUTOTILE": "0"}, "e")) is None
+    regs = resolve_config(knobs, {"PFUSED": "1"}, "e")
     # the register-A kernel has its own tile (128 weight rows): TM and STAGING do not apply to it
     assert engine_conflict(dict(regs, TM=64)) is None
-    assert idle_fusions(resolve_config(knobs, {"PFUSED_REGS": "1"}, "e")) == {
-        "PFUSED_REGS": "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"}
-    assert "PFUSED_REGS" not in idle_fusions(regs)
-    # PFUSED_TN: the register kernel's tile, not the f16 GEMM's (which refuses TN=256)
-    wide = resolve_config(knobs, {"PFUSED": "1", "PFUSED_REGS": "1", "PFUSED_TN": "256"}, "e")
-    options = engine_options(wide).prefill
-    assert engine_conflict(wide) is None and options.fused_tn == 256 and options.fused_gemm["TN"] == 256
-    assert engine_options(regs).prefill.fused_gemm["TN"] == 128 and engine_options(regs).prefill.gemm.get("TN", 128) == 128
+    # PFUSED_TN: the register kernel's tile (256 by default), not the f16 GEMM's (which refuses TN=256)
+    options = engine_options(regs).prefill
+    assert options.fused_tn == 256 and options.fused_gemm["TN"] == 256 and options.gemm.get("TN", 128) == 128
+    narrow = resolve_config(knobs, {"PFUSED": "1", "PFUSED_TN": "128"}, "e")
+    assert engine_conflict(narrow) is None and engine_options(narrow).prefill.fused_gemm["TN"] == 128
+    assert engine_options(resolve_config(knobs, {}, "e")).prefill.fused_gemm is None
     assert "TN=256 is the register-A fused kernel's tile only" in engine_conflict(dict(regs, TN=256))
-    assert idle_fusions(resolve_config(knobs, {"PFUSED": "1", "PFUSED_TN": "256"}, "e")) == {
-        "PFUSED_TN": "PFUSED_TN=256 does nothing without PFUSED=1 and PFUSED_REGS=1 (it is the register-A fused "
-                     "kernel's tile)"}
-    assert idle_fusions(wide) == {}
+    assert idle_fusions(resolve_config(knobs, {"PFUSED_TN": "128"}, "e")) == {
+        "PFUSED_TN": "PFUSED_TN=128 does nothing without PFUSED=1 (it is the fused kernel's tile)"}
+    assert idle_fusions(regs) == {} and idle_fusions(narrow) == {}
+    with pytest.raises(UsageError, match="knob PFUSED_REGS was removed"):  # with the B-producer kernel (#415, #416)
+        resolve_config(knobs, {"PFUSED_REGS": "0"}, "e", REMOVED_KNOBS)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("regs", [False, True], ids=["PFUSED_REGS=0", "PFUSED_REGS=1"])
-def test_pfused_logits_follow_the_f16_path(regs):
-    """PFUSED=1 on the GPU (the real `kernels.gemm_fused`, or `kernels.gemm_fused_regs` with PFUSED_REGS=1, for
-    every all-Q4_K matrix): logits within 1e-2 of W16=1's, at a split (65) and an unsplit (300) prompt length."""
+@pytest.mark.parametrize("tn", [256, 128], ids=["PFUSED_TN=256", "PFUSED_TN=128"])
+def test_pfused_logits_follow_the_f16_path(tn):
+    """PFUSED=1 on the GPU (the real `kernels.gemm_fused_regs` for every all-Q4_K matrix): logits within 1e-2 of
+    W16=1's, at a split (65) and an unsplit (300) prompt length."""
     rng = np.random.default_rng()
     weights = synth_weights(_qwen2_shaped(), int(rng.integers(0, 2**31)))
-    fused = PrefillEngine(weights, 300, PrefillOptions(fused=True, fused_regs=regs, w16=False), context=400)
+    fused = PrefillEngine(weights, 300, PrefillOptions(fused=True, fused_tn=tn, w16=False), context=400)
     plain = PrefillEngine(weights, 300, PrefillOptions(), context=400)
     for nt in (65, 300):
         ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=nt, dtype=np.int32))
@@ -462,7 +451,7 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
 
 
 def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
-    """PFUSED's pre-load plan: the all-Q4_K matrices (gemm_fused's) get no f16 copy with W16=1, counted from the
+    """PFUSED's pre-load plan: the all-Q4_K matrices (gemm_fused_regs's) get no f16 copy with W16=1, counted from the
     preset's tensor types independently of `fused_format`; so the 70B fits an H200 with W16=1,PFUSED=1 where W16=1
     alone is refused. `gemm_weight_parts` stacks exactly the tensors of `gemm_weight_shapes`."""
     from minfer_cli.engine.bench import check_fits_model, engine_options, engine_knobs, prefill_need
@@ -480,8 +469,9 @@ def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
     default = {k.name: k.default for k in engine_knobs()}
     pfused = engine_options(dict(default, PFUSED=1)).prefill
     assert prefill_need(c, 512, pfused) - prefill_need(c, 512, pfused, specs=specs) == 2 * fused_elems
-    unfused_glu = engine_options(dict(default, PFUSE_GLU=0)).prefill  # PFUSED's plan counts the f32 gate|up product
-    assert prefill_need(c, 512, unfused_glu, specs=specs) == prefill_need(c, 512, pfused)
+    # PFUSED's gate|up keeps the SwiGLU epilogue (ffn a multiple of 64): no f32 gate|up product, as the default
+    assert prefill_need(c, 512, pfused) == prefill_need(c, 512, engine_options(default).prefill)
+    unfused_glu = engine_options(dict(default, PFUSE_GLU=0)).prefill
     assert prefill_need(c, 512, unfused_glu) - prefill_need(c, 512, engine_options(default).prefill) == 512 * 8 * c.ffn
     weights, free = sum(s.n_bytes for s in specs.values()), 139 * 2**30
     check_fits_model(c, weights, [512, 2048], [128], [0], engine_options(dict(default, PFUSED=1)), free=free,

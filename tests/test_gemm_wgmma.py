@@ -528,22 +528,22 @@ def test_wgmma_helper_kernel_ptx():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("kernel", ["tma", "tma-glu", "tma-direct", "cp_async", "fused"])
+@pytest.mark.parametrize("kernel", ["tma", "tma-glu", "tma-direct", "cp_async", "fused_regs"])
 def test_nocall_keeps_every_wgmma_kernel_asynchronous(kernel):
     """ptxas (nvJitLink, sm_90a): with NOCALL=0 the kernels' 64-bit index divisions (and gemm_f16_glu's IEEE
     division) are subroutine calls and ptxas serializes their wgmma (warning C7509); with NOCALL=1 it does not, and
     nothing spills. If the NOCALL=0 half ever stops holding, the knob has nothing left to do."""
     from ptx_assembly import ptxas_resources
 
-    from kernels import gemm_fused
+    from kernels import gemm_fused_regs
 
     base = {"tma": G.DEFAULT, "tma-glu": G.DEFAULT, "tma-direct": dict(G.DEFAULT, EPI="direct", TM=128),
-            "cp_async": WG, "fused": G.DEFAULT}[kernel]
+            "cp_async": WG, "fused_regs": G.DEFAULT}[kernel]
 
     def ptx(nocall):
         cfg = dict(base, NOCALL=nocall)
-        if kernel == "fused":
-            return gemm_fused.kernel_ptx(cfg, "Q4_K")
+        if kernel == "fused_regs":
+            return gemm_fused_regs.kernel_ptx(cfg, "Q4_K")
         return G.kernel_ptx(cfg, glu=kernel == "tma-glu")
 
     assert ptxas_resources(ptx(0))["wgmma_serialized"]
@@ -812,18 +812,17 @@ def test_gemm_glu_gpu_is_gemm_and_swiglu_bit_for_bit(config, shape):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("kernel", ["gemm_f16", "gemm_f16_glu", "gemm_f16_accumulate", "gemm_fused", "attention"])
+@pytest.mark.parametrize("kernel", ["gemm_f16", "gemm_f16_glu", "gemm_f16_accumulate", "attention"])
 def test_no_register_an_issued_wgmma_reads_is_written_before_its_wait(kernel):
     """The wgmma kernels' PTX as NVVM writes it: no instruction writes a register an issued wgmma.mma_async still
     reads (A in registers, D) before the wgmma.wait_group (`ptx_assembly.wgmma_register_hazards`; the register-A
     GEMM's own check is in test_gemm_fused_regs)."""
     from ptx_assembly import wgmma_register_hazards
 
-    from kernels import attention, gemm_f16, gemm_fused
+    from kernels import attention, gemm_f16
 
     ptx = {"gemm_f16": lambda: gemm_f16.kernel_ptx(None), "gemm_f16_glu": lambda: gemm_f16.kernel_ptx(None, glu=True),
            "gemm_f16_accumulate": lambda: gemm_f16.kernel_ptx(None, accumulate=True),
-           "gemm_fused": lambda: gemm_fused.kernel_ptx(None, "Q4_K"),
            "attention": lambda: attention.kernel_ptx({"MMA": "wgmma"}, cc=(9, 0, "a"))}[kernel]()
     assert "wgmma.mma_async" in ptx
     assert not wgmma_register_hazards(ptx)

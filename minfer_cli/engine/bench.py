@@ -48,20 +48,22 @@ DECODE_KNOBS = ("GRAPHS", "MMVQ", "XRES", "FUSE_ADD", "FUSE_GLU", "FUSE_QKV", "F
 
 REMOVED_KNOBS = {"PREFETCH": 0, "STAGE": 0, "HOIST": 0, "VLOAD": 0, "ATTN_MINK": 1, "ATTN_KEYS": 4, "ATTN_MINB": 0,
                  "FUSE_NORM_Q8": 0, "FUSE_GLU_Q8": 0, "FUSE_NORM_GEMV": 0, "GRID": 0, "FUSE_ATTN_ROPE": 0,
-                 "DOWN_F32": 0, "SCHED": "grid",
+                 "DOWN_F32": 0, "SCHED": "grid", "PFUSED_REGS": 0,
                  **{FA_PREFIX + k: v for k, v in _FA_REMOVED.items()}}
-"""Decode knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger #170;
+"""Engine knobs deleted with the variants they switched on (each lost its A/B, or for ATTN_MINB its sweep: ledger #170;
 FUSE_NORM_Q8, #280; FUSE_GLU_Q8, #287 and #297; FUSE_NORM_GEMV, #365-#368; GRID, #369; FUSE_ATTN_ROPE, #386 and #387;
-DOWN_F32, #393 and #394); each value here is what the engine still runs (ATTN_MINK=1: every warp of decode
-attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention, the one kept;
-ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block RMSNorm that quantizes; FUSE_GLU_Q8=0: the SwiGLU
-output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a launch, not recomputed by every CUDA block of
-the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks looping over groups; FUSE_ATTN_ROPE=0: RoPE and
-the KV append are kernels of their own, not done by decode attention's partial kernel; DOWN_F32=0: ffn_down reads the
-SwiGLU output as Q8_1 blocks from a quantization kernel, not as f32); the prefill flash attention's FA_BQ and
-FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED (persistent blocks lost or tied, ledger
-#198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``; `minfer bench --arm`
-names them as removed."""
+DOWN_F32, #393 and #394; PFUSED_REGS, #415 and #416); each value here is what the engine still runs (ATTN_MINK=1: every
+warp of decode attention's grid takes a partition while L allows; ATTN_KEYS=4: the half-warp-per-row decode attention,
+the one kept; ATTN_MINB=0: no register cap on it; FUSE_NORM_Q8=0: no one-block RMSNorm that quantizes; FUSE_GLU_Q8=0:
+the SwiGLU output quantized by its own kernel; FUSE_NORM_GEMV=0: each RMSNorm a launch, not recomputed by every CUDA
+block of the mat-vecs it feeds; GRID=0: a CUDA block per row group, not blocks looping over groups; FUSE_ATTN_ROPE=0:
+RoPE and the KV append are kernels of their own, not done by decode attention's partial kernel; DOWN_F32=0: ffn_down
+reads the SwiGLU output as Q8_1 blocks from a quantization kernel, not as f32; PFUSED_REGS=0: the default records'
+value, where PFUSED=0 left it nothing to do (PFUSED's matrices now always go to the register-A kernel,
+kernels.gemm_fused_regs; the records of the B-producer kernel that dequantized into shared memory are retired)); the
+prefill flash attention's FA_BQ and FA_STAGES (`kernels.attention_config.REMOVED`); and the prefill GEMM's SCHED (persistent
+blocks lost or tied, ledger #198-#201; grid, a block per tile, is what runs). The bench experiment's ``removed_knobs``;
+`minfer bench --arm` names them as removed."""
 
 
 def engine_knobs() -> tuple[Knob, ...]:
@@ -95,8 +97,7 @@ def engine_knobs() -> tuple[Knob, ...]:
                                            "pp512); 0 the GEMM's f32 product, then swiglu (the same bits with "
                                            "NOCALL=0; NOCALL=1's epilogue divides with div.approx, one f16 ulp). "
                                            "Needs STAGING=tma, EPI=staged, TM 128 or 256; does nothing for a ffn "
-                                           "not a multiple of TM / 2 or a gate|up PFUSED multiplies with "
-                                           "PFUSED_REGS=0", legacy=0)]
+                                           "not a multiple of TM / 2", legacy=0)]
     knobs += [Knob("PFUSE_RESID", (0, 1), 1, "prefill (pp): 1 adds the attention output's and the FFN's products to "
                                              "the residual stream in their GEMM's epilogue (C += A·B^T; split-K "
                                              "slices in the slice sum): no f32 [nt, hidden] product written, read "
@@ -105,21 +106,18 @@ def engine_knobs() -> tuple[Knob, ...]:
                                              "The same numbers either way. Does nothing with FUSE_ADD_NORM=1 (its "
                                              "norm kernel adds) or STAGING other than tma", legacy=0)]
     knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
-                                        "from its quantized bytes (kernels.gemm_fused: dequantized in the GEMM's B "
-                                        "producer; no f16 copy or scratch for it), the others as W16 says; 0 every "
-                                        "matrix as W16 says")]
-    knobs += [Knob("PFUSED_REGS", (0, 1), 0, "prefill (pp), with PFUSED=1: 1 multiplies those matrices with "
-                                             "kernels.gemm_fused_regs (the weight as wgmma's register operand, each "
-                                             "consumer thread dequantizing its own fragment: no f16 weight tile in "
-                                             "shared memory; tile 128 weight rows x PFUSED_TN tokens; the gate|up with its "
-                                             "SwiGLU epilogue under PFUSE_GLU); "
-                                             "0 with kernels.gemm_fused. Does nothing with PFUSED=0")]
-    knobs += [Knob("PFUSED_TN", (128, 256), 128, "prefill (pp), with PFUSED_REGS=1: tokens a tile of "
+                                        "from its quantized bytes with kernels.gemm_fused_regs (the weight as "
+                                        "wgmma's register operand, each consumer thread dequantizing its own "
+                                        "fragment; tile 128 weight rows x PFUSED_TN tokens; the gate|up with its "
+                                        "SwiGLU epilogue under PFUSE_GLU; no f16 copy or scratch for it), the "
+                                        "others as W16 says; 0 every matrix as W16 says")]
+    knobs += [Knob("PFUSED_TN", (128, 256), 256, "prefill (pp), with PFUSED=1: tokens a tile of "
                                                   "kernels.gemm_fused_regs (its TN, whatever TN says for the f16 "
-                                                  "GEMM). 256: each dequantized weight fragment serves twice the "
-                                                  "tokens; its producer warpgroup gives registers to the consumers "
-                                                  "(setmaxnreg), so the kernel is loaded whole-program through the "
-                                                  "driver's JIT. Does nothing without PFUSED=1, PFUSED_REGS=1")]
+                                                  "GEMM). 256 (the default: faster at nt 512 and 2048): each "
+                                                  "dequantized weight fragment serves twice the tokens; its producer "
+                                                  "warpgroup gives registers to the consumers (setmaxnreg), so the "
+                                                  "kernel is loaded whole-program through the driver's JIT. Does "
+                                                  "nothing without PFUSED=1", legacy=128)]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers (the default: faster at "
                                               "pp512); 0 in every layer's RoPE kernel (float64 angles per token "
@@ -220,8 +218,8 @@ def idle_fusions(config: Config) -> dict[str, str]:
     with why in one line: PFUSE_GLU with GEMM knobs whose kernel has no SwiGLU epilogue
     (`kernels.gemm_f16_config.glu_tile_refusal`; the gate/up product and swiglu then run apart); PFUSE_RESID with
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
-    (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_REGS with PFUSED=0; PFUSED_TN other than 128 without
-    PFUSED=1 and PFUSED_REGS=1; NARROWTAIL with GEMM knobs it does not split
+    (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_TN other than its default without PFUSED=1;
+    NARROWTAIL with GEMM knobs it does not split
     (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
     launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
@@ -235,11 +233,9 @@ def idle_fusions(config: Config) -> dict[str, str]:
             idle["PFUSE_RESID"] = "PFUSE_RESID=1 does nothing with FUSE_ADD_NORM=1 (its norm kernel adds the products)"
         elif (why := accumulate_refusal(config)) is not None:
             idle["PFUSE_RESID"] = f"PFUSE_RESID=1 does nothing with these GEMM knobs ({why})"
-    if config.get("PFUSED_REGS") and not config.get("PFUSED"):
-        idle["PFUSED_REGS"] = "PFUSED_REGS=1 does nothing with PFUSED=0 (no matrix is multiplied from its quantized bytes)"
-    if config.get("PFUSED_TN", 128) != 128 and not (config.get("PFUSED") and config.get("PFUSED_REGS")):
-        idle["PFUSED_TN"] = (f"PFUSED_TN={config['PFUSED_TN']} does nothing without PFUSED=1 and PFUSED_REGS=1 (it is "
-                             f"the register-A fused kernel's tile)")
+    if config.get("PFUSED_TN", 256) != 256 and not config.get("PFUSED"):
+        idle["PFUSED_TN"] = (f"PFUSED_TN={config['PFUSED_TN']} does nothing without PFUSED=1 (it is the fused "
+                             f"kernel's tile)")
     if config.get("NARROWTAIL") and (why := narrow_tail_refusal(config)) is not None:
         idle["NARROWTAIL"] = f"NARROWTAIL=1 does nothing with these GEMM knobs ({why})"
     return idle
@@ -254,18 +250,12 @@ def engine_conflict(config: Config) -> str | None:
     names = (*table.KNOBS, *table.LAUNCH_KNOBS)
     defaults = {**table.DEFAULT, **table.LAUNCH_DEFAULT}
     gemm = {k: config[k] for k in names if k in config}
-    if config.get("PFUSED"):  # the fused kernels read the GEMM knobs by their own rules
+    if config.get("PFUSED"):  # the fused kernel reads the GEMM knobs by its own rules
         from kernels.errors import KernelConstraintError
+        from kernels.gemm_fused_regs import regs_geometry
 
         try:
-            if config.get("PFUSED_REGS"):
-                from kernels.gemm_fused_regs import regs_geometry
-
-                regs_geometry(dict(gemm, TN=config.get("PFUSED_TN", 128)), "Q4_K")
-            else:
-                from kernels.gemm_fused import fused_geometry
-
-                fused_geometry(gemm, "Q4_K")
+            regs_geometry(dict(gemm, TN=config.get("PFUSED_TN", 256)), "Q4_K")
         except KernelConstraintError as e:
             return f"PFUSED=1: {e}"
     if any(v != defaults[k] for k, v in gemm.items()):  # the GEMM's own rules (e.g. SPLITK > 1 needs MMA=wgmma)
@@ -290,7 +280,7 @@ def engine_options(config: Config) -> EngineOptions:
                              fuse_rope_kv=bool(config.get("PFUSE_ROPE_KV", 1)), head=str(config.get("PHEAD", "gemm")),
                              norm_wide=bool(config.get("PNORM_WIDE", 1)), fuse_glu=bool(config.get("PFUSE_GLU", 1)),
                              rope_angles=bool(config.get("PROPE_ANGLES", 1)), fused=bool(config.get("PFUSED", 0)),
-                             fused_regs=bool(config.get("PFUSED_REGS", 0)), fused_tn=int(config.get("PFUSED_TN", 128)),
+                             fused_tn=int(config.get("PFUSED_TN", 256)),
                              fuse_resid=bool(config.get("PFUSE_RESID", 1)))
     decode = DecodeOptions(graphs=bool(config.get("GRAPHS", 1)), mmvq=bool(config.get("MMVQ", 1)),
                            xres=bool(config.get("XRES", 1)), fuse_add=bool(config.get("FUSE_ADD", 1)),
@@ -363,7 +353,7 @@ def prefill_need(c: ModelConfig, max_tokens: int, options: PrefillOptions, depth
     return device_bytes(c, max_tokens, options.w16, context=depth + max_tokens, gemm=options.gemm,
                         glu=uses_glu(c, options) and (not options.fused or uses_fused_glu(c, options)),
                         fused=specs if options.fused else None,
-                        fused_regs=options.regs_gemm)
+                        fused_gemm=options.fused_gemm)
 
 
 def decode_need(c: ModelConfig, max_tokens: int, depth: int = 0) -> int:

@@ -25,11 +25,12 @@ read by each layer's RoPE kernel, instead of each layer's kernel computing them 
 Knob PFUSE_GLU: ``act = silu(h · Wgate^T) * (h · Wup^T)`` as one `kernels.gemm_f16.gemm_f16_glu` (the SwiGLU in the
 GEMM's epilogue; no f32 [nt, 2 ffn] product in memory) instead of `kernels.gemm_f16` and `kernels.activation.swiglu`
 (within one f16 ulp of act: NOCALL=1's epilogue divides with div.approx; the same bits with NOCALL=0); a gate|up
-that PFUSED_REGS multiplies from its bytes, as `kernels.gemm_fused_regs.gemm_fused_regs_glu`. Those two run where
-the GEMM knobs, ffn or PFUSED leave no SwiGLU epilogue (`uses_glu`, `uses_fused_glu`).
+that PFUSED multiplies from its bytes, as `kernels.gemm_fused_regs.gemm_fused_regs_glu`. Those two run where the
+GEMM knobs or ffn leave no SwiGLU epilogue (`uses_glu`, `uses_fused_glu`).
 Knob PFUSE_RESID: ``x += a · Wo^T`` and ``x += act · Wdown^T`` by the GEMM itself (`kernels.gemm_f16.gemm_f16` /
-`kernels.gemm_fused.gemm_fused` with ``accumulate``: the residual epilogue) instead of the product into a buffer and
-`kernels.residual.residual_add` (the same numbers); not with FUSE_ADD_NORM, whose norm kernel adds (`uses_resid`).
+`kernels.gemm_fused_regs.gemm_fused_regs` with ``accumulate``: the residual epilogue) instead of the product into a
+buffer and `kernels.residual.residual_add` (the same numbers); not with FUSE_ADD_NORM, whose norm kernel adds
+(`uses_resid`).
 Matrix products are `kernels.quant.dequantize` (GGUF blocks -> f16) followed by `kernels.gemm_f16`. Knob W16: keep a
 persistent f16 copy of every weight, made once at start-up (memory permitting), instead of dequantizing before every
 product into one scratch buffer. Knob PGRAPH: the first prefill of each (prompt length, start position) runs eagerly
@@ -57,7 +58,8 @@ Progress = Optional[Callable[[str, float], None]]
 @dataclass
 class _Matrix:
     """A weight as the GEMM sees it: GGUF tensors stacked along od (q|k|v, gate|up), f16 [od, id] when built;
-    ``fused``: the format `kernels.gemm_fused` multiplies it in straight from its quantized bytes (PFUSED), or None."""
+    ``fused``: the format `kernels.gemm_fused_regs` multiplies it in straight from its quantized bytes (PFUSED), or
+    None."""
 
     parts: list
     od: int
@@ -191,7 +193,7 @@ class PrefillEngine:
                        if options.rope_angles else None)
         self.partials = None  # split-K partial tiles (gemm SPLITK), sized for every product of every prompt
         capacity = prefill_partials_capacity(self.options.gemm, nt, max(m.od for m in matrices),
-                                             options.regs_gemm)
+                                             options.fused_gemm)
         if capacity:
             self.partials = cuda.device_array(capacity, dtype=np.float32, stream=s)
         self.positions = cuda.to_device(np.arange(self.context, dtype=np.int32), stream=s)
@@ -230,22 +232,13 @@ class PrefillEngine:
         self._dequantize(m, out)
         return out
 
-    def _fused_kernel(self):
-        """(the whole product, the unsummed split form) of the fused kernel PFUSED_REGS picks."""
-        if self.options.fused_regs:
-            from kernels.gemm_fused_regs import gemm_fused_regs, gemm_fused_regs_split
-
-            return gemm_fused_regs, gemm_fused_regs_split
-        from kernels.gemm_fused import gemm_fused, gemm_fused_split
-
-        return gemm_fused, gemm_fused_split
-
     def _gemm(self, a, m: _Matrix, out, accumulate: bool = False) -> None:
         """out = a · W^T, or out += a · W^T with ``accumulate`` (PFUSE_RESID)."""
         if m.fused is not None:
-            fused, _ = self._fused_kernel()
-            fused(a, self._segments(m), m.fused, out, config=self.options.fused_gemm, stream=self.stream,
-                  partials=self.partials, accumulate=accumulate)
+            from kernels.gemm_fused_regs import gemm_fused_regs
+
+            gemm_fused_regs(a, self._segments(m), m.fused, out, config=self.options.fused_gemm, stream=self.stream,
+                            partials=self.partials, accumulate=accumulate)
             return
         from kernels.gemm_f16 import gemm_f16
 
@@ -268,9 +261,10 @@ class PrefillEngine:
         """a · W^T as (parts, count): C, or its split-K slices left unsummed (`kernels.gemm_f16.gemm_f16_split`,
         into ``proj`` or the partials buffer), for `kernels.norm.add_rms_norm` (FUSE_ADD_NORM)."""
         if m.fused is not None:
-            _, fused_split = self._fused_kernel()
-            return fused_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]], config=self.options.fused_gemm,
-                               stream=self.stream, partials=self.partials)
+            from kernels.gemm_fused_regs import gemm_fused_regs_split
+
+            return gemm_fused_regs_split(a, self._segments(m), m.fused, self.proj[: a.shape[0]],
+                                         config=self.options.fused_gemm, stream=self.stream, partials=self.partials)
         from kernels.gemm_f16 import gemm_f16_split
 
         return gemm_f16_split(a, self._weight_f16(m), self.proj[: a.shape[0]], config=self.options.gemm,
@@ -492,11 +486,11 @@ def uses_glu(c: ModelConfig, options: PrefillOptions) -> bool:
 
 def uses_fused_glu(c: ModelConfig, options: PrefillOptions) -> bool:
     """Whether a gate|up that PFUSED multiplies from its quantized bytes takes the SwiGLU into its GEMM
-    (`kernels.gemm_fused_regs.gemm_fused_regs_glu`): PFUSE_GLU on, PFUSED_REGS's kernel (`kernels.gemm_fused` has
-    no SwiGLU epilogue) and a ffn it takes (`kernels.gemm_fused_regs.glu_refusal`)."""
+    (`kernels.gemm_fused_regs.gemm_fused_regs_glu`): PFUSED and PFUSE_GLU on and a ffn it takes
+    (`kernels.gemm_fused_regs.glu_refusal`)."""
     from kernels.gemm_fused_regs import glu_refusal
 
-    return options.fused and options.fused_regs and options.fuse_glu and glu_refusal(2 * c.ffn) is None
+    return options.fused and options.fuse_glu and glu_refusal(2 * c.ffn) is None
 
 
 def uses_resid(options: PrefillOptions) -> bool:
@@ -527,7 +521,7 @@ def gemm_weight_parts(c: ModelConfig) -> list[list[str]]:
 
 
 def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
-    """The format `kernels.gemm_fused` multiplies a matrix in under PFUSED, from the (GGUF type name, od) of its
+    """The format `kernels.gemm_fused_regs` multiplies a matrix in under PFUSED, from the (GGUF type name, od) of its
     stacked tensors, or None (the f16 GEMM then multiplies it): every part of one format the fused kernel reads
     (`FUSED_TYPES`), at most its segment count, each later part starting on a box of rows."""
     from kernels.gemm_fused import BOX_ROWS, FUSED_TYPES, MAX_SEGMENTS
@@ -541,9 +535,9 @@ def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
 
 
 def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int,
-                              fused_regs: Optional[dict] = None) -> int:
+                              fused_gemm: Optional[dict] = None) -> int:
     """f32 elements of the prefill's split-K partials buffer for gemm knobs ``gemm`` (`kernels.gemm_f16`'s
-    `partials_capacity` on this device's SMs; with ``fused_regs``, the knobs of PFUSED_REGS's kernel
+    `partials_capacity` on this device's SMs; with ``fused_gemm``, the knobs of PFUSED's kernel
     (`minfer_cli.engine.options.PrefillOptions.fused_gemm`), also `kernels.gemm_fused_regs`'s, whose tiles are 128
     weight rows whatever TM says): 0 without a split."""
     from kernels.gemm_f16_config import LAUNCH_DEFAULT
@@ -554,10 +548,10 @@ def prefill_partials_capacity(gemm: Optional[dict], max_tokens: int, max_od: int
     from minfer_cli.engine.gemv_policy import sm_count
 
     capacity = partials_capacity(gemm, max_tokens, max_od, sm_count())
-    if fused_regs is not None:
+    if fused_gemm is not None:
         from kernels.gemm_fused_regs import partials_capacity as regs_capacity
 
-        capacity = max(capacity, regs_capacity(fused_regs, max_tokens, max_od, sm_count()))
+        capacity = max(capacity, regs_capacity(fused_gemm, max_tokens, max_od, sm_count()))
     return capacity
 
 
@@ -568,14 +562,14 @@ def kv_cache_bytes(c: ModelConfig, context: int) -> int:
 
 def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[int] = None,
                  gemm: Optional[dict] = None, glu: bool = False, fused: Optional[Mapping[str, TensorSpec]] = None,
-                 fused_regs: Optional[dict] = None) -> int:
+                 fused_gemm: Optional[dict] = None) -> int:
     """Device bytes `PrefillEngine` allocates beyond the quantized weights (f16 weights or the dequant scratch, KV
     cache, activations (``glu``: every gate|up product with the SwiGLU epilogue, no f32 gate|up product),
     split-K partials for gemm knobs ``gemm``), so
     that a prompt that cannot fit is refused before anything is allocated. ``fused`` (with PFUSED): the weight
     tensors' specs by name; the matrices `fused_format` gives a format get no f16 copy or scratch (without PFUSED
-    every matrix is copied or dequantized into the scratch); ``fused_regs`` (PFUSED_REGS): their kernel is
-    `kernels.gemm_fused_regs` with these knobs (its split-K partials)."""
+    every matrix is copied or dequantized into the scratch); ``fused_gemm``: the knobs their kernel,
+    `kernels.gemm_fused_regs`, runs with (its split-K partials)."""
     shapes = gemm_weight_shapes(c)
     max_od = max(od for od, _ in shapes)  # every product's split-K partials, fused or not
     if fused is not None:
@@ -587,5 +581,5 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     width = c.q_dim + 2 * c.kv_dim
     per_token = (4 * c.hidden + 2 * c.hidden + 4 * width + 2 * 2 * c.q_dim + 4 * c.hidden + (0 if glu else 4 * 2 * c.ffn)
                  + 2 * c.ffn + 4 * c.head_dim)  # the last: PROPE_ANGLES's (cos, sin), counted always
-    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max_od, fused_regs if fused is not None else None)
+    partials = 4 * prefill_partials_capacity(gemm, max_tokens, max_od, fused_gemm if fused is not None else None)
     return weights + kv + max_tokens * per_token + 4 * c.vocab + partials

@@ -30,8 +30,9 @@ class PrefillOptions:
     at every length) run with `kernels.norm.row_tpb` threads a row (True) or `kernels.norm.DEFAULT_TPB` at every
     length (False). fuse_glu
     (PFUSE_GLU): the gate/up product and SwiGLU as one GEMM that writes the f16 activation
-    (`kernels.gemm_f16.gemm_f16_glu`, True, where the GEMM knobs, ffn and PFUSED allow it:
-    `minfer_cli.engine.forward.uses_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
+    (`kernels.gemm_f16.gemm_f16_glu`, or `kernels.gemm_fused_regs.gemm_fused_regs_glu` for a gate|up PFUSED
+    multiplies; True, where the GEMM knobs and ffn allow it: `minfer_cli.engine.forward.uses_glu`,
+    `uses_fused_glu`) or the GEMM's f32 [nt, 2 ffn] product then `kernels.activation.swiglu`
     (False; within one f16 ulp of act, `kernels.gemm_f16.gemm_f16_glu`). rope_angles (PROPE_ANGLES): every token's
     RoPE (cos, sin) computed once a prefill (`kernels.rope.rope_angles`) and read by every layer's RoPE (True), or
     computed in each layer's kernel (False). fuse_resid (PFUSE_RESID): the attention output's and the FFN's products
@@ -39,12 +40,10 @@ class PrefillOptions:
     where `minfer_cli.engine.forward.uses_resid` says it applies) or written to a buffer that
     `kernels.residual.residual_add` adds (False; the same numbers either way).
     fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
-    multiplied straight from its quantized bytes, dequantized in the GEMM's B producer (`kernels.gemm_fused`), with
-    no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every matrix as ``w16`` says.
-    fused_regs (PFUSED_REGS): with ``fused``, those matrices are multiplied by `kernels.gemm_fused_regs` (the weight
-    as wgmma's register operand) instead of `kernels.gemm_fused`. fused_tn (PFUSED_TN): the tokens a tile of that
-    kernel (its TN: 128, or 256 with the register-donating producer warpgroup), whatever ``gemm``'s TN says
-    (`fused_gemm`)."""
+    multiplied straight from its quantized bytes by `kernels.gemm_fused_regs` (the weight dequantized into wgmma's
+    register operand), with no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every
+    matrix as ``w16`` says. fused_tn (PFUSED_TN): the tokens a tile of that kernel (its TN: 256 with the
+    register-donating producer warpgroup, or 128), whatever ``gemm``'s TN says (`fused_gemm`)."""
 
     w16: bool = True
     gemm: Optional[dict] = None
@@ -57,20 +56,14 @@ class PrefillOptions:
     fuse_glu: bool = True
     rope_angles: bool = True
     fused: bool = False
-    fused_regs: bool = False
     fuse_resid: bool = True
-    fused_tn: int = 128
+    fused_tn: int = 256
 
     @property
     def fused_gemm(self) -> Optional[dict]:
-        """The GEMM knobs the fused kernel reads: ``gemm``, with TN = ``fused_tn`` for PFUSED_REGS's kernel."""
-        return dict(self.gemm or {}, TN=self.fused_tn) if self.fused_regs else self.gemm
-
-    @property
-    def regs_gemm(self) -> Optional[dict]:
-        """`fused_gemm` when PFUSED_REGS's kernel runs (``fused`` and ``fused_regs``), else None: what the split-K
-        partials and the memory plan size its tiles by."""
-        return self.fused_gemm if self.fused and self.fused_regs else None
+        """The GEMM knobs PFUSED's kernel reads (``gemm`` with TN = ``fused_tn``), or None without ``fused``: also
+        what the split-K partials and the memory plan size its tiles by."""
+        return dict(self.gemm or {}, TN=self.fused_tn) if self.fused else None
 
 
 @dataclass(frozen=True)
