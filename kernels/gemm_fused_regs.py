@@ -20,11 +20,15 @@ the f16 GEMM's A.
   (`kernels.jit.load_whole_program`).
 * Producer, k tile i (64 weights): the raw boxes of the tile's 128 rows into raw slot i % RAW
   (`kernels.gemm_fused.producer`, rfull / rempty mbarriers), then the activation box (TN tokens x 64, the
-  128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers).
+  128-byte swizzle) into ring slot i % STAGES (full / empty mbarriers). With the producer warpgroup, its warps 1
+  .. `CONVERTERS` then turn the slot's block headers into each row's f16x2 scales and minima in place (after rfull;
+  their rready barrier), work the four consumer lanes sharing a row would otherwise each repeat between wgmma
+  batches.
 * Consumer thread (warpgroup w, warp q of it, lane l; g = l >> 2, t = l & 3), k tile i: wait for the activation
   slot, issue the four wgmma of the tile as one batch with the 16 A words made before, then make tile i + 1's
-  while the tensor cores run it: wait for its raw slot, read rows r = 64 w + 16 q + g and r + 8 (16-byte header,
-  two 16-byte qs reads), free the slot (one arrival a warp), build the words (the mma.m16n8k16 A fragment: weights
+  while the tensor cores run it: wait for its raw slot (rfull, or rready with the converters), read rows r = 64 w
+  + 16 q + g and r + 8 (16-byte header or converted scales, two 16-byte qs reads), free the slot (one arrival a
+  warp), build the words (the mma.m16n8k16 A fragment: weights
   2t, 2t + 1 and 2t + 8, 2t + 9 of each row and k16 step) in other registers; then wait for the batch (its A
   registers are then free) and free the activation slot.
 * Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scales_mins`): k16 steps 0 and 1
@@ -51,10 +55,11 @@ from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
 from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scales_mins
-from kernels.ptx import SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc, syncwarp
-from kernels.ptx.bulk import mbarrier_arrive, mbarrier_try_wait_parity
-from kernels.ptx.wgmma import (SWIZZLE_128B, wgmma_commit_group, wgmma_desc, wgmma_fence, wgmma_m64nNk16_f32_f16_rs,
-                               wgmma_wait_group)
+from kernels.ptx import (SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc,
+                         st_shared_v4_b32, syncwarp)
+from kernels.ptx.bulk import mbarrier_arrive, mbarrier_init, mbarrier_try_wait_parity
+from kernels.ptx.wgmma import (SWIZZLE_128B, fence_proxy_async_shared, wgmma_commit_group, wgmma_desc, wgmma_fence,
+                               wgmma_m64nNk16_f32_f16_rs, wgmma_wait_group)
 from kernels.quant.bits import f32_from_f16_bits
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache
 
@@ -69,6 +74,9 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 """Registers a consumer thread takes at TN = `WARPGROUP_TN`: 128 accumulators, 32 A words (this tile's and the
 next's) and addressing. 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 (one block a SM: its shared memory)."""
+CONVERTERS = 2
+"""Warps of the producer warpgroup (TN = `WARPGROUP_TN`) that turn each raw slot's block headers into the rows'
+f16x2 scales and minima (`kernels.gemm_fused.q4_k_scales_mins`) in place, so the consumers read them ready-made."""
 LOW_NIBBLES = 0x0F0F0F0F
 
 
@@ -108,8 +116,13 @@ class RegsGeometry:
         return max(self.stages * self.slot_bytes, gemm_tiles.c_tile_bytes(self.tn, TM))
 
     @property
+    def raw_barrier_bytes(self) -> int:
+        """mbarrier bytes a raw slot takes: rfull and rempty, and rready where the producer warpgroup converts."""
+        return 24 if self.warpgroup_producer else 16
+
+    @property
     def smem_bytes(self) -> int:
-        return self.ring_bytes + self.raw * self.raw_slot_bytes + 16 * (self.stages + self.raw)
+        return self.ring_bytes + self.raw * (self.raw_slot_bytes + self.raw_barrier_bytes) + 16 * self.stages
 
     def grid(self, nt: int, od: int) -> int:
         """C tiles of a [nt, od] product."""
@@ -131,16 +144,18 @@ def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False, glu
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
     cfg = gemm_f16.resolve_config(config, fused_regs=True)
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
-    raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + 16))
+    raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + base.raw_barrier_bytes))
     return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate, glu)
 
 
-def _a_words():
+def _a_words(converted: bool):
     """``row_words(smem, raw_at, r, kt, valid, odd, sel)``: weight row r's eight A words of k tile kt (Q4_K), read
     from the raw slot at element ``raw_at`` (`kernels.gemm_fused.producer`'s layout): for k16 steps 0..3 the word
     of weights 2t, 2t + 1 (even positions of the tuple) and of 2t + 8, 2t + 9 (odd positions), low half the lower
     k. ``odd`` = t >> 1 picks the qs word, ``sel`` the byte pair inside it (`prmt_b32` selector). Zeros when not
-    ``valid`` (a row past od)."""
+    ``valid`` (a row past od). ``converted``: the row's 16 header bytes already hold its f16x2 scales and minima
+    (s_lo, m_lo, s_hi, m_hi; zeros for a row past od: the producer warpgroup's `CONVERTERS`), and ``valid`` is not
+    read; else the block header, decoded here."""
     QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
 
     @cuda.jit(device=True, inline="always")
@@ -150,10 +165,13 @@ def _a_words():
     @cuda.jit(device=True, inline="always")
     def row_words(smem, raw_at, r, kt, valid, odd, sel):
         h = ld_shared_v4_b32(smem, raw_at + r * 8)
-        w0 = h[0] if valid else uint32(0)
-        d = f32_from_f16_bits(w0 & 0xFFFF)
-        dmin = f32_from_f16_bits(w0 >> 16)
-        lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, kt & 3, h[1], h[2], h[3])  # weights 0..31: low nibbles
+        if converted:
+            lo_s, lo_m, hi_s, hi_m = h[0], h[1], h[2], h[3]  # weights 0..31: low nibbles
+        else:
+            w0 = h[0] if valid else uint32(0)
+            d = f32_from_f16_bits(w0 & 0xFFFF)
+            dmin = f32_from_f16_bits(w0 >> 16)
+            lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, kt & 3, h[1], h[2], h[3])  # weights 0..31: low nibbles
         x = ld_shared_v4_b32(smem, raw_at + QS + r * 16)  # qs bytes 0..15
         y = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + 8)  # 16..31
         wa = x[1] if odd else x[0]  # bytes 2t, 2t + 1
@@ -182,6 +200,7 @@ def _make_kernel(rg: RegsGeometry):
     EMPTY0 = FULL0 + STAGES
     RFULL0 = FULL0 + 2 * STAGES
     REMPTY0 = RFULL0 + RAW
+    RREADY0 = REMPTY0 + RAW  # with the producer warpgroup: the raw slot's headers are converted
     CONSUMER_WARPS = CONSUMERS // 32
     ACC = TN // 2
     BLOCK = BLOCK_BYTES[rg.qtype]
@@ -191,7 +210,9 @@ def _make_kernel(rg: RegsGeometry):
     WARPGROUP = rg.warpgroup_producer
     init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, SLOT_B,
                                                  SLOT_E, GLU)
-    row_words = _a_words()
+    READY0 = RREADY0 if WARPGROUP else RFULL0  # what the consumers wait for before reading a raw slot
+    CONVERT_ROWS = TM // (32 * CONVERTERS)
+    row_words = _a_words(WARPGROUP)
     store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
     if GLU:
         store_glu = gemm_tiles.c_tile_store_glu(1, TN // 8, TN, TM, CONSUMERS, rg.nocall, TRANSPOSED=True)
@@ -216,11 +237,43 @@ def _make_kernel(rg: RegsGeometry):
             opaque_u32(w[j])
 
     @cuda.jit(device=True, inline="always")
+    def convert(smem, bars, kt0, ktiles, c, m0, od):
+        """Converter thread c (0 .. 32 CONVERTERS - 1) of the producer warpgroup, every k tile: wait for the raw
+        slot's bytes, replace rows c, c + 32 CONVERTERS, ..'s 16-byte block headers by their f16x2 (s_lo, m_lo, s_hi,
+        m_hi) of the tile's group (`q4_k_scales_mins`; zeros for a row past od, whose box may not have been copied),
+        fence those writes before the copy engine's next write to the slot (PTX ISA §9.7.12.15.21: generic then
+        async proxy), and arrive on rready (one arrival a warp)."""
+        rs = 0
+        rph = uint32(0)
+        for i in range(ktiles):
+            while mbarrier_try_wait_parity(bars, RFULL0 + rs, rph) == 0:
+                pass
+            raw_at = RAW0 + rs * RAW_SLOT
+            g = (kt0 + i) & 3
+            for k in range(CONVERT_ROWS):
+                r = c + 32 * CONVERTERS * k
+                at = raw_at + r * 8
+                h = ld_shared_v4_b32(smem, at)
+                w0 = h[0] if GLU or m0 + r < od else uint32(0)  # GLU: every box is copied
+                d = f32_from_f16_bits(w0 & 0xFFFF)
+                dmin = f32_from_f16_bits(w0 >> 16)
+                lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, g, h[1], h[2], h[3])
+                st_shared_v4_b32(smem, at, lo_s, lo_m, hi_s, hi_m)
+            fence_proxy_async_shared()
+            syncwarp()
+            if (c & 31) == 0:
+                mbarrier_arrive(bars, RREADY0 + rs)
+            rs += 1
+            if rs == RAW:
+                rs = 0
+                rph ^= uint32(1)
+
+    @cuda.jit(device=True, inline="always")
     def tile_words(smem, bars, rs, rph, kt, r0, v0, v1, odd, sel, lane):
         """The thread's A words of k tile kt of the weight, rows r0 and r0 + 8 (`_a_words`): wait for raw slot rs
         (phase parity rph: the block's k tile i is in slot i % RAW, phase (i // RAW) & 1), read it, free it (one
         arrival a warp)."""
-        while mbarrier_try_wait_parity(bars, RFULL0 + rs, rph) == 0:
+        while mbarrier_try_wait_parity(bars, READY0 + rs, rph) == 0:
             pass
         raw_at = RAW0 + rs * RAW_SLOT
         p = row_words(smem, raw_at, r0, kt, v0, odd, sel)
@@ -238,11 +291,18 @@ def _make_kernel(rg: RegsGeometry):
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             init_barriers(bars)
+            if WARPGROUP:
+                for j in range(RAW):
+                    mbarrier_init(bars, RREADY0 + j, CONVERTERS)
         cuda.syncthreads()
 
         if tid >= CONSUMERS:  # the producer: lane 0 issues the raw boxes and the activation box of every k tile
             if WARPGROUP:
                 setmaxnreg_dec(PRODUCER_REGS)
+                c = tid - CONSUMERS - 32
+                if 0 <= c < 32 * CONVERTERS:  # warps 1 .. CONVERTERS: the header converters
+                    convert(smem, bars, kt0, ktiles, c, m0, od)
+                    return
             if tid == CONSUMERS:
                 produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1)
             return

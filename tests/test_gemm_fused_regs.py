@@ -56,6 +56,8 @@ SIM_CASES = [
     ("TN=128 default, 3 segments, 12 k tiles (8 raw slots wrap)", {}, 20, [128, 64, 40], 768),
     ("TN=256: the producer warpgroup, 2 stages (the ring wraps), nt and od tails", dict(G.DEFAULT, TN=256, STAGES=2),
      33, [128, 70], 256),
+    ("TN=256: od 40, a 64-row box never copied, 12 k tiles (raw slots reused)", dict(G.DEFAULT, TN=256, STAGES=2),
+     9, [40], 768),
 ]
 
 
@@ -130,8 +132,9 @@ def test_the_hazard_check_flags_a_write_to_an_in_flight_a_register():
 @pytest.mark.compile
 def test_regs_warpgroup_producer_ptx():
     """TN=256: 384 threads, the producer warpgroup's setmaxnreg.dec and the consumers' .inc in the PTX, the
-    m64n256k16 register-A wgmma; where a whole-program ptxas is installed (not in CI), it assembles with no spill and
-    the wgmma asynchronous (what the driver's JIT compiles: `kernels.jit.load_whole_program`)."""
+    m64n256k16 register-A wgmma, the header converters' proxy fence and their rready barriers in the shared memory
+    plan; where a whole-program ptxas is installed (not in CI), it assembles with no spill and the wgmma
+    asynchronous (what the driver's JIT compiles: `kernels.jit.load_whole_program`)."""
     from ptx_assembly import whole_program_resources
 
     rg = R.regs_geometry({"TN": 256}, "Q4_K")
@@ -141,6 +144,9 @@ def test_regs_warpgroup_producer_ptx():
                    f"{R.PRODUCER_REGS};", f"setmaxnreg.inc.sync.aligned.u32 {R.CONSUMER_REGS};", ".maxntid 384"):
         assert needle in ptx, needle
     assert 128 * R.PRODUCER_REGS + 256 * R.CONSUMER_REGS <= 65536
+    assert ptx.count("fence.proxy.async.shared::cta") == 2  # the barriers' initialisation, the converted headers
+    assert R.kernel_ptx({"TN": 128}, "Q4_K").count("fence.proxy.async.shared::cta") == 1  # no converters there
+    assert rg.smem_bytes == rg.ring_bytes + rg.raw * (rg.raw_slot_bytes + 24) + 16 * rg.stages  # rready a raw slot
     assert not wgmma_register_hazards(ptx)
     res = whole_program_resources(ptx)
     if res is None:
@@ -286,10 +292,11 @@ def test_regs_glu_simulator_is_the_product_and_swiglu():
     epilogue, NOCALL=0 and 1: within one f16 ulp of gemm_fused_regs + swiglu (the same C values and expression; the
     simulator computes silu in float64, which the epilogue's f16x2 packing rounds through f32 and swiglu's store
     straight to f16, so a rare element differs by one ulp; the GPU test holds NOCALL=0 to the bit); nt tail, 2
-    tiles of od."""
+    tiles of od; and TN=256, whose producer warpgroup converts the headers of both halves' rows."""
     base = dict(G.DEFAULT, TN=64, STAGES=3, SPLITK=1)
     _assert_glu(*_glu_case(dict(base, NOCALL=0), 17, 128, 256), ulps=1)
     _assert_glu(*_glu_case(dict(base, NOCALL=1), 33, 64, 256), ulps=1)
+    _assert_glu(*_glu_case(dict(base, TN=256, STAGES=2), 17, 64, 256), ulps=1)  # the converters' GLU rows
 
 
 @sim
