@@ -115,9 +115,10 @@ def engine_knobs() -> tuple[Knob, ...]:
                                                   "kernels.gemm_fused_regs (its TN, whatever TN says for the f16 "
                                                   "GEMM). 256 (the default: faster at nt 512 and 2048): each "
                                                   "dequantized weight fragment serves twice the tokens; its producer "
-                                                  "warpgroup gives registers to the consumers (setmaxnreg), so the "
-                                                  "kernel is loaded whole-program through the driver's JIT. Does "
-                                                  "nothing without PFUSED=1", legacy=128)]
+                                                  "warpgroup gives registers to the consumers (setmaxnreg; the "
+                                                  "kernel is loaded whole-program through the driver's JIT) and "
+                                                  "turns the block headers into scales for them. Does nothing "
+                                                  "without PFUSED=1", legacy=128)]
     knobs += [Knob("PROPE_ANGLES", (0, 1), 1, "prefill (pp): 1 computes every token's RoPE (cos, sin) once a prefill "
                                               "(kernels.rope.rope_angles) for all layers (the default: faster at "
                                               "pp512); 0 in every layer's RoPE kernel (float64 angles per token "
