@@ -148,6 +148,14 @@ def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False, glu
     return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate, glu)
 
 
+@cuda.jit(device=True, inline="always")
+def _header_scales(h, valid, g):
+    """(s_lo, m_lo, s_hi, m_hi) of a row's 16-byte Q4_K block header (words ``h``) for 64-weight group g
+    (`q4_k_scales_mins`); zeros when not ``valid`` (a row past od, whose box may not have been copied)."""
+    w0 = h[0] if valid else uint32(0)
+    return q4_k_scales_mins(f32_from_f16_bits(w0 & 0xFFFF), f32_from_f16_bits(w0 >> 16), g, h[1], h[2], h[3])
+
+
 def _a_words(converted: bool):
     """``row_words(smem, raw_at, r, kt, valid, odd, sel)``: weight row r's eight A words of k tile kt (Q4_K), read
     from the raw slot at element ``raw_at`` (`kernels.gemm_fused.producer`'s layout): for k16 steps 0..3 the word
@@ -168,10 +176,7 @@ def _a_words(converted: bool):
         if converted:
             lo_s, lo_m, hi_s, hi_m = h[0], h[1], h[2], h[3]  # weights 0..31: low nibbles
         else:
-            w0 = h[0] if valid else uint32(0)
-            d = f32_from_f16_bits(w0 & 0xFFFF)
-            dmin = f32_from_f16_bits(w0 >> 16)
-            lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, kt & 3, h[1], h[2], h[3])  # weights 0..31: low nibbles
+            lo_s, lo_m, hi_s, hi_m = _header_scales(h, valid, kt & 3)
         x = ld_shared_v4_b32(smem, raw_at + QS + r * 16)  # qs bytes 0..15
         y = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + 8)  # 16..31
         wa = x[1] if odd else x[0]  # bytes 2t, 2t + 1
@@ -253,11 +258,8 @@ def _make_kernel(rg: RegsGeometry):
             for k in range(CONVERT_ROWS):
                 r = c + 32 * CONVERTERS * k
                 at = raw_at + r * 8
-                h = ld_shared_v4_b32(smem, at)
-                w0 = h[0] if GLU or m0 + r < od else uint32(0)  # GLU: every box is copied
-                d = f32_from_f16_bits(w0 & 0xFFFF)
-                dmin = f32_from_f16_bits(w0 >> 16)
-                lo_s, lo_m, hi_s, hi_m = q4_k_scales_mins(d, dmin, g, h[1], h[2], h[3])
+                valid = GLU or m0 + r < od  # GLU: every box is copied
+                lo_s, lo_m, hi_s, hi_m = _header_scales(ld_shared_v4_b32(smem, at), valid, g)
                 st_shared_v4_b32(smem, at, lo_s, lo_m, hi_s, hi_m)
             fence_proxy_async_shared()
             syncwarp()
