@@ -7,8 +7,10 @@ f16 copy of it.
 * Producer (`producer`), k tile i: the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of the
   rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps, `raw_maps`;
   rfull / rempty mbarriers), then the activation box into ring slot i % STAGES (full / empty mbarriers).
-* Arithmetic, two weights an instruction (`q4_k_pair`): `prmt` puts two 4-bit codes under the f16 exponent of 1024,
-  `sub.rn.f16x2` removes the 1024 exactly, `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m
+* Arithmetic, two weights an instruction (`q4_k_low`, `q4_k_high`): with a pair of qs bytes at bytes 0 and 2 of a
+  word (one `prmt`), a masked OR puts their low nibbles under the f16 exponent of 1024 (bits 0-3 of the mantissa)
+  or their high nibbles under that of 64 (bits 4-7), `sub.rn.f16x2` removes the 1024 or 64 exactly, and
+  `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m
   (`q4_k_scales_mins`: float32 products as gguf-py, rounded to f16). A weight differs from `kernels.quant`'s
   (gguf-py's float32, rounded once) by at most about an f16 ulp of |q·d·sc| + |dmin·m| (where the two terms cancel,
   by many ulps of the small weight); the C of a 3584-wide product is within ~4e-4 relative of float64.
@@ -54,8 +56,8 @@ RAW_ROW_BYTES = 48
 MAX_RAW = 8
 """Most raw slots (more measured no faster on the deleted B-producer kernel: the raw boxes were not what it
 waited for)."""
-F16_HI_BYTES = 0x64646464  # prmt's second source: 0x64, the high byte of f16 1024.0 (0x6400), under each code byte
-F16_1024X2 = 0x64006400
+F16_1024X2 = 0x64006400  # f16x2 (1024, 1024): a code in mantissa bits 0-3 under it is 1024 + code, exactly
+F16_64X2 = 0x54005400  # f16x2 (64, 64): a code in mantissa bits 4-7 under it is 64 + code, exactly
 F32_2P23 = 0x4B000000  # f32 2^23: a byte under its exponent (prmt) is that integer plus 2^23, exactly
 
 
@@ -84,10 +86,19 @@ def q4_k_scales_mins(d, dmin, g, h0, h1, h2):
 
 
 @cuda.jit(device=True, inline="always")
-def q4_k_pair(x, s2, m2):
-    """Two weights as f16x2 from ``x``, two 4-bit codes under the f16 exponent of 1024 (`prmt_b32` with
-    `F16_HI_BYTES`): ``(x - 1024) * s2 + m2`` with the sub-block's `q4_k_scales_mins` pair (f16x2 sub and fma, .rn)."""
-    return fma_f16x2(sub_f16x2(x, F16_1024X2), s2, m2)
+def q4_k_low(p, s2, m2):
+    """Two weights as f16x2 from the low nibbles of bytes 0 and 2 of ``p`` (a pair of qs bytes placed there by
+    `prmt_b32`; bytes 1 and 3 are ignored): ``code * s2 + m2`` with the sub-block's `q4_k_scales_mins` pair. The
+    codes go under the f16 exponent of 1024 (one masked OR), `sub.rn.f16x2` removes the 1024 exactly, `fma.rn.f16x2`
+    rounds once."""
+    return fma_f16x2(sub_f16x2((p & 0x000F000F) | F16_1024X2, F16_1024X2), s2, m2)
+
+
+@cuda.jit(device=True, inline="always")
+def q4_k_high(p, s2, m2):
+    """`q4_k_low` of the high nibbles of bytes 0 and 2 of ``p``, in place: mantissa bits 4-7 under the f16 exponent
+    of 64 are 64 + code exactly, so no shift is needed."""
+    return fma_f16x2(sub_f16x2((p & 0x00F000F0) | F16_64X2, F16_64X2), s2, m2)
 
 
 def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, BLOCK: int,

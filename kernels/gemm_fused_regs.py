@@ -31,8 +31,9 @@ the f16 GEMM's A.
   warp), build the words (the mma.m16n8k16 A fragment: weights
   2t, 2t + 1 and 2t + 8, 2t + 9 of each row and k16 step) in other registers; then wait for the batch (its A
   registers are then free) and free the activation slot.
-* Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_pair`, `q4_k_scales_mins`): k16 steps 0 and 1
-  take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles.
+* Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_low`, `q4_k_high`, `q4_k_scales_mins`): k16 steps 0 and 1
+  take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles;
+  one `prmt` a byte pair (a per-lane selector over two qs words) places the pair at bytes 0 and 2 for both.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
   plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
@@ -54,7 +55,7 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
-from kernels.gemm_fused import BLOCK_BYTES, F16_HI_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_pair, q4_k_scales_mins
+from kernels.gemm_fused import BLOCK_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_high, q4_k_low, q4_k_scales_mins
 from kernels.ptx import (SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc,
                          st_shared_v4_b32, syncwarp)
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_init, mbarrier_try_wait_parity
@@ -77,7 +78,6 @@ next's) and addressing. 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 (one bl
 CONVERTERS = 2
 """Warps of the producer warpgroup (TN = `WARPGROUP_TN`) that turn each raw slot's block headers into the rows'
 f16x2 scales and minima (`kernels.gemm_fused.q4_k_scales_mins`) in place, so the consumers read them ready-made."""
-LOW_NIBBLES = 0x0F0F0F0F
 
 
 @dataclass(frozen=True)
@@ -157,21 +157,17 @@ def _header_scales(h, valid, g):
 
 
 def _a_words(converted: bool):
-    """``row_words(smem, raw_at, r, kt, valid, odd, sel)``: weight row r's eight A words of k tile kt (Q4_K), read
-    from the raw slot at element ``raw_at`` (`kernels.gemm_fused.producer`'s layout): for k16 steps 0..3 the word
-    of weights 2t, 2t + 1 (even positions of the tuple) and of 2t + 8, 2t + 9 (odd positions), low half the lower
-    k. ``odd`` = t >> 1 picks the qs word, ``sel`` the byte pair inside it (`prmt_b32` selector). Zeros when not
-    ``valid`` (a row past od). ``converted``: the row's 16 header bytes already hold its f16x2 scales and minima
-    (s_lo, m_lo, s_hi, m_hi; zeros for a row past od: the producer warpgroup's `CONVERTERS`), and ``valid`` is not
-    read; else the block header, decoded here."""
+    """``row_words(smem, raw_at, r, kt, valid, sel)``: weight row r's eight A words of k tile kt (Q4_K), read from
+    the raw slot at element ``raw_at`` (`kernels.gemm_fused.producer`'s layout): for k16 steps 0..3 the word of
+    weights 2t, 2t + 1 (even positions of the tuple) and of 2t + 8, 2t + 9 (odd positions), low half the lower k.
+    ``sel``: the lane's `prmt_b32` selector taking qs bytes 2t, 2t + 1 of a pair of words to bytes 0 and 2. Zeros
+    when not ``valid`` (a row past od). ``converted``: the row's 16 header bytes already hold its f16x2 scales and
+    minima (s_lo, m_lo, s_hi, m_hi; zeros for a row past od: the producer warpgroup's `CONVERTERS`), and ``valid``
+    is not read; else the block header, decoded here."""
     QS = TM * 16 // 2  # elements from a raw slot's headers to its qs
 
     @cuda.jit(device=True, inline="always")
-    def code(word, sel, s2, m2):
-        return q4_k_pair(prmt_b32(word, F16_HI_BYTES, sel), s2, m2)
-
-    @cuda.jit(device=True, inline="always")
-    def row_words(smem, raw_at, r, kt, valid, odd, sel):
+    def row_words(smem, raw_at, r, kt, valid, sel):
         h = ld_shared_v4_b32(smem, raw_at + r * 8)
         if converted:
             lo_s, lo_m, hi_s, hi_m = h[0], h[1], h[2], h[3]  # weights 0..31: low nibbles
@@ -179,14 +175,13 @@ def _a_words(converted: bool):
             lo_s, lo_m, hi_s, hi_m = _header_scales(h, valid, kt & 3)
         x = ld_shared_v4_b32(smem, raw_at + QS + r * 16)  # qs bytes 0..15
         y = ld_shared_v4_b32(smem, raw_at + QS + r * 16 + 8)  # 16..31
-        wa = x[1] if odd else x[0]  # bytes 2t, 2t + 1
-        wb = x[3] if odd else x[2]  # 2t + 8, 2t + 9
-        wc = y[1] if odd else y[0]  # 16 + 2t, ..
-        wd = y[3] if odd else y[2]  # 24 + 2t, ..
-        return (code(wa & LOW_NIBBLES, sel, lo_s, lo_m), code(wb & LOW_NIBBLES, sel, lo_s, lo_m),
-                code(wc & LOW_NIBBLES, sel, lo_s, lo_m), code(wd & LOW_NIBBLES, sel, lo_s, lo_m),
-                code((wa >> 4) & LOW_NIBBLES, sel, hi_s, hi_m), code((wb >> 4) & LOW_NIBBLES, sel, hi_s, hi_m),
-                code((wc >> 4) & LOW_NIBBLES, sel, hi_s, hi_m), code((wd >> 4) & LOW_NIBBLES, sel, hi_s, hi_m))
+        pa = prmt_b32(x[0], x[1], sel)  # bytes 2t, 2t + 1
+        pb = prmt_b32(x[2], x[3], sel)  # 2t + 8, 2t + 9
+        pc = prmt_b32(y[0], y[1], sel)  # 16 + 2t, ..
+        pd = prmt_b32(y[2], y[3], sel)  # 24 + 2t, ..
+        return (q4_k_low(pa, lo_s, lo_m), q4_k_low(pb, lo_s, lo_m), q4_k_low(pc, lo_s, lo_m), q4_k_low(pd, lo_s, lo_m),
+                q4_k_high(pa, hi_s, hi_m), q4_k_high(pb, hi_s, hi_m), q4_k_high(pc, hi_s, hi_m),
+                q4_k_high(pd, hi_s, hi_m))
 
     return row_words
 
@@ -271,15 +266,15 @@ def _make_kernel(rg: RegsGeometry):
                 rph ^= uint32(1)
 
     @cuda.jit(device=True, inline="always")
-    def tile_words(smem, bars, rs, rph, kt, r0, v0, v1, odd, sel, lane):
+    def tile_words(smem, bars, rs, rph, kt, r0, v0, v1, sel, lane):
         """The thread's A words of k tile kt of the weight, rows r0 and r0 + 8 (`_a_words`): wait for raw slot rs
         (phase parity rph: the block's k tile i is in slot i % RAW, phase (i // RAW) & 1), read it, free it (one
         arrival a warp)."""
         while mbarrier_try_wait_parity(bars, READY0 + rs, rph) == 0:
             pass
         raw_at = RAW0 + rs * RAW_SLOT
-        p = row_words(smem, raw_at, r0, kt, v0, odd, sel)
-        q = row_words(smem, raw_at, r0 + 8, kt, v1, odd, sel)
+        p = row_words(smem, raw_at, r0, kt, v0, sel)
+        q = row_words(smem, raw_at, r0 + 8, kt, v1, sel)
         syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
         if lane == 0:
             mbarrier_arrive(bars, REMPTY0 + rs)
@@ -314,15 +309,14 @@ def _make_kernel(rg: RegsGeometry):
         lane = tid & 31
         r0 = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2)  # weight rows r0 and r0 + 8 of the tile
         t = lane & 3
-        odd = t >> 1
-        sel = uint32(0x4140 + (t & 1) * 0x0202)  # bytes 0, 1 or 2, 3 of a qs word under the f16 exponent of 1024
+        sel = uint32(0x0100 + t * 0x0202)  # qs bytes 2t, 2t + 1 of a word pair to bytes 0 and 2
         v0 = GLU or m0 + r0 < od  # GLU: every box is copied (rows past a segment's end are zeros)
         v1 = GLU or m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
         rs = 0  # raw slot and phase of the next tile's words, counted as s and phase are
         rph = uint32(0)
-        p, q = tile_words(smem, bars, rs, rph, kt0, r0, v0, v1, odd, sel, lane)
+        p, q = tile_words(smem, bars, rs, rph, kt0, r0, v0, v1, sel, lane)
         s = 0
         phase = uint32(0)
         for i in range(ktiles):
@@ -342,7 +336,7 @@ def _make_kernel(rg: RegsGeometry):
                 if rs == RAW:
                     rs = 0
                     rph ^= uint32(1)
-                p, q = tile_words(smem, bars, rs, rph, kt0 + i + 1, r0, v0, v1, odd, sel, lane)
+                p, q = tile_words(smem, bars, rs, rph, kt0 + i + 1, r0, v0, v1, sel, lane)
             wgmma_wait_group(0)
             keep_words(batch_p)  # the batch's A registers stay live until its wait: never the next tile's
             keep_words(batch_q)

@@ -1,6 +1,7 @@
 """kernels/gemm_fused.py: the fused GEMM's format side (the kernel's tests: tests/test_gemm_fused_regs.py).
 
-* simulator session: `q4_k_scales_mins` against gguf's ``Q4_K.get_scale_min`` on fresh random headers;
+* simulator session: `q4_k_scales_mins` against gguf's ``Q4_K.get_scale_min`` on fresh random headers; `q4_k_low` /
+  `q4_k_high` against numpy on every pair of codes;
 * everywhere: `fused_f16_weights`, the f16 weights of the kernels' f16x2 arithmetic modelled in numpy, against
   gguf-py's dequantization; the argument checks' one-line refusals.
 """
@@ -31,8 +32,8 @@ def _operands(nt, rows, id_, seed):
 def fused_f16_weights(raw, rows: int, id_: int) -> np.ndarray:
     """The f16 [rows, id] weights the fused kernel's arithmetic makes of Q4_K bytes ``raw``, modelled in numpy: each
     sub-block's d·sc and -dmin·m as float32 products rounded to f16 (gguf's ``get_scale_min``), then every weight
-    ``q · s16 + m16`` rounded once to f16 (`kernels.gemm_fused.q4_k_pair`'s ``fma.rn.f16x2``; the product and sum
-    are exact in float64). Layout: ggml-common.h ``block_q4_K``."""
+    ``q · s16 + m16`` rounded once to f16 (`kernels.gemm_fused.q4_k_low` / `q4_k_high`: ``fma.rn.f16x2``; the
+    product and sum are exact in float64). Layout: ggml-common.h ``block_q4_K``."""
     from gguf import quants
 
     blocks = raw.reshape(rows * id_ // 256, 144)
@@ -79,6 +80,35 @@ def test_q4_k_scales_mins_matches_gguf():
     want = np.stack([both(s16[:, 0::2]), both(m16[:, 0::2]), both(s16[:, 1::2]), both(m16[:, 1::2])], axis=-1)
     np.testing.assert_array_equal(got, want)
 
+
+
+@sim
+def test_q4_k_low_and_high_are_code_times_scale_plus_min():
+    """`q4_k_low` / `q4_k_high` on words whose bytes 0 and 2 hold every pair of qs bytes (all 16 codes in both
+    nibbles) and whose bytes 1 and 3 are random (ignored), with fresh random f16 scales and minima: each half is
+    ``code * s + m`` rounded once to f16 (float64 is exact), the low half of bytes 0's nibble."""
+    rng = np.random.default_rng()
+    b0, b2 = np.meshgrid(np.arange(256), np.arange(256))
+    n = b0.size
+    noise = rng.integers(0, 256, (2, n))
+    words = (b0.ravel() | noise[0] << 8 | b2.ravel() << 16 | noise[1] << 24).astype(np.uint32)
+    sm = (rng.standard_normal((n, 4)) * 0.05).astype(np.float16)  # s_lo, s_hi, m_lo, m_hi per word
+    pairs = np.stack([sm, sm], axis=-1).view(np.uint32)[..., 0]  # (n, 4): each value in both halves
+
+    @cuda.jit
+    def kernel(words, pairs, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i, 0] = F.q4_k_low(words[i], pairs[i, 0], pairs[i, 2])
+            out[i, 1] = F.q4_k_high(words[i], pairs[i, 1], pairs[i, 3])
+
+    out = cuda.to_device(np.zeros((n, 2), np.uint32))
+    kernel[n // 256, 256](cuda.to_device(words), cuda.to_device(pairs), out)
+    got = out.copy_to_host().view(np.float16).reshape(n, 2, 2)  # [word, low | high, half]
+    s, m = sm.astype(np.float64)[:, :2], sm.astype(np.float64)[:, 2:]
+    codes = np.stack([np.stack([b0.ravel() & 15, b2.ravel() & 15], -1), np.stack([b0.ravel() >> 4, b2.ravel() >> 4], -1)], 1)
+    want = (codes * s[:, :, None] + m[:, :, None]).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
 
 def _bad_calls():
     """(call, the words its one-line refusal must hold)."""

@@ -1,7 +1,7 @@
 """Register arithmetic: `dp4a` (four int8 products summed into an int32 in one instruction), the inner step of the
 quantized mat-vec (int8 activations x 4/6/8-bit weights); `prmt` (byte permute) and the packed-f16 `sub`/`fma`
 that turn 4-bit codes into f16 weights two at a time (the fused-dequantization GEMM's consumers,
-`kernels.gemm_fused.q4_k_pair`); `div.approx` (a float division without the subroutine call ptxas gives an IEEE
+`kernels.gemm_fused.q4_k_low`); `div.approx` (a float division without the subroutine call ptxas gives an IEEE
 one).
 
 An ``f16x2`` value is a uint32 (`kernels.ptx._base`: the lower element in bits 0..15)."""
