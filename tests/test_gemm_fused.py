@@ -81,12 +81,11 @@ def test_q4_k_scales_mins_matches_gguf():
     np.testing.assert_array_equal(got, want)
 
 
-
 @sim
 def test_q4_k_low_and_high_are_code_times_scale_plus_min():
     """`q4_k_low` / `q4_k_high` on words whose bytes 0 and 2 hold every pair of qs bytes (all 16 codes in both
     nibbles) and whose bytes 1 and 3 are random (ignored), with fresh random f16 scales and minima: each half is
-    ``code * s + m`` rounded once to f16 (float64 is exact), the low half of bytes 0's nibble."""
+    ``code * s + m`` rounded once to f16 (float64 is exact), the low half from byte 0."""
     rng = np.random.default_rng()
     b0, b2 = np.meshgrid(np.arange(256), np.arange(256))
     n = b0.size
@@ -106,9 +105,11 @@ def test_q4_k_low_and_high_are_code_times_scale_plus_min():
     kernel[n // 256, 256](cuda.to_device(words), cuda.to_device(pairs), out)
     got = out.copy_to_host().view(np.float16).reshape(n, 2, 2)  # [word, low | high, half]
     s, m = sm.astype(np.float64)[:, :2], sm.astype(np.float64)[:, 2:]
-    codes = np.stack([np.stack([b0.ravel() & 15, b2.ravel() & 15], -1), np.stack([b0.ravel() >> 4, b2.ravel() >> 4], -1)], 1)
+    b0, b2 = b0.ravel(), b2.ravel()
+    codes = np.stack([np.stack([b0 & 15, b2 & 15], -1), np.stack([b0 >> 4, b2 >> 4], -1)], 1)
     want = (codes * s[:, :, None] + m[:, :, None]).astype(np.float16)
     np.testing.assert_array_equal(got, want)
+
 
 def _bad_calls():
     """(call, the words its one-line refusal must hold)."""
