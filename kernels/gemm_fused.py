@@ -59,6 +59,8 @@ waited for)."""
 F16_1024X2 = 0x64006400  # f16x2 (1024, 1024): a code in mantissa bits 0-3 under it is 1024 + code, exactly
 F16_64X2 = 0x54005400  # f16x2 (64, 64): a code in mantissa bits 4-7 under it is 64 + code, exactly
 F32_2P23 = 0x4B000000  # f32 2^23: a byte under its exponent (prmt) is that integer plus 2^23, exactly
+F16_1056X2 = 0x64206420  # f16x2 (1056, 1056): 1024 + 32, a Q6_K code's offset under the exponent of 1024
+F16_96X2 = 0x56005600  # f16x2 (96, 96): 64 + 32, the same under the exponent of 64
 
 
 @cuda.jit(device=True, inline="always")
@@ -99,6 +101,37 @@ def q4_k_high(p, s2, m2):
     """`q4_k_low` of the high nibbles of bytes 0 and 2 of ``p``, in place: mantissa bits 4-7 under the f16 exponent
     of 64 are 64 + code exactly, so no shift is needed."""
     return fma_f16x2(sub_f16x2((p & 0x00F000F0) | F16_64X2, F16_64X2), s2, m2)
+
+
+@cuda.jit(device=True, inline="always")
+def q6_k_scales(d, w):
+    """``(d * sc0, d * sc1, d * sc2, d * sc3)`` in float32 (gguf-py's products) of the four int8 Q6_K sub-block
+    scales in the bytes of word ``w`` (byte 0 first) and the block's d (float32). Each byte, its sign bit flipped
+    (sc + 128), goes under the exponent of 2^23 (`prmt_b32`) and 2^23 + 128 is subtracted: exact, no integer
+    conversion."""
+    x = w ^ 0x80808080
+    return (fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7540)), float32(8388736.0))),
+            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7541)), float32(8388736.0))),
+            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7542)), float32(8388736.0))),
+            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7543)), float32(8388736.0))))
+
+
+@cuda.jit(device=True, inline="always")
+def q6_k_low(p, h, s2):
+    """Two Q6_K weights as f16x2, ``(code - 32) * s2``, from a pair of ql bytes at bytes 0 and 2 of ``p`` (their low
+    nibbles: code bits 0-3) and a pair of qh words shifted so that each weight's two high code bits are bits 4-5 of
+    its half of ``h`` (bits 0-1 of a qh byte shifted by 4, bits 2-3 by 2). The 6-bit code goes under the f16
+    exponent of 1024 (masked ORs), `sub.rn.f16x2` of 1056 leaves code - 32 exactly, `fma.rn.f16x2` with 0 rounds the
+    product with the sub-block's scale d·sc (f16x2) once."""
+    return fma_f16x2(sub_f16x2((p & 0x000F000F) | (h & 0x00300030) | F16_1024X2, F16_1056X2), s2, 0)
+
+
+@cuda.jit(device=True, inline="always")
+def q6_k_high(p, h, s2):
+    """`q6_k_low` of the high nibbles of ql bytes 0 and 2 of ``p`` with the high code bits at bits 8-9 of each half of
+    ``h`` (bits 4-5 of a qh byte shifted by 4, bits 6-7 by 2): the code in mantissa bits 4-9 under the exponent of
+    64 is 64 + code exactly, minus 96."""
+    return fma_f16x2(sub_f16x2((p & 0x00F000F0) | (h & 0x03000300) | F16_64X2, F16_96X2), s2, 0)
 
 
 def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, BLOCK: int,
