@@ -187,7 +187,7 @@ def _bad_calls():
     a = np.zeros((4, 256), np.float16)
     raw = np.zeros(2 * 144, np.uint8)
     return [
-        (lambda: F.check_segments(a, [(raw, 2)], "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
+        (lambda: F.check_segments(a, [(raw, 2)], "Q5_K"), "Q5_K have no dequantizer in the fused GEMM; types: Q4_K, Q6_K"),
         (lambda: F.check_segments(np.zeros((4, 128), np.float16), [(raw, 2)], "Q4_K"), "multiple of 256"),
         (lambda: F.check_segments(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: F.check_segments(a, [(raw.view(np.uint16), 2)], "Q4_K"), "1-D uint8"),
