@@ -6,9 +6,10 @@ against 16) and no f16 copy of it.
 
 * Producer (`producer`), k tile i: Q4_K, the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of
   the rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps, `raw_maps`);
-  Q6_K, at the first k tile of each block, one 224-byte box a weight row holding the row's whole block (a 1-D byte
-  tensor map: a 210-byte block starts at any even byte, so no 2-D map describes the rows), the producer warp's 32
-  lanes issuing them; rfull / rempty mbarriers; then the activation box into ring slot i % STAGES (full / empty
+  Q6_K, at the first k tile of each block, one 224-byte box a weight row holding the row's whole block (the
+  segment's bytes as a one-row tensor map, `kernels.ptx.tma.tensor_map_bytes_row`: a 210-byte block starts at any
+  even byte, so no 2-D map of the weight's rows describes them), the producer warp's 32 lanes issuing them; rfull /
+  rempty mbarriers; then the activation box into ring slot i % STAGES (full / empty
   mbarriers).
 * Q4_K arithmetic, two weights an instruction (`q4_k_low`, `q4_k_high`): with a pair of qs bytes at bytes 0 and 2 of
   a word (one `prmt`), a masked OR puts their low nibbles under the f16 exponent of 1024 (bits 0-3 of the mantissa)
@@ -48,8 +49,8 @@ from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR, fma_f16x2, prmt_b32, sub_f16x2
 from kernels.ptx.bulk import mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx import opaque_u32, syncwarp
-from kernels.ptx.tma import (MAP_WORDS, cp_async_bulk_tensor_1d_g2s, cp_async_bulk_tensor_2d_g2s, device_address,
-                             tensor_map_bytes_1d, tensor_map_bytes_2d)
+from kernels.ptx.tma import (MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d,
+                             tensor_map_bytes_row)
 from kernels.ptx.wgmma import fence_proxy_async_shared
 from kernels.quant.bits import f16x2_bits, f32_from_bits, fmul_rn, fsub_rn
 from kernels.specialize import is_contiguous
@@ -233,8 +234,8 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
                 first = m0 // 2 + r if r < HALF else od // 2 + m0 // 2 + r - HALF
             if first < od:
                 seg, local = segment_row(first, e0, e1)
-                cp_async_bulk_tensor_1d_g2s(smem, at + r * ROW_E, rmap, 32 * seg, local * row_bytes + blk * BLOCK, bars,
-                                            RFULL0 + slot)
+                cp_async_bulk_tensor_2d_g2s(smem, at + r * ROW_E, rmap, 32 * seg, local * row_bytes + blk * BLOCK, 0,
+                                            bars, RFULL0 + slot)
 
     @cuda.jit(device=True, inline="always")
     def produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1, kdim, lane):
@@ -330,8 +331,8 @@ def raw_maps(segments, qtype: str, kdim: int):
     """The raw producer's tensor maps, one uint64 device array of 32 words a segment (segments of a [rows, kdim]
     weight of ``qtype``). Q4_K: words 32 i .. 32 i + 15 map segment i's header boxes (`BOX_ROWS` rows x 16 bytes),
     the next 16 its qs boxes (x 32 bytes), over its bytes as a [rows, row bytes] uint8 matrix
-    (`kernels.ptx.tma.tensor_map_bytes_2d`). Q6_K: words 32 i .. 32 i + 15 map its bytes as one 1-D array with a
-    `Q6_K_BOX` box (`kernels.ptx.tma.tensor_map_bytes_1d`); the next 16 repeat them. Made once per segment list and
+    (`kernels.ptx.tma.tensor_map_bytes_2d`). Q6_K: words 32 i .. 32 i + 15 map its bytes as one row with a
+    `Q6_K_BOX` box (`kernels.ptx.tma.tensor_map_bytes_row`); the next 16 repeat them. Made once per segment list and
     kept, as `kernels.gemm_tma.MAPS` (the eager run before a capture makes them)."""
     row_bytes = kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]
     key = ("raw", qtype) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
@@ -340,7 +341,7 @@ def raw_maps(segments, qtype: str, kdim: int):
         words = []
         for raw, rows in segments:
             if qtype == "Q6_K":
-                words += [tensor_map_bytes_1d(raw, Q6_K_BOX).copy_to_host()] * 2
+                words += [tensor_map_bytes_row(raw, Q6_K_BOX).copy_to_host()] * 2
             else:
                 matrix = raw.reshape(int(rows), row_bytes)
                 words += [tensor_map_bytes_2d(matrix, BOX_ROWS, 16).copy_to_host(),

@@ -218,7 +218,7 @@ def test_regs_gpu_q6_k_matches_torch_float64_of_both_weight_forms(nt, rows, id_)
 
 @pytest.mark.compile
 def test_regs_q6_k_ptx():
-    """Q6_K (TN=256): the 1-D box copies, the converters' and consumers' f16x2 arithmetic in the PTX, no write to an
+    """Q6_K (TN=256): the row box copies, the converters' and consumers' f16x2 arithmetic in the PTX, no write to an
     in-flight A register; the shared memory plan holds the converted slots; where a whole-program ptxas is installed,
     no spill and the wgmma asynchronous."""
     from ptx_assembly import whole_program_resources
@@ -226,7 +226,7 @@ def test_regs_q6_k_ptx():
     rg = R.regs_geometry({"TN": 256}, "Q6_K")
     assert rg.raw >= 1 and rg.conv_slots == R.CONV_SLOTS and rg.smem_bytes <= R.H200_SMEM_OPTIN
     ptx = R.kernel_ptx({"TN": 256}, "Q6_K")
-    for needle in ("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+    for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
                    "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "sub.rn.f16x2", "fma.rn.f16x2"):
         assert needle in ptx, needle
     assert not wgmma_register_hazards(ptx)

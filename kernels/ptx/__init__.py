@@ -16,7 +16,7 @@ Modules:
                 setmaxnreg, BULK_POISON
     mma         mma.sync m16n8k16, ldmatrix (x4, .trans, byte-offset), .f16x2 pack / unpack
     wmma        wmma m16n16k16 load / mma / store
-    tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.1d / .2d, 128-byte swizzle) and their host-side maps
+    tma         Hopper tensor-map tile copies (cp.async.bulk.tensor.2d, 128-byte swizzle) and their host-side maps
     wgmma       Hopper warpgroup MMA (sm_90a): wgmma.mma_async, matrix descriptors, fences, commit / wait
     sync        bar.warp.sync, named barrier.sync, shfl.sync.bfly, griddepcontrol (programmatic dependent launch), pdl_enter,
                 red.release / ld.acquire at GPU scope (grid barriers)
@@ -85,10 +85,9 @@ from kernels.ptx.sync import (
 from kernels.ptx.tma import (
     BOX_COLS,
     MAP_WORDS,
-    cp_async_bulk_tensor_1d_g2s,
     cp_async_bulk_tensor_2d_g2s,
     tensor_map_2d,
-    tensor_map_bytes_1d,
+    tensor_map_bytes_row,
     tensor_map_bytes_2d,
 )
 from kernels.ptx.wgmma import (
@@ -139,7 +138,6 @@ __all__ = [
     "cp_async_16",
     "cp_async_16_off",
     "cp_async_bulk_g2s",
-    "cp_async_bulk_tensor_1d_g2s",
     "cp_async_bulk_tensor_2d_g2s",
     "cp_async_commit_group",
     "cp_async_wait_group",
@@ -182,7 +180,7 @@ __all__ = [
     "sub_f16x2",
     "syncwarp",
     "tensor_map_2d",
-    "tensor_map_bytes_1d",
+    "tensor_map_bytes_row",
     "tensor_map_bytes_2d",
     "unpack_f16x2",
     "wgmma_commit_group",
