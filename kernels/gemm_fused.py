@@ -66,7 +66,9 @@ RAW_ROW_BYTES = {"Q4_K": 48, "Q6_K": 256}
 """Bytes of one weight row in a raw slot. Q4_K: one 64-wide k tile's 16-byte header (d, dmin, scales) and 32 bytes of
 qs. Q6_K: a whole block (4 k tiles) in a `Q6_K_BOX` box, at the 128-byte pitch a box destination needs."""
 Q6_K_BOX = 224
-"""Bytes a Q6_K row's box copies: the 210-byte block and 14 bytes past it (the next block's, or zeros at the end)."""
+"""Bytes a Q6_K row's box copies: from the block's first byte rounded down to 16 (TMA's innermost coordinate must be
+16-byte aligned; a block starts at an even byte) through the block's 210 bytes, and what follows (the next block's,
+or zeros past the end)."""
 Q6_K_SEGMENT_BYTES = 2**31 - Q6_K_BOX
 """Most bytes of one Q6_K segment: a box's start is an int32 byte coordinate."""
 MAX_RAW = 8
@@ -168,7 +170,8 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
     24`` of the f16 shared array: the TM 16-byte headers, then the TM 32-byte qs runs of the tile's 64-weight group,
     row-major). Q6_K (the warp's 32 lanes): at the first k tile of each block within kt0 .. kt0 + ktiles, lane 0
     waits for rempty and arms rfull, then every lane copies the `Q6_K_BOX` box of rows lane, lane + 32, .. below
-    od to ``RAW0 + slot * TM * 128 + row * 128`` (`RAW_ROW_BYTES`), raw slots advancing a block at a time. Rows
+    od to ``RAW0 + slot * TM * 128 + row * 128`` (`RAW_ROW_BYTES`; the block at byte (its offset in the weight) % 16
+    of it), raw slots advancing a block at a time. Rows
     below e0 read segment 0's maps in ``rmap``, below e1 segment 1's, the rest segment 2's (`raw_maps`; ``kdim``
     gives a row's bytes). Then lane 0 waits for empty, arms full with ``A_BYTES`` and copies the activation box
     (rows n0.., ``amap``) to element ``s * SLOT_E`` of ring slot s = i % STAGES. GLU (a gate|up weight of od = 2
@@ -234,8 +237,10 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
                 first = m0 // 2 + r if r < HALF else od // 2 + m0 // 2 + r - HALF
             if first < od:
                 seg, local = segment_row(first, e0, e1)
-                cp_async_bulk_tensor_2d_g2s(smem, at + r * ROW_E, rmap, 32 * seg, local * row_bytes + blk * BLOCK, 0,
-                                            bars, RFULL0 + slot)
+                # TMA needs the innermost coordinate 16-byte aligned: the box starts 0..14 bytes before the block
+                # (210 + 14 <= Q6_K_BOX), where `kernels.gemm_fused_regs`' converters find it
+                c0 = (uint32(local) * uint32(row_bytes) + uint32(blk * BLOCK)) & uint32(0xFFFFFFF0)  # < 2^31
+                cp_async_bulk_tensor_2d_g2s(smem, at + r * ROW_E, rmap, 32 * seg, c0, 0, bars, RFULL0 + slot)
 
     @cuda.jit(device=True, inline="always")
     def produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1, kdim, lane):

@@ -350,16 +350,20 @@ def _make_kernel(rg: RegsGeometry):
                 rph ^= uint32(1)
 
     @cuda.jit(device=True, inline="always")
-    def lay_out(smem, bars, kt0, ktiles, c, m0, od):
+    def lay_out(smem, words, bars, kt0, ktiles, c, m0, od, kdim):
         """Q6_K converter thread c (0 .. 32 CONVERTERS - 1) of the producer warpgroup, once a block: wait for its raw
-        slot (rfull) and a free converted slot (cempty), copy the rows' ql and qh chunks chunk-major (`CONV_SLOTS`;
-        a warp reads 4 rows x 8 ql chunks, or 8 rows x 4 qh chunks, at once), write rows c, c + 32 CONVERTERS, ..'s
-        16 scales as f16 d·sc (`q6_k_scales`; zeros for a row past od, whose box was not copied), free the raw slot
-        (rempty) and mark the converted one ready (cready), one arrival a warp each."""
+        slot (rfull) and a free converted slot (cempty); copy the rows' ql and qh chunks chunk-major (`CONV_SLOTS`; a
+        warp takes 4 rows x 8 ql chunks, or 8 rows x 4 qh chunks, at once), each from the block's bytes at the
+        row's offset in its box (`row_offset`; five 32-bit reads and four `prmt` a chunk, ``words`` the shared
+        memory as uint32; the loop's trip count opaque: unrolled, LLVM would hoist loads beyond the 40 registers a
+        producer thread keeps); write rows c, c + 32 CONVERTERS, ..'s 16 scales as f16 d·sc (`q6_k_scales`; zeros
+        for a row past od, whose box was not copied); free the raw slot (rempty) and mark the converted one ready
+        (cready), one arrival a warp each."""
         rs = 0
         rph = uint32(0)
         cs = 0
         cph = uint32(0)
+        rb16 = uint32((kdim // 256) * 210) & uint32(15)  # a row's bytes mod 16: all the offsets need
         for i in range(ktiles):
             kt = kt0 + i
             if i == 0 or (kt & 3) == 0:
@@ -367,25 +371,24 @@ def _make_kernel(rg: RegsGeometry):
                     pass
                 while mbarrier_try_wait_parity(bars, CEMPTY0 + cs, cph ^ uint32(1)) == 0:
                     pass
-                raw_at = RAW0 + rs * RAW_SLOT
+                raw_b = (RAW0 + rs * RAW_SLOT) * 2  # bytes
                 conv_at = CONV0 + cs * CONV_SLOT
-                # opaque trip counts: unrolled, LLVM hoists every load first, more than 40 registers hold
-                for k in range(opaque_u32(TM * 8 // CONVERTER_THREADS)):  # ql: chunk j = x % 8 of row x // 8
+                for k in range(opaque_u32(TM * 12 // CONVERTER_THREADS)):  # ql chunks 0-7, then qh 8-11
                     x = c + CONVERTER_THREADS * k
-                    r, j = x >> 3, x & 7
-                    q = ld_shared_v4_b32(smem, raw_at + r * 128 + j * 8)
-                    st_shared_v4_b32(smem, conv_at + j * CHUNK_E + r * 8, q[0], q[1], q[2], q[3])
-                for k in range(opaque_u32(TM * 4 // CONVERTER_THREADS)):  # qh: chunk 8 + x % 4 of row x // 4
-                    x = c + CONVERTER_THREADS * k
-                    r, j = x >> 2, 8 + (x & 3)
-                    q = ld_shared_v4_b32(smem, raw_at + r * 128 + j * 8)
+                    if x < TM * 8:
+                        r, j = x >> 3, x & 7
+                    else:
+                        r, j = (x - TM * 8) >> 2, 8 + (x & 3)
+                    q = chunk_at(words, raw_b + r * 256 + j * 16, row_offset(m0, r, od, kt >> 2, rb16))
                     st_shared_v4_b32(smem, conv_at + j * CHUNK_E + r * 8, q[0], q[1], q[2], q[3])
                 for k in range(CONVERT_ROWS):
                     r = c + CONVERTER_THREADS * k
-                    sc = ld_shared_v4_b32(smem, raw_at + r * 128 + 96)  # the 16 int8 scales (bytes 192..207)
+                    off = row_offset(m0, r, od, kt >> 2, rb16)
+                    sc = chunk_at(words, raw_b + r * 256 + 192, off)  # the 16 int8 scales (block bytes 192..207)
                     d = float32(0)
                     if GLU or m0 + r < od:
-                        d = f32_from_f16_bits(ld_shared_v4_b32(smem, raw_at + r * 128 + 104)[0] & 0xFFFF)
+                        dw = words[(raw_b + r * 256 + 208 + off) >> 2]  # d: block bytes 208, 209
+                        d = f32_from_f16_bits((dw >> ((off & 2) * 8)) & 0xFFFF)
                     at = conv_at + 12 * CHUNK_E + r * 8
                     for h in range(2):  # sub-blocks 0..7 into chunk 12, 8..15 into chunk 13
                         p = q6_k_scales(d, sc[2 * h])
@@ -404,6 +407,26 @@ def _make_kernel(rg: RegsGeometry):
                 if cs == CONV:
                     cs = 0
                     cph ^= uint32(1)
+
+    @cuda.jit(device=True, inline="always")
+    def row_offset(m0, r, od, blk, rb16):
+        """The byte offset (0, 2, .., 14) of tile row r's block ``blk`` in its raw row: the producer's box starts at
+        the block's byte rounded down to 16 (`kernels.gemm_fused.producer`). Segments start on 64-row boxes (a
+        multiple of 16 bytes), so (weight row x row bytes + 210 blk) mod 16 in the stacked weight gives it; ``rb16``
+        is the row's bytes mod 16 (uint32 arithmetic wraps at a multiple of 16)."""
+        first = uint32(m0 + r)
+        if GLU:
+            first = uint32(m0 // 2 + r if r < TM // 2 else od // 2 + m0 // 2 + r - TM // 2)
+        return (first * rb16 + uint32(2) * uint32(blk)) & uint32(15)
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_at(words, at, off):
+        """The 16 bytes at shared byte ``at + off`` (``at`` 16-byte aligned, off even) as four words: five aligned
+        32-bit reads, each pair shifted by 0 or 2 bytes with `prmt_b32`."""
+        i = (at + off) >> 2
+        sel = 0x5432 if off & 2 else 0x3210
+        w0, w1, w2, w3, w4 = words[i], words[i + 1], words[i + 2], words[i + 3], words[i + 4]
+        return (prmt_b32(w0, w1, sel), prmt_b32(w1, w2, sel), prmt_b32(w2, w3, sel), prmt_b32(w3, w4, sel))
 
     @cuda.jit(device=True, inline="always")
     def row_words(smem, at, r, kt, valid, sel):
@@ -455,7 +478,7 @@ def _make_kernel(rg: RegsGeometry):
                 c = tid - CONSUMERS - 32
                 if 0 <= c < CONVERTER_THREADS:  # warps 1 .. CONVERTERS: the converters
                     if Q6:
-                        lay_out(smem, bars, kt0, ktiles, c, m0, od)
+                        lay_out(smem, cuda.shared.array(0, types.uint32), bars, kt0, ktiles, c, m0, od, kdim)
                     else:
                         convert(smem, bars, kt0, ktiles, c, m0, od)
                     return
