@@ -34,6 +34,11 @@ the f16 GEMM's A.
 * Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_low`, `q4_k_high`, `q4_k_scales_mins`): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles;
   one `prmt` a byte pair (a per-lane selector over two qs words) places the pair at bytes 0 and 2 for both.
+* Q6_K (TN = 256 only: `qtype_refusal`): a raw slot holds a whole block (4 k tiles) of the tile's rows, one box a
+  row at a 256-byte pitch, so the 8 rows a warp reads at once would share banks; the converters (the producer
+  warpgroup's warps 1 .. `CONVERTERS`) copy each block into one of `CONV_SLOTS` converted slots chunk-major, with
+  the int8 scales turned into f16 d·sc, and the consumers read those (`_q6_k_words`: per row and k tile 7 16-byte
+  reads, 12 `prmt` and 8 `q6_k_low` / `q6_k_high`), freeing a converted slot after the block's last k tile.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
   plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
@@ -42,7 +47,7 @@ the f16 GEMM's A.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
 (wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
-ggml-common.h ``block_q4_K``.
+ggml-common.h ``block_q4_K``, ``block_q6_K``.
 """
 
 from __future__ import annotations
