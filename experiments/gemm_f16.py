@@ -8,14 +8,13 @@ back to is `--arm MMA=mma_sync,STAGING=cp_async,TM=64,TN=64,KS=32,STAGES=2,GROUP
 cp.async, mma_sync). Launch knobs SPLITK (split-K plans, `kernels.gemm_f16_config.split_plan`) and AUTOTILE (TM=128
 for a shape whose 256-wide grid quantizes badly, `kernels.gemm_f16.launch_config`). IMPL picks the kernel:
 minfer's on the f16 weight, cuBLAS (torch) on the same f16 weight, or fused_regs: `kernels.gemm_fused_regs`, the
-weight's Q4_K (or, on the ``_q6_k`` workloads, Q6_K) blocks dequantized inside the kernel into wgmma's register A
-operand (C^T = W · A^T; 128 weight rows x TN tokens a tile). IMPL=fused, the B-producer fused kernel, lost its A/Bs to it and was deleted (ledger #405).
-Inputs: A random normal; B a random valid Q4_K tensor (Q6_K on a workload whose shape has ``q6_k=1``:
-`minfer_cli.quant_blocks.random_blocks`) and its f16 dequantization (`kernels.quant.dequantize`), so every arm
-multiplies the same weights.
+weight's Q4_K blocks dequantized inside the kernel into wgmma's register A operand (C^T = W · A^T; 128 weight rows
+x TN tokens a tile). IMPL=fused, the B-producer fused kernel, lost its A/Bs to it and was deleted (ledger #405).
+Inputs: A random normal; B a random valid Q4_K tensor (`minfer_cli.quant_blocks.random_blocks`) and its f16
+dequantization (`kernels.quant.dequantize`), so every arm multiplies the same weights.
 Workloads: the prefill GEMMs of Qwen2-7B at nt=2048, and at nt=128 / 512 where short prompts leave SMs idle (plus
 Llama-2-7B's ffn_up, and a tiny shape with tails for the CUDA simulator). Cost: 2·nt·od·id FLOPs; fewest bytes = A read
-once (f16), the weight once (f16, or its quantized blocks for IMPL=fused_regs) + C written once (f32).
+once (f16), the weight once (f16, or its Q4_K blocks for IMPL=fused_regs) + C written once (f32).
 Reference: torch f32 matmul on the GPU of the same f16 inputs (B: the f16 dequantization) when torch is importable,
 else numpy float64 on the host; relative error ‖C − ref‖ / ‖ref‖ must stay below 1e-3 (f16 operands, f32
 accumulation; IMPL=fused_regs also rounds its own dequantization to f16). Records before 2026-12-04's fused arm
@@ -66,13 +65,8 @@ _TABLE = {**knob_table.KNOBS, **knob_table.LAUNCH_KNOBS}
 _DEFAULT = {**knob_table.DEFAULT, **knob_table.LAUNCH_DEFAULT}
 
 
-def _shape(nt: int, od: int, id_: int, q6_k: bool = False) -> dict[str, int]:
-    return {"nt": nt, "od": od, "id": id_, **({"q6_k": 1} if q6_k else {})}
-
-
-def _qtype(workload: Workload) -> str:
-    """The weight format of ``workload``'s input set: Q6_K where its shape says ``q6_k=1``, else Q4_K."""
-    return "Q6_K" if workload.shape.get("q6_k") else "Q4_K"
+def _shape(nt: int, od: int, id_: int) -> dict[str, int]:
+    return {"nt": nt, "od": od, "id": id_}
 
 
 class GemmF16Experiment(Experiment):
@@ -81,7 +75,7 @@ class GemmF16Experiment(Experiment):
     knobs = tuple(Knob(k, tuple(v), _DEFAULT[k], _DOCS[k], _LEGACY.get(k)) for k, v in _TABLE.items()) + (
         Knob("IMPL", ("minfer", "cublas", "fused_regs"), "minfer",
              "minfer's kernel on the f16 weight, cuBLAS through torch (f16 in, f32 out) as the vendor arm (tile knobs "
-             "do not apply), or fused_regs: minfer's kernel dequantizing the weight's Q4_K (Q6_K) blocks itself into "
+             "do not apply), or fused_regs: minfer's kernel dequantizing the weight's Q4_K blocks itself into "
              "wgmma's register A operand (kernels.gemm_fused_regs: 128 weight rows x TN tokens a tile; TN, STAGES, "
              "GROUP, NOCALL, SPLITK apply)"),
     )
@@ -101,11 +95,7 @@ class GemmF16Experiment(Experiment):
                  "Qwen2-7B fused ffn gate+up at nt=512 (592 tiles: 4 full waves and 64)"),
         Workload("ffn_down_nt512", _shape(512, 3584, 18944), "Qwen2-7B ffn_down at nt=512 (56 tiles: split-K's case)"),
         Workload("attn_output_nt512", _shape(512, 3584, 3584), "Qwen2-7B attention output at nt=512 (56 tiles)"),
-        Workload("ffn_down_q6_k", _shape(2048, 3584, 18944, q6_k=True),
-                 "Qwen2-7B ffn_down at nt=2048 from a Q6_K weight (half the layers of a Q4_K_M file)"),
-        Workload("ffn_down_q6_k_nt512", _shape(512, 3584, 18944, q6_k=True), "the same at nt=512"),
         Workload("tiny", _shape(33, 70, 256), "tails in nt and od, for the CUDA simulator in CI"),
-        Workload("tiny_q6_k", _shape(33, 70, 256, q6_k=True), "tiny from a Q6_K weight"),
     )
     ceiling = "matrix"
     removed_knobs = {"SCHED": "grid"}
@@ -114,11 +104,11 @@ class GemmF16Experiment(Experiment):
 
     def input_set_bytes(self, workload: Workload) -> int:
         s = workload.shape
-        return 2 * (s["nt"] * s["id"] + s["od"] * s["id"]) + _weight_bytes(_qtype(workload), s["od"], s["id"])
+        return 2 * (s["nt"] * s["id"] + s["od"] * s["id"]) + _q4_k_bytes(s["od"], s["id"])
 
     def make_input_set(self, workload: Workload, rng):
-        """(A, B, raw): A f16 [nt, id] random normal; raw a random valid Q4_K (Q6_K: `_qtype`) [od, id] tensor's
-        bytes; B its f16 dequantization, made on the device."""
+        """(A, B, raw): A f16 [nt, id] random normal; raw a random valid Q4_K [od, id] tensor's bytes; B its f16
+        dequantization, made on the device."""
         from numba import cuda
 
         from kernels.quant import dequantize
@@ -126,10 +116,9 @@ class GemmF16Experiment(Experiment):
 
         s = workload.shape
         a = rng.standard_normal((s["nt"], s["id"]), dtype=np.float32).astype(np.float16)
-        qtype = _qtype(workload)
-        raw = cuda.to_device(random_blocks(qtype, s["od"], s["id"], rng))
+        raw = cuda.to_device(random_blocks("Q4_K", s["od"], s["id"], rng))
         b = cuda.device_array((s["od"], s["id"]), dtype=np.float16)
-        dequantize(raw, qtype, s["od"], s["id"], out=b)
+        dequantize(raw, "Q4_K", s["od"], s["id"], out=b)
         cuda.synchronize()
         return cuda.to_device(a), b, raw
 
@@ -151,14 +140,13 @@ class GemmF16Experiment(Experiment):
         if config.get("IMPL") == "fused_regs":  # before gemm_f16's own knob check, which refuses its TN=256
             from kernels import gemm_fused_regs
 
-            qtype = _qtype(workload)
-            gemm_fused_regs.build(cfg, qtype)  # compile (and opt in to its shared memory) outside any timing
+            gemm_fused_regs.build(cfg, "Q4_K")  # compile (and opt in to its shared memory) outside any timing
             need = gemm_fused_regs.partials_elements(cfg, s["nt"], s["od"], s["id"])
             regs_partials = cuda.device_array(need, dtype=np.float32) if need else None
 
             def launch_regs(inputs, output, stream):
                 a, _, raw = inputs
-                gemm_fused_regs.gemm_fused_regs(a, [(raw, s["od"])], qtype, output, config=cfg, stream=stream,
+                gemm_fused_regs.gemm_fused_regs(a, [(raw, s["od"])], "Q4_K", output, config=cfg, stream=stream,
                                                 partials=regs_partials)
 
             return launch_regs
@@ -191,7 +179,7 @@ class GemmF16Experiment(Experiment):
             if config.get("IMPL") == "fused_regs":
                 from kernels.gemm_fused_regs import regs_geometry
 
-                regs_geometry(cfg, _qtype(workload))
+                regs_geometry(cfg, "Q4_K")
         except KernelConstraintError as e:
             return str(e)
         return None
@@ -243,9 +231,9 @@ class GemmF16Experiment(Experiment):
         if config.get("IMPL") == "fused_regs":
             from kernels import gemm_fused_regs
 
-            built = gemm_fused_regs.build({k: config[k] for k in _TABLE}, _qtype(workload))
+            built = gemm_fused_regs.build({k: config[k] for k in _TABLE}, "Q4_K")
             rg = built.geometry
-            name = f"gemm_fused_regs[{rg.qtype},{rg.tn}x128x64,STAGES={rg.stages},RAW={rg.raw},GROUP={rg.group}]"
+            name = f"gemm_fused_regs[Q4_K,{rg.tn}x128x64,STAGES={rg.stages},RAW={rg.raw},GROUP={rg.group}]"
             return [KernelInstance(name, built.kernel, gemm_fused_regs.SIGNATURE, rg.threads, rg.smem_bytes)]
         s = workload.shape
         found = []
@@ -267,8 +255,7 @@ class GemmF16Experiment(Experiment):
     def cost(self, workload: Workload, config=None) -> Cost:
         s = workload.shape
         nt, od, id_ = s["nt"], s["od"], s["id"]
-        weight = (_weight_bytes(_qtype(workload), od, id_) if (config or {}).get("IMPL") == "fused_regs"
-                  else 2.0 * od * id_)
+        weight = _q4_k_bytes(od, id_) if (config or {}).get("IMPL") == "fused_regs" else 2.0 * od * id_
         return Cost(flops=2.0 * nt * od * id_, bytes=2.0 * nt * id_ + weight + 4.0 * nt * od)
 
 
@@ -281,9 +268,9 @@ def _has_device() -> bool:
     return not SIMULATOR and cuda.is_available()
 
 
-def _weight_bytes(qtype: str, od: int, id_: int) -> int:
-    """Bytes of a Q4_K or Q6_K [od, id] tensor (144 or 210 a 256-weight block)."""
-    return od * id_ // 256 * (210 if qtype == "Q6_K" else 144)
+def _q4_k_bytes(od: int, id_: int) -> int:
+    """Bytes of a Q4_K [od, id] tensor (144 a 256-weight block)."""
+    return od * id_ // 256 * 144
 
 
 def _cublas_launch():

@@ -1,26 +1,19 @@
 """The fused-dequantization GEMM's format side: the quantized weight formats it reads, their arithmetic, the producer
 that copies their blocks into shared memory, and the argument checks. The kernel is `kernels.gemm_fused_regs` (the
 weight dequantized into wgmma's register A operand), which multiplies ``C[nt, od] = A[nt, id] · dequant(W)[od,
-id]^T`` with the weight crossing device memory at its quantized size (4.5 bits a weight for Q4_K, 6.56 for Q6_K,
-against 16) and no f16 copy of it.
+id]^T`` with the weight crossing device memory at its quantized size (4.5 bits a weight for Q4_K against 16) and no
+f16 copy of it.
 
-* Producer (`producer`), k tile i: Q4_K, the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of
-  the rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps, `raw_maps`);
-  Q6_K, at the first k tile of each block, one 224-byte box a weight row holding the row's whole block (the
-  segment's bytes as a one-row tensor map, `kernels.ptx.tma.tensor_map_bytes_row`: a 210-byte block starts at any
-  even byte, so no 2-D map of the weight's rows describes them), the producer warp's 32 lanes issuing them; rfull /
-  rempty mbarriers; then the activation box into ring slot i % STAGES (full / empty
-  mbarriers).
-* Q4_K arithmetic, two weights an instruction (`q4_k_low`, `q4_k_high`): with a pair of qs bytes at bytes 0 and 2 of
-  a word (one `prmt`), a masked OR puts their low nibbles under the f16 exponent of 1024 (bits 0-3 of the mantissa)
+* Producer (`producer`), k tile i: the raw boxes of tile i into raw slot i % RAW (per 64 weight rows a box of the
+  rows' 16-byte block headers and a box of their 32 qs bytes of the tile, TMA on byte tensor maps, `raw_maps`;
+  rfull / rempty mbarriers), then the activation box into ring slot i % STAGES (full / empty mbarriers).
+* Arithmetic, two weights an instruction (`q4_k_low`, `q4_k_high`): with a pair of qs bytes at bytes 0 and 2 of a
+  word (one `prmt`), a masked OR puts their low nibbles under the f16 exponent of 1024 (bits 0-3 of the mantissa)
   or their high nibbles under that of 64 (bits 4-7), `sub.rn.f16x2` removes the 1024 or 64 exactly, and
   `fma.rn.f16x2` applies the sub-block's scale d·sc and min -dmin·m
   (`q4_k_scales_mins`: float32 products as gguf-py, rounded to f16). A weight differs from `kernels.quant`'s
   (gguf-py's float32, rounded once) by at most about an f16 ulp of |q·d·sc| + |dmin·m| (where the two terms cancel,
   by many ulps of the small weight); the C of a 3584-wide product is within ~4e-4 relative of float64.
-* Q6_K arithmetic (`q6_k_low`, `q6_k_high`, `q6_k_scales`): the same with the two qh bits ORed in above the ql
-  nibble (mantissa bits 4-5 under 1024, or 8-9 under 64), minus 1056 or 96 (the code's offset 32 included), times
-  the sub-block's d·sc (float32, rounded to f16) with one rounding.
 * Weights made of several tensors stacked along od (q|k|v, gate|up) are up to three segments of one format, each
   its own device array: rows below ``e0`` read segment 0, below ``e1`` segment 1, the rest segment 2; boundaries
   fall on 64-row boxes (`check_segments`). Rows past od are zeros (no box brings them; a zero header dequantizes
@@ -28,15 +21,16 @@ against 16) and no f16 copy of it.
 
 Formats (`FUSED_TYPES`): Q4_K (ggml-common.h ``block_q4_K``: d f16 | dmin f16 | scales[12] | qs[128], 144 bytes; a
 64-wide k tile is qs group g = k/64 % 4: low nibbles of its 32 bytes for the first 32 weights, high for the next
-32, scales of sub-blocks 2g and 2g+1 as ggml's ``get_scale_min_k4``); Q6_K (``block_q6_K``: ql[128] | qh[64] |
-scales[16] int8 | d f16, 210 bytes; k tile g = 2n + h of a block takes nibble h of ql[64n .. 64n + 63] (weight j
-of the tile from byte j), bits 4h + 2 (j >= 32) of qh[32n + j % 32] and scales[8n + 4h + j / 16]).
+32, scales of sub-blocks 2g and 2g+1 as ggml's ``get_scale_min_k4``).
 
 The B-producer form of this GEMM (consumers dequantizing into a swizzled f16 B tile before each wgmma batch) lost
 its A/Bs to the register kernel and was deleted (ledger #405, #415, #416).
+A Q6_K form (at TN=256: one 224-byte TMA box a weight row and block, from the block's byte rounded down to 16;
+converters realigning each block chunk-major with f16 scales; commit 76bc84e) was right but took 2.9-3.4x
+gemm_f16's time on ffn_down, and was deleted (ledger #427-#429).
 
 Sources: CUTLASS sm90 mixed-input (converting) mainloop; PTX ISA §9.7.13.15 (mbarrier), §9.7.9.25.5.1
-(cp.async.bulk.tensor), §9.7.8.7 (prmt), §9.7.4 (half precision); gguf-py ``quants.py`` (Q4_K, Q6_K).
+(cp.async.bulk.tensor), §9.7.8.7 (prmt), §9.7.4 (half precision); gguf-py ``quants.py`` (Q4_K).
 """
 
 from __future__ import annotations
@@ -48,37 +42,26 @@ from kernels import gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.ptx import SIMULATOR, fma_f16x2, prmt_b32, sub_f16x2
 from kernels.ptx.bulk import mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity
-from kernels.ptx import opaque_u32, syncwarp
-from kernels.ptx.tma import (MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d,
-                             tensor_map_bytes_row)
+from kernels.ptx.tma import MAP_WORDS, cp_async_bulk_tensor_2d_g2s, device_address, tensor_map_bytes_2d
 from kernels.ptx.wgmma import fence_proxy_async_shared
 from kernels.quant.bits import f16x2_bits, f32_from_bits, fmul_rn, fsub_rn
 from kernels.specialize import is_contiguous
 
-FUSED_TYPES = ("Q4_K", "Q6_K")
+FUSED_TYPES = ("Q4_K",)
 """Weight formats the fused GEMM dequantizes."""
 BLOCK_WEIGHTS = 256
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+BLOCK_BYTES = {"Q4_K": 144}
 MAX_SEGMENTS = 3
 BOX_ROWS = 64
 """Weight rows a raw box copy carries; segment boundaries inside a weight are multiples of it."""
-RAW_ROW_BYTES = {"Q4_K": 48, "Q6_K": 256}
-"""Bytes of one weight row in a raw slot. Q4_K: one 64-wide k tile's 16-byte header (d, dmin, scales) and 32 bytes of
-qs. Q6_K: a whole block (4 k tiles) in a `Q6_K_BOX` box, at the 128-byte pitch a box destination needs."""
-Q6_K_BOX = 224
-"""Bytes a Q6_K row's box copies: from the block's first byte rounded down to 16 (TMA's innermost coordinate must be
-16-byte aligned; a block starts at an even byte) through the block's 210 bytes, and what follows (the next block's,
-or zeros past the end)."""
-Q6_K_SEGMENT_BYTES = 2**31 - Q6_K_BOX
-"""Most bytes of one Q6_K segment: a box's start is an int32 byte coordinate."""
+RAW_ROW_BYTES = 48
+"""Bytes of one Q4_K row for one 64-wide k tile: the 16-byte header (d, dmin, scales) and 32 bytes of qs."""
 MAX_RAW = 8
 """Most raw slots (more measured no faster on the deleted B-producer kernel: the raw boxes were not what it
 waited for)."""
 F16_1024X2 = 0x64006400  # f16x2 (1024, 1024): a code in mantissa bits 0-3 under it is 1024 + code, exactly
 F16_64X2 = 0x54005400  # f16x2 (64, 64): a code in mantissa bits 4-7 under it is 64 + code, exactly
 F32_2P23 = 0x4B000000  # f32 2^23: a byte under its exponent (prmt) is that integer plus 2^23, exactly
-F16_1056X2 = 0x64206420  # f16x2 (1056, 1056): 1024 + 32, a Q6_K code's offset under the exponent of 1024
-F16_96X2 = 0x56005600  # f16x2 (96, 96): 64 + 32, the same under the exponent of 64
 
 
 @cuda.jit(device=True, inline="always")
@@ -121,75 +104,34 @@ def q4_k_high(p, s2, m2):
     return fma_f16x2(sub_f16x2((p & 0x00F000F0) | F16_64X2, F16_64X2), s2, m2)
 
 
-@cuda.jit(device=True, inline="always")
-def q6_k_scales(d, w):
-    """``(d * sc0, d * sc1, d * sc2, d * sc3)`` in float32 (gguf-py's products) of the four int8 Q6_K sub-block
-    scales in the bytes of word ``w`` (byte 0 first) and the block's d (float32). Each byte, its sign bit flipped
-    (sc + 128), goes under the exponent of 2^23 (`prmt_b32`) and 2^23 + 128 is subtracted: exact, no integer
-    conversion."""
-    x = w ^ 0x80808080
-    return (fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7540)), float32(8388736.0))),
-            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7541)), float32(8388736.0))),
-            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7542)), float32(8388736.0))),
-            fmul_rn(d, fsub_rn(f32_from_bits(prmt_b32(x, F32_2P23, 0x7543)), float32(8388736.0))))
-
-
-@cuda.jit(device=True, inline="always")
-def q6_k_low(p, h, s2):
-    """Two Q6_K weights as f16x2, ``(code - 32) * s2``, from a pair of ql bytes at bytes 0 and 2 of ``p`` (their low
-    nibbles: code bits 0-3) and a pair of qh words shifted so that each weight's two high code bits are bits 4-5 of
-    its half of ``h`` (bits 0-1 of a qh byte shifted by 4, bits 2-3 by 2). The 6-bit code goes under the f16
-    exponent of 1024 (masked ORs), `sub.rn.f16x2` of 1056 leaves code - 32 exactly, `fma.rn.f16x2` with 0 rounds the
-    product with the sub-block's scale d·sc (f16x2) once."""
-    return fma_f16x2(sub_f16x2((p & 0x000F000F) | (h & 0x00300030) | F16_1024X2, F16_1056X2), s2, 0)
-
-
-@cuda.jit(device=True, inline="always")
-def q6_k_high(p, h, s2):
-    """`q6_k_low` of the high nibbles of ql bytes 0 and 2 of ``p`` with the high code bits at bits 8-9 of each half of
-    ``h`` (bits 4-5 of a qh byte shifted by 4, bits 6-7 by 2): the code in mantissa bits 4-9 under the exponent of
-    64 is 64 + code exactly, minus 96."""
-    return fma_f16x2(sub_f16x2((p & 0x00F000F0) | (h & 0x03000300) | F16_64X2, F16_96X2), s2, 0)
-
-
-def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, RAW_RELEASERS: int,
-             qtype: str, A_BYTES: int, SLOT_E: int, GLU: bool = False):
-    """``(init_barriers(bars), produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1, kdim, lane))``: the
-    barriers and the producer of the fused kernel (`kernels.gemm_fused_regs`) for weights of ``qtype``.
+def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CONSUMER_WARPS: int, BLOCK: int,
+             A_BYTES: int, SLOT_E: int, GLU: bool = False):
+    """``(init_barriers(bars), produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1))``: the barriers and
+    the producer thread of the fused kernel (`kernels.gemm_fused_regs`).
 
     Barriers (uint64 indices of ``bars``): full[s] at ``FULL0 + s`` and empty[s] at ``FULL0 + STAGES + s`` for the
     activation ring's STAGES slots, rfull[j] at ``FULL0 + 2 STAGES + j`` and rempty[j] after them for the RAW raw
-    slots; a full barrier takes 1 arrival (the producer's expect-tx) plus the bytes, empty[s] an arrival from each
-    of the CONSUMER_WARPS warps, rempty[j] one from each of the RAW_RELEASERS warps that read the raw slots.
-    ``init_barriers`` (thread 0, before the block's syncthreads) initialises them and fences them for the copy
-    engine.
+    slots; a full barrier takes 1 arrival (the producer's expect-tx) plus the bytes, an empty one an arrival from
+    each of the CONSUMER_WARPS warps. ``init_barriers`` (thread 0, before the block's syncthreads) initialises them
+    and fences them for the copy engine.
 
-    ``produce``, the block's k tile i (k tile ``kt0 + i`` of the weight) for i < ktiles, ``lane`` the thread's lane of
-    the producer warp. Q4_K (lane 0 only): wait for rempty, arm rfull and copy the tile's header and qs boxes of
-    every 64-row box of the TM rows at weight row m0 below od into raw slot i % RAW (elements ``RAW0 + slot * TM *
-    24`` of the f16 shared array: the TM 16-byte headers, then the TM 32-byte qs runs of the tile's 64-weight group,
-    row-major). Q6_K (the warp's 32 lanes): at the first k tile of each block within kt0 .. kt0 + ktiles, lane 0
-    waits for rempty and arms rfull, then every lane copies the `Q6_K_BOX` box of rows lane, lane + 32, .. below
-    od to ``RAW0 + slot * TM * 128 + row * 128`` (`RAW_ROW_BYTES`; the block at byte (its offset in the weight) % 16
-    of it), raw slots advancing a block at a time. Rows
-    below e0 read segment 0's maps in ``rmap``, below e1 segment 1's, the rest segment 2's (`raw_maps`; ``kdim``
-    gives a row's bytes). Then lane 0 waits for empty, arms full with ``A_BYTES`` and copies the activation box
-    (rows n0.., ``amap``) to element ``s * SLOT_E`` of ring slot s = i % STAGES. GLU (a gate|up weight of od = 2
-    ffn rows): the tile's first TM / 2 rows are gate rows m0 / 2 .., its last TM / 2 the up rows od / 2 + m0 / 2 ..
-    (every row copied; Q4_K rows past a segment's end come as zeros)."""
+    ``produce``, the block's k tile i (k tile ``kt0 + i`` of the weight) for i < ktiles: wait for rempty, arm rfull
+    and copy the tile's header and qs boxes of every 64-row box of the TM rows at weight row m0 below od into raw
+    slot i % RAW (elements ``RAW0 + slot * TM * 24`` of the f16 shared array: the TM 16-byte headers, then the TM
+    32-byte qs runs of the tile's 64-weight group, row-major; rows below e0 from segment 0's maps in ``rmap``, below
+    e1 segment 1's, the rest segment 2's, `raw_maps`; ``BLOCK`` the format's block bytes); then wait for empty, arm
+    full with ``A_BYTES`` and copy the activation box (rows n0.., ``amap``) to element ``s * SLOT_E`` of ring slot s
+    = i % STAGES. GLU (a gate|up weight of od = 2 ffn rows): the tile's first TM / 2 rows are gate rows m0 / 2 ..,
+    its last TM / 2 the up rows od / 2 + m0 / 2 .. (every box copied; rows past a segment's end come as zeros)."""
     EMPTY0 = FULL0 + STAGES
     RFULL0 = FULL0 + 2 * STAGES
     REMPTY0 = RFULL0 + RAW
-    BLOCK = BLOCK_BYTES[qtype]
-    Q6 = qtype == "Q6_K"
-    raw_slot = TM * RAW_ROW_BYTES[qtype] // 2
+    raw_slot = TM * RAW_ROW_BYTES // 2
     QS = TM * 16 // 2
     BOX_HDR = BOX_ROWS * 16 // 2  # elements of one header box / one qs box
     BOX_QS = BOX_ROWS * 32 // 2
     NBOX = TM // BOX_ROWS
-    BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES["Q4_K"]
-    ROW_E = RAW_ROW_BYTES["Q6_K"] // 2  # elements of a Q6_K raw row
-    HALF = TM // 2
+    BOX_BYTES = BOX_ROWS * RAW_ROW_BYTES
 
     @cuda.jit(device=True, inline="always")
     def init_barriers(bars):
@@ -198,17 +140,8 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
             mbarrier_init(bars, EMPTY0 + s, CONSUMER_WARPS)
         for j in range(RAW):
             mbarrier_init(bars, RFULL0 + j, 1)
-            mbarrier_init(bars, REMPTY0 + j, RAW_RELEASERS)
+            mbarrier_init(bars, REMPTY0 + j, CONSUMER_WARPS)
         fence_proxy_async_shared()  # the copy engine completes bytes on the barriers: it must see them initialised
-
-    @cuda.jit(device=True, inline="always")
-    def segment_row(first, e0, e1):
-        """(segment, row within it) of weight row ``first``."""
-        if first >= e1:
-            return 2, first - e1
-        if first >= e0:
-            return 1, first - e0
-        return 0, first
 
     @cuda.jit(device=True, inline="always")
     def issue_raw(smem, bars, rmap, slot, kt, m0, od, e0, e1):
@@ -221,67 +154,40 @@ def producer(TM: int, KS: int, STAGES: int, RAW: int, RAW0: int, FULL0: int, CON
             if GLU:
                 first = m0 // 2 + (j % (NBOX // 2)) * BOX_ROWS + (j // (NBOX // 2)) * (od // 2)
             if first < od:
-                seg, local = segment_row(first, e0, e1)
+                seg = 0
+                local = first
+                if first >= e1:
+                    seg = 2
+                    local = first - e1
+                elif first >= e0:
+                    seg = 1
+                    local = first - e0
                 cp_async_bulk_tensor_2d_g2s(smem, at + j * BOX_HDR, rmap, 32 * seg, col, local, bars, RFULL0 + slot)
                 cp_async_bulk_tensor_2d_g2s(smem, at + QS + j * BOX_QS, rmap, 32 * seg + 16, col + 16 + 32 * (kt & 3),
                                             local, bars, RFULL0 + slot)
 
     @cuda.jit(device=True, inline="always")
-    def issue_block(smem, bars, rmap, slot, blk, m0, od, e0, e1, row_bytes, lane):
-        """Q6_K: lane ``lane``'s boxes of block ``blk`` of the tile's rows into raw slot ``slot``."""
-        at = RAW0 + slot * raw_slot
-        for j in range(opaque_u32(TM // 32)):  # not unrolled: the producer warp has 40 registers (gemm_fused_regs)
-            r = lane + 32 * j
-            first = m0 + r
-            if GLU:
-                first = m0 // 2 + r if r < HALF else od // 2 + m0 // 2 + r - HALF
-            if first < od:
-                seg, local = segment_row(first, e0, e1)
-                # TMA needs the innermost coordinate 16-byte aligned: the box starts 0..14 bytes before the block
-                # (210 + 14 <= Q6_K_BOX), where `kernels.gemm_fused_regs`' converters find it
-                c0 = (uint32(local) * uint32(row_bytes) + uint32(blk * BLOCK)) & uint32(0xFFFFFFF0)  # < 2^31
-                cp_async_bulk_tensor_2d_g2s(smem, at + r * ROW_E, rmap, 32 * seg, c0, 0, bars, RFULL0 + slot)
-
-    @cuda.jit(device=True, inline="always")
-    def produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1, kdim, lane):
+    def produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1):
         s = 0
         phase = uint32(0)
         rs = 0
         rphase = uint32(0)
-        row_bytes = (kdim // BLOCK_WEIGHTS) * BLOCK
-        rows = TM if GLU else min(TM, od - m0)
         for i in range(ktiles):
-            kt = kt0 + i
-            if Q6:
-                if i == 0 or (kt & 3) == 0:  # the block's first k tile here: its boxes
-                    if i > 0:
-                        rs += 1
-                        if rs == RAW:
-                            rs = 0
-                            rphase ^= uint32(1)
-                    if lane == 0:
-                        while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
-                            pass
-                        mbarrier_arrive_expect_tx(bars, RFULL0 + rs, rows * Q6_K_BOX)
-                    syncwarp()  # the slot is free and armed before any lane's box lands on it
-                    issue_block(smem, bars, rmap, rs, kt >> 2, m0, od, e0, e1, row_bytes, lane)
-            else:
-                while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
-                    pass
-                issue_raw(smem, bars, rmap, rs, kt, m0, od, e0, e1)
-                rs += 1
-                if rs == RAW:
-                    rs = 0
-                    rphase ^= uint32(1)
-            if lane == 0:
-                while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
-                    pass
-                mbarrier_arrive_expect_tx(bars, FULL0 + s, A_BYTES)
-                cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, kt * KS, n0, bars, FULL0 + s)
+            while mbarrier_try_wait_parity(bars, REMPTY0 + rs, rphase ^ uint32(1)) == 0:
+                pass
+            issue_raw(smem, bars, rmap, rs, kt0 + i, m0, od, e0, e1)
+            while mbarrier_try_wait_parity(bars, EMPTY0 + s, phase ^ uint32(1)) == 0:
+                pass
+            mbarrier_arrive_expect_tx(bars, FULL0 + s, A_BYTES)
+            cp_async_bulk_tensor_2d_g2s(smem, s * SLOT_E, amap, 0, (kt0 + i) * KS, n0, bars, FULL0 + s)
             s += 1
             if s == STAGES:
                 s = 0
                 phase ^= uint32(1)
+            rs += 1
+            if rs == RAW:
+                rs = 0
+                rphase ^= uint32(1)
 
     return init_barriers, produce
 
@@ -310,9 +216,6 @@ def check_segments(a, segments, qtype: str, out=None) -> tuple[int, int, int]:
                 f"gemm_fused_regs: segment {i} must be the {rows} x {row_bytes} bytes of a {qtype} [{rows}, {kdim}] weight "
                 f"(a whole number of rows) as a contiguous 1-D uint8 device array, got {getattr(raw, 'dtype', None)} "
                 f"{tuple(getattr(raw, 'shape', ()))}")
-        if qtype == "Q6_K" and raw.shape[0] > Q6_K_SEGMENT_BYTES:
-            raise KernelConstraintError(f"gemm_fused_regs: Q6_K segment {i} holds {raw.shape[0]} bytes; at most "
-                                        f"{Q6_K_SEGMENT_BYTES} (its boxes start at int32 byte coordinates)")
         if i and od % BOX_ROWS:
             raise KernelConstraintError(f"gemm_fused_regs: segment {i} starts at row {od}; segments after the first must "
                                         f"start at a multiple of {BOX_ROWS} rows")
@@ -332,25 +235,19 @@ def check_on_device(segments) -> None:
                                         f"the device")
 
 
-def raw_maps(segments, qtype: str, kdim: int):
-    """The raw producer's tensor maps, one uint64 device array of 32 words a segment (segments of a [rows, kdim]
-    weight of ``qtype``). Q4_K: words 32 i .. 32 i + 15 map segment i's header boxes (`BOX_ROWS` rows x 16 bytes),
-    the next 16 its qs boxes (x 32 bytes), over its bytes as a [rows, row bytes] uint8 matrix
-    (`kernels.ptx.tma.tensor_map_bytes_2d`). Q6_K: words 32 i .. 32 i + 15 map its bytes as one row with a
-    `Q6_K_BOX` box (`kernels.ptx.tma.tensor_map_bytes_row`); the next 16 repeat them. Made once per segment list and
-    kept, as `kernels.gemm_tma.MAPS` (the eager run before a capture makes them)."""
-    row_bytes = kdim // BLOCK_WEIGHTS * BLOCK_BYTES[qtype]
-    key = ("raw", qtype) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
+def raw_maps(segments, row_bytes: int):
+    """The raw producer's tensor maps, one uint64 device array: for segment i, words 32 i .. 32 i + 15 map its
+    header boxes (`BOX_ROWS` rows x 16 bytes), the next 16 its qs boxes (x 32 bytes), over the segment's bytes as a
+    [rows, row_bytes] uint8 matrix (`kernels.ptx.tma.tensor_map_bytes_2d`). Made once per segment list and kept,
+    as `kernels.gemm_tma.MAPS` (the eager run before a capture makes them)."""
+    key = ("raw",) + tuple((device_address(raw), int(rows), row_bytes) for raw, rows in segments)
     maps = gemm_tma.MAPS.get(key)
     if maps is None:
         words = []
         for raw, rows in segments:
-            if qtype == "Q6_K":
-                words += [tensor_map_bytes_row(raw, Q6_K_BOX).copy_to_host()] * 2
-            else:
-                matrix = raw.reshape(int(rows), row_bytes)
-                words += [tensor_map_bytes_2d(matrix, BOX_ROWS, 16).copy_to_host(),
-                          tensor_map_bytes_2d(matrix, BOX_ROWS, 32).copy_to_host()]
+            matrix = raw.reshape(int(rows), row_bytes)
+            words += [tensor_map_bytes_2d(matrix, BOX_ROWS, 16).copy_to_host(),
+                      tensor_map_bytes_2d(matrix, BOX_ROWS, 32).copy_to_host()]
         words += words[:2] * (MAX_SEGMENTS - len(segments))
         maps = gemm_tma.MAPS[key] = cuda.to_device(np.concatenate(words).astype(np.uint64))
         assert maps.shape[0] == 2 * MAP_WORDS * MAX_SEGMENTS

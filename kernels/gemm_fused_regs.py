@@ -34,11 +34,6 @@ the f16 GEMM's A.
 * Q4_K arithmetic of `kernels.gemm_fused` (`q4_k_low`, `q4_k_high`, `q4_k_scales_mins`): k16 steps 0 and 1
   take the low nibbles of qs bytes 2t, 2t + 1 | 2t + 8, 2t + 9 and 16 + the same, steps 2 and 3 their high nibbles;
   one `prmt` a byte pair (a per-lane selector over two qs words) places the pair at bytes 0 and 2 for both.
-* Q6_K (TN = 256 only: `qtype_refusal`): a raw slot holds a whole block (4 k tiles) of the tile's rows, one box a
-  row at a 256-byte pitch, so the 8 rows a warp reads at once would share banks; the converters (the producer
-  warpgroup's warps 1 .. `CONVERTERS`) copy each block into one of `CONV_SLOTS` converted slots chunk-major, with
-  the int8 scales turned into f16 d·sc, and the consumers read those (`_q6_k_words`: per row and k tile 7 16-byte
-  reads, 12 `prmt` and 8 `q6_k_low` / `q6_k_high`), freeing a converted slot after the block's last k tile.
 * Epilogue: the accumulators hold C^T; staged through the f32 C tile over the ring transposed
   (`gemm_tiles.c_tile_store` with TRANSPOSED) and stored 16 bytes a thread along C's rows; k slices of a split-K
   plan (`kernels.gemm_f16`'s SPLITK) to the partials, summed by gemm_f16's slice sum; the residual epilogue
@@ -47,7 +42,7 @@ the f16 GEMM's A.
 
 Sources: CUTLASS sm90 mixed-input GEMM (the narrow operand converted in registers as wgmma's A); PTX ISA §9.7.15.5
 (wgmma.mma_async, register A fragments §9.7.15.5.1.1), §9.7.13.15 (mbarrier), §9.7.9.25.5.1 (cp.async.bulk.tensor);
-ggml-common.h ``block_q4_K``, ``block_q6_K``.
+ggml-common.h ``block_q4_K``.
 """
 
 from __future__ import annotations
@@ -60,14 +55,13 @@ from numba import cuda, float32, types, uint32, uint64
 from kernels import gemm_f16, gemm_f16_config, gemm_fused, gemm_tiles, gemm_tma
 from kernels.errors import KernelConstraintError
 from kernels.gemm_f16_config import SplitPlan
-from kernels.gemm_fused import (MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_high, q4_k_low, q4_k_scales_mins,
-                                 q6_k_high, q6_k_low, q6_k_scales)
+from kernels.gemm_fused import BLOCK_BYTES, MAX_RAW, MAX_SEGMENTS, RAW_ROW_BYTES, q4_k_high, q4_k_low, q4_k_scales_mins
 from kernels.ptx import (SIMULATOR, ld_shared_v4_b32, opaque_u32, prmt_b32, setmaxnreg_dec, setmaxnreg_inc,
                          st_shared_v4_b32, syncwarp)
 from kernels.ptx.bulk import mbarrier_arrive, mbarrier_init, mbarrier_try_wait_parity
 from kernels.ptx.wgmma import (SWIZZLE_128B, fence_proxy_async_shared, wgmma_commit_group, wgmma_desc, wgmma_fence,
                                wgmma_m64nNk16_f32_f16_rs, wgmma_wait_group)
-from kernels.quant.bits import f16x2_bits, f32_from_f16_bits
+from kernels.quant.bits import f32_from_f16_bits
 from kernels.specialize import H200_SMEM_OPTIN, KernelCache
 
 TM = 128
@@ -83,16 +77,7 @@ CONSUMER_REGS = 232
 next's) and addressing. 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 (one block a SM: its shared memory)."""
 CONVERTERS = 2
 """Warps of the producer warpgroup (TN = `WARPGROUP_TN`) that turn each raw slot's block headers into the rows'
-f16x2 scales and minima (`kernels.gemm_fused.q4_k_scales_mins`) in place, so the consumers read them ready-made; for
-Q6_K, that lay each raw block out for the consumers (`CONV_SLOTS`)."""
-CONV_SLOTS = 2
-"""Q6_K: converted slots, each a block of the tile's 128 rows laid out by the converters as `Q6_K_CHUNKS` 16-byte
-chunks a row, chunk-major (chunk j of row r at byte 16 (128 j + r)): the 8 rows a warp's lanes read at once are 128
-contiguous bytes (in the raw slot, rows 256 bytes apart, they would all fall in the same banks)."""
-Q6_K_CHUNKS = 14
-"""16-byte chunks of a converted Q6_K row: ql 0-7, qh 8-11, then the 16 sub-block scales as f16 d·sc (12-13)."""
-CHUNK_E = TM * 8
-"""f16 elements from one chunk of every row of a converted slot to the next chunk."""
+f16x2 scales and minima (`kernels.gemm_fused.q4_k_scales_mins`) in place, so the consumers read them ready-made."""
 
 
 @dataclass(frozen=True)
@@ -110,17 +95,7 @@ class RegsGeometry:
     glu: bool = False  # a gate|up weight: the tile's halves are 64 gate rows and their up rows; SwiGLU epilogue
 
     tm = TM
-
-    @property
-    def raw_slot_bytes(self) -> int:
-        return TM * RAW_ROW_BYTES[self.qtype]
-
-    @property
-    def conv_slots(self) -> int:
-        """Q6_K's converted slots (`CONV_SLOTS`); none for Q4_K, whose converters work in place."""
-        return CONV_SLOTS if self.qtype == "Q6_K" else 0
-
-    conv_slot_bytes = TM * Q6_K_CHUNKS * 16
+    raw_slot_bytes = TM * RAW_ROW_BYTES
 
     @property
     def warpgroup_producer(self) -> bool:
@@ -142,16 +117,12 @@ class RegsGeometry:
 
     @property
     def raw_barrier_bytes(self) -> int:
-        """mbarrier bytes a raw slot takes: rfull and rempty, and rready where the producer warpgroup converts Q4_K
-        headers in place."""
-        return 24 if self.warpgroup_producer and self.qtype == "Q4_K" else 16
+        """mbarrier bytes a raw slot takes: rfull and rempty, and rready where the producer warpgroup converts."""
+        return 24 if self.warpgroup_producer else 16
 
     @property
     def smem_bytes(self) -> int:
-        """The activation ring (or C tile), the raw slots, Q6_K's converted slots (with cready and cempty) and the
-        barriers."""
-        return (self.ring_bytes + self.raw * (self.raw_slot_bytes + self.raw_barrier_bytes)
-                + self.conv_slots * (self.conv_slot_bytes + 16) + 16 * self.stages)
+        return self.ring_bytes + self.raw * (self.raw_slot_bytes + self.raw_barrier_bytes) + 16 * self.stages
 
     def grid(self, nt: int, od: int) -> int:
         """C tiles of a [nt, od] product."""
@@ -166,30 +137,15 @@ def regs_geometry(config: dict | None, qtype: str, accumulate: bool = False, glu
     """The RegsGeometry of gemm_f16 knobs ``config`` for weights of ``qtype``: its TN (tokens a tile), STAGES, GROUP
     and NOCALL (the tile has 128 weight rows: TM, KS, MMA, STAGING, LOOP, EPI, AUTOTILE and NARROWTAIL do not apply)
     and the raw slots (up to `MAX_RAW`) that fit beside the ring in the H200's 227 KB. KernelConstraintError (one
-    line) for a knob value gemm_f16 refuses, a format without a dequantizer, or Q6_K at a TN other than 256 (`qtype_refusal`).
-    ``accumulate``: with the residual epilogue; ``glu``: the SwiGLU one (`gemm_fused_regs_glu`)."""
+    line) for a knob value gemm_f16 refuses or a format without a dequantizer. ``accumulate``: with the residual
+    epilogue; ``glu``: the SwiGLU one (`gemm_fused_regs_glu`)."""
     if qtype not in gemm_fused.FUSED_TYPES:
         raise KernelConstraintError(f"gemm_fused_regs: weights of type {qtype} have no dequantizer in the fused GEMM; "
                                     f"types: {', '.join(gemm_fused.FUSED_TYPES)}")
     cfg = gemm_f16.resolve_config(config, fused_regs=True)
-    if (refused := qtype_refusal(qtype, cfg["TN"])) is not None:
-        raise KernelConstraintError(refused)
     base = RegsGeometry(qtype, cfg["TN"], cfg["STAGES"], 0, cfg["GROUP"], bool(cfg["NOCALL"]))
     raw = min(MAX_RAW, (H200_SMEM_OPTIN - base.smem_bytes) // (base.raw_slot_bytes + base.raw_barrier_bytes))
-    if raw < 1:
-        raise KernelConstraintError(f"gemm_fused_regs: {qtype} at TN={base.tn}, STAGES={base.stages} leaves no room "
-                                    f"for a raw slot ({base.raw_slot_bytes} bytes) in shared memory; lower STAGES")
     return RegsGeometry(qtype, base.tn, base.stages, raw, base.group, base.nocall, accumulate, glu)
-
-
-def qtype_refusal(qtype: str, tn: int) -> str | None:
-    """Why the fused kernel cannot multiply weights of ``qtype`` at TN = ``tn`` tokens a tile, in one line, or None:
-    Q6_K blocks are laid out for the consumers by the producer warpgroup's converters, which only TN =
-    `WARPGROUP_TN` has."""
-    if qtype == "Q6_K" and tn != WARPGROUP_TN:
-        return (f"gemm_fused_regs: Q6_K weights need TN={WARPGROUP_TN} (its producer warpgroup lays their blocks out "
-                f"for the consumers), got TN={tn}")
-    return None
 
 
 @cuda.jit(device=True, inline="always")
@@ -230,45 +186,9 @@ def _a_words(converted: bool):
     return row_words
 
 
-@cuda.jit(device=True, inline="always")
-def _q6_k_words(smem, at, r, kt, sel):
-    """Weight row r's eight A words of k tile kt (Q6_K; positions as `_a_words`'s) from the converted slot at element
-    ``at`` (`CONV_SLOTS`' layout). Tile g = kt % 4 = 2n + h of the block: chunks 4n .. 4n + 3 hold the ql bytes of
-    k16 steps 0 .. 3 (nibble h), chunks 8 + 2n and 9 + 2n the qh bytes of steps 0, 2 and 1, 3 (bits 4h and 4h + 2:
-    shifted by 4 and 2 to `q6_k_low` / `q6_k_high`'s place), chunk 12 + n the f16 scales of sub-blocks 8n .. 8n + 7
-    (4h + s for step s). ``sel``: the lane's `prmt_b32` selector (bytes 2t, 2t + 1 of a word pair to bytes 0 and 2)."""
-    g = kt & 3
-    n = g >> 1
-    at += r * 8
-    a = ld_shared_v4_b32(smem, at + (4 * n) * CHUNK_E)  # chunk j of row r at element (128 j + r) * 8
-    b = ld_shared_v4_b32(smem, at + (4 * n + 1) * CHUNK_E)
-    c = ld_shared_v4_b32(smem, at + (4 * n + 2) * CHUNK_E)
-    e = ld_shared_v4_b32(smem, at + (4 * n + 3) * CHUNK_E)
-    u = ld_shared_v4_b32(smem, at + (8 + 2 * n) * CHUNK_E)
-    v = ld_shared_v4_b32(smem, at + (9 + 2 * n) * CHUNK_E)
-    w = ld_shared_v4_b32(smem, at + (12 + n) * CHUNK_E)
-    hi = g & 1
-    w01 = w[2] if hi else w[0]
-    w23 = w[3] if hi else w[1]
-    s0, s1 = prmt_b32(w01, w01, 0x1010), prmt_b32(w01, w01, 0x3232)  # each scale in both halves
-    s2, s3 = prmt_b32(w23, w23, 0x1010), prmt_b32(w23, w23, 0x3232)
-    qa, qb = prmt_b32(u[0], u[1], sel), prmt_b32(u[2], u[3], sel)  # qh bytes 2t.., 8 + 2t..
-    qc, qd = prmt_b32(v[0], v[1], sel), prmt_b32(v[2], v[3], sel)  # 16 + 2t.., 24 + 2t..
-    pa, pb = prmt_b32(a[0], a[1], sel), prmt_b32(a[2], a[3], sel)
-    pc, pd = prmt_b32(b[0], b[1], sel), prmt_b32(b[2], b[3], sel)
-    pe, pf = prmt_b32(c[0], c[1], sel), prmt_b32(c[2], c[3], sel)
-    pg, ph = prmt_b32(e[0], e[1], sel), prmt_b32(e[2], e[3], sel)
-    if hi:
-        return (q6_k_high(pa, qa << uint32(4), s0), q6_k_high(pb, qb << uint32(4), s0), q6_k_high(pc, qc << uint32(4), s1),
-                q6_k_high(pd, qd << uint32(4), s1), q6_k_high(pe, qa << uint32(2), s2), q6_k_high(pf, qb << uint32(2), s2),
-                q6_k_high(pg, qc << uint32(2), s3), q6_k_high(ph, qd << uint32(2), s3))
-    return (q6_k_low(pa, qa << uint32(4), s0), q6_k_low(pb, qb << uint32(4), s0), q6_k_low(pc, qc << uint32(4), s1), q6_k_low(pd, qd << uint32(4), s1),
-            q6_k_low(pe, qa << uint32(2), s2), q6_k_low(pf, qb << uint32(2), s2), q6_k_low(pg, qc << uint32(2), s3), q6_k_low(ph, qd << uint32(2), s3))
-
-
 def _make_kernel(rg: RegsGeometry):
     """The register-A fused kernel of one geometry (see the module docstring)."""
-    TN, STAGES, RAW, CONV = rg.tn, rg.stages, rg.raw, rg.conv_slots
+    TN, STAGES, RAW = rg.tn, rg.stages, rg.raw
     SLOT_B = rg.slot_bytes
     SLOT_E = SLOT_B // 2
     ROWB = KS * 2
@@ -276,32 +196,23 @@ def _make_kernel(rg: RegsGeometry):
     LBO = 16
     RAW0 = rg.ring_bytes // 2  # element offset of the raw ring, after the ring / C tile
     RAW_SLOT = rg.raw_slot_bytes // 2
-    CONV0 = RAW0 + RAW * RAW_SLOT  # Q6_K: the converted slots, after the raw ones
-    CONV_SLOT = rg.conv_slot_bytes // 2
-    FULL0 = (rg.ring_bytes + RAW * rg.raw_slot_bytes + CONV * rg.conv_slot_bytes) // 8  # full[s], empty[s], rfull[j],
-    EMPTY0 = FULL0 + STAGES  # rempty[j], then Q4_K's rready[j] or Q6_K's cready[c], cempty[c]
+    FULL0 = (rg.ring_bytes + RAW * rg.raw_slot_bytes) // 8  # full[s], empty[s], rfull[j], rempty[j]
+    EMPTY0 = FULL0 + STAGES
     RFULL0 = FULL0 + 2 * STAGES
     REMPTY0 = RFULL0 + RAW
-    RREADY0 = REMPTY0 + RAW  # Q4_K with the producer warpgroup: the raw slot's headers are converted
-    CREADY0 = REMPTY0 + RAW  # Q6_K: a converted slot is laid out / has been read
-    CEMPTY0 = CREADY0 + CONV
+    RREADY0 = REMPTY0 + RAW  # with the producer warpgroup: the raw slot's headers are converted
     CONSUMER_WARPS = CONSUMERS // 32
     ACC = TN // 2
+    BLOCK = BLOCK_BYTES[rg.qtype]
     block_work = gemm_tiles.split_work(TN, TM, rg.group, rg.nocall)
     k_range = gemm_tiles.k_range(KS, rg.nocall)
     GLU = rg.glu
     WARPGROUP = rg.warpgroup_producer
-    Q6 = rg.qtype == "Q6_K"
-    init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS,
-                                                 CONVERTERS if Q6 else CONSUMER_WARPS, rg.qtype, SLOT_B, SLOT_E, GLU)
-    # what the consumers wait for before reading a slot, and free after
-    READY0 = CREADY0 if Q6 else RREADY0 if WARPGROUP else RFULL0
-    FREE0 = CEMPTY0 if Q6 else REMPTY0
-    SLOTS = CONV if Q6 else RAW  # the slots the consumers read
-    SLOT0, SLOT_STEP = (CONV0, CONV_SLOT) if Q6 else (RAW0, RAW_SLOT)
+    init_barriers, produce = gemm_fused.producer(TM, KS, STAGES, RAW, RAW0, FULL0, CONSUMER_WARPS, BLOCK, SLOT_B,
+                                                 SLOT_E, GLU)
+    READY0 = RREADY0 if WARPGROUP else RFULL0  # what the consumers wait for before reading a raw slot
     CONVERT_ROWS = TM // (32 * CONVERTERS)
-    CONVERTER_THREADS = 32 * CONVERTERS
-    a_words = _a_words(WARPGROUP)
+    row_words = _a_words(WARPGROUP)
     store_tile = gemm_tiles.c_tile_store(1, TN // 8, TN, TM, CONSUMERS, TRANSPOSED=True)
     if GLU:
         store_glu = gemm_tiles.c_tile_store_glu(1, TN // 8, TN, TM, CONSUMERS, rg.nocall, TRANSPOSED=True)
@@ -327,7 +238,7 @@ def _make_kernel(rg: RegsGeometry):
 
     @cuda.jit(device=True, inline="always")
     def convert(smem, bars, kt0, ktiles, c, m0, od):
-        """Q4_K converter thread c (0 .. 32 CONVERTERS - 1) of the producer warpgroup, every k tile: wait for the raw
+        """Converter thread c (0 .. 32 CONVERTERS - 1) of the producer warpgroup, every k tile: wait for the raw
         slot's bytes, replace rows c, c + 32 CONVERTERS, ..'s 16-byte block headers by their f16x2 (s_lo, m_lo, s_hi,
         m_hi) of the tile's group (`q4_k_scales_mins`; zeros for a row past od, whose box may not have been copied),
         fence those writes before the copy engine's next write to the slot (PTX ISA §9.7.12.15.21: generic then
@@ -340,7 +251,7 @@ def _make_kernel(rg: RegsGeometry):
             raw_at = RAW0 + rs * RAW_SLOT
             g = (kt0 + i) & 3
             for k in range(CONVERT_ROWS):
-                r = c + CONVERTER_THREADS * k
+                r = c + 32 * CONVERTERS * k
                 at = raw_at + r * 8
                 valid = GLU or m0 + r < od  # GLU: every box is copied
                 lo_s, lo_m, hi_s, hi_m = _header_scales(ld_shared_v4_b32(smem, at), valid, g)
@@ -355,110 +266,19 @@ def _make_kernel(rg: RegsGeometry):
                 rph ^= uint32(1)
 
     @cuda.jit(device=True, inline="always")
-    def lay_out(smem, words, bars, kt0, ktiles, c, m0, od, kdim):
-        """Q6_K converter thread c (0 .. 32 CONVERTERS - 1) of the producer warpgroup, once a block: wait for its raw
-        slot (rfull) and a free converted slot (cempty); copy the rows' ql and qh chunks chunk-major (`CONV_SLOTS`; a
-        warp takes 4 rows x 8 ql chunks, or 8 rows x 4 qh chunks, at once), each from the block's bytes at the
-        row's offset in its box (`row_offset`; five 32-bit reads and four `prmt` a chunk, ``words`` the shared
-        memory as uint32; the loop's trip count opaque: unrolled, LLVM would hoist loads beyond the 40 registers a
-        producer thread keeps); write rows c, c + 32 CONVERTERS, ..'s 16 scales as f16 d·sc (`q6_k_scales`; zeros
-        for a row past od, whose box was not copied); free the raw slot (rempty) and mark the converted one ready
-        (cready), one arrival a warp each."""
-        rs = 0
-        rph = uint32(0)
-        cs = 0
-        cph = uint32(0)
-        rb16 = uint32((kdim // 256) * 210) & uint32(15)  # a row's bytes mod 16: all the offsets need
-        for i in range(ktiles):
-            kt = kt0 + i
-            if i == 0 or (kt & 3) == 0:
-                while mbarrier_try_wait_parity(bars, RFULL0 + rs, rph) == 0:
-                    pass
-                while mbarrier_try_wait_parity(bars, CEMPTY0 + cs, cph ^ uint32(1)) == 0:
-                    pass
-                raw_b = (RAW0 + rs * RAW_SLOT) * 2  # bytes
-                conv_at = CONV0 + cs * CONV_SLOT
-                for k in range(opaque_u32(TM * 12 // CONVERTER_THREADS)):  # ql chunks 0-7, then qh 8-11
-                    x = c + CONVERTER_THREADS * k
-                    if x < TM * 8:
-                        r, j = x >> 3, x & 7
-                    else:
-                        r, j = (x - TM * 8) >> 2, 8 + (x & 3)
-                    q = chunk_at(words, raw_b + r * 256 + j * 16, row_offset(m0, r, od, kt >> 2, rb16))
-                    st_shared_v4_b32(smem, conv_at + j * CHUNK_E + r * 8, q[0], q[1], q[2], q[3])
-                for k in range(CONVERT_ROWS):
-                    r = c + CONVERTER_THREADS * k
-                    off = row_offset(m0, r, od, kt >> 2, rb16)
-                    sc = chunk_at(words, raw_b + r * 256 + 192, off)  # the 16 int8 scales (block bytes 192..207)
-                    d = float32(0)
-                    if GLU or m0 + r < od:
-                        dw = words[(raw_b + r * 256 + 208 + off) >> 2]  # d: block bytes 208, 209
-                        d = f32_from_f16_bits((dw >> ((off & 2) * 8)) & 0xFFFF)
-                    at = conv_at + 12 * CHUNK_E + r * 8
-                    for h in range(2):  # sub-blocks 0..7 into chunk 12, 8..15 into chunk 13
-                        p = q6_k_scales(d, sc[2 * h])
-                        q = q6_k_scales(d, sc[2 * h + 1])
-                        st_shared_v4_b32(smem, at + h * CHUNK_E, f16x2_bits(p[0], p[1]), f16x2_bits(p[2], p[3]),
-                                         f16x2_bits(q[0], q[1]), f16x2_bits(q[2], q[3]))
-                syncwarp()
-                if (c & 31) == 0:
-                    mbarrier_arrive(bars, REMPTY0 + rs)
-                    mbarrier_arrive(bars, CREADY0 + cs)
-                rs += 1
-                if rs == RAW:
-                    rs = 0
-                    rph ^= uint32(1)
-                cs += 1
-                if cs == CONV:
-                    cs = 0
-                    cph ^= uint32(1)
-
-    @cuda.jit(device=True, inline="always")
-    def row_offset(m0, r, od, blk, rb16):
-        """The byte offset (0, 2, .., 14) of tile row r's block ``blk`` in its raw row: the producer's box starts at
-        the block's byte rounded down to 16 (`kernels.gemm_fused.producer`). Segments start on 64-row boxes (a
-        multiple of 16 bytes), so (weight row x row bytes + 210 blk) mod 16 in the stacked weight gives it; ``rb16``
-        is the row's bytes mod 16 (uint32 arithmetic wraps at a multiple of 16)."""
-        first = uint32(m0 + r)
-        if GLU:
-            first = uint32(m0 // 2 + r if r < TM // 2 else od // 2 + m0 // 2 + r - TM // 2)
-        return (first * rb16 + uint32(2) * uint32(blk)) & uint32(15)
-
-    @cuda.jit(device=True, inline="always")
-    def chunk_at(words, at, off):
-        """The 16 bytes at shared byte ``at + off`` (``at`` 16-byte aligned, off even) as four words: five aligned
-        32-bit reads, each pair shifted by 0 or 2 bytes with `prmt_b32`."""
-        i = (at + off) >> 2
-        sel = 0x5432 if off & 2 else 0x3210
-        w0, w1, w2, w3, w4 = words[i], words[i + 1], words[i + 2], words[i + 3], words[i + 4]
-        return (prmt_b32(w0, w1, sel), prmt_b32(w1, w2, sel), prmt_b32(w2, w3, sel), prmt_b32(w3, w4, sel))
-
-    @cuda.jit(device=True, inline="always")
-    def row_words(smem, at, r, kt, valid, sel):
-        if Q6:
-            return _q6_k_words(smem, at, r, kt, sel)
-        return a_words(smem, at, r, kt, valid, sel)
-
-    @cuda.jit(device=True, inline="always")
-    def tile_words(smem, bars, rs, rph, kt, last, r0, v0, v1, sel, lane):
-        """The thread's A words of k tile kt of the weight, rows r0 and r0 + 8 (`_a_words`, `_q6_k_words`): wait for
-        slot rs (phase parity rph; Q4_K: the block's k tile i is in raw slot i % RAW, phase (i // RAW) & 1; Q6_K:
-        its block's converted slot), read it, and free it (one arrival a warp) when ``last`` (Q4_K: always; Q6_K:
-        the block's last k tile here)."""
+    def tile_words(smem, bars, rs, rph, kt, r0, v0, v1, sel, lane):
+        """The thread's A words of k tile kt of the weight, rows r0 and r0 + 8 (`_a_words`): wait for raw slot rs
+        (phase parity rph: the block's k tile i is in slot i % RAW, phase (i // RAW) & 1), read it, free it (one
+        arrival a warp)."""
         while mbarrier_try_wait_parity(bars, READY0 + rs, rph) == 0:
             pass
-        p = row_words(smem, SLOT0 + rs * SLOT_STEP, r0, kt, v0, sel)
-        q = row_words(smem, SLOT0 + rs * SLOT_STEP, r0 + 8, kt, v1, sel)
-        if last:
-            syncwarp()  # the warp's reads are done: its lane 0 frees the slot
-            if lane == 0:
-                mbarrier_arrive(bars, FREE0 + rs)
+        raw_at = RAW0 + rs * RAW_SLOT
+        p = row_words(smem, raw_at, r0, kt, v0, sel)
+        q = row_words(smem, raw_at, r0 + 8, kt, v1, sel)
+        syncwarp()  # the warp's raw reads are done: its lane 0 frees the raw slot
+        if lane == 0:
+            mbarrier_arrive(bars, REMPTY0 + rs)
         return p, q
-
-    @cuda.jit(device=True, inline="always")
-    def last_of_slot(kt, kt0, ktiles):
-        """Whether k tile kt is the last the consumers read of its slot: Q4_K every tile; Q6_K its block's last here."""
-        return not Q6 or (kt & 3) == 3 or kt == kt0 + ktiles - 1
 
     def gemm_kernel(a, rmap, e0, e1, out, parts, nt, od, kdim, whole, count, amap, cvec):
         smem = cuda.shared.array(0, types.float16, alignment=SMEM_ALIGN)
@@ -468,27 +288,20 @@ def _make_kernel(rg: RegsGeometry):
         kt0, ktiles = k_range(kdim, sl, nsl)
         if tid == 0:
             init_barriers(bars)
-            if Q6:
-                for j in range(CONV):
-                    mbarrier_init(bars, CREADY0 + j, CONVERTERS)
-                    mbarrier_init(bars, CEMPTY0 + j, CONSUMER_WARPS)
-            elif WARPGROUP:
+            if WARPGROUP:
                 for j in range(RAW):
                     mbarrier_init(bars, RREADY0 + j, CONVERTERS)
         cuda.syncthreads()
 
-        if tid >= CONSUMERS:  # the producer: its warp 0 issues the raw boxes and the activation box of every k tile
+        if tid >= CONSUMERS:  # the producer: lane 0 issues the raw boxes and the activation box of every k tile
             if WARPGROUP:
                 setmaxnreg_dec(PRODUCER_REGS)
                 c = tid - CONSUMERS - 32
-                if 0 <= c < CONVERTER_THREADS:  # warps 1 .. CONVERTERS: the converters
-                    if Q6:
-                        lay_out(smem, cuda.shared.array(0, types.uint32), bars, kt0, ktiles, c, m0, od, kdim)
-                    else:
-                        convert(smem, bars, kt0, ktiles, c, m0, od)
+                if 0 <= c < 32 * CONVERTERS:  # warps 1 .. CONVERTERS: the header converters
+                    convert(smem, bars, kt0, ktiles, c, m0, od)
                     return
-            if tid == CONSUMERS or (Q6 and tid < CONSUMERS + 32):  # Q6_K: the warp's lanes share the boxes
-                produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1, kdim, tid - CONSUMERS)
+            if tid == CONSUMERS:
+                produce(smem, bars, rmap, amap, kt0, ktiles, m0, n0, od, e0, e1)
             return
         if WARPGROUP:
             setmaxnreg_inc(CONSUMER_REGS)
@@ -501,9 +314,9 @@ def _make_kernel(rg: RegsGeometry):
         v1 = GLU or m0 + r0 + 8 < od
         acc = cuda.local.array(ACC, float32)  # the first k16 step runs with scale-d = 0: no zero fill
         desc_b0 = wgmma_desc(smem, 0, LBO, SBO, SWIZZLE_128B)
-        rs = 0  # slot and phase of the next tile's words
+        rs = 0  # raw slot and phase of the next tile's words, counted as s and phase are
         rph = uint32(0)
-        p, q = tile_words(smem, bars, rs, rph, kt0, last_of_slot(kt0, kt0, ktiles), r0, v0, v1, sel, lane)
+        p, q = tile_words(smem, bars, rs, rph, kt0, r0, v0, v1, sel, lane)
         s = 0
         phase = uint32(0)
         for i in range(ktiles):
@@ -519,13 +332,11 @@ def _make_kernel(rg: RegsGeometry):
             wgmma_commit_group()
             batch_p, batch_q = p, q
             if i + 1 < ktiles:  # tile i + 1's A words while the tensor cores run tile i (other registers)
-                kt = kt0 + i + 1
-                if not Q6 or (kt & 3) == 0:  # Q6_K: a new block, the next converted slot
-                    rs += 1
-                    if rs == SLOTS:
-                        rs = 0
-                        rph ^= uint32(1)
-                p, q = tile_words(smem, bars, rs, rph, kt, last_of_slot(kt, kt0, ktiles), r0, v0, v1, sel, lane)
+                rs += 1
+                if rs == RAW:
+                    rs = 0
+                    rph ^= uint32(1)
+                p, q = tile_words(smem, bars, rs, rph, kt0 + i + 1, r0, v0, v1, sel, lane)
             wgmma_wait_group(0)
             keep_words(batch_p)  # the batch's A registers stay live until its wait: never the next tile's
             keep_words(batch_q)
@@ -650,7 +461,7 @@ def _launch(a, segments, qtype, out, config, stream, partials, accumulate: bool 
     parts, target = gemm_f16.split_target(plan, rg, nt, od, gemm_f16.no_parts() if glu else out, partials, stream)
     ends = np.cumsum([rows for _, rows in segments]).tolist() + [od] * MAX_SEGMENTS
     built.kernel[plan.blocks(rg.grid(nt, od)), rg.threads, stream, rg.smem_bytes](
-        a.reshape(nt * kdim), gemm_fused.raw_maps(segments, qtype, kdim),
+        a.reshape(nt * kdim), gemm_fused.raw_maps(segments, kdim // gemm_fused.BLOCK_WEIGHTS * BLOCK_BYTES[qtype]),
         ends[0], ends[1], out.view(np.uint32).reshape(nt * od // 4) if glu else out, target, nt, od, kdim,
         plan.whole, plan.slices, gemm_tma.tensor_map(a, rg.tn), gemm_tma.c_vectors(target if glu else out, target))
     return plan, parts, out, rg

@@ -223,26 +223,24 @@ def test_prefill_fusions_give_the_unfused_logits_bit_for_bit(fusion):
 
 @pytest.mark.parametrize("w16", [True, False], ids=["W16=1", "W16=0"])
 def test_pfused_multiplies_all_q4_k_matrices_from_their_bytes(monkeypatch, w16):
-    """PFUSED=1: exactly the matrices whose stacked tensors are all Q4_K, or all Q6_K (PFUSED_TN=256, the default), go
-    to `kernels.gemm_fused_regs` (no f16 copy, no scratch for them), the rest (q|k Q4_K with v Q6_K) as W16 says; at
-    PFUSED_TN=128 the Q6_K ones as W16 says too; the logits equal PFUSED=0's (the stand-ins dequantize both ways with
-    gguf: the routing is what is tested here; the fused kernel's numbers are tests/test_gemm_fused_regs.py's and the
-    GPU test's). FUSE_ADD_NORM=1 covers the split form."""
+    """PFUSED=1: exactly the matrices whose stacked tensors are all Q4_K go to `kernels.gemm_fused_regs` (no f16 copy,
+    no scratch for them), the rest as W16 says, and the logits equal PFUSED=0's (the stand-ins dequantize both ways
+    with gguf: the routing is what is tested here; the fused kernel's numbers are tests/test_gemm_fused_regs.py's and
+    the GPU test's). FUSE_ADD_NORM=1 covers the split form."""
     use_standins(monkeypatch)
     rng = np.random.default_rng()
     weights = synth_weights(preset("tiny"), int(rng.integers(0, 2**31)))
     base = dataclasses.replace(SMALL_TILES, w16=w16, fuse_add_norm=True)
+    fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True))
     plain = PrefillEngine(weights, 6, base)
+    matrices = [m for layer in fused.layers for m in (layer.qkv, layer.attn_output, layer.gate_up, layer.down)]
+    all_q4k = [all(weights.spec(n).qtype == "Q4_K" for n in m.parts) for m in matrices]
+    assert any(all_q4k) and not all(all_q4k)  # the tiny preset has both kinds (a Q6_K attn_v or ffn_down)
+    for m, q4k in zip(matrices, all_q4k):
+        assert (m.fused == "Q4_K") == q4k and (m.f16 is not None) == (w16 and not q4k), m.parts
+    assert fused.output.fused is None  # the tied/own output weight is Q6_K
     ids = cuda.to_device(rng.integers(0, weights.config.vocab, size=5, dtype=np.int32))
-    for tn, taken in ((256, ("Q4_K", "Q6_K")), (128, ("Q4_K",))):
-        fused = PrefillEngine(weights, 6, dataclasses.replace(base, fused=True, fused_tn=tn))
-        matrices = [m for layer in fused.layers for m in (layer.qkv, layer.attn_output, layer.gate_up, layer.down)]
-        formats = [{weights.spec(n).qtype for n in m.parts} for m in matrices]
-        assert {"Q4_K"} in formats and {"Q6_K"} in formats and {"Q4_K", "Q6_K"} in formats  # the tiny preset's mix
-        for m, f in zip(matrices, formats):
-            want = next(iter(f)) if len(f) == 1 and next(iter(f)) in taken else None
-            assert m.fused == want and (m.f16 is not None) == (w16 and want is None), (tn, m.parts)
-        np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
+    np.testing.assert_array_equal(fused.prefill(ids).copy_to_host(), plain.prefill(ids).copy_to_host())
 
 
 @pytest.mark.parametrize("tn", [256, 128], ids=["PFUSED_TN=256", "PFUSED_TN=128"])
@@ -453,10 +451,9 @@ def test_a_tied_q4_0_token_embd_reaches_the_prefill(monkeypatch):
 
 
 def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
-    """PFUSED's pre-load plan: the all-Q4_K and all-Q6_K matrices (gemm_fused_regs's at PFUSED_TN=256) get no f16 copy
-    with W16=1, counted from the preset's tensor types independently of `fused_format`; so the 70B fits an H200 with
-    W16=1,PFUSED=1 where W16=1 alone is refused. `gemm_weight_parts` stacks exactly the tensors of
-    `gemm_weight_shapes`."""
+    """PFUSED's pre-load plan: the all-Q4_K matrices (gemm_fused_regs's) get no f16 copy with W16=1, counted from the
+    preset's tensor types independently of `fused_format`; so the 70B fits an H200 with W16=1,PFUSED=1 where W16=1
+    alone is refused. `gemm_weight_parts` stacks exactly the tensors of `gemm_weight_shapes`."""
     from minfer_cli.engine.bench import check_fits_model, engine_options, engine_knobs, prefill_need
     from minfer_cli.engine.config import tensor_specs
     from minfer_cli.engine.errors import ModelError
@@ -467,8 +464,8 @@ def test_pfused_memory_plan_copies_only_the_matrices_the_f16_gemm_multiplies():
     for names, (od, id_) in zip(gemm_weight_parts(c), gemm_weight_shapes(c), strict=True):
         assert sum(specs[n].od for n in names) == od and {specs[n].id for n in names} == {id_}, names
     fused_elems = sum(od * id_ for names, (od, id_) in zip(gemm_weight_parts(c), gemm_weight_shapes(c))
-                      if len({specs[n].qtype for n in names}) == 1 and specs[names[0]].qtype in ("Q4_K", "Q6_K"))
-    assert 0 < fused_elems < sum(od * id_ for od, id_ in gemm_weight_shapes(c))  # a Q4_K_M mix: q|k|v with v Q6_K
+                      if all(specs[n].qtype == "Q4_K" for n in names))
+    assert 0 < fused_elems < sum(od * id_ for od, id_ in gemm_weight_shapes(c))  # a Q4_K_M mix: some of each
     default = {k.name: k.default for k in engine_knobs()}
     pfused = engine_options(dict(default, PFUSED=1)).prefill
     assert prefill_need(c, 512, pfused) - prefill_need(c, 512, pfused, specs=specs) == 2 * fused_elems

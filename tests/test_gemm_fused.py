@@ -21,31 +21,21 @@ from minfer_cli.quant_blocks import random_blocks, reference_f16
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 
 
-def _operands(nt, rows, id_, seed, qtype="Q4_K"):
+def _operands(nt, rows, id_, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((nt, id_)).astype(np.float16)
-    raws = [random_blocks(qtype, r, id_, rng) for r in rows]
-    w16 = np.concatenate([reference_f16(raw, qtype, r, id_) for raw, r in zip(raws, rows)])
+    raws = [random_blocks("Q4_K", r, id_, rng) for r in rows]
+    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, id_) for raw, r in zip(raws, rows)])
     return a, raws, w16
 
 
-def fused_f16_weights(raw, rows: int, id_: int, qtype: str = "Q4_K") -> np.ndarray:
-    """The f16 [rows, id] weights the fused kernel's arithmetic makes of ``qtype`` bytes ``raw``, modelled in numpy.
-    Q4_K: each sub-block's d·sc and -dmin·m as float32 products rounded to f16 (gguf's ``get_scale_min``), then every
-    weight ``q · s16 + m16`` rounded once to f16 (`kernels.gemm_fused.q4_k_low` / `q4_k_high`: ``fma.rn.f16x2``; the
-    product and sum are exact in float64). Q6_K: d·sc in float32 rounded to f16, then ``(q - 32) · s16`` rounded once
-    (`q6_k_low` / `q6_k_high`). Layouts: ggml-common.h ``block_q4_K``, ``block_q6_K``."""
+def fused_f16_weights(raw, rows: int, id_: int) -> np.ndarray:
+    """The f16 [rows, id] weights the fused kernel's arithmetic makes of Q4_K bytes ``raw``, modelled in numpy: each
+    sub-block's d·sc and -dmin·m as float32 products rounded to f16 (gguf's ``get_scale_min``), then every weight
+    ``q · s16 + m16`` rounded once to f16 (`kernels.gemm_fused.q4_k_low` / `q4_k_high`: ``fma.rn.f16x2``; the
+    product and sum are exact in float64). Layout: ggml-common.h ``block_q4_K``."""
     from gguf import quants
 
-    if qtype == "Q6_K":
-        blocks = raw.reshape(rows * id_ // 256, 210)
-        d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
-        s16 = (d * blocks[:, 192:208].view(np.int8).astype(np.float32)).astype(np.float16).astype(np.float64)
-        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
-        low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # [block, half n, nibble, 64]: weights 128 n + 64 h + j
-        high = np.stack([qh >> 0, qh >> 2, qh >> 4, qh >> 6], axis=2).reshape(-1, 2, 2, 64) & 3
-        q = (low | high << 4).astype(np.float64).reshape(-1, 16, 16) - 32
-        return (q * s16[:, :, None]).astype(np.float16).reshape(rows, id_)
     blocks = raw.reshape(rows * id_ // 256, 144)
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
@@ -121,73 +111,12 @@ def test_q4_k_low_and_high_are_code_times_scale_plus_min():
     np.testing.assert_array_equal(got, want)
 
 
-@sim
-def test_q6_k_scales_are_gguf_float32_products():
-    """`q6_k_scales` of fresh random int8 scale words (every byte value, so both signs and -128) and random d equals
-    numpy's float32 d * sc."""
-    rng = np.random.default_rng()
-    n = 256
-    scales = np.stack([rng.permutation(256) for _ in range(4)], axis=1).astype(np.uint8)  # (n, 4): all 256 each
-    words = scales.copy().view("<u4")[:, 0]
-    d = (rng.standard_normal(n) * 0.05).astype(np.float16).astype(np.float32)
-
-    @cuda.jit
-    def kernel(d, words, out):
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            r = F.q6_k_scales(d[i], words[i])
-            for k in range(4):
-                out[i, k] = r[k]
-
-    out = cuda.to_device(np.zeros((n, 4), np.float32))
-    kernel[1, n](cuda.to_device(d), cuda.to_device(words), out)
-    np.testing.assert_array_equal(out.copy_to_host(), d[:, None] * scales.view(np.int8).astype(np.float32))
-
-
-@sim
-def test_q6_k_low_and_high_are_code_minus_32_times_scale():
-    """`q6_k_low` / `q6_k_high` with every ql byte pair at bytes 0 and 2 of a word (random junk in bytes 1 and 3), and
-    qh words of random bytes shifted by 4 or 2 as the kernel shifts them, with fresh random f16 scales: each half is
-    ``(code - 32) * s`` rounded once to f16, code = the nibble | the qh byte's two bits (0-1 / 2-3 low, 4-5 / 6-7
-    high) << 4."""
-    rng = np.random.default_rng()
-    b0, b2 = np.meshgrid(np.arange(256), np.arange(256))
-    b0, b2 = b0.ravel(), b2.ravel()
-    n = b0.size
-    noise = rng.integers(0, 256, (2, n))
-    words = (b0 | noise[0] << 8 | b2 << 16 | noise[1] << 24).astype(np.uint32)
-    qh = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    shift = rng.choice(np.array([4, 2], np.uint32), n)
-    s = (rng.standard_normal((n, 2)) * 0.05).astype(np.float16)  # low, high
-    pairs = np.stack([s, s], axis=-1).view(np.uint32)[..., 0]
-
-    @cuda.jit
-    def kernel(words, qh, shift, pairs, out):
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            h = qh[i] << shift[i]
-            out[i, 0] = F.q6_k_low(words[i], h, pairs[i, 0])
-            out[i, 1] = F.q6_k_high(words[i], h, pairs[i, 1])
-
-    out = cuda.to_device(np.zeros((n, 2), np.uint32))
-    kernel[n // 256, 256](cuda.to_device(words), cuda.to_device(qh), cuda.to_device(shift), cuda.to_device(pairs), out)
-    got = out.copy_to_host().view(np.float16).reshape(n, 2, 2)  # [word, low | high, half]
-    hbytes = np.stack([qh & 0xFF, (qh >> 16) & 0xFF], -1).astype(np.int64)  # bytes 0 and 2
-    ql = np.stack([b0, b2], -1)
-    sh = shift[:, None].astype(np.int64)  # by 4: qh bits 0-1 (low) and 4-5 (high); by 2: bits 2-3 and 6-7
-    low = (ql & 15) | (((hbytes >> (4 - sh)) & 3) << 4)
-    high = (ql >> 4) | (((hbytes >> (8 - sh)) & 3) << 4)
-    codes = np.stack([low, high], 1).astype(np.float64) - 32
-    want = (codes * s.astype(np.float64)[:, :, None]).astype(np.float16)
-    np.testing.assert_array_equal(got, want)
-
-
 def _bad_calls():
     """(call, the words its one-line refusal must hold)."""
     a = np.zeros((4, 256), np.float16)
     raw = np.zeros(2 * 144, np.uint8)
     return [
-        (lambda: F.check_segments(a, [(raw, 2)], "Q5_K"), "Q5_K have no dequantizer in the fused GEMM; types: Q4_K, Q6_K"),
+        (lambda: F.check_segments(a, [(raw, 2)], "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
         (lambda: F.check_segments(np.zeros((4, 128), np.float16), [(raw, 2)], "Q4_K"), "multiple of 256"),
         (lambda: F.check_segments(a, [(raw, 3)], "Q4_K"), "segment 0 must be the 3 x 144 bytes"),
         (lambda: F.check_segments(a, [(raw.view(np.uint16), 2)], "Q4_K"), "1-D uint8"),
@@ -211,13 +140,12 @@ def test_fused_refuses_bad_input_in_one_line(index):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_the_fused_weights_model_is_gguf_dequantization_to_an_f16_ulp(qtype):
-    """`fused_f16_weights` on fresh random rows is gguf-py's dequantization within the f16 rounding of the scale
-    (and of Q4_K's two terms), and not equal to it everywhere (the model does round differently), so the kernels'
-    second reference is the right weights."""
+def test_the_fused_weights_model_is_gguf_dequantization_to_an_f16_ulp():
+    """`fused_f16_weights` on fresh random Q4_K rows is gguf-py's dequantization within the f16 rounding of the two
+    terms (and not equal to it everywhere: the model does round differently), so the kernels' second reference is
+    the right weights."""
     rows, id_ = 64, 512
-    raw = random_blocks(qtype, rows, id_, np.random.default_rng())
-    got = fused_f16_weights(raw, rows, id_, qtype).astype(np.float64)
-    ref = reference_f16(raw, qtype, rows, id_).astype(np.float64)
+    raw = random_blocks("Q4_K", rows, id_, np.random.default_rng())
+    got = fused_f16_weights(raw, rows, id_).astype(np.float64)
+    ref = reference_f16(raw, "Q4_K", rows, id_).astype(np.float64)
     assert rel_l2(got, ref) < 1e-3 and not np.array_equal(got, ref)

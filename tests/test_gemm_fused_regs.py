@@ -27,26 +27,26 @@ from tests.test_gemm_fused import _operands, fused_f16_weights
 sim = pytest.mark.skipif(not SIMULATOR, reason="simulator session only (NUMBA_ENABLE_CUDASIM=1)")
 
 
-def _run(fn, a, raws, rows, config, qtype="Q4_K"):
+def _run(fn, a, raws, rows, config):
     out = cuda.to_device(np.full((a.shape[0], sum(rows)), np.nan, np.float32))
-    fn(cuda.to_device(a), [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)], qtype, out, config=config)
+    fn(cuda.to_device(a), [(cuda.to_device(raw), r) for raw, r in zip(raws, rows)], "Q4_K", out, config=config)
     return out.copy_to_host()
 
 
-def _kernel_weights_product(a, raws, rows, qtype="Q4_K"):
+def _kernel_weights_product(a, raws, rows):
     """float64 A times the f16 weights the kernel's arithmetic makes (`fused_f16_weights`)."""
-    w = np.concatenate([fused_f16_weights(raw, r, a.shape[1], qtype) for raw, r in zip(raws, rows)])
+    w = np.concatenate([fused_f16_weights(raw, r, a.shape[1]) for raw, r in zip(raws, rows)])
     return a.astype(np.float64) @ w.astype(np.float64).T
 
 
-def _assert_matches(a, raws, rows, config, qtype="Q4_K"):
+def _assert_matches(a, raws, rows, config):
     """Within 1e-3 of float64 over gguf's f16 weights, and within 1e-5 of float64 over the kernel's own f16 weights
     (only the f32 sums differ)."""
-    got = _run(R.gemm_fused_regs, a, raws, rows, config, qtype)
+    got = _run(R.gemm_fused_regs, a, raws, rows, config)
     assert np.isfinite(got).all(), "some outputs were never written (still the NaN poison)"
-    w16 = np.concatenate([reference_f16(raw, qtype, r, a.shape[1]) for raw, r in zip(raws, rows)])
+    w16 = np.concatenate([reference_f16(raw, "Q4_K", r, a.shape[1]) for raw, r in zip(raws, rows)])
     assert rel_l2(got, a.astype(np.float64) @ w16.astype(np.float64).T) < 1e-3
-    assert rel_l2(got, _kernel_weights_product(a, raws, rows, qtype)) < 1e-5
+    assert rel_l2(got, _kernel_weights_product(a, raws, rows)) < 1e-5
     return got
 
 
@@ -59,11 +59,6 @@ SIM_CASES = [
     ("TN=256: od 40, a 64-row box never copied, 12 k tiles (raw slots reused)", dict(G.DEFAULT, TN=256, STAGES=2),
      9, [40], 768),
 ]
-Q6_K_SIM_CASES = [
-    ("Q6_K: 3 blocks (the raw slot and both converted slots wrap), 3 segments, od tail, nt tail",
-     dict(G.DEFAULT, TN=256, STAGES=2), 17, [64, 128, 40], 768),
-    ("Q6_K: od 30 (rows past od never copied), 1 block", dict(G.DEFAULT, TN=256, STAGES=3), 5, [30], 256),
-]
 
 
 @sim
@@ -73,22 +68,12 @@ def test_regs_simulator_matches_float64_of_both_weight_forms(config, nt, rows, i
     _assert_matches(a, raws, rows, config)
 
 
-@sim
-@pytest.mark.parametrize("config,nt,rows,id_", [c[1:] for c in Q6_K_SIM_CASES], ids=[c[0] for c in Q6_K_SIM_CASES])
-def test_regs_simulator_q6_k_matches_float64_of_both_weight_forms(config, nt, rows, id_):
-    """Q6_K weights (210-byte blocks, a box a row at any even byte, laid out chunk-major by the converters): C
-    against float64 of gguf's f16 weights and of the kernel's own (`fused_f16_weights`)."""
-    a, raws, _ = _operands(nt, rows, id_, seed=None, qtype="Q6_K")
-    _assert_matches(a, raws, rows, config, "Q6_K")
-
-
 def _bad_calls():
     """(call, the words its one-line refusal must hold)."""
     a = np.zeros((4, 256), np.float16)
     raw = np.zeros(2 * 144, np.uint8)
     return [
-        (lambda: R.regs_geometry(None, "Q5_K"), "Q5_K have no dequantizer in the fused GEMM; types: Q4_K, Q6_K"),
-        (lambda: R.regs_geometry({"TN": 128}, "Q6_K"), "Q6_K weights need TN=256 .*, got TN=128"),
+        (lambda: R.regs_geometry(None, "Q6_K"), "Q6_K have no dequantizer in the fused GEMM; types: Q4_K"),
         (lambda: R.regs_geometry({"TN": 96}, "Q4_K"), "TN=96 is not allowed"),
         (lambda: G.resolve_config({"TN": 256}), "TN=256 is the register-A fused kernel's tile only"),
         (lambda: R.gemm_fused_regs(a, [(raw, 2)], "Q4_K"), "segment 0 is a host array"),
@@ -199,58 +184,20 @@ def test_regs_gpu_matches_torch_float64_of_both_weight_forms(tn, nt, rows, id_):
     assert rel_l2(got, own) < 1e-5
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("nt,rows,id_", [(2048, [3584], 18944), (512, [3584], 18944), (2047, [3584, 512, 513], 3584),
-                                        (33, [70], 256)], ids=str)
-def test_regs_gpu_q6_k_matches_torch_float64_of_both_weight_forms(nt, rows, id_):
-    """Q6_K at TN=256 on real shapes (ffn_down: 74 blocks a row, boxes at every even byte offset; split k slices
-    starting mid-block at nt=512) and tails: within 1e-3 of gguf's f16 weights' product, 1e-5 of the kernel's own."""
-    torch = pytest.importorskip("torch")
-    a, raws, w16 = _operands(nt, rows, id_, seed=nt, qtype="Q6_K")
-    got = _run(R.gemm_fused_regs, a, raws, rows, {"TN": 256}, "Q6_K")
-    assert np.isfinite(got).all()
-    ref = (torch.from_numpy(a).cuda().double() @ torch.from_numpy(w16).cuda().double().T).cpu().numpy()
-    assert rel_l2(got, ref) < 1e-3
-    w = np.concatenate([fused_f16_weights(raw, r, id_, "Q6_K") for raw, r in zip(raws, rows)])
-    own = (torch.from_numpy(a).cuda().double() @ torch.from_numpy(w).cuda().double().T).cpu().numpy()
-    assert rel_l2(got, own) < 1e-5
-
-
-@pytest.mark.compile
-def test_regs_q6_k_ptx():
-    """Q6_K (TN=256): the row box copies, the converters' and consumers' f16x2 arithmetic in the PTX, no write to an
-    in-flight A register; the shared memory plan holds the converted slots; where a whole-program ptxas is installed,
-    at most the converters' 8-byte spill and the wgmma asynchronous."""
-    from ptx_assembly import whole_program_resources
-
-    rg = R.regs_geometry({"TN": 256}, "Q6_K")
-    assert rg.raw >= 1 and rg.conv_slots == R.CONV_SLOTS and rg.smem_bytes <= R.H200_SMEM_OPTIN
-    ptx = R.kernel_ptx({"TN": 256}, "Q6_K")
-    for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
-                   "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "sub.rn.f16x2", "fma.rn.f16x2"):
-        assert needle in ptx, needle
-    assert not wgmma_register_hazards(ptx)
-    res = whole_program_resources(ptx)
-    if res is None:
-        pytest.skip("no whole-program ptxas on this machine (the relocatable nvJitLink ignores setmaxnreg)")
-    # ptxas (CUDA 13.0) spills 8 bytes in the converters' once-a-block scale pass at 40 registers; never in the loop
-    assert res["spill_bytes"] <= 8 and not res["wgmma_serialized"], res
-
-
 @sim
-@pytest.mark.parametrize("tn,stages,workload", [(64, 3, "tiny"), (256, 2, "tiny"), (256, 2, "tiny_q6_k")])
-def test_experiment_fused_regs_arm_runs_and_is_checked(tn, stages, workload):
-    """`minfer run gemm_f16 --arm IMPL=fused_regs` on the tiny workloads: the arm multiplies the input set's Q4_K (or
-    Q6_K) bytes and passes the experiment's check; a poisoned element of its output fails it; only its own knobs are
-    effective; its cost counts the quantized bytes. TN=256 (a tile gemm_f16's own kernels refuse) prepares too."""
+@pytest.mark.parametrize("tn,stages", [(64, 3), (256, 2)])
+def test_experiment_fused_regs_arm_runs_and_is_checked(tn, stages):
+    """`minfer run gemm_f16 --arm IMPL=fused_regs` on the tiny workload: the arm multiplies the input set's Q4_K bytes
+    and passes the experiment's check; a poisoned element of its output fails it; only its own knobs are effective;
+    its cost counts the Q4_K bytes. TN=256 (a tile gemm_f16's own kernels refuse) prepares too."""
     from minfer_cli.experiment import get
 
     exp = get("gemm_f16")
-    wl = exp.workload(workload)
+    wl = exp.workload("tiny")
     config = exp.config(f"IMPL=fused_regs,TN={tn},STAGES={stages}")
     assert exp.effective(config) == {"IMPL": "fused_regs", "TN": tn, "STAGES": stages, "GROUP": G.DEFAULT["GROUP"],
                                      "NOCALL": G.DEFAULT["NOCALL"], "SPLITK": 0}
-    assert exp.refuse(exp.config(f"IMPL=fused_regs,TM=192,TN={tn}"), wl) is None  # TM does not apply to it
+    assert exp.refuse(exp.config("IMPL=fused_regs,TM=192"), wl) is None  # TM does not apply to it
     inputs, output = exp.make_input_set(wl, np.random.default_rng()), exp.make_output(wl)
     exp.poison(output)
     exp.prepare(config, wl)(inputs, output, 0)

@@ -508,65 +508,6 @@ def test_warp_fallback_needs_whole_warps():
         _k_mma[1, 16](a, a, np.zeros(64, np.float32), np.zeros(64, np.float32))
 
 
-@cuda.jit
-def _k_tma_bytes_row(tmap, out, c0):
-    """One 224-byte box of a one-row byte map at byte c0 into shared memory at byte 128 (the rest of the 384 bytes
-    poisoned with 7 first), out = the 384 shared bytes after the wait."""
-    smem = cuda.shared.array(0, types.uint8, alignment=_TMA_ALIGN)
-    bar = cuda.shared.array(1, types.uint64)
-    tid = cuda.threadIdx.x
-    for i in range(tid, 384, 32):
-        smem[i] = 7
-    if tid == 0:
-        P.mbarrier_init(bar, 0, 1)
-        P.fence_proxy_async_shared()
-    cuda.syncthreads()
-    if tid == 0:
-        P.mbarrier_arrive_expect_tx(bar, 0, 224)
-        P.cp_async_bulk_tensor_2d_g2s(smem, 128, tmap, 0, c0, 0, bar, 0)
-    while P.mbarrier_try_wait_parity(bar, 0, 0) == 0:
-        pass
-    for i in range(tid, 384, 32):
-        out[i] = smem[i]
-
-
-def _check_tma_bytes_row():
-    """Boxes at odd and even byte offsets (a 210-byte GGUF block's start is only 2-byte aligned), one running past
-    the end: the bytes as they stand, zeros past the end, the shared bytes around the box untouched."""
-    rng = np.random.default_rng()
-    m = rng.integers(1, 256, size=1000, dtype=np.uint8)
-    tmap = P.tensor_map_bytes_row(cuda.to_device(m), 224)
-    for c0 in (210 * int(rng.integers(0, 3)) + 2 * int(rng.integers(0, 8)), 1, 0, 1000 - 210):
-        want = np.full(384, 7, np.uint8)
-        part = m[c0 : c0 + 224]
-        want[128:352] = 0
-        want[128 : 128 + part.size] = part
-        out = cuda.to_device(np.zeros(384, np.uint8))
-        _k_tma_bytes_row[1, 32, 0, 384](tmap, out, c0)
-        np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=f"box at byte {c0}")
-
-
-@sim
-def test_simulated_tma_row_byte_box_at_any_byte():
-    _check_tma_bytes_row()
-
-
-@pytest.mark.gpu
-def test_gpu_tma_row_byte_box_at_any_byte():
-    _check_tma_bytes_row()
-
-
-def test_row_byte_tensor_map_refusals():
-    from kernels.errors import KernelConstraintError
-
-    with pytest.raises(KernelConstraintError, match="1-D uint8"):
-        P.tensor_map_bytes_row(np.zeros((4, 64), np.uint8), 224)
-    with pytest.raises(KernelConstraintError, match="1 to 2\\^32 bytes"):
-        P.tensor_map_bytes_row(np.zeros(0, np.uint8), 224)
-    with pytest.raises(KernelConstraintError, match="16..256 bytes"):
-        P.tensor_map_bytes_row(np.zeros(64, np.uint8), 210)
-
-
 # ---- compile: the instruction is really emitted --------------------------------------------------------
 
 U32 = types.uint32[::1]

@@ -82,14 +82,7 @@ from kernels.ptx.sync import (
     shfl_xor_f32,
     syncwarp,
 )
-from kernels.ptx.tma import (
-    BOX_COLS,
-    MAP_WORDS,
-    cp_async_bulk_tensor_2d_g2s,
-    tensor_map_2d,
-    tensor_map_bytes_row,
-    tensor_map_bytes_2d,
-)
+from kernels.ptx.tma import BOX_COLS, MAP_WORDS, cp_async_bulk_tensor_2d_g2s, tensor_map_2d, tensor_map_bytes_2d
 from kernels.ptx.wgmma import (
     SWIZZLE_32B,
     SWIZZLE_64B,
@@ -180,7 +173,6 @@ __all__ = [
     "sub_f16x2",
     "syncwarp",
     "tensor_map_2d",
-    "tensor_map_bytes_row",
     "tensor_map_bytes_2d",
     "unpack_f16x2",
     "wgmma_commit_group",

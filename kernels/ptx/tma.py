@@ -14,13 +14,8 @@ numba cannot pass a 128-byte ``__grid_constant__`` parameter).
 row per weight row) with a box of ``box_rows`` x ``box_cols`` bytes and no swizzle: box row r lands at r *
 box_cols, as in global memory (128-byte aligned destination).
 
-`tensor_map_bytes_row` (host) encodes the map of a 1-D byte array (e.g. the blocks of a GGUF tensor whose rows are no
-multiple of 16 bytes, which no 2-D map of its rows can describe) as one row, with a box of ``box`` bytes that may
-start at any byte: the box lands at its 128-byte aligned destination as the bytes stand in global memory.
-
 `cp_async_bulk_tensor_2d_g2s` (device) issues one box copy at coordinates (c0 = column, c1 = row) of the box's first
-element; one thread issues it after arming the barrier with the bytes (`mbarrier_arrive_expect_tx`; or before, in
-the same phase, as the PTX ISA allows).
+element; one thread issues it after arming the barrier with the bytes (`mbarrier_arrive_expect_tx`).
 
 The simulator keeps each map's matrix in a registry (the map's words hold a magic number and the registry key) and
 performs the copy as the hardware would, including the swizzle and the zero fill; like a bulk copy, its destination
@@ -111,41 +106,6 @@ def tensor_map_bytes_2d(array, box_rows: int, box_cols: int):
     if err != cu.CUresult.CUDA_SUCCESS:
         raise KernelConstraintError(f"tensor_map_bytes_2d: cuTensorMapEncodeTiled refused [{rows}, {cols}] uint8 with a "
                                     f"{box_rows}x{box_cols} box: {err.name}")
-    return cuda.to_device(np.array(tmap.opaque, dtype=np.uint64))
-
-
-def tensor_map_bytes_row(array, box: int):
-    """The tensor map (uint64 device array [16]) of ``array``, a C-contiguous 1-D uint8 device array of n bytes (its
-    address 16-byte aligned, as every allocation is), for boxes of ``box`` bytes starting at any byte, zero fill past
-    the end: a 2-D map of one row of n bytes (its pitch, never used, n rounded up to 16), so a box is copied with
-    `cp_async_bulk_tensor_2d_g2s` at column c0, row 0. (A rank-1 encoding is what the driver documents for this, but
-    the one tried, through cuda-python with an empty stride list, was refused with CUDA_ERROR_INVALID_VALUE.)
-
-    Raises KernelConstraintError (one line) for a non-uint8 or non-1-D array, n outside 1..2^32, box not a multiple of
-    16 in 16..256, or a driver that refuses the encoding."""
-    shape = tuple(getattr(array, "shape", ()))
-    if len(shape) != 1 or np.dtype(array.dtype) != np.uint8:
-        raise KernelConstraintError(f"tensor_map_bytes_row needs a 1-D uint8 device array, got {getattr(array, 'dtype', None)} {shape}")
-    n = shape[0]
-    if not 1 <= n <= 2**32:
-        raise KernelConstraintError(f"tensor_map_bytes_row: the array must hold 1 to 2^32 bytes, got {n}")
-    if box % 16 or not 16 <= box <= 256:
-        raise KernelConstraintError(f"tensor_map_bytes_row: box must be 16..256 bytes (a multiple of 16), got {box}")
-    if SIMULATOR:
-        return _register(np.asarray(getattr(array, "_ary", array)).reshape(1, n), 1, box, False)
-    from numba import cuda
-    from cuda.bindings import driver as cu
-
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, device_address(array),
-        [cu.cuuint64_t(n), cu.cuuint64_t(1)], [cu.cuuint64_t(-(-n // 16) * 16)], [cu.cuuint32_t(box), cu.cuuint32_t(1)],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise KernelConstraintError(f"tensor_map_bytes_row: cuTensorMapEncodeTiled refused one row of {n} bytes with a "
-                                    f"{box}-byte box: {err.name}")
     return cuda.to_device(np.array(tmap.opaque, dtype=np.uint64))
 
 
@@ -251,4 +211,3 @@ else:
             return context.get_dummy_value()
 
         return sig, codegen
-

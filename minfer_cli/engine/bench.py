@@ -105,8 +105,8 @@ def engine_knobs() -> tuple[Knob, ...]:
                                              "and pp512); 0 that buffer and residual_add. "
                                              "The same numbers either way. Does nothing with FUSE_ADD_NORM=1 (its "
                                              "norm kernel adds) or STAGING other than tma", legacy=0)]
-    knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K (or, "
-                                        "with PFUSED_TN=256, all Q6_K) straight from its quantized bytes with kernels.gemm_fused_regs (the weight as "
+    knobs += [Knob("PFUSED", (0, 1), 0, "prefill (pp): 1 multiplies every matrix whose tensors are all Q4_K straight "
+                                        "from its quantized bytes with kernels.gemm_fused_regs (the weight as "
                                         "wgmma's register operand, each consumer thread dequantizing its own "
                                         "fragment; tile 128 weight rows x PFUSED_TN tokens; the gate|up with its "
                                         "SwiGLU epilogue under PFUSE_GLU; no f16 copy or scratch for it), the "
@@ -221,7 +221,7 @@ def idle_fusions(config: Config) -> dict[str, str]:
     FUSE_ADD_NORM=1 (its norm kernel does the residual adds) or GEMM knobs without the residual epilogue
     (`kernels.gemm_f16_config.accumulate_refusal`); PFUSED_TN other than its default without PFUSED=1;
     NARROWTAIL with GEMM knobs it does not split
-    (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the fused matrices' kernel runs one
+    (`kernels.gemm_f16_config.narrow_tail_refusal`; with PFUSED=1 the all-Q4_K matrices' fused kernel runs one
     launch, the others still split). Empty when each applies."""
     from kernels.gemm_f16_config import (  # numba-free: no compiler before the GPU check
         accumulate_refusal, glu_tile_refusal, narrow_tail_refusal)

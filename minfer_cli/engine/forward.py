@@ -157,7 +157,7 @@ class PrefillEngine:
         s = self.stream
         if options.fused:
             for m in matrices:
-                m.fused = fused_format([(weights.spec(n).qtype, weights.spec(n).od) for n in m.parts], options.fused_tn)
+                m.fused = fused_format([(weights.spec(n).qtype, weights.spec(n).od) for n in m.parts])
         copied = [m for m in matrices if m.fused is None]  # the matrices the f16 GEMM multiplies
         self.scratch = None
         if options.w16:
@@ -520,17 +520,14 @@ def gemm_weight_parts(c: ModelConfig) -> list[list[str]]:
     return parts + [["token_embd.weight" if c.tied_output else "output.weight"]]
 
 
-def fused_format(parts: list[tuple[str, int]], tn: int) -> Optional[str]:
-    """The format `kernels.gemm_fused_regs` multiplies a matrix in under PFUSED at ``tn`` tokens a tile (PFUSED_TN),
-    from the (GGUF type name, od) of its stacked tensors, or None (the f16 GEMM then multiplies it): every part of
-    one format the fused kernel reads at that tile (`FUSED_TYPES`, `kernels.gemm_fused_regs.qtype_refusal`: Q6_K
-    only at 256), at most its segment count, each later part starting on a box of rows."""
+def fused_format(parts: list[tuple[str, int]]) -> Optional[str]:
+    """The format `kernels.gemm_fused_regs` multiplies a matrix in under PFUSED, from the (GGUF type name, od) of its
+    stacked tensors, or None (the f16 GEMM then multiplies it): every part of one format the fused kernel reads
+    (`FUSED_TYPES`), at most its segment count, each later part starting on a box of rows."""
     from kernels.gemm_fused import BOX_ROWS, FUSED_TYPES, MAX_SEGMENTS
-    from kernels.gemm_fused_regs import qtype_refusal
 
     formats = {qtype for qtype, _ in parts}
-    if (len(formats) != 1 or parts[0][0] not in FUSED_TYPES or len(parts) > MAX_SEGMENTS
-            or qtype_refusal(parts[0][0], tn) is not None):
+    if len(formats) != 1 or parts[0][0] not in FUSED_TYPES or len(parts) > MAX_SEGMENTS:
         return None
     if any(sum(od for _, od in parts[:i]) % BOX_ROWS for i in range(1, len(parts))):
         return None
@@ -576,9 +573,8 @@ def device_bytes(c: ModelConfig, max_tokens: int, w16: bool, context: Optional[i
     shapes = gemm_weight_shapes(c)
     max_od = max(od for od, _ in shapes)  # every product's split-K partials, fused or not
     if fused is not None:
-        tn = (fused_gemm or {}).get("TN", 256)
         shapes = [shape for shape, names in zip(shapes, gemm_weight_parts(c))
-                  if fused_format([(fused[n].qtype, fused[n].od) for n in names], tn) is None]
+                  if fused_format([(fused[n].qtype, fused[n].od) for n in names]) is None]
     copies = [od * id for od, id in shapes] or [0]
     weights = 2 * (sum(copies) if w16 else max(copies))
     kv = kv_cache_bytes(c, context or max_tokens)

@@ -39,7 +39,7 @@ class PrefillOptions:
     are added to the residual stream by their GEMM's epilogue (`kernels.gemm_f16.gemm_f16`'s ``accumulate``, True,
     where `minfer_cli.engine.forward.uses_resid` says it applies) or written to a buffer that
     `kernels.residual.residual_add` adds (False; the same numbers either way).
-    fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K; Q6_K at fused_tn 256) is
+    fused (PFUSED): a matrix whose stacked tensors are all of a `kernels.gemm_fused.FUSED_TYPES` format (Q4_K) is
     multiplied straight from its quantized bytes by `kernels.gemm_fused_regs` (the weight dequantized into wgmma's
     register operand), with no f16 copy or scratch for it (True); the other matrices as ``w16`` says. False: every
     matrix as ``w16`` says. fused_tn (PFUSED_TN): the tokens a tile of that kernel (its TN: 256 with the
